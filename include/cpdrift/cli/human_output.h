@@ -1,0 +1,16 @@
+// Rank 0's human-readable output (design §6): a `#` header, one row per case, a verdict.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "cpdrift/report/run_report.h"
+
+namespace cpd {
+
+void print_header(std::FILE* out, const RunReport& report, std::size_t case_count);
+void print_case_row(std::FILE* out, const CaseResult& c);
+/// The failed checks, then `# Drift check : OK` or `FAILED`.
+void print_footer(std::FILE* out, const RunReport& report);
+
+}  // namespace cpd

@@ -1,0 +1,52 @@
+// The command line: `cpdrift [run] [options]` and `cpdrift bench [options]`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/plan.h"
+
+namespace cpd {
+
+enum class Device { auto_select, cpu, cuda };
+
+struct RunOptions {
+  Problem problem;
+  std::vector<int> tp_sizes{1, 2};
+  std::vector<int> cp_sizes{1, 2};
+  std::vector<std::optional<std::int64_t>> splits{std::nullopt, 4};
+  std::vector<CpLayout> layouts{CpLayout::contiguous};
+  Device device = Device::auto_select;
+  int threads = 0;  // 0: the machine's cores shared among this node's processes
+  std::string output;  // JSON report path; empty: none
+  bool json = false;   // print the JSON report on stdout
+  bool quiet = false;
+  bool smoke = false;
+};
+
+struct BenchOptions {
+  Problem problem;  // seq_len defaults to 4096 for the benchmark
+  int repeats = 3;
+  int threads = 0;
+  Device device = Device::auto_select;
+};
+
+struct CommandLine {
+  enum class Command { run, bench, help } command = Command::run;
+  RunOptions run;
+  BenchOptions bench;
+};
+
+/// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.
+CommandLine parse_command_line(const std::vector<std::string>& args);
+
+/// The cases of a run in report order: tp → cp → split → layout. Throws UsageError when
+/// one of them cannot run on the problem (e.g. CP larger than the sequence allows).
+std::vector<CaseSpec> expand_cases(const RunOptions& options);
+
+/// `cpdrift --help`.
+std::string usage_text();
+
+}  // namespace cpd

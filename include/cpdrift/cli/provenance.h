@@ -1,0 +1,24 @@
+// Facts about this build and launch that every report carries (style habit 9).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpdrift/comm/comm_context.h"
+#include "cpdrift/report/run_report.h"
+
+namespace cpd {
+
+/// argv joined shell-style (arguments quoted when they need it).
+std::string shell_join(const std::vector<std::string>& args);
+
+/// ISO-8601 UTC time now, e.g. 2026-11-29T21:44:26Z.
+std::string utc_now();
+
+/// Launch and build facts; transport, device and threads are left for the caller.
+Provenance gather_provenance(const CommContext& comm, const std::string& command_line);
+
+/// The build's `git describe` (baked in at build time).
+const char* git_describe();
+
+}  // namespace cpd

@@ -1,0 +1,54 @@
+// The one owner of cpdrift's communicators (style habit 4): MPI's world, duplicated for
+// cpdrift, and the node-local rank. Nothing outside src/comm/ calls MPI; this header does
+// not include <mpi.h>.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "cpdrift/metrics/diff_stats.h"
+
+namespace cpd {
+
+class CommContext {
+ public:
+  /// Initialises MPI (thread level FUNNELED: only the main thread communicates) and
+  /// duplicates MPI_COMM_WORLD. One per process, alive for the whole program.
+  CommContext(int* argc, char*** argv);
+  ~CommContext();
+  CommContext(const CommContext&) = delete;
+  CommContext& operator=(const CommContext&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// Rank and process count among the processes of this node (MPI_COMM_TYPE_SHARED).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  /// MPI_Get_library_version, first line.
+  std::string library_version() const;
+
+  /// Element-wise sum / max over all processes, in place.
+  void allreduce_sum(std::span<std::uint64_t> values) const;
+  void allreduce_max(std::span<std::uint64_t> values) const;
+  /// Logical OR of a flag over all processes.
+  bool any(bool flag) const;
+  void barrier() const;
+  /// Ends every process of the job with `status` (after a failure on one of them).
+  [[noreturn]] void abort(int status) const;
+
+  /// Counters combined over all processes (for compute_diff_stats).
+  const CounterReducer& reducer() const { return *reducer_; }
+
+  /// The implementation's communicator state (used by src/comm/ only).
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<CounterReducer> reducer_;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+}  // namespace cpd

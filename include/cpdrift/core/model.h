@@ -1,0 +1,36 @@
+// The attention problem cpdrift measures: model dimensions and the global input tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cpd {
+
+/// Qwen3-8B attention: 32 query heads, 8 KV heads (GQA group 4), head dim 128, causal,
+/// RoPE GPT-NeoX rotate-half with theta 1e6 over the full head dim.
+struct ModelDims {
+  int num_q_heads = 32;
+  int num_kv_heads = 8;
+  int head_dim = 128;
+  int rotary_dim = 128;
+  double rope_theta = 1.0e6;
+
+  int group_size() const { return num_q_heads / num_kv_heads; }
+  /// 1/sqrt(head_dim) rounded once to FP32 (applied after the dot product).
+  float softmax_scale() const;
+};
+
+enum class DType { bf16, fp32 };
+const char* to_string(DType);
+
+/// The global problem every case of a run shares: same seed, same tensors.
+struct Problem {
+  ModelDims dims;
+  int batch = 1;
+  std::int64_t seq_len = 16;
+  std::uint64_t seed = 2355;
+  bool rope = true;
+  DType dtype = DType::bf16;
+};
+
+}  // namespace cpd

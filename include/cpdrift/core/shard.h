@@ -1,0 +1,59 @@
+// Tensor shards: the part of a global [B, H, S, W] tensor one logical rank holds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cpdrift/core/range.h"
+
+namespace cpd {
+
+/// Which part of a global [batch, heads, seq, width] tensor a buffer holds: all batches, the
+/// heads in `heads`, the sequence positions of `tokens` (ascending, concatenated) and the full
+/// width (head_dim for out/q/k/v, 1 for lse). Layout: [b][h - heads.begin][token][w].
+struct ShardShape {
+  int batch = 1;
+  Range heads;
+  std::vector<Range> tokens;
+  int width = 1;
+
+  std::int64_t rows() const { return total_size(tokens); }
+  std::size_t size() const {
+    return static_cast<std::size_t>(batch) * heads.size() * rows() * width;
+  }
+  /// Element offset of (b, global head h, local token row t, w = 0).
+  std::size_t offset(int b, std::int64_t h, std::int64_t t) const {
+    return ((static_cast<std::size_t>(b) * heads.size() + (h - heads.begin)) * rows() + t) * width;
+  }
+  /// Local row of global position `pos`, or -1 when the shard does not hold it.
+  std::int64_t local_row(std::int64_t pos) const {
+    std::int64_t base = 0;
+    for (const Range& r : tokens) {
+      if (r.contains(pos)) return base + (pos - r.begin);
+      base += r.size();
+    }
+    return -1;
+  }
+  friend bool operator==(const ShardShape&, const ShardShape&) = default;
+};
+
+struct Shard {
+  ShardShape shape;
+  std::vector<float> data;
+
+  Shard() = default;
+  explicit Shard(ShardShape s) : shape(std::move(s)), data(shape.size(), 0.0f) {}
+  float* at(int b, std::int64_t h, std::int64_t t) { return data.data() + shape.offset(b, h, t); }
+  const float* at(int b, std::int64_t h, std::int64_t t) const {
+    return data.data() + shape.offset(b, h, t);
+  }
+};
+
+/// The attention output of a set of query rows: out [.., head_dim] and lse [.., 1].
+struct AttnShard {
+  Shard out;
+  Shard lse;
+};
+
+}  // namespace cpd

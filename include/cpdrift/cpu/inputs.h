@@ -1,0 +1,28 @@
+// Generation of the global input tensors, one shard at a time (design §2).
+#pragma once
+
+#include <vector>
+
+#include "cpdrift/core/model.h"
+#include "cpdrift/core/shard.h"
+#include "cpdrift/cpu/thread_pool.h"
+#include "cpdrift/numerics/philox.h"
+
+namespace cpd {
+
+/// Precision of the values a path reads: FP32, or the BF16 rounding of them (q and k are
+/// rounded after RoPE, `rope_cast_at: rope_output`; v directly).
+enum class InputPrecision { fp32, bf16 };
+
+/// inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2: computed in FP64 and rounded to
+/// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
+std::vector<float> rope_inv_freq(const ModelDims& dims);
+
+/// Fills `shape` (heads are Q heads for TensorId::q, KV heads for k and v; width head_dim) of
+/// tensor `tensor` of `problem`: standard normals at their global coordinates
+/// ((b·H + h)·S + s)·D + d, RoPE at the global position for q and k when problem.rope,
+/// then the precision's rounding. Any slice equals the same slice cut from the whole tensor.
+Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                     InputPrecision precision, ThreadPool& pool);
+
+}  // namespace cpd

@@ -1,0 +1,67 @@
+// One case end to end: the three arithmetic paths through the CP protocol, the CP=1
+// reference and topology counterpart, the merge checks, and every drift statistic.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/plan.h"
+#include "cpdrift/engine/local_cp1.h"
+#include "cpdrift/engine/transport.h"
+#include "cpdrift/metrics/diff_stats.h"
+
+namespace cpd {
+
+/// What a run's cases share: the problem, the workers, how bytes and counters move, and the
+/// memoised CP=1 results.
+struct RunContext {
+  Problem problem;
+  ThreadPool& pool;
+  Transport& transport;
+  const CounterReducer& reducer;
+  LocalCp1Results& cp1_results;
+};
+
+/// Drift of one candidate tensor pair against its reference.
+struct OutLseStats {
+  DiffStats out;
+  DiffStats lse;
+};
+
+/// Drift of one CP query shard (all TP ranks' heads of it).
+struct PerRankDrift {
+  int cp_rank = 0;
+  std::vector<Range> tokens;
+  OutLseStats candidate;  // the case's dtype path vs the FP32 reference
+  OutLseStats cp_merge;   // the FP32 candidate vs the FP32 reference
+};
+
+struct CaseResult {
+  CaseSpec spec;
+  std::string name;
+  OutLseStats cp_merge_fp32;   // FP32 CP/chunked vs FP32 CP=1 prefill
+  OutLseStats dtype_path;      // problem dtype inputs + final write vs FP32 reference
+  OutLseStats bf16_kernel;     // emulated BF16 flash kernel vs FP32 reference
+  OutLseStats topology;        // FP32 candidate vs FP32 CP=1 with the same split and layout
+  bool topology_required = false;  // the block grids are equal, so the bits must be
+  std::string topology_reference;  // the CP=1 counterpart's case name
+  OutLseStats merge_probe;     // reversed arrival order vs canonical: must be exactly 0
+  OutLseStats merge_oracle;    // FP32 fold vs FP64 oracle on the same states
+  std::vector<PerRankDrift> per_rank;
+  TransportCounters moved;     // bytes and messages this case's protocols moved
+  double seconds = 0.0;
+};
+
+/// Runs one case. Collective over the transport's processes; every process returns the
+/// same statistics (digests are filled in where this process can see whole tensors).
+CaseResult run_case(const RunContext& ctx, const CaseSpec& spec);
+
+/// BF16 RoPE output vs FP32 for the whole Q and K tensors (the report's drift.rope), shared
+/// by every case of a run. Collective like run_case.
+struct RopeDrift {
+  DiffStats q;
+  DiffStats k;
+};
+RopeDrift measure_rope_drift(const RunContext& ctx);
+
+}  // namespace cpd

@@ -1,0 +1,73 @@
+// The block manifest (design §4): which messages a logical rank must receive in a case,
+// computed independently on every rank from the case alone. Receivers check every arrival
+// against it; anything missing, duplicated, unexpected or mis-shaped is a ProtocolError.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpdrift/core/plan.h"
+#include "cpdrift/engine/message.h"
+
+namespace cpd {
+
+/// Whether a KV block holds a key visible to some query in `tokens` (causal): the block
+/// pairs this rejects are skipped everywhere, which merges identically (attention_math.h).
+inline bool causally_visible(const Range& block, const Range& tokens) {
+  return block.begin < tokens.end;
+}
+
+/// The topology of one case as every rank sees it.
+struct CaseGrid {
+  Problem problem;
+  CaseSpec spec;
+  std::vector<KvBlock> blocks;
+  std::vector<LogicalRank> ranks;  // by logical id
+
+  CaseGrid(const Problem& p, const CaseSpec& s);
+  /// The logical rank with the given TP rank and CP rank.
+  const LogicalRank& at(int tp_rank, int cp_rank) const { return ranks[cp_rank * spec.tp + tp_rank]; }
+  /// The blocks a CP rank owns, ascending.
+  std::vector<KvBlock> blocks_of(int cp_rank) const;
+};
+
+/// Validates arrivals of one kind for one destination rank against the manifest.
+class Inbox {
+ public:
+  explicit Inbox(std::vector<MessageHeader> expected);
+
+  /// Takes a message; throws ProtocolError naming the message and both ranks when it is not
+  /// in the manifest, arrives twice, or has a header or payload size other than expected.
+  void accept(Message message);
+  /// Throws ProtocolError naming the first expected message that never arrived.
+  void require_complete() const;
+  /// The arrived messages, in manifest order (never arrival order).
+  const std::vector<Message>& messages() const { return slots_; }
+  /// Arrival order, for the merge-order probe.
+  const std::vector<std::size_t>& arrival_order() const { return arrival_; }
+
+ private:
+  std::vector<MessageHeader> expected_;
+  std::vector<Message> slots_;
+  std::vector<bool> filled_;
+  std::vector<std::size_t> arrival_;
+};
+
+/// Header of the query rows `tokens` of rank `src` sent to rank `dst`.
+MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                             const Range& tokens);
+
+/// Header of the partial state of `dst`'s query rows `tokens` against `block`, computed by the
+/// block's owner.
+MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
+                           const KvBlock& block);
+
+/// Every partial state `dst` must receive: for each of its token ranges and each causally
+/// visible block, in (token range, block index) order.
+std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst);
+
+/// Every query range `dst` must receive to serve its blocks under ag_rs: the token ranges of
+/// the other CP ranks (same TP rank) that see at least one of dst's blocks.
+std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst);
+
+}  // namespace cpd

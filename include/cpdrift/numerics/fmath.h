@@ -1,0 +1,241 @@
+// Elementary functions shared bit for bit by the CPU and CUDA backends.
+//
+// Every result is a fixed sequence of IEEE operations with one rounding each (+, -, *, explicit
+// fma, float<->double conversion) plus integer bit manipulation, so any conforming compiler that
+// does not contract or reassociate (g++ -ffp-contract=off, nvcc --fmad=false, no fast-math, no
+// FTZ/DAZ) produces the same bits. NaN results are always the canonical nan_f32(), never a
+// propagated payload: x86 and CUDA disagree on which NaN bits arithmetic produces.
+//
+// Accuracy (max error vs the exact result, measured by tests/test_fmath.cpp): exp_f32 and log_f32
+// and log1p_f32 < 1 ulp; sincos_f32 and sincos_2pi_f32 <= 0.5 + 2^-20 ulp (float rounding of an
+// FP64 result accurate to ~2^-50 relative).
+#pragma once
+
+#include <cstdint>
+
+#include "cpdrift/numerics/hd.h"
+
+namespace cpd {
+namespace fmath_detail {
+
+/// 2^k as a float for k in [-126, 127]; garbage (but no UB) outside.
+CPD_HD float pow2i_f32(std::int32_t k) {
+  return float_of_bits(static_cast<std::uint32_t>(k + 127) << 23);
+}
+
+/// Round to nearest even integer for any double: |w| >= 2^52 is already integral, below that
+/// adding and subtracting 2^52 (same sign as w) leaves only the integer bits.
+CPD_HD double rint_f64(double w) {
+  const double big = w < 0.0 ? -0x1p52 : 0x1p52;
+  const double r = (w + big) - big;
+  return (w < 0.0 ? -w : w) < 0x1p52 ? r : w;
+}
+
+/// v - 4*round(v/4), exact (Sterbenz), in [-2, 2]. v/4 is exact, so no double rounding.
+CPD_HD double mod4_f64(double v) { return v - 4.0 * rint_f64(v * 0.25); }
+
+// log(1+f) = f + f^2 q(f) for f in [sqrt(1/2)-1, sqrt(2)-1]: float minimax (coefficients rounded
+// one at a time and the rest refitted), relative error of the log result < 2^-30.
+CPD_HD float log_core(float e, float f) {
+  // ln2 = kLn2Hi + kLn2Lo with kLn2Hi on 15 bits: e * kLn2Hi is exact for |e| < 256.
+  constexpr float kLn2Hi = 0x1.62e4p-1f, kLn2Lo = 0x1.7f7d1cp-20f;
+  const float hi = e * kLn2Hi;
+  const float lo = e * kLn2Lo;
+  // Fast2Sum: |hi| >= 0.69 > |f| whenever e != 0 (and err = 0 when e == 0), so s + err == hi + f
+  // exactly and the only large rounding left is the final addition.
+  const float s = hi + f;
+  const float err = (hi - s) + f;
+  float q = 0x1.1ca444p-4f;
+  q = fma_f32(q, f, -0x1.e4a0f2p-4f);
+  q = fma_f32(q, f, 0x1.e6738cp-4f);
+  q = fma_f32(q, f, -0x1.fadc6ap-4f);
+  q = fma_f32(q, f, 0x1.2327bcp-3f);
+  q = fma_f32(q, f, -0x1.55664cp-3f);
+  q = fma_f32(q, f, 0x1.99a626p-3f);
+  q = fma_f32(q, f, -0x1.ffffep-3f);
+  q = fma_f32(q, f, 0x1.555544p-2f);
+  q = fma_f32(q, f, -0.5f);
+  return s + fma_f32(f * f, q, lo + err);
+}
+
+/// sin and cos of r (|r| <= pi/4 + tiny) rotated by q quarter turns, rounded once to float.
+/// fdlibm's __kernel_sin/__kernel_cos minimax coefficients: polynomial error < 2^-58.
+CPD_HD void sincos_reduced(double r, std::uint32_t q, float& s, float& c) {
+  const double z = r * r;
+  double ps = 1.58969099521155010221e-10;
+  ps = fma_f64(ps, z, -2.50507602534068634195e-08);
+  ps = fma_f64(ps, z, 2.75573137070700676789e-06);
+  ps = fma_f64(ps, z, -1.98412698298579493134e-04);
+  ps = fma_f64(ps, z, 8.33333333332248946124e-03);
+  ps = fma_f64(ps, z, -1.66666666666666324348e-01);
+  double pc = -1.13596475577881948265e-11;
+  pc = fma_f64(pc, z, 2.08757232129817482790e-09);
+  pc = fma_f64(pc, z, -2.75573143513906633035e-07);
+  pc = fma_f64(pc, z, 2.48015872894767294178e-05);
+  pc = fma_f64(pc, z, -1.38888888888741095749e-03);
+  pc = fma_f64(pc, z, 4.16666666666666019037e-02);
+  const double sn = fma_f64(r * z, ps, r);
+  const double cs = fma_f64(z * z, pc, fma_f64(-0.5, z, 1.0));
+  double sv = (q & 1u) ? cs : sn;
+  double cv = (q & 1u) ? sn : cs;
+  sv = (q & 2u) ? -sv : sv;
+  cv = ((q + 1u) & 2u) ? -cv : cv;
+  s = static_cast<float>(sv);
+  c = static_cast<float>(cv);
+}
+
+// pi/2 = kPio2_1 + kPio2_2 + kPio2_3 (+ < 2^-160).
+constexpr double kPio2_1 = 0x1.921fb54442d18p+0;
+constexpr double kPio2_2 = 0x1.1a62633145c07p-54;
+constexpr double kPio2_3 = -0x1.f1976b7ed8fbcp-110;
+
+/// Adds x * part (mod 4), exactly as hi + lo up to one rounding of lo: the two-product ph + pl is
+/// exact (24 x 53 bits), each piece is reduced mod 4 exactly (pieces >= 2^54 are multiples of 4),
+/// and each is added with TwoSum.
+CPD_HD void add_mod4_product(double x, double part, double& hi, double& lo) {
+  const double ph = x * part;
+  const double pl = fma_f64(x, part, -ph);
+  const double v0 = mod4_f64(ph), v1 = mod4_f64(pl);
+  double s = hi + v0, b = s - hi;
+  lo += (hi - (s - b)) + (v0 - b);
+  hi = s;
+  s = hi + v1;
+  b = s - hi;
+  lo += (hi - (s - b)) + (v1 - b);
+  hi = s;
+}
+
+/// Payne-Hanek reduction without a table, for |x| >= 2^30 (exact x of float origin): x * 2/pi
+/// mod 4 from five positive, truncated 53-bit parts of 2/pi. The bits of 2/pi after the fifth
+/// part weigh < 2^128 * 2^-268 quarter turns. Returns r in radians and the quadrant q.
+CPD_HD double reduce_large(double x, std::uint32_t& q) {
+  double hi = 0.0, lo = 0.0;
+  add_mod4_product(x, 0x1.45f306dc9c882p-1, hi, lo);
+  add_mod4_product(x, 0x1.4a7f09d5f47d4p-54, hi, lo);
+  add_mod4_product(x, 0x1.a6ee06db14accp-107, hi, lo);
+  add_mod4_product(x, 0x1.3c439041fe516p-160, hi, lo);
+  add_mod4_product(x, 0x1.d5ef5de2b0db9p-215, hi, lo);
+  const double k = rint_f64(hi);
+  q = static_cast<std::uint32_t>(static_cast<std::int32_t>(mod4_f64(k))) & 3u;
+  const double f = (hi - k) + lo;  // hi - k is exact; |f| <= 1/2 + tiny quarter turns
+  return fma_f64(f, kPio2_1, f * kPio2_2);
+}
+
+}  // namespace fmath_detail
+
+/// e^x. Overflows to +inf for x > 88.72283 (first float 0x42b17218), returns +0 below -103.97208.
+CPD_HD float exp_f32(float x) {
+  // Operation sequence (mirrored one for one by the SIMD backends):
+  //   xc   = x > 89 ? 89 : (x < -104 ? -104 : x)     clamp; NaN passes through
+  //   t    = fma(xc, LOG2E, 0x1.8p23)                n = round(x/ln2) in t's low mantissa bits
+  //   kf   = t - 0x1.8p23                            exact
+  //   n    = int32(bits(t) - bits(0x1.8p23))         integer n in [-150, 128]
+  //   r1   = fma(kf, -LN2_HI, xc)                    exact: multiple of 2^-25 below 1/2
+  //   lo   = kf * NLN2_LO                            NLN2_LO = -(ln2 - LN2_HI)
+  //   r    = fma(kf, NLN2_LO, r1)                    x - n ln2, argument of the polynomial
+  //   s    = 1 + r1
+  //   e1   = (1 - s) + r1                            Fast2Sum: s + e1 == 1 + r1 exactly
+  //   q    = fma(fma(fma(fma(fma(C5,r,C4),r,C3),r,C2),r,C1),r,0.5)   q ~ (e^r - 1 - r)/r^2
+  //   tail = fma(r * r, q, e1 + lo)
+  //   p    = s + tail                                e^r, the only rounding that matters
+  //   h    = n >> 1   (arithmetic shift)
+  //   y    = (p * 2^h) * 2^(n-h)                     2^k built as bits (k+127) << 23; the first
+  //                                                  product is exact, so subnormals round once
+  //   y    = isnan(x) ? canonical NaN : y
+  // Overflow (y = inf, incl. x = +inf) and underflow to +0 (incl. x = -inf) come out of the final
+  // product; exp(0) = 1 and exp(-inf) = +0 exactly.
+  constexpr float kLog2e = 0x1.715476p+0f, kMagic = 0x1.8p23f;
+  constexpr float kLn2Hi = 0x1.62e43p-1f, kNegLn2Lo = 0x1.05c61p-29f;
+  const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+  const float t = fma_f32(xc, kLog2e, kMagic);
+  const float kf = t - kMagic;
+  const auto n = static_cast<std::int32_t>(bits_of(t) - bits_of(kMagic));
+  const float r1 = fma_f32(kf, -kLn2Hi, xc);
+  const float lo = kf * kNegLn2Lo;
+  const float r = fma_f32(kf, kNegLn2Lo, r1);
+  const float s = 1.0f + r1;
+  const float e1 = (1.0f - s) + r1;
+  float q = 0x1.6b9e1ap-13f;
+  q = fma_f32(q, r, 0x1.6d4106p-10f);
+  q = fma_f32(q, r, 0x1.11371cp-7f);
+  q = fma_f32(q, r, 0x1.5554f2p-5f);
+  q = fma_f32(q, r, 0x1.55553cp-3f);
+  q = fma_f32(q, r, 0.5f);
+  const float tail = fma_f32(r * r, q, e1 + lo);
+  const float p = s + tail;
+  const std::int32_t h = n >> 1;
+  const float y = p * fmath_detail::pow2i_f32(h) * fmath_detail::pow2i_f32(n - h);
+  return is_nan_f32(x) ? nan_f32() : y;
+}
+
+/// Natural logarithm. Subnormal inputs are scaled by 2^23 first; log(1) = +0.
+CPD_HD float log_f32(float x) {
+  const bool sub = x < 0x1p-126f;
+  const float xs = sub ? x * 0x1p23f : x;
+  // x = 2^k m with m in [sqrt(1/2), sqrt(2)): bias the bits so the exponent field rounds at
+  // sqrt(2) instead of 2 (0x3f3504f3 = sqrt(1/2)).
+  const std::uint32_t ix = bits_of(xs) + (0x3f800000u - 0x3f3504f3u);
+  const std::int32_t k = static_cast<std::int32_t>(ix >> 23) - (sub ? 150 : 127);
+  const float f = float_of_bits((ix & 0x007fffffu) + 0x3f3504f3u) - 1.0f;  // exact (Sterbenz)
+  float y = fmath_detail::log_core(static_cast<float>(k), f);
+  y = x == inf_f32() ? x : y;
+  y = x == 0.0f ? neg_inf_f32() : y;
+  return (x < 0.0f || is_nan_f32(x)) ? nan_f32() : y;
+}
+
+/// log(1 + x), using the same core as log_f32 on an exact reduction of 1 + x.
+CPD_HD float log1p_f32(float x) {
+  // Above 2^24, log(1+x) - log(x) < 2^-24 is far below half an ulp of the result (>= 16.6).
+  if (!(x < 0x1p24f)) return log_f32(x);  // also +inf and NaN
+  // The exponent k comes from the rounded u = 1 + x; with sc = 2^-k, f = (1 + x) sc - 1 is
+  // computed exactly by one fma: x + (1 - 2^k) is exact for every k in [-24, 24] that 1 + x can
+  // round into, and sc - 1 is exact for |k| <= 24. For k = 0 this gives f = x itself.
+  const float u = 1.0f + x;
+  const std::uint32_t iu = bits_of(u) + (0x3f800000u - 0x3f3504f3u);
+  const std::int32_t k = static_cast<std::int32_t>(iu >> 23) - 127;
+  const float sc = fmath_detail::pow2i_f32(-k);
+  const float f = fma_f32(x, sc, sc - 1.0f);
+  float y = fmath_detail::log_core(static_cast<float>(k), f);
+  y = x == 0.0f ? x : y;  // keeps the sign of zero
+  y = x == -1.0f ? neg_inf_f32() : y;
+  return x < -1.0f ? nan_f32() : y;
+}
+
+/// sin(x) and cos(x). FP64 inside: Cody-Waite with a three-part pi/2 for |x| < 2^30, table-free
+/// Payne-Hanek above; either way the reduced argument is accurate to ~2^-52 relative, so the
+/// float results are correctly rounded unless the exact value lies within ~2^-50 (relative) of
+/// a rounding boundary.
+CPD_HD void sincos_f32(float x, float& s, float& c) {
+  using namespace fmath_detail;
+  const double xd = is_finite_f32(x) ? static_cast<double>(x) : 0.0;
+  double r;
+  std::uint32_t q;
+  if ((xd < 0.0 ? -xd : xd) < 0x1p30) {
+    // |k| < 2^30: k*kPio2_1 and x share the grid 2^-52 (or k = 0), and |x - k kPio2_1| < 2, so
+    // the first fma is exact; the next two add the tail with one rounding each.
+    const double t = fma_f64(xd, 0x1.45f306dc9c883p-1, 0x1.8p52);  // 2/pi
+    const double k = t - 0x1.8p52;
+    q = static_cast<std::uint32_t>(bits_of(t)) & 3u;
+    r = fma_f64(-k, kPio2_1, xd);
+    r = fma_f64(-k, kPio2_2, r);
+    r = fma_f64(-k, kPio2_3, r);
+  } else {
+    r = reduce_large(xd, q);
+  }
+  sincos_reduced(r, q, s, c);
+  s = x == 0.0f ? x : s;  // sin(-0) = -0
+  if (!is_finite_f32(x)) s = c = nan_f32();
+}
+
+/// sin(2 pi u) and cos(2 pi u), reduced exactly in turns: 4u = k + f with f in [-1/2, 1/2].
+CPD_HD void sincos_2pi_f32(float u, float& s, float& c) {
+  using namespace fmath_detail;
+  const double w = is_finite_f32(u) ? 4.0 * static_cast<double>(u) : 0.0;  // exact
+  const double k = rint_f64(w);
+  const double f = w - k;  // exact
+  const auto q = static_cast<std::uint32_t>(static_cast<std::int32_t>(mod4_f64(k))) & 3u;
+  sincos_reduced(fma_f64(f, kPio2_1, f * kPio2_2), q, s, c);
+  if (!is_finite_f32(u)) s = c = nan_f32();
+}
+
+}  // namespace cpd

@@ -1,0 +1,72 @@
+// Counter-based random inputs: Philox-4x32-10 and a Box–Muller normal transform.
+//
+// Every input tensor element is a pure function of (seed, tensor id, global linear index), so
+// any rank (or GPU thread) generates exactly its slice with no communication, and every case
+// and topology sees the same global tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "cpdrift/numerics/fmath.h"
+#include "cpdrift/numerics/hd.h"
+
+namespace cpd {
+
+/// The tensors cpdrift generates; the value is part of the Philox counter.
+enum class TensorId : std::uint32_t { q = 1, k = 2, v = 3, d_out = 4, lm_head = 5 };
+
+struct Philox4x32 {
+  std::uint32_t v[4];
+};
+
+/// Philox-4x32-10 (Salmon et al., SC'11), exactly as Random123's philox4x32_10.
+CPD_HD Philox4x32 philox4x32_10(Philox4x32 ctr, std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * ctr.v[0];
+    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * ctr.v[2];
+    const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
+    const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+    ctr = Philox4x32{{hi1 ^ ctr.v[1] ^ k0, lo1, hi0 ^ ctr.v[3] ^ k1, lo0}};
+  }
+  return ctr;
+}
+
+/// A uniform in (0, 1) from 23 random bits: (2k+1)·2^-24, exact in FP32, never 0 or 1.
+CPD_HD float uniform_open01(std::uint32_t bits) {
+  return static_cast<float>(((bits >> 9) << 1) | 1u) * 5.9604644775390625e-08f;  // 2^-24
+}
+
+/// Four standard normals for the Philox block `block` of tensor `tensor`: elements
+/// 4·block … 4·block+3 of the tensor's global linear index space.
+///
+/// Counter = (block lo, block hi, tensor id, 0), key = (seed lo, seed hi). Box–Muller on the
+/// word pairs (0,1) and (2,3): r = sqrt(-2·log(u_even)), (cos, sin)(2π·u_odd); lane 2i gets
+/// r·cos, lane 2i+1 gets r·sin. All FP32 with the project's own log and sincos.
+CPD_HD void normal4(std::uint64_t seed, TensorId tensor, std::uint64_t block, float out[4]) {
+  const Philox4x32 ctr{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+                        static_cast<std::uint32_t>(tensor), 0u}};
+  const Philox4x32 r =
+      philox4x32_10(ctr, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  for (int pair = 0; pair < 2; ++pair) {
+    const float radius = sqrt_f32(-2.0f * log_f32(uniform_open01(r.v[2 * pair])));
+    float s, c;
+    sincos_2pi_f32(uniform_open01(r.v[2 * pair + 1]), s, c);
+    out[2 * pair] = radius * c;
+    out[2 * pair + 1] = radius * s;
+  }
+}
+
+/// One standard normal: element `index` of tensor `tensor` (a slice of normal4).
+CPD_HD float normal_at(std::uint64_t seed, TensorId tensor, std::uint64_t index) {
+  float four[4];
+  normal4(seed, tensor, index >> 2, four);
+  return four[index & 3u];
+}
+
+}  // namespace cpd

@@ -1,0 +1,37 @@
+// Rotary position embedding, GPT-NeoX rotate-half form (Qwen3: theta = 1e6, rotary dim 128).
+//
+// y[i]     = x[i]·cos(a_i) - x[i+h]·sin(a_i)
+// y[i+h]   = x[i+h]·cos(a_i) + x[i]·sin(a_i),   i < h = rotary_dim / 2,
+// a_i      = fp32(position) · inv_freq[i]       (one FP32 product, as torch computes freqs)
+//
+// Products and the sum are separate FP32 operations (no fma), as PyTorch's eager
+// `q * cos + rotate_half(q) * sin` rounds them. inv_freq is a host-computed FP32 table
+// (see cpu/rope_table.h) that the CUDA backend receives unchanged, so both sides agree.
+#pragma once
+
+#include <cstdint>
+
+#include "cpdrift/numerics/fmath.h"
+#include "cpdrift/numerics/hd.h"
+
+namespace cpd {
+
+/// cos/sin of the RoPE angle of one (position, frequency) pair.
+CPD_HD void rope_cos_sin(std::int64_t position, float inv_freq, float& c, float& s) {
+  const float angle = static_cast<float>(position) * inv_freq;
+  sincos_f32(angle, s, c);
+}
+
+/// Rotates one row in place given its per-frequency cos/sin (`half` entries each). Elements
+/// at or beyond 2·half (none for Qwen3, whose rotary dim equals the head dim) are untouched.
+CPD_HD void rope_rotate_row(float* x, const float* cos_row, const float* sin_row, int half) {
+  for (int i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    const float a = x1 * cos_row[i], b = x2 * sin_row[i];
+    const float c = x2 * cos_row[i], d = x1 * sin_row[i];
+    x[i] = a - b;
+    x[i + half] = c + d;
+  }
+}
+
+}  // namespace cpd

@@ -1,0 +1,67 @@
+// Everything a run produced, and the JSON report (report-contract.md) built from it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/model.h"
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/report/json.h"
+
+namespace cpd {
+
+/// The gates a run is judged by (design §7, from the reference contract).
+struct Thresholds {
+  double out_max_abs = 2.0e-4;          // cp_merge_fp32 out
+  double lse_max_abs = 2.0e-4;          // cp_merge_fp32 lse, and the FP64 merge oracle
+  double bf16_write_max_abs = 2.0e-2;   // dtype_path_vs_fp32 out under a BF16 final write
+};
+
+/// Where and how the run happened: the report's launch and runtime blocks.
+struct Provenance {
+  std::string command;  // argv joined shell-style
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string launcher;  // "mpirun", "srun" or "direct"
+  std::string device = "cpu";
+  std::string transport;
+  int threads = 1;
+  std::string simd;
+  std::string compiler;
+  std::string mpi_version;
+  std::string hdf5_version;  // empty when built without HDF5
+  std::string git_describe;
+  std::map<std::string, std::string> rank_env;
+  std::string created_at_utc;
+};
+
+struct RunReport {
+  Provenance provenance;
+  Problem problem;
+  Thresholds thresholds;
+  RopeDrift rope;
+  std::string merge_oracle_self_test;  // "" when it passed
+  std::vector<CaseResult> cases;
+  std::vector<std::string> failed_checks;
+  double wall_seconds = 0.0;
+
+  bool passed() const { return failed_checks.empty(); }
+};
+
+/// Every gate the run fails, one line each ("<case>: <what> <value> > <threshold>").
+std::vector<std::string> evaluate_checks(const RunReport& report);
+
+/// The `ws2_cp_attention_drift/v2` report.
+json::Value report_json(const RunReport& report);
+
+/// One case's JSON object (the `cases[]` element).
+json::Value case_json(const RunReport& report, const CaseResult& c);
+
+/// A stats object: {max_abs, mean_abs, p95_abs, p99_abs, active_count, bitwise_equal,
+/// mismatch_count, max_ulp, digest}; numbers are null (and nonfinite_count > 0) when the
+/// diffs were not all finite.
+json::Value stats_json(const DiffStats& s);
+
+}  // namespace cpd

@@ -1,0 +1,90 @@
+// `cpdrift bench`: forward throughput of the CPU kernels on the causal Qwen3 problem.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "cpdrift/cli/commands.h"
+#include "cpdrift/core/errors.h"
+#include "cpdrift/cpu/attention.h"
+#include "cpdrift/cpu/inputs.h"
+#include "simd_info.h"
+
+namespace cpd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Inputs {
+  Shard q, k, v;
+};
+
+Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool) {
+  const Range all{0, p.seq_len};
+  const ShardShape qs{p.batch, Range{0, p.dims.num_q_heads}, {all}, p.dims.head_dim};
+  const ShardShape kvs{p.batch, Range{0, p.dims.num_kv_heads}, {all}, p.dims.head_dim};
+  return Inputs{generate_shard(p, TensorId::q, qs, precision, pool),
+                generate_shard(p, TensorId::k, kvs, precision, pool),
+                generate_shard(p, TensorId::v, kvs, precision, pool)};
+}
+
+// One CP=1 prefill forward (a single KV block [0, S)): the FP32 reference's work.
+double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool) {
+  const int dim = p.dims.head_dim, group = p.dims.group_size();
+  AttnShard out{Shard(in.q.shape), Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
+  const std::vector<Range> grid{Range{0, p.seq_len}};
+  std::vector<FoldJob> jobs;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.dims.num_q_heads; ++h) {
+      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, in.k.at(b, h / group, 0),
+                             in.v.at(b, h / group, 0), 0, grid, out.out.at(b, h, 0), out.lse.at(b, h, 0)});
+    }
+  }
+  const auto t = Clock::now();
+  run_fold_jobs(jobs, dim, p.dims.softmax_scale(), rounding, pool);
+  return seconds_since(t);
+}
+
+}  // namespace
+
+int bench_command(const BenchOptions& o, const CommContext& comm) {
+  if (o.device == Device::cuda) {
+    throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
+  }
+  if (comm.rank() != 0) return kExitOk;  // a single-process benchmark; other ranks idle
+  const Problem& p = o.problem;
+  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
+  ThreadPool pool(threads);
+  const double flops = 2.0 * 2.0 * p.batch * p.dims.num_q_heads * p.dims.head_dim *
+                       static_cast<double>(p.seq_len) * static_cast<double>(p.seq_len) / 2.0;
+  std::printf("# cpdrift bench: causal forward, B=%d S=%lld Hq=%d Hkv=%d D=%d, %d thread%s (%s)\n",
+              p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
+              p.dims.head_dim, threads, threads == 1 ? "" : "s", cpu_simd_isa());
+  std::printf("# work per forward: %.1f GFLOP (2*2*B*Hq*D*S^2/2); best and median of %d runs\n",
+              flops * 1e-9, o.repeats);
+  std::printf("# %-26s %10s %10s %12s\n", "path", "best (s)", "median (s)", "GFLOP/s");
+  struct Path {
+    const char* name;
+    InputPrecision inputs;
+    ProbRounding rounding;
+  };
+  for (const Path& path : {Path{"fp32_reference", InputPrecision::fp32, ProbRounding::none},
+                           Path{"bf16_kernel_emulated", InputPrecision::bf16, ProbRounding::bf16}}) {
+    const auto t = Clock::now();
+    const Inputs in = make_inputs(p, path.inputs, pool);
+    const double gen = seconds_since(t);
+    std::vector<double> times;
+    for (int i = 0; i < o.repeats; ++i) times.push_back(time_forward(p, in, path.rounding, pool));
+    std::sort(times.begin(), times.end());
+    const double best = times.front(), median = times[times.size() / 2];
+    std::printf("  %-26s %10.3f %10.3f %12.1f\n", path.name, best, median, flops / best * 1e-9);
+    std::printf("  %-26s %10.3f %10s %12s\n", "  (input generation)", gen, "", "");
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+
+}  // namespace cpd

@@ -1,0 +1,236 @@
+#include "cpdrift/cli/options.h"
+
+#include <charconv>
+#include <functional>
+#include <map>
+
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
+
+template <class Int>
+Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
+  Int value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    bad(flag + ": expected an integer, got '" + text + "'");
+  }
+  if (value < min_value) bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
+  return value;
+}
+
+std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
+    items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
+  std::vector<int> values;
+  for (const std::string& item : split_list(flag, text)) values.push_back(parse_int<int>(flag, item, 1));
+  return values;
+}
+
+std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag, const std::string& text) {
+  std::vector<std::optional<std::int64_t>> values;
+  for (const std::string& item : split_list(flag, text)) {
+    if (item == "none" || item == "full" || item == "no_split") {
+      values.emplace_back(std::nullopt);
+    } else {
+      values.emplace_back(parse_int<std::int64_t>(flag + " (split size)", item, 1));
+    }
+  }
+  return values;
+}
+
+std::vector<CpLayout> parse_layouts(const std::string& flag, const std::string& text) {
+  std::vector<CpLayout> values;
+  for (const std::string& item : split_list(flag, text)) {
+    if (item == "contiguous") {
+      values.push_back(CpLayout::contiguous);
+    } else if (item == "zigzag") {
+      values.push_back(CpLayout::zigzag);
+    } else {
+      bad(flag + ": unknown layout '" + item + "' (contiguous, zigzag)");
+    }
+  }
+  return values;
+}
+
+Device parse_device(const std::string& flag, const std::string& text) {
+  if (text == "auto") return Device::auto_select;
+  if (text == "cpu") return Device::cpu;
+  if (text == "cuda") return Device::cuda;
+  bad(flag + ": unknown device '" + text + "' (auto, cpu, cuda)");
+}
+
+DType parse_dtype(const std::string& flag, const std::string& text) {
+  if (text == "bf16") return DType::bf16;
+  if (text == "fp32") return DType::fp32;
+  bad(flag + ": unknown dtype '" + text + "' (bf16, fp32)");
+}
+
+// Walks argv, handing each flag's value (from `--flag value` or `--flag=value`) to its setter.
+class FlagReader {
+ public:
+  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
+  using Switch = std::function<void()>;
+
+  void value(const std::string& name, Setter s) { values_[name] = std::move(s); }
+  void toggle(const std::string& name, Switch s) { toggles_[name] = std::move(s); }
+
+  void read(const std::vector<std::string>& args, std::size_t first) {
+    for (std::size_t i = first; i < args.size(); ++i) {
+      std::string flag = args[i], inline_value;
+      bool has_inline = false;
+      if (const std::size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+        inline_value = flag.substr(eq + 1);
+        flag = flag.substr(0, eq);
+        has_inline = true;
+      }
+      if (const auto t = toggles_.find(flag); t != toggles_.end()) {
+        if (has_inline) bad(flag + " takes no value");
+        t->second();
+      } else if (const auto v = values_.find(flag); v != values_.end()) {
+        if (!has_inline && i + 1 >= args.size()) bad(flag + ": missing value");
+        v->second(flag, has_inline ? inline_value : args[++i]);
+      } else {
+        bad("unknown option '" + args[i] + "' (see cpdrift --help)");
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, Setter> values_;
+  std::map<std::string, Switch> toggles_;
+};
+
+void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
+  r.value("--model", [](const std::string& f, const std::string& v) {
+    if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
+  });
+  r.value("--batch", [&](const std::string& f, const std::string& v) { p.batch = parse_int<int>(f, v, 1); });
+  r.value("--seq-len", [&](const std::string& f, const std::string& v) {
+    p.seq_len = parse_int<std::int64_t>(f, v, 1);
+    seq_len_given = true;
+  });
+  r.value("--seed", [&](const std::string& f, const std::string& v) {
+    p.seed = parse_int<std::uint64_t>(f, v, 0);
+  });
+  r.value("--dtype", [&](const std::string& f, const std::string& v) { p.dtype = parse_dtype(f, v); });
+  r.toggle("--no-rope", [&] { p.rope = false; });
+}
+
+}  // namespace
+
+CommandLine parse_command_line(const std::vector<std::string>& args) {
+  CommandLine cl;
+  std::size_t first = 0;
+  if (!args.empty() && (args[0] == "run" || args[0] == "bench")) {
+    cl.command = args[0] == "run" ? CommandLine::Command::run : CommandLine::Command::bench;
+    first = 1;
+  }
+  FlagReader r;
+  r.toggle("--help", [&] { cl.command = CommandLine::Command::help; });
+  r.toggle("-h", [&] { cl.command = CommandLine::Command::help; });
+  bool seq_len_given = false, splits_given = false;
+  if (cl.command == CommandLine::Command::bench) {
+    BenchOptions& b = cl.bench;
+    b.problem.seq_len = 4096;
+    add_problem_flags(r, b.problem, seq_len_given);
+    r.value("--repeats", [&](const std::string& f, const std::string& v) { b.repeats = parse_int<int>(f, v, 1); });
+    r.value("--threads", [&](const std::string& f, const std::string& v) { b.threads = parse_int<int>(f, v, 1); });
+    r.value("--device", [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
+    r.read(args, first);
+    return cl;
+  }
+  RunOptions& o = cl.run;
+  add_problem_flags(r, o.problem, seq_len_given);
+  r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) { o.tp_sizes = parse_int_list(f, v); });
+  r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) { o.cp_sizes = parse_int_list(f, v); });
+  r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
+    o.splits = parse_splits(f, v);
+    splits_given = true;
+  });
+  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) { o.layouts = parse_layouts(f, v); });
+  r.value("--device", [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
+  r.value("--threads", [&](const std::string& f, const std::string& v) { o.threads = parse_int<int>(f, v, 1); });
+  r.value("--output", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    o.output = v;
+  });
+  r.toggle("--json", [&] { o.json = true; });
+  r.toggle("--quiet", [&] { o.quiet = true; });
+  r.toggle("--smoke", [&] { o.smoke = true; });
+  r.read(args, first);
+  if (o.smoke) {
+    if (!seq_len_given) o.problem.seq_len = 4;
+    if (!splits_given) o.splits = {std::nullopt, 1};
+  }
+  return cl;
+}
+
+std::vector<CaseSpec> expand_cases(const RunOptions& o) {
+  std::vector<CaseSpec> cases;
+  for (int tp : o.tp_sizes) {
+    for (int cp : o.cp_sizes) {
+      for (const auto& split : o.splits) {
+        for (CpLayout layout : o.layouts) {
+          CaseSpec spec{tp, cp, split, layout, Protocol::ag_rs};
+          if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
+            throw UsageError(case_name(spec, o.problem.dtype) + ": " + why);
+          }
+          cases.push_back(spec);
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string usage_text() {
+  return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
+       cpdrift bench [options]        FP32 reference and BF16-emulated kernel throughput
+
+Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
+
+Problem
+  --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
+  --batch N                    sequences (default 1)
+  --seq-len N                  tokens per sequence (default 16; 4096 for bench)
+  --seed N                     input seed (default 2355)
+  --dtype bf16|fp32            candidate dtype (default bf16)
+  --no-rope                    attention only, no RoPE on q/k
+Cases (every combination runs, in this order)
+  --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
+  --cp-world-sizes LIST        context-parallel sizes (default 1,2)
+  --kv-chunk-sizes LIST        split-KV sizes in tokens; none/full/no_split = disabled
+                               (default none,4)
+  --cp-layouts LIST            contiguous,zigzag (default contiguous)
+  --smoke                      seq-len 4 and chunks none,1 unless given explicitly
+Execution and output
+  --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
+  --threads N                  CPU threads per process (default: cores / processes per node)
+  --output PATH                write the JSON report (atomically)
+  --json                       print the JSON report on stdout (the table goes to stderr)
+  --quiet                      only the verdict line and errors
+  -h, --help                   this text
+
+Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
+3 a failure while running.
+)";
+}
+
+}  // namespace cpd

@@ -1,0 +1,15 @@
+// The MPI handles behind CommContext; included by src/comm/ only.
+#pragma once
+
+#include <mpi.h>
+
+#include "cpdrift/comm/comm_context.h"
+
+namespace cpd {
+
+struct CommContext::Impl {
+  MPI_Comm world = MPI_COMM_NULL;  // cpdrift's duplicate of MPI_COMM_WORLD
+  MPI_Comm node = MPI_COMM_NULL;   // the processes sharing this node
+};
+
+}  // namespace cpd

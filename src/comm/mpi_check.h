@@ -1,0 +1,27 @@
+// CPD_MPI_CHECK: every MPI call checked, one shape for every library (style habit 3).
+#pragma once
+
+#include <mpi.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace cpd {
+
+/// "host rank N file:line: MPI_Xxx failed: <decoded error>", thrown as CommError.
+[[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace cpd
+
+#define CPD_MPI_CHECK(call)                                                            \
+  do {                                                                                 \
+    const int cpd_mpi_status_ = (call);                                                \
+    if (cpd_mpi_status_ != MPI_SUCCESS) {                                              \
+      ::cpd::throw_mpi_error(cpd_mpi_status_, #call, __FILE__, __LINE__);              \
+    }                                                                                  \
+  } while (0)

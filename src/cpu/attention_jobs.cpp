@@ -1,0 +1,91 @@
+// Spreading attention work over the thread pool, and the ordered merge.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "cpdrift/cpu/attention.h"
+
+namespace cpd {
+namespace {
+
+struct TileRef {
+  std::size_t job;
+  std::int64_t row;  // first row of the tile within the job
+};
+
+template <class Job>
+std::vector<TileRef> tiles_of(std::span<const Job> jobs) {
+  std::vector<TileRef> tiles;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    for (std::int64_t r = 0; r < jobs[i].rows; r += kTileRows) tiles.push_back(TileRef{i, r});
+  }
+  // Late rows see the most keys under the causal mask: start the heaviest tiles first so the
+  // pool does not end waiting on one long tile.
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const TileRef& a, const TileRef& b) {
+    return jobs[a.job].first_pos + a.row > jobs[b.job].first_pos + b.row;
+  });
+  return tiles;
+}
+
+TileScratch& thread_scratch() {
+  thread_local TileScratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding,
+                    ThreadPool& pool) {
+  const std::vector<TileRef> tiles = tiles_of(jobs);
+  pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
+    const TileRef& tile = tiles[static_cast<std::size_t>(t)];
+    const BlockJob& job = jobs[tile.job];
+    const int rows = static_cast<int>(std::min<std::int64_t>(kTileRows, job.rows - tile.row));
+    attend_tile(job.q + tile.row * dim, job.first_pos + tile.row, rows, job.k, job.v, job.keys, dim,
+                scale, rounding, thread_scratch(), job.out + tile.row * dim, job.lse + tile.row);
+  });
+}
+
+void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding,
+                   ThreadPool& pool) {
+  const std::vector<TileRef> tiles = tiles_of(jobs);
+  pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
+    const TileRef& tile = tiles[static_cast<std::size_t>(t)];
+    const FoldJob& job = jobs[tile.job];
+    const int rows = static_cast<int>(std::min<std::int64_t>(kTileRows, job.rows - tile.row));
+    const std::int64_t first = job.first_pos + tile.row, last = first + rows - 1;
+    float* out = job.out + tile.row * dim;
+    float* lse = job.lse + tile.row;
+    std::fill(out, out + static_cast<std::ptrdiff_t>(rows) * dim, 0.0f);
+    std::fill(lse, lse + rows, neg_inf_f32());
+    std::vector<float> block_out(static_cast<std::size_t>(rows) * dim), block_lse(rows);
+    for (const Range& block : job.blocks) {
+      if (block.begin > last) break;  // wholly in the future of every row: the identity
+      const std::int64_t offset = block.begin - job.kv_begin;
+      attend_tile(job.q + tile.row * dim, first, rows, job.k + offset * dim, job.v + offset * dim,
+                  block, dim, scale, rounding, thread_scratch(), block_out.data(), block_lse.data());
+      for (int r = 0; r < rows; ++r) {
+        merge_state_row(out + r * dim, lse + r, block_out.data() + r * dim, block_lse[r], dim);
+      }
+    }
+  });
+}
+
+void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,
+                          float* lse) {
+  std::vector<std::size_t> order(states.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return states[a].block_index < states[b].block_index;
+  });
+  std::fill(out, out + rows * dim, 0.0f);
+  std::fill(lse, lse + rows, neg_inf_f32());
+  for (std::size_t i : order) {
+    const StateRef& s = states[i];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      merge_state_row(out + r * dim, lse + r, s.out + r * dim, s.lse[r], dim);
+    }
+  }
+}
+
+}  // namespace cpd

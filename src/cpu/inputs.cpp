@@ -1,0 +1,82 @@
+#include "cpdrift/cpu/inputs.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/rope.h"
+
+namespace cpd {
+
+std::vector<float> rope_inv_freq(const ModelDims& dims) {
+  std::vector<float> inv(static_cast<std::size_t>(dims.rotary_dim / 2));
+  for (std::size_t i = 0; i < inv.size(); ++i) {
+    const double exponent = -2.0 * static_cast<double>(i) / dims.rotary_dim;
+    inv[i] = static_cast<float>(std::pow(dims.rope_theta, exponent));
+  }
+  return inv;
+}
+
+namespace {
+
+int heads_of(const ModelDims& dims, TensorId tensor) {
+  return tensor == TensorId::q ? dims.num_q_heads : dims.num_kv_heads;
+}
+
+// One task per (token range, block of rows): the row's RoPE cos/sin are computed once and
+// shared by every head and batch entry of the shard.
+constexpr std::int64_t kRowsPerTask = 32;
+
+}  // namespace
+
+Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                     InputPrecision precision, ThreadPool& pool) {
+  const ModelDims& dims = problem.dims;
+  const int d = dims.head_dim;
+  if (shape.width != d) throw std::invalid_argument("generate_shard: width must be head_dim");
+  if (d % 4 != 0) throw std::invalid_argument("generate_shard: head_dim must be a multiple of 4");
+  const bool rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
+  const bool round = precision == InputPrecision::bf16;
+  const std::vector<float> inv_freq = rope_inv_freq(dims);
+  const int half = dims.rotary_dim / 2;
+  const std::int64_t num_heads = heads_of(dims, tensor), seq = problem.seq_len;
+
+  struct Task {
+    std::int64_t pos, count, local_row;
+  };
+  std::vector<Task> tasks;
+  std::int64_t local = 0;
+  for (const Range& r : shape.tokens) {
+    for (std::int64_t p = r.begin; p < r.end; p += kRowsPerTask) {
+      const std::int64_t n = std::min(kRowsPerTask, r.end - p);
+      tasks.push_back(Task{p, n, local + (p - r.begin)});
+    }
+    local += r.size();
+  }
+
+  Shard shard(shape);
+  pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
+    const Task& task = tasks[static_cast<std::size_t>(t)];
+    std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
+    for (std::int64_t i = 0; i < task.count; ++i) {
+      const std::int64_t pos = task.pos + i;
+      if (rotate) {
+        for (int f = 0; f < half; ++f) rope_cos_sin(pos, inv_freq[f], cos_row[f], sin_row[f]);
+      }
+      for (int b = 0; b < shape.batch; ++b) {
+        for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+          float* row = shard.at(b, h, task.local_row + i);
+          const std::uint64_t first = static_cast<std::uint64_t>(((b * num_heads + h) * seq + pos) * d);
+          for (int e = 0; e < d; e += 4) normal4(problem.seed, tensor, (first + e) >> 2, row + e);
+          if (rotate) rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
+          if (round) {
+            for (int e = 0; e < d; ++e) row[e] = round_bf16(row[e]);
+          }
+        }
+      }
+    }
+  });
+  return shard;
+}
+
+}  // namespace cpd

@@ -1,0 +1,256 @@
+// Sixteen FP32 lanes, the CPU kernel's unit of work.
+//
+// Three implementations with identical per-lane semantics: AVX-512, AVX2+FMA (two halves) and
+// portable scalar. Every operation is a single IEEE rounding per lane (fma included), so the
+// kernel's bits never depend on which one the build selected.
+#pragma once
+
+#include <cstdint>
+
+#include "cpdrift/numerics/hd.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define CPD_SIMD16_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CPD_SIMD16_AVX2 1
+#endif
+
+namespace cpd::simd {
+
+#if defined(CPD_SIMD16_AVX512)
+
+// The unmasked forms of several AVX-512 intrinsics pass an "undefined" register through,
+// which GCC 12 reports as maybe-uninitialized at every call site (GCC PR 105593). The masked
+// forms with every lane selected are the same instruction and name a real source instead.
+constexpr __mmask16 kAll = 0xffff;
+
+inline const char* isa() { return "avx512"; }
+struct F16 {
+  __m512 v;
+};
+struct I16 {
+  __m512i v;
+};
+struct M16 {
+  __mmask16 m;
+};
+inline F16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, F16 a) { _mm512_storeu_ps(p, a.v); }
+inline F16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline F16 fma(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F16 add(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline F16 sub(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline F16 mul(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F16 div(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline F16 max(F16 a, F16 b) { return {_mm512_mask_max_ps(a.v, kAll, a.v, b.v)}; }
+inline M16 lt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
+inline M16 gt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)}; }
+inline M16 eq(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ)}; }
+inline M16 unordered(F16 a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
+inline F16 select(M16 m, F16 a, F16 b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
+inline I16 bits(F16 a) { return {_mm512_castps_si512(a.v)}; }
+inline F16 from_bits(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
+inline I16 isplat(std::int32_t x) { return {_mm512_set1_epi32(x)}; }
+inline I16 iadd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline I16 isub(I16 a, I16 b) { return {_mm512_sub_epi32(a.v, b.v)}; }
+inline I16 iand(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
+inline I16 ior(I16 a, I16 b) { return {_mm512_or_si512(a.v, b.v)}; }
+template <int kShift>
+inline I16 shl(I16 a) {
+  return {_mm512_mask_slli_epi32(a.v, kAll, a.v, kShift)};
+}
+template <int kShift>
+inline I16 sra(I16 a) {
+  return {_mm512_mask_srai_epi32(a.v, kAll, a.v, kShift)};
+}
+template <int kShift>
+inline I16 srl(I16 a) {
+  return {_mm512_mask_srli_epi32(a.v, kAll, a.v, kShift)};
+}
+inline F16 itof(I16 a) { return {_mm512_mask_cvtepi32_ps(_mm512_castsi512_ps(a.v), kAll, a.v)}; }
+
+#elif defined(CPD_SIMD16_AVX2)
+
+inline const char* isa() { return "avx2"; }
+struct F16 {
+  __m256 lo, hi;
+};
+struct I16 {
+  __m256i lo, hi;
+};
+struct M16 {
+  __m256 lo, hi;  // all-ones lanes where true
+};
+inline F16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, F16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline F16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline F16 fma(F16 a, F16 b, F16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline F16 add(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline F16 sub(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline F16 mul(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline F16 div(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline F16 max(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline M16 lt(F16 a, F16 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)};
+}
+inline M16 gt(F16 a, F16 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)};
+}
+inline M16 eq(F16 a, F16 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ)};
+}
+inline M16 unordered(F16 a) {
+  return {_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)};
+}
+inline F16 select(M16 m, F16 a, F16 b) {
+  return {_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)};
+}
+inline I16 bits(F16 a) { return {_mm256_castps_si256(a.lo), _mm256_castps_si256(a.hi)}; }
+inline F16 from_bits(I16 a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+inline I16 isplat(std::int32_t x) { return {_mm256_set1_epi32(x), _mm256_set1_epi32(x)}; }
+inline I16 iadd(I16 a, I16 b) {
+  return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+}
+inline I16 isub(I16 a, I16 b) {
+  return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)};
+}
+inline I16 iand(I16 a, I16 b) {
+  return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)};
+}
+inline I16 ior(I16 a, I16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+template <int kShift>
+inline I16 shl(I16 a) {
+  return {_mm256_slli_epi32(a.lo, kShift), _mm256_slli_epi32(a.hi, kShift)};
+}
+template <int kShift>
+inline I16 sra(I16 a) {
+  return {_mm256_srai_epi32(a.lo, kShift), _mm256_srai_epi32(a.hi, kShift)};
+}
+template <int kShift>
+inline I16 srl(I16 a) {
+  return {_mm256_srli_epi32(a.lo, kShift), _mm256_srli_epi32(a.hi, kShift)};
+}
+inline F16 itof(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+
+#else
+
+inline const char* isa() { return "scalar"; }
+struct F16 {
+  float v[16];
+};
+struct I16 {
+  std::int32_t v[16];
+};
+struct M16 {
+  bool v[16];
+};
+#define CPD_LANES for (int i = 0; i < 16; ++i)
+inline F16 load(const float* p) {
+  F16 r;
+  CPD_LANES r.v[i] = p[i];
+  return r;
+}
+inline void store(float* p, F16 a) { CPD_LANES p[i] = a.v[i]; }
+inline F16 splat(float x) {
+  F16 r;
+  CPD_LANES r.v[i] = x;
+  return r;
+}
+inline F16 fma(F16 a, F16 b, F16 c) {
+  F16 r;
+  CPD_LANES r.v[i] = fma_f32(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+#define CPD_BINARY(name, expr)   \
+  inline F16 name(F16 a, F16 b) { \
+    F16 r;                        \
+    CPD_LANES r.v[i] = (expr);    \
+    return r;                     \
+  }
+CPD_BINARY(add, a.v[i] + b.v[i])
+CPD_BINARY(sub, a.v[i] - b.v[i])
+CPD_BINARY(mul, a.v[i] * b.v[i])
+CPD_BINARY(div, a.v[i] / b.v[i])
+CPD_BINARY(max, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
+#undef CPD_BINARY
+#define CPD_COMPARE(name, expr)   \
+  inline M16 name(F16 a, F16 b) { \
+    M16 r;                        \
+    CPD_LANES r.v[i] = (expr);    \
+    return r;                     \
+  }
+CPD_COMPARE(lt, a.v[i] < b.v[i])
+CPD_COMPARE(gt, a.v[i] > b.v[i])
+CPD_COMPARE(eq, a.v[i] == b.v[i])
+#undef CPD_COMPARE
+inline M16 unordered(F16 a) {
+  M16 r;
+  CPD_LANES r.v[i] = a.v[i] != a.v[i];
+  return r;
+}
+inline F16 select(M16 m, F16 a, F16 b) {
+  F16 r;
+  CPD_LANES r.v[i] = m.v[i] ? a.v[i] : b.v[i];
+  return r;
+}
+inline I16 bits(F16 a) {
+  I16 r;
+  CPD_LANES r.v[i] = static_cast<std::int32_t>(bits_of(a.v[i]));
+  return r;
+}
+inline F16 from_bits(I16 a) {
+  F16 r;
+  CPD_LANES r.v[i] = float_of_bits(static_cast<std::uint32_t>(a.v[i]));
+  return r;
+}
+inline I16 isplat(std::int32_t x) {
+  I16 r;
+  CPD_LANES r.v[i] = x;
+  return r;
+}
+#define CPD_IBINARY(name, expr)   \
+  inline I16 name(I16 a, I16 b) { \
+    I16 r;                        \
+    CPD_LANES r.v[i] = (expr);    \
+    return r;                     \
+  }
+CPD_IBINARY(iadd, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) + static_cast<std::uint32_t>(b.v[i])))
+CPD_IBINARY(isub, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) - static_cast<std::uint32_t>(b.v[i])))
+CPD_IBINARY(iand, a.v[i] & b.v[i])
+CPD_IBINARY(ior, a.v[i] | b.v[i])
+#undef CPD_IBINARY
+template <int kShift>
+inline I16 shl(I16 a) {
+  I16 r;
+  CPD_LANES r.v[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) << kShift);
+  return r;
+}
+template <int kShift>
+inline I16 sra(I16 a) {
+  I16 r;
+  CPD_LANES r.v[i] = a.v[i] >> kShift;
+  return r;
+}
+template <int kShift>
+inline I16 srl(I16 a) {
+  I16 r;
+  CPD_LANES r.v[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) >> kShift);
+  return r;
+}
+inline F16 itof(I16 a) {
+  F16 r;
+  CPD_LANES r.v[i] = static_cast<float>(a.v[i]);
+  return r;
+}
+#undef CPD_LANES
+
+#endif
+
+}  // namespace cpd::simd

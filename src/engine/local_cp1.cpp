@@ -1,0 +1,94 @@
+#include "cpdrift/engine/local_cp1.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpdrift/cpu/attention.h"
+
+namespace cpd {
+
+AttnShard compute_local_cp1(const Problem& problem, const PathSpec& path,
+                            const std::vector<Range>& grid, const ShardShape& rows,
+                            ThreadPool& pool) {
+  const int dim = problem.dims.head_dim, group = problem.dims.group_size();
+  std::int64_t kv_end = 0;
+  for (const Range& t : rows.tokens) kv_end = std::max(kv_end, t.end);
+  const Range kv_heads{rows.heads.begin / group, (rows.heads.end - 1) / group + 1};
+  const ShardShape qs{rows.batch, rows.heads, rows.tokens, dim};
+  const ShardShape kvs{rows.batch, kv_heads, {Range{0, kv_end}}, dim};
+  const Shard q = generate_shard(problem, TensorId::q, qs, path.inputs, pool);
+  const Shard k = generate_shard(problem, TensorId::k, kvs, path.inputs, pool);
+  const Shard v = generate_shard(problem, TensorId::v, kvs, path.inputs, pool);
+
+  AttnShard result{Shard(qs), Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+  std::vector<FoldJob> jobs;
+  for (int b = 0; b < rows.batch; ++b) {
+    for (std::int64_t h = rows.heads.begin; h < rows.heads.end; ++h) {
+      for (const Range& t : rows.tokens) {
+        const std::int64_t row = qs.local_row(t.begin);
+        jobs.push_back(FoldJob{q.at(b, h, row), t.begin, t.size(), k.at(b, h / group, 0),
+                               v.at(b, h / group, 0), 0, grid, result.out.at(b, h, row),
+                               result.lse.at(b, h, row)});
+      }
+    }
+  }
+  run_fold_jobs(jobs, dim, problem.dims.softmax_scale(), path.rounding, pool);
+  return result;
+}
+
+namespace {
+
+// Copies rows [tokens] of heads [heads] from `from` into `to` at the same coordinates.
+void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens) {
+  for (const Shard* src : {&from.out, &from.lse}) {
+    Shard& dst = src == &from.out ? to.out : to.lse;
+    const int width = src->shape.width;
+    const std::int64_t src_row = src->shape.local_row(tokens.begin);
+    const std::int64_t dst_row = dst.shape.local_row(tokens.begin);
+    for (int b = 0; b < src->shape.batch; ++b) {
+      for (std::int64_t h = heads.begin; h < heads.end; ++h) {
+        std::memcpy(dst.at(b, h, dst_row), src->at(b, h, src_row),
+                    static_cast<std::size_t>(tokens.size()) * width * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AttnShard LocalCp1Results::get(const Problem& problem, const PathSpec& path,
+                               const std::vector<Range>& grid, const ShardShape& rows,
+                               ThreadPool& pool) {
+  const int dim = problem.dims.head_dim;
+  std::vector<Entry>& entries =
+      entries_[Key{static_cast<int>(path.inputs), static_cast<int>(path.rounding), grid}];
+  const auto find = [&](const Range& t) -> const Entry* {
+    for (const Entry& e : entries) {
+      if (e.heads.contains(rows.heads) && e.tokens.contains(t) && e.data.out.shape.batch == rows.batch) {
+        return &e;
+      }
+    }
+    return nullptr;
+  };
+  std::vector<Range> missing;
+  for (const Range& t : rows.tokens) {
+    if (find(t) == nullptr) missing.push_back(t);
+  }
+  if (!missing.empty()) {
+    const AttnShard fresh = compute_local_cp1(
+        problem, path, grid, ShardShape{rows.batch, rows.heads, missing, dim}, pool);
+    for (const Range& t : missing) {
+      Entry e{rows.heads, t,
+              AttnShard{Shard(ShardShape{rows.batch, rows.heads, {t}, dim}),
+                        Shard(ShardShape{rows.batch, rows.heads, {t}, 1})}};
+      copy_rows(fresh, e.data, rows.heads, t);
+      entries.push_back(std::move(e));
+    }
+  }
+  AttnShard result{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}),
+                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+  for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
+  return result;
+}
+
+}  // namespace cpd

@@ -1,0 +1,130 @@
+#include "cpdrift/engine/manifest.h"
+
+#include <algorithm>
+
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+
+CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s)
+    : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)) {
+  for (int id = 0; id < s.num_logical_ranks(); ++id) ranks.push_back(logical_rank(s, p, id));
+}
+
+std::vector<KvBlock> CaseGrid::blocks_of(int cp_rank) const {
+  std::vector<KvBlock> owned;
+  for (const KvBlock& b : blocks) {
+    if (b.owner_cp_rank == cp_rank) owned.push_back(b);
+  }
+  return owned;
+}
+
+namespace {
+
+bool same_header(const MessageHeader& a, const MessageHeader& b) {
+  return a.kind == b.kind && a.src == b.src && a.dst == b.dst && a.block_index == b.block_index &&
+         a.token_begin == b.token_begin && a.token_end == b.token_end &&
+         a.block_begin == b.block_begin && a.block_end == b.block_end &&
+         a.head_begin == b.head_begin && a.head_end == b.head_end && a.batch == b.batch &&
+         a.width == b.width && a.floats == b.floats;
+}
+
+// A message is identified by what it carries (kind, block, token range, destination); the
+// rest of the header must then agree with the manifest.
+bool same_slot(const MessageHeader& a, const MessageHeader& b) {
+  return a.kind == b.kind && a.dst == b.dst && a.block_index == b.block_index &&
+         a.token_begin == b.token_begin && a.token_end == b.token_end;
+}
+
+}  // namespace
+
+Inbox::Inbox(std::vector<MessageHeader> expected)
+    : expected_(std::move(expected)), slots_(expected_.size()), filled_(expected_.size(), false) {}
+
+void Inbox::accept(Message message) {
+  const MessageHeader& h = message.header;
+  const auto it = std::find_if(expected_.begin(), expected_.end(),
+                               [&](const MessageHeader& e) { return same_slot(e, h); });
+  if (it == expected_.end()) throw ProtocolError("unexpected " + describe(h));
+  const auto slot = static_cast<std::size_t>(it - expected_.begin());
+  if (filled_[slot]) throw ProtocolError("duplicated " + describe(h));
+  if (!same_header(*it, h) || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
+    throw ProtocolError("mis-shaped " + describe(h) + ": expected " + describe(*it) + " with " +
+                        std::to_string(it->floats) + " floats, got " +
+                        std::to_string(message.payload.size()));
+  }
+  filled_[slot] = true;
+  slots_[slot] = std::move(message);
+  arrival_.push_back(slot);
+}
+
+void Inbox::require_complete() const {
+  for (std::size_t i = 0; i < expected_.size(); ++i) {
+    if (!filled_[i]) throw ProtocolError("missing " + describe(expected_[i]));
+  }
+}
+
+MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                             const Range& tokens) {
+  const ModelDims& dims = grid.problem.dims;
+  MessageHeader h;
+  h.kind = MessageKind::q_shard;
+  h.src = src.id;
+  h.dst = dst.id;
+  h.token_begin = tokens.begin;
+  h.token_end = tokens.end;
+  h.head_begin = static_cast<std::int32_t>(src.q_heads.begin);
+  h.head_end = static_cast<std::int32_t>(src.q_heads.end);
+  h.batch = grid.problem.batch;
+  h.width = dims.head_dim;
+  h.floats = static_cast<std::int64_t>(h.batch) * src.q_heads.size() * tokens.size() * h.width;
+  return h;
+}
+
+MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
+                           const KvBlock& block) {
+  const LogicalRank& src = grid.at(dst.tp_rank, block.owner_cp_rank);
+  MessageHeader h;
+  h.kind = MessageKind::partial_state;
+  h.src = src.id;
+  h.dst = dst.id;
+  h.block_index = block.index;
+  h.token_begin = tokens.begin;
+  h.token_end = tokens.end;
+  h.block_begin = block.range.begin;
+  h.block_end = block.range.end;
+  h.head_begin = static_cast<std::int32_t>(dst.q_heads.begin);
+  h.head_end = static_cast<std::int32_t>(dst.q_heads.end);
+  h.batch = grid.problem.batch;
+  h.width = grid.problem.dims.head_dim;
+  h.floats = static_cast<std::int64_t>(h.batch) * dst.q_heads.size() * tokens.size() * (h.width + 1);
+  return h;
+}
+
+std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out;
+  for (const Range& tokens : dst.tokens) {
+    for (const KvBlock& block : grid.blocks) {
+      if (causally_visible(block.range, tokens)) out.push_back(state_header(grid, dst, tokens, block));
+    }
+  }
+  return out;
+}
+
+std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out;
+  const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
+  for (int r = 0; r < grid.spec.cp; ++r) {
+    if (r == dst.cp_rank) continue;
+    const LogicalRank& src = grid.at(dst.tp_rank, r);
+    for (const Range& tokens : src.tokens) {
+      const bool needed = std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
+        return causally_visible(b.range, tokens);
+      });
+      if (needed) out.push_back(q_shard_header(grid, src, dst, tokens));
+    }
+  }
+  return out;
+}
+
+}  // namespace cpd

@@ -1,0 +1,126 @@
+#include "cpdrift/engine/merge_checks.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "cpdrift/cpu/attention.h"
+
+namespace cpd {
+namespace {
+
+// Visits every (token range, batch, head) of a rank with the states that cover it, in the
+// order `order` lists them (indices into rank.states).
+template <class Fn>
+void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::size_t>& order,
+                        Fn&& fn) {
+  const ShardShape& shape = rank.merged.out.shape;
+  const std::int64_t heads = shape.heads.size();
+  for (const Range& t : shape.tokens) {
+    const std::int64_t rows = t.size();
+    for (int b = 0; b < shape.batch; ++b) {
+      for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+        const std::int64_t slot = b * heads + (h - shape.heads.begin);
+        std::vector<StateRef> refs;
+        for (std::size_t i : order) {
+          const Message& m = rank.states[i];
+          if (m.header.tokens() != t) continue;
+          const float* base = m.payload.data();
+          refs.push_back(StateRef{m.header.block_index, base + slot * rows * dim,
+                                  base + shape.batch * heads * rows * dim + slot * rows});
+        }
+        fn(t, b, h, refs);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim) {
+  AttnShard probe{Shard(rank.merged.out.shape), Shard(rank.merged.lse.shape)};
+  const std::vector<std::size_t> reversed(rank.arrival_order.rbegin(), rank.arrival_order.rend());
+  for_each_row_group(rank, dim, reversed, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
+    const std::int64_t row = probe.out.shape.local_row(t.begin);
+    merge_in_block_order(refs, t.size(), dim, probe.out.at(b, h, row), probe.lse.at(b, h, row));
+  });
+  return probe;
+}
+
+OracleRow merge_oracle_row(const std::vector<const float*>& outs, const std::vector<float>& lses,
+                           int dim) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  double top = neg_inf;
+  for (float l : lses) top = std::max(top, static_cast<double>(l));
+  OracleRow row{std::vector<double>(static_cast<std::size_t>(dim), 0.0), neg_inf};
+  if (top == neg_inf) return row;
+  double total = 0.0;
+  for (std::size_t i = 0; i < lses.size(); ++i) {
+    const double w = std::exp(static_cast<double>(lses[i]) - top);
+    total += w;
+    for (int d = 0; d < dim; ++d) row.out[d] += w * static_cast<double>(outs[i][d]);
+  }
+  for (double& o : row.out) o /= total;
+  row.lse = top + std::log(total);
+  return row;
+}
+
+namespace {
+
+float oracle_diff(float production, double oracle) {
+  if (static_cast<double>(production) == oracle) return 0.0f;  // covers -inf vs -inf
+  return static_cast<float>(std::fabs(static_cast<double>(production) - oracle));
+}
+
+}  // namespace
+
+OracleDiffs merge_oracle_diffs(const RankOutput& rank, int dim) {
+  OracleDiffs diffs{std::vector<float>(rank.merged.out.data.size()),
+                    std::vector<float>(rank.merged.lse.data.size())};
+  std::vector<std::size_t> manifest_order(rank.states.size());
+  for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
+  for_each_row_group(rank, dim, manifest_order, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
+    const std::int64_t first = rank.merged.out.shape.local_row(t.begin);
+    for (std::int64_t r = 0; r < t.size(); ++r) {
+      std::vector<const float*> outs;
+      std::vector<float> lses;
+      for (const StateRef& s : refs) {
+        outs.push_back(s.out + r * dim);
+        lses.push_back(s.lse[r]);
+      }
+      const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+      const std::size_t o = rank.merged.out.shape.offset(b, h, first + r);
+      const std::size_t l = rank.merged.lse.shape.offset(b, h, first + r);
+      for (int d = 0; d < dim; ++d) diffs.out[o + d] = oracle_diff(rank.merged.out.data[o + d], oracle.out[d]);
+      diffs.lse[l] = oracle_diff(rank.merged.lse.data[l], oracle.lse);
+    }
+  });
+  return diffs;
+}
+
+std::string merge_oracle_self_test() {
+  // Three states of a 4-wide row with lse spread over 40 nats, plus an empty block: the fold
+  // and the oracle must agree to FP32 rounding, and the empty block must change nothing.
+  const int dim = 4;
+  const float o0[dim] = {1.0f, -2.0f, 0.5f, 3.0f}, o1[dim] = {0.25f, 0.0f, -1.0f, 2.0f};
+  const float o2[dim] = {-3.0f, 1.5f, 2.0f, -0.5f}, empty[dim] = {0, 0, 0, 0};
+  const std::vector<const float*> outs = {o0, o1, empty, o2};
+  const std::vector<float> lses = {2.5f, -17.0f, -std::numeric_limits<float>::infinity(), 23.0f};
+  float out[dim] = {0, 0, 0, 0}, lse = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < outs.size(); ++i) merge_state_row(out, &lse, outs[i], lses[i], dim);
+  const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+  // FP32 fold of three states: a few roundings of values ≤ 3 → well under 1e-5.
+  constexpr double kTolerance = 1e-5;
+  for (int d = 0; d < dim; ++d) {
+    if (std::fabs(out[d] - oracle.out[d]) > kTolerance) {
+      return "out[" + std::to_string(d) + "] fold " + std::to_string(out[d]) + " vs oracle " +
+             std::to_string(oracle.out[d]);
+    }
+  }
+  if (std::fabs(lse - oracle.lse) > kTolerance) {
+    return "lse fold " + std::to_string(lse) + " vs oracle " + std::to_string(oracle.lse);
+  }
+  return "";
+}
+
+}  // namespace cpd

@@ -1,0 +1,42 @@
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "cpdrift/engine/transport.h"
+
+namespace cpd {
+
+const char* to_string(MessageKind k) {
+  switch (k) {
+    case MessageKind::q_shard: return "q_shard";
+    case MessageKind::kv_shard: return "kv_shard";
+    case MessageKind::partial_state: return "partial_state";
+  }
+  return "unknown";
+}
+
+std::string describe(const MessageHeader& h) {
+  std::string s = to_string(h.kind);
+  if (h.kind == MessageKind::partial_state) {
+    s += " of KV block " + std::to_string(h.block_index) + " [" + std::to_string(h.block_begin) +
+         "," + std::to_string(h.block_end) + ")";
+  }
+  s += " for tokens [" + std::to_string(h.token_begin) + "," + std::to_string(h.token_end) +
+       ") heads [" + std::to_string(h.head_begin) + "," + std::to_string(h.head_end) +
+       ") from logical rank " + std::to_string(h.src) + " to " + std::to_string(h.dst);
+  return s;
+}
+
+std::vector<Message> InProcessTransport::exchange(std::vector<Message> outgoing) {
+  for (const Message& m : outgoing) {
+    ++counters_.messages;
+    counters_.bytes += sizeof(MessageHeader) + m.payload.size() * sizeof(float);
+  }
+  if (shuffle_seed_ != 0) {
+    std::mt19937_64 rng(shuffle_seed_ + step_++);
+    std::shuffle(outgoing.begin(), outgoing.end(), rng);
+  }
+  return outgoing;
+}
+
+}  // namespace cpd

@@ -1,0 +1,179 @@
+#include "cpdrift/metrics/diff_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace cpd {
+namespace {
+
+std::uint32_t bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+float from_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+float diff_at(const DiffPart& p, std::size_t i) {
+  return p.reference == nullptr ? p.candidate[i] : abs_diff(p.candidate[i], p.reference[i]);
+}
+
+bool mismatch_at(const DiffPart& p, std::size_t i) {
+  return p.reference == nullptr ? p.candidate[i] != 0.0f
+                                : bits(p.candidate[i]) != bits(p.reference[i]);
+}
+
+constexpr std::size_t kBins = 1u << 16;
+
+// Exact sum of non-negative finite FP32 values: each value is mantissa · 2^(exponent - 150)
+// with a 24-bit integer mantissa, so summing mantissas per exponent in 64-bit integers is
+// exact for up to 2^40 values per exponent, and the bins add exactly across parts.
+constexpr std::size_t kExponents = 256;
+
+double sum_from_bins(std::span<const std::uint64_t> bins) {
+  double sum = 0.0;
+  for (std::size_t e = kExponents; e-- > 0;) {
+    if (bins[e] == 0) continue;
+    const int scale = e == 0 ? -149 : static_cast<int>(e) - 150;
+    sum += std::ldexp(static_cast<double>(bins[e]), scale);
+  }
+  return sum;
+}
+
+// Counters of the first pass, laid out as one vector so one reduction combines them all.
+struct FirstPass {
+  enum : std::size_t { kCount, kMismatch, kNonfinite, kMaxBits, kMaxUlp, kHeader };
+  std::vector<std::uint64_t> v = std::vector<std::uint64_t>(kHeader + kExponents + kBins, 0);
+  std::uint64_t& operator[](std::size_t i) { return v[i]; }
+  std::span<std::uint64_t> sum_bins() { return {v.data() + kHeader, kExponents}; }
+  std::span<std::uint64_t> hist() { return {v.data() + kHeader + kExponents, kBins}; }
+};
+
+// Finds, for each wanted rank k (0-based, ascending order of values), the 16-bit bin
+// holding it and the rank within that bin.
+struct Located {
+  std::uint32_t bin;
+  std::uint64_t rank_in_bin;
+};
+
+Located locate(std::span<const std::uint64_t> hist, std::uint64_t k) {
+  std::uint64_t seen = 0;
+  for (std::uint32_t b = 0; b < hist.size(); ++b) {
+    if (k < seen + hist[b]) return Located{b, k - seen};
+    seen += hist[b];
+  }
+  return Located{static_cast<std::uint32_t>(hist.size() - 1), 0};
+}
+
+}  // namespace
+
+float abs_diff(float candidate, float reference) {
+  if (candidate == reference) return 0.0f;
+  return std::fabs(candidate - reference);
+}
+
+std::uint64_t ulp_distance(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
+  // Map the float ordering onto the integers: negative values mirror below zero.
+  const auto ordinal = [](float x) -> std::int64_t {
+    const std::uint32_t u = bits(x);
+    return (u & 0x80000000u) ? -static_cast<std::int64_t>(u & 0x7fffffffu)
+                             : static_cast<std::int64_t>(u);
+  };
+  const std::int64_t d = ordinal(a) - ordinal(b);
+  return static_cast<std::uint64_t>(d < 0 ? -d : d);
+}
+
+double sorted_quantile(std::span<const float> sorted, double q) {
+  if (sorted.empty()) return 0.0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  const double a = sorted[lo], b = sorted[hi];
+  return a + (b - a) * frac;
+}
+
+DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce) {
+  FirstPass first;
+  std::uint64_t max_bits = 0, max_ulp = 0;
+  for (const DiffPart& p : parts) {
+    for (std::size_t i = 0; i < p.count; ++i) {
+      const float d = diff_at(p, i);
+      const std::uint32_t u = bits(d);
+      ++first.hist()[u >> 16];
+      if (u >= 0x7f800000u) {
+        ++first[FirstPass::kNonfinite];
+      } else {
+        const std::uint32_t e = u >> 23;
+        const std::uint64_t mant = (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
+        first.sum_bins()[e] += mant;
+      }
+      if (mismatch_at(p, i)) ++first[FirstPass::kMismatch];
+      max_bits = std::max<std::uint64_t>(max_bits, u);
+      if (p.reference != nullptr) {
+        max_ulp = std::max(max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
+      }
+    }
+    first[FirstPass::kCount] += p.count;
+  }
+  reduce.sum(first.v);
+  std::uint64_t maxima[2] = {max_bits, max_ulp};
+  reduce.max(maxima);
+  max_bits = maxima[0];
+  max_ulp = maxima[1];
+
+  DiffStats s;
+  s.active_count = first[FirstPass::kCount];
+  s.mismatch_count = first[FirstPass::kMismatch];
+  s.nonfinite_count = first[FirstPass::kNonfinite];
+  s.max_ulp = max_ulp;
+  const std::uint64_t n = s.active_count;
+  if (n == 0) return s;
+  s.max_abs = from_bits(static_cast<std::uint32_t>(max_bits));
+  s.mean_abs = sum_from_bins(first.sum_bins()) / static_cast<double>(n);
+
+  // Order statistics needed by p95 and p99: floor(q·(n-1)) and the next one.
+  const double qs[2] = {0.95, 0.99};
+  std::uint64_t wanted[4];
+  for (int i = 0; i < 2; ++i) {
+    const double pos = qs[i] * static_cast<double>(n - 1);
+    wanted[2 * i] = static_cast<std::uint64_t>(std::floor(pos));
+    wanted[2 * i + 1] = std::min(wanted[2 * i] + 1, n - 1);
+  }
+  Located where[4];
+  for (int i = 0; i < 4; ++i) where[i] = locate(first.hist(), wanted[i]);
+
+  // Second pass: the low 16 bits of the values in each located high bin.
+  std::vector<std::uint64_t> second(4 * kBins, 0);
+  for (const DiffPart& p : parts) {
+    for (std::size_t i = 0; i < p.count; ++i) {
+      const std::uint32_t u = bits(diff_at(p, i));
+      for (int w = 0; w < 4; ++w) {
+        if ((u >> 16) == where[w].bin) ++second[w * kBins + (u & 0xffffu)];
+      }
+    }
+  }
+  reduce.sum(second);
+  float value[4];
+  for (int w = 0; w < 4; ++w) {
+    const Located low =
+        locate(std::span<const std::uint64_t>(second.data() + w * kBins, kBins), where[w].rank_in_bin);
+    value[w] = from_bits((where[w].bin << 16) | low.bin);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const double pos = qs[i] * static_cast<double>(n - 1);
+    const double frac = pos - std::floor(pos);
+    const double a = value[2 * i], b = value[2 * i + 1];
+    (i == 0 ? s.p95_abs : s.p99_abs) = a + (b - a) * frac;
+  }
+  return s;
+}
+
+}  // namespace cpd

@@ -1,0 +1,65 @@
+#include <cstdio>
+
+#include "cpdrift/report/run_report.h"
+
+namespace cpd {
+namespace {
+
+std::string fmt(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3e", x);
+  return buf;
+}
+
+void check_finite(std::vector<std::string>& failed, const std::string& where, const DiffStats& s) {
+  if (!s.finite()) failed.push_back(where + ": " + std::to_string(s.nonfinite_count) + " non-finite differences");
+}
+
+void check_max(std::vector<std::string>& failed, const std::string& where, const DiffStats& s,
+               double limit) {
+  check_finite(failed, where, s);
+  if (s.finite() && s.max_abs > limit) {
+    failed.push_back(where + " max_abs " + fmt(s.max_abs) + " > " + fmt(limit));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> evaluate_checks(const RunReport& report) {
+  std::vector<std::string> failed;
+  const Thresholds& t = report.thresholds;
+  if (!report.merge_oracle_self_test.empty()) {
+    failed.push_back("merge_oracle self-test: " + report.merge_oracle_self_test);
+  }
+  check_finite(failed, "drift.rope.q", report.rope.q);
+  check_finite(failed, "drift.rope.k", report.rope.k);
+  for (const CaseResult& c : report.cases) {
+    const std::string& n = c.name;
+    check_max(failed, n + ": cp_merge_fp32.out", c.cp_merge_fp32.out, t.out_max_abs);
+    check_max(failed, n + ": cp_merge_fp32.lse", c.cp_merge_fp32.lse, t.lse_max_abs);
+    check_max(failed, n + ": merge_oracle.out", c.merge_oracle.out, t.out_max_abs);
+    check_max(failed, n + ": merge_oracle.lse", c.merge_oracle.lse, t.lse_max_abs);
+    if (report.problem.dtype == DType::bf16) {
+      check_max(failed, n + ": dtype_path_vs_fp32.out", c.dtype_path.out, t.bf16_write_max_abs);
+    } else {
+      check_max(failed, n + ": dtype_path_vs_fp32.out", c.dtype_path.out, t.out_max_abs);
+    }
+    check_finite(failed, n + ": dtype_path_vs_fp32.lse", c.dtype_path.lse);
+    check_finite(failed, n + ": bf16_kernel.out", c.bf16_kernel.out);
+    check_finite(failed, n + ": bf16_kernel.lse", c.bf16_kernel.lse);
+    for (const auto* s : {&c.merge_probe.out, &c.merge_probe.lse}) {
+      if (!s->bitwise_equal()) {
+        failed.push_back(n + ": merge_order_probe differs from the canonical merge in " +
+                         std::to_string(s->mismatch_count) + " elements");
+      }
+    }
+    if (c.topology_required && !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
+      failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +
+                       " (" + std::to_string(c.topology.out.mismatch_count) + " out, " +
+                       std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");
+    }
+  }
+  return failed;
+}
+
+}  // namespace cpd

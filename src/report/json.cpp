@@ -1,0 +1,257 @@
+#include "cpdrift/report/json.h"
+
+#include <fcntl.h>
+#include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <utility>
+
+namespace cpd::json {
+namespace {
+
+[[noreturn]] void type_error(const char* wanted, Type got) {
+  throw std::runtime_error(std::string("json: expected ") + wanted + ", got " + type_name(got));
+}
+
+// Checks everything before writing anything, so a bad value never leaves half a document.
+void check_finite(const Value& v, std::string& path) {
+  if (v.type() == Type::floating && !std::isfinite(v.as_double())) {
+    throw std::invalid_argument("json: non-finite number (" + std::to_string(v.as_double()) +
+                                ") at " + (path.empty() ? std::string("<root>") : path));
+  }
+  const std::size_t mark = path.size();
+  if (v.is_array()) {
+    for (std::size_t i = 0; i < v.as_array().size(); ++i) {
+      // Appended piecewise: `"[" + std::to_string(i)` trips GCC 12's bogus -Wrestrict at -O3.
+      path.push_back('[');
+      path += std::to_string(i);
+      path.push_back(']');
+      check_finite(v.as_array()[i], path);
+      path.resize(mark);
+    }
+  } else if (v.is_object()) {
+    for (const auto& [key, member] : v.as_object()) {
+      if (mark != 0) path.push_back('.');
+      path += key;
+      check_finite(member, path);
+      path.resize(mark);
+    }
+  }
+}
+
+template <typename Writer>
+void emit(const Value& v, Writer& w) {
+  using rapidjson::SizeType;
+  if (v.is_array()) {
+    w.StartArray();
+    for (const Value& element : v.as_array()) emit(element, w);
+    w.EndArray();
+  } else if (v.is_object()) {
+    w.StartObject();
+    for (const auto& [key, member] : v.as_object()) {
+      w.Key(key.data(), static_cast<SizeType>(key.size()));
+      emit(member, w);
+    }
+    w.EndObject();
+  } else if (v.is_string()) {
+    w.String(v.as_string().data(), static_cast<SizeType>(v.as_string().size()));
+  } else if (v.type() == Type::int64) {
+    w.Int64(v.as_int64());
+  } else if (v.type() == Type::uint64) {
+    w.Uint64(v.as_uint64());
+  } else if (v.type() == Type::floating) {
+    w.Double(v.as_double());
+  } else if (v.is_bool()) {
+    w.Bool(v.as_bool());
+  } else {
+    w.Null();
+  }
+}
+
+Value from_rapidjson(const rapidjson::Value& r) {
+  if (r.IsNull()) return Value();
+  if (r.IsBool()) return Value(r.GetBool());
+  if (r.IsInt64()) return Value(r.GetInt64());
+  if (r.IsUint64()) return Value(r.GetUint64());
+  if (r.IsNumber()) return Value(r.GetDouble());
+  if (r.IsString()) return Value(std::string(r.GetString(), r.GetStringLength()));
+  if (r.IsArray()) {
+    Array out;
+    out.reserve(r.Size());
+    for (const auto& element : r.GetArray()) out.push_back(from_rapidjson(element));
+    return Value(std::move(out));
+  }
+  Object out;
+  for (const auto& member : r.GetObject()) {
+    // Last duplicate wins, as in Python's json module.
+    out.insert_or_assign(std::string(member.name.GetString(), member.name.GetStringLength()),
+                         from_rapidjson(member.value));
+  }
+  return Value(std::move(out));
+}
+
+}  // namespace
+
+const char* type_name(Type type) {
+  static constexpr const char* kNames[] = {"null",   "bool",   "int64", "uint64",
+                                           "double", "string", "array", "object"};
+  return kNames[static_cast<int>(type)];
+}
+
+bool Value::as_bool() const {
+  if (!is_bool()) type_error("bool", type());
+  return std::get<bool>(data_);
+}
+
+std::int64_t Value::as_int64() const {
+  if (type() == Type::int64) return std::get<std::int64_t>(data_);
+  if (type() == Type::uint64) throw std::runtime_error("json: integer does not fit int64");
+  type_error("integer", type());
+}
+
+std::uint64_t Value::as_uint64() const {
+  if (type() == Type::uint64) return std::get<std::uint64_t>(data_);
+  if (type() != Type::int64) type_error("integer", type());
+  const std::int64_t i = std::get<std::int64_t>(data_);
+  if (i < 0) throw std::runtime_error("json: negative integer does not fit uint64");
+  return static_cast<std::uint64_t>(i);
+}
+
+double Value::as_double() const {
+  if (type() == Type::floating) return std::get<double>(data_);
+  if (type() == Type::uint64) return static_cast<double>(std::get<std::uint64_t>(data_));
+  if (type() != Type::int64) type_error("number", type());
+  return static_cast<double>(std::get<std::int64_t>(data_));
+}
+
+const std::string& Value::as_string() const {
+  if (!is_string()) type_error("string", type());
+  return std::get<std::string>(data_);
+}
+
+const Array& Value::as_array() const {
+  if (!is_array()) type_error("array", type());
+  return std::get<Array>(data_);
+}
+
+Array& Value::as_array() { return const_cast<Array&>(std::as_const(*this).as_array()); }
+
+const Object& Value::as_object() const {
+  if (!is_object()) type_error("object", type());
+  return std::get<Object>(data_);
+}
+
+Object& Value::as_object() { return const_cast<Object&>(std::as_const(*this).as_object()); }
+
+Value& Value::operator[](const std::string& key) { return as_object()[key]; }
+
+const Value& Value::at(const std::string& key) const {
+  const Object& members = as_object();
+  const auto it = members.find(key);
+  if (it == members.end()) throw std::out_of_range("json: no member \"" + key + "\"");
+  return it->second;
+}
+
+Value& Value::at(const std::string& key) {
+  return const_cast<Value&>(std::as_const(*this).at(key));
+}
+
+bool Value::contains(const std::string& key) const { return as_object().count(key) > 0; }
+
+const Value& Value::at(std::size_t index) const {
+  const Array& elements = as_array();
+  if (index >= elements.size()) {
+    throw std::out_of_range("json: index " + std::to_string(index) + " out of range (size " +
+                            std::to_string(elements.size()) + ")");
+  }
+  return elements[index];
+}
+
+Value& Value::at(std::size_t index) { return const_cast<Value&>(std::as_const(*this).at(index)); }
+
+void Value::push_back(Value v) { as_array().push_back(std::move(v)); }
+
+std::size_t Value::size() const {
+  if (is_array()) return as_array().size();
+  if (is_object()) return as_object().size();
+  type_error("array or object", type());
+}
+
+std::string to_string(const Value& v, bool pretty) {
+  std::string path;
+  check_finite(v, path);
+  rapidjson::StringBuffer buffer;
+  if (pretty) {
+    rapidjson::PrettyWriter<rapidjson::StringBuffer> writer(buffer);
+    writer.SetIndent(' ', 2);
+    emit(v, writer);
+  } else {
+    rapidjson::Writer<rapidjson::StringBuffer> writer(buffer);
+    emit(v, writer);
+  }
+  std::string out(buffer.GetString(), buffer.GetSize());
+  if (pretty) out.push_back('\n');
+  return out;
+}
+
+Value parse(std::string_view text) {
+  rapidjson::Document doc;
+  // Full precision so that every double written by to_string reads back bit-identical.
+  doc.Parse<rapidjson::kParseFullPrecisionFlag>(text.data(), text.size());
+  if (doc.HasParseError()) {
+    throw std::runtime_error("json: parse error at offset " + std::to_string(doc.GetErrorOffset()) +
+                             ": " + rapidjson::GetParseError_En(doc.GetParseError()));
+  }
+  return from_rapidjson(doc);
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  int fd = -1;
+  bool created = false;
+  const auto fail = [&](const char* what) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (created) ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write \"" + path + "\": " + what + " \"" + tmp +
+                             "\": " + std::strerror(err));
+  };
+
+  fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fail("cannot create temporary file");
+  created = true;
+  for (std::size_t done = 0; done < content.size();) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno != EINTR) fail("write failed on");
+    if (n > 0) done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("fsync failed on");
+  // close() can report delayed write errors (e.g. on NFS), so it is checked too.
+  const int closing = std::exchange(fd, -1);
+  if (::close(closing) != 0) fail("close failed on");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename");
+
+  // Make the rename itself durable. Best effort: some file systems refuse fsync on a
+  // directory, and the new content is already in place either way.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+}  // namespace cpd::json

@@ -1,0 +1,225 @@
+#include "plan_json.h"
+
+namespace cpd {
+
+using json::Value;
+
+namespace {
+
+Value pair(std::int64_t a, std::int64_t b) {
+  Value v = Value::array();
+  v.push_back(a);
+  v.push_back(b);
+  return v;
+}
+
+const char* policy(const CaseSpec& spec) { return spec.split ? "fixed" : "disabled"; }
+
+Value optional_size(const CaseSpec& spec) {
+  return spec.split ? Value(*spec.split) : Value(nullptr);
+}
+
+std::vector<Range> owner_blocks(const Problem& p, const CaseSpec& spec, int owner) {
+  std::vector<Range> blocks;
+  for (const Range& r : cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len)) {
+    for (const Range& b : split_range(r, spec.split)) blocks.push_back(b);
+  }
+  return blocks;
+}
+
+Value rope_json(const Problem& p) {
+  Value v = Value::object();
+  if (!p.rope) {
+    v["rope_state"] = "not_composed";
+    v["fusion_boundary"] = "attention_only";
+    return v;
+  }
+  v["rope_state"] = "post_rope";
+  v["rope_theta"] = p.dims.rope_theta;
+  v["rope_scaling"] = nullptr;
+  v["rotary_dim"] = p.dims.rotary_dim;
+  v["rope_style"] = "gpt_neox_rotate_half";
+  v["position_ids"] = "arange(seq_len)";
+  v["cache_position"] = "same_as_position_ids";
+  v["query_position_offsets"] = 0;
+  v["key_position_offsets"] = 0;
+  v["k_cache_rope_state"] = "post_rope";
+  v["rope_cast_at"] = "rope_output";
+  v["rope_output_dtype"] = to_string(p.dtype);
+  v["fusion_boundary"] = "unfused_rope_attention_reference";
+  return v;
+}
+
+}  // namespace
+
+Value ranges_json(const std::vector<Range>& ranges) {
+  Value v = Value::array();
+  for (const Range& r : ranges) v.push_back(pair(r.begin, r.end));
+  return v;
+}
+
+Value split_plan_json(const Problem& p, const CaseSpec& spec, int owner) {
+  const std::vector<Range> blocks = owner_blocks(p, spec, owner);
+  Value v = Value::object();
+  v["owner_cp_rank"] = owner;
+  v["owner_kv_ranges"] = ranges_json(cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len));
+  v["requested_split_kv_policy"] = policy(spec);
+  v["requested_split_kv_size"] = optional_size(spec);
+  v["actual_split_kv_policy"] = policy(spec);
+  v["actual_split_kv_size"] = optional_size(spec);
+  v["actual_split_kv_count"] = blocks.size();
+  v["actual_split_boundaries"] = ranges_json(blocks);
+  v["split_kv_merge_order"] = "global_block_index";
+  v["split_kv_accum_dtype"] = "fp32";
+  v["split_kv_downcast_at"] = "final_write";
+  v["split_kv_backend"] = "cpdrift_cpu_deterministic_block_grid";
+  v["split_kv_plan_source"] = "global_block_grid";
+  v["split_kv_fallback"] = false;
+  v["split_kv_fallback_reason"] = nullptr;
+  return v;
+}
+
+Value plan_set_json(const Problem& p, const CaseSpec& spec) {
+  Value v = Value::object();
+  v["batch_size"] = p.batch;
+  v["tp_world_size"] = spec.tp;
+  v["cp_world_size"] = spec.cp;
+  Value totals = Value::array();
+  for (int b = 0; b < p.batch; ++b) totals.push_back(p.seq_len);
+  v["total_kv_tokens"] = std::move(totals);
+  std::vector<Value> plans;
+  for (int owner = 0; owner < spec.cp; ++owner) plans.push_back(split_plan_json(p, spec, owner));
+  Value entries = Value::array();
+  for (int b = 0; b < p.batch; ++b) {
+    for (int t = 0; t < spec.tp; ++t) {
+      for (int r = 0; r < spec.cp; ++r) {
+        for (int owner = 0; owner < spec.cp; ++owner) {
+          Value e = plans[static_cast<std::size_t>(owner)];
+          const std::vector<Range> owned = cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len);
+          e["batch_index"] = b;
+          e["tp_rank"] = t;
+          e["cp_rank"] = r;
+          e["expected_kv_range"] =
+              owned.size() == 1 ? pair(owned.front().begin, owned.front().end) : Value(nullptr);
+          e["expected_kv_ranges"] = ranges_json(owned);
+          entries.push_back(std::move(e));
+        }
+      }
+    }
+  }
+  v["entries"] = std::move(entries);
+  v["coverage"] = "complete_batch_tp_cp_owner_cartesian_product";
+  return v;
+}
+
+Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv) {
+  const LogicalRank first = logical_rank(spec, p, 0);
+  Value v = Value::object();
+  v["tp_world_size"] = spec.tp;
+  v["cp_world_size"] = spec.cp;
+  v["tp_rank"] = 0;
+  Value cp_ranks = Value::array();
+  for (int r = 0; r < spec.cp; ++r) cp_ranks.push_back(r);
+  v["logical_cp_ranks"] = std::move(cp_ranks);
+  v["local_num_query_heads"] = first.q_heads.size();
+  v["local_num_kv_heads"] = first.kv_heads.size();
+  v["local_query_head_range"] = pair(first.q_heads.begin, first.q_heads.end);
+  v["local_kv_head_range"] = pair(first.kv_heads.begin, first.kv_heads.end);
+  v["head_dim"] = p.dims.head_dim;
+  std::vector<Range> q_bounds;
+  for (int r = 0; r < spec.cp; ++r) {
+    for (const Range& t : cp_owner_ranges(spec.layout, spec.cp, r, p.seq_len)) q_bounds.push_back(t);
+  }
+  v["q_sequence_bounds"] = ranges_json(q_bounds);
+  v["kv_block_bounds"] = ranges_json(kv_block_bounds(spec, p.seq_len));
+  v["layout"] = to_string(spec.layout);
+  v["protocol"] = to_string(spec.protocol);
+  v["transport"] = pv.transport;
+  v["physical_processes"] = std::min(pv.world_size, spec.num_logical_ranks());
+  Value placement = Value::array();
+  for (int id = 0; id < spec.num_logical_ranks(); ++id) {
+    const LogicalRank lr = logical_rank(spec, p, id);
+    Value e = Value::object();
+    e["logical_rank"] = id;
+    e["tp_rank"] = lr.tp_rank;
+    e["cp_rank"] = lr.cp_rank;
+    e["process"] = process_of(id, pv.world_size);
+    placement.push_back(std::move(e));
+  }
+  v["placement"] = std::move(placement);
+  return v;
+}
+
+Value case_provenance_json(const Problem& p, const CaseSpec& spec, const Provenance& pv) {
+  Value v = Value::object();
+  v["backend"] = "cpdrift_cpu";
+  v["reference_backend"] = "cp1_fp32_prefill";
+  v["candidate_backend"] = std::string("cpdrift_cpu_cp") + std::to_string(spec.cp) + "_" +
+                           (spec.split ? "chunked" : "prefill") + "_" + to_string(spec.protocol);
+  v["dtype"] = to_string(p.dtype);
+  v["accum_dtype"] = "fp32";
+  v["downcast_at"] = "final_write";
+  v["lse_domain"] = "attention";
+  v["merge_order"] = "global_block_index";
+  v["split_kv_policy"] = policy(spec);
+  v["requested_split_kv_policy"] = policy(spec);
+  v["requested_split_kv_size"] = optional_size(spec);
+  Value plans = Value::array();
+  for (int owner = 0; owner < spec.cp; ++owner) plans.push_back(split_plan_json(p, spec, owner));
+  v["actual_split_kv_plans"] = std::move(plans);
+  v["actual_split_kv_plan_set"] = plan_set_json(p, spec);
+  v["kv_chunk_size"] = optional_size(spec);
+  v["block_metadata_hash"] = block_metadata_hash(kv_block_bounds(spec, p.seq_len));
+  v["scale_placement"] = "scores_after_qk_matmul";
+  Value order = Value::array();
+  for (const char* s : {"scale", "causal_mask", "key_padding_mask"}) order.push_back(s);
+  v["mask_application_order"] = std::move(order);
+  v["dropout_policy"] = "disabled";
+  Value controls = Value::object();
+  controls["fp_contract"] = "off";
+  controls["fma"] = "explicit";
+  controls["math_library"] = "cpdrift_fmath";
+  controls["reduction_order"] = "canonical_sequential (docs/numerics.md)";
+  controls["merge_order"] = "global_block_index";
+  controls["threads"] = pv.threads;
+  controls["thread_count_affects_bits"] = false;
+  controls["simd"] = pv.simd;
+  v["deterministic_controls"] = std::move(controls);
+  v["rope"] = rope_json(p);
+  return v;
+}
+
+Value launch_json(const Provenance& pv) {
+  Value v = Value::object();
+  v["command"] = pv.command;
+  v["rank"] = pv.rank;
+  v["world_size"] = pv.world_size;
+  v["local_rank"] = pv.local_rank;
+  v["launcher"] = pv.launcher;
+  return v;
+}
+
+Value runtime_json(const Provenance& pv) {
+  Value v = Value::object();
+  v["device"] = pv.device;
+  v["cuda_available"] = false;
+  Value dist = Value::object();
+  dist["initialized"] = pv.world_size > 1;
+  dist["backend"] = pv.world_size > 1 ? Value("mpi") : Value(nullptr);
+  dist["transport"] = pv.transport;
+  v["distributed"] = std::move(dist);
+  Value env = Value::object();
+  for (const auto& [k, val] : pv.rank_env) env[k] = val;
+  v["rank_env"] = std::move(env);
+  v["compiler"] = pv.compiler;
+  v["mpi_version"] = pv.mpi_version;
+  v["nccl_version"] = nullptr;
+  v["cuda_version"] = nullptr;
+  v["hdf5_version"] = pv.hdf5_version.empty() ? Value(nullptr) : Value(pv.hdf5_version);
+  v["git_describe"] = pv.git_describe;
+  v["threads"] = pv.threads;
+  v["simd"] = pv.simd;
+  return v;
+}
+
+}  // namespace cpd

@@ -1,0 +1,216 @@
+// The ws2_cp_attention_drift/v2 report: root blocks and the per-case drift sections.
+#include "cpdrift/report/run_report.h"
+#include "plan_json.h"
+
+namespace cpd {
+
+using json::Array;
+using json::Value;
+
+Value stats_json(const DiffStats& s) {
+  Value v = Value::object();
+  const bool ok = s.finite();
+  v["max_abs"] = ok ? Value(s.max_abs) : Value(nullptr);
+  v["mean_abs"] = ok ? Value(s.mean_abs) : Value(nullptr);
+  v["p95_abs"] = ok ? Value(s.p95_abs) : Value(nullptr);
+  v["p99_abs"] = ok ? Value(s.p99_abs) : Value(nullptr);
+  v["active_count"] = s.active_count;
+  v["bitwise_equal"] = s.bitwise_equal();
+  v["mismatch_count"] = s.mismatch_count;
+  v["max_ulp"] = s.max_ulp;
+  v["digest"] = s.digest ? Value(*s.digest) : Value(nullptr);
+  if (!ok) v["nonfinite_count"] = s.nonfinite_count;
+  return v;
+}
+
+namespace {
+
+Value out_lse(const OutLseStats& s, const char* source_class = nullptr) {
+  Value v = Value::object();
+  v["out"] = stats_json(s.out);
+  v["lse"] = stats_json(s.lse);
+  if (source_class != nullptr) v["source_class"] = source_class;
+  return v;
+}
+
+Value rope_drift_json(const RunReport& r) {
+  Value v = Value::object();
+  if (!r.problem.rope) {
+    v["status"] = "not_composed";
+    v["q"] = nullptr;
+    v["k"] = nullptr;
+    return v;
+  }
+  v["status"] = "available";
+  v["q"] = stats_json(r.rope.q);
+  v["k"] = stats_json(r.rope.k);
+  return v;
+}
+
+Value merge_probe_json(const OutLseStats& s) {
+  Value v = Value::object();
+  v["status"] = "available";
+  v["arrival_order_policy"] = "ignored_then_sorted_by_global_block_index";
+  v["arrival_order_tested"] = "reversed";
+  v["out"] = s.out.finite() ? Value(s.out.max_abs) : Value(nullptr);
+  v["lse"] = s.lse.finite() ? Value(s.lse.max_abs) : Value(nullptr);
+  v["bitwise_equal"] = s.out.bitwise_equal() && s.lse.bitwise_equal();
+  v["mismatch_count"] = s.out.mismatch_count + s.lse.mismatch_count;
+  return v;
+}
+
+Value per_rank_json(const PerRankDrift& p) {
+  Value v = Value::object();
+  v["rank"] = p.cp_rank;
+  const bool one_range = p.tokens.size() == 1;
+  v["query_start"] = one_range ? Value(p.tokens.front().begin) : Value(nullptr);
+  v["query_end"] = one_range ? Value(p.tokens.front().end) : Value(nullptr);
+  v["query_ranges"] = ranges_json(p.tokens);
+  v["out"] = stats_json(p.candidate.out);
+  v["lse"] = stats_json(p.candidate.lse);
+  v["cp_merge_fp32"] = out_lse(p.cp_merge);
+  return v;
+}
+
+Value not_requested(const char* reason) {
+  Value v = Value::object();
+  v["status"] = "not_requested";
+  v["reason"] = reason;
+  return v;
+}
+
+}  // namespace
+
+Value case_json(const RunReport& report, const CaseResult& c) {
+  const Problem& p = report.problem;
+  Value v = Value::object();
+  v["case_name"] = c.name;
+  v["attention_mode"] = c.spec.split ? "chunked_prefill" : "prefill";
+  v["topology"] = topology_json(p, c.spec, report.provenance);
+  v["provenance"] = case_provenance_json(p, c.spec, report.provenance);
+
+  Value drift = Value::object();
+  drift["cp_merge_fp32"] = out_lse(c.cp_merge_fp32, "reduction_and_collective_drift");
+  drift["dtype_path_vs_fp32"] = out_lse(c.dtype_path, "arithmetic_schedule_drift");
+  drift["rope"] = rope_drift_json(report);
+  drift["bf16_kernel"] = out_lse(c.bf16_kernel, "kernel_arithmetic_drift");
+  Value topo = out_lse(c.topology);
+  topo["reference_case"] = c.topology_reference;
+  topo["bitwise_equal"] = c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal();
+  topo["required"] = c.topology_required;
+  topo["reason"] = c.topology_required
+                       ? "the block grid equals the CP=1 grid, so every bit must match"
+                       : "the block grid differs from the CP=1 grid (split disabled or not "
+                         "aligned to the CP owners): drift is reported, not required to be 0";
+  drift["topology_invariance"] = std::move(topo);
+  v["drift"] = std::move(drift);
+
+  v["merge_order_probe"] = merge_probe_json(c.merge_probe);
+  Value te = Value::object();
+  te["status"] = "unavailable";
+  te["te_module"] = nullptr;
+  te["fallback"] = "deterministic_cp_reference";
+  v["te_merge_oracle"] = std::move(te);
+  v["merge_oracle"] = out_lse(c.merge_oracle);
+
+  Value per_rank = Value::array();
+  for (const PerRankDrift& pr : c.per_rank) per_rank.push_back(per_rank_json(pr));
+  v["per_rank"] = std::move(per_rank);
+
+  v["backward"] = not_requested("run with --include-backward (not implemented yet)");
+  v["dlogp"] = not_requested("run with --include-dlogp (not implemented yet)");
+  Value p2p = Value::object();
+  if (report.provenance.world_size == 1) {
+    p2p["status"] = "skipped";
+    p2p["reason"] =
+        "single process: the case's logical ranks exchanged their states in-process; launch "
+        "with mpirun -np N for a distributed run";
+  }
+  v["distributed_p2p_reference"] = std::move(p2p);
+
+  Value run = Value::object();
+  run["seconds"] = c.seconds;
+  run["messages"] = c.moved.messages;
+  run["bytes_moved"] = c.moved.bytes;
+  run["bytes_between_processes"] = c.moved.remote_bytes;
+  v["execution"] = std::move(run);
+  return v;
+}
+
+Value report_json(const RunReport& r) {
+  const Problem& p = r.problem;
+  const Provenance& pv = r.provenance;
+  Value v = Value::object();
+  v["schema_version"] = "ws2_cp_attention_drift/v2";
+  v["report_family"] = "ws2_cross_config_drift_report";
+  v["tolerance_source"] = "#108";
+  v["issue"] = 235;
+  v["pr"] = 5;
+  v["created_at_utc"] = pv.created_at_utc;
+  v["launch"] = launch_json(pv);
+  v["runtime"] = runtime_json(pv);
+
+  Value target = Value::object();
+  target["model"] = "qwen3-8b";
+  target["global_num_query_heads"] = p.dims.num_q_heads;
+  target["global_num_kv_heads"] = p.dims.num_kv_heads;
+  target["head_dim"] = p.dims.head_dim;
+  target["dtype"] = to_string(p.dtype);
+  target["batch"] = p.batch;
+  target["seq_len"] = p.seq_len;
+  target["causal"] = true;
+  target["seed"] = p.seed;
+  v["target"] = std::move(target);
+
+  Value te = Value::object();
+  te["te_available"] = false;
+  te["te_capability_probe"] = "unavailable";
+  te["te_version"] = nullptr;
+  te["fallback"] = true;
+  te["fallback_reason"] =
+      "Transformer Engine is a PyTorch/CUDA library that cpdrift does not use; its merge is "
+      "checked by cpdrift's own FP64 oracle (see merge_oracle)";
+  v["te_context_parallel_merge"] = std::move(te);
+
+  Value oracle = Value::object();
+  oracle["status"] = "available";
+  oracle["formulation"] = "fp64_global_max_then_single_weighted_sum";
+  oracle["compared_with"] = "fp32_left_fold_in_global_block_index_order";
+  oracle["self_test"] = r.merge_oracle_self_test.empty() ? "passed" : "failed";
+  oracle["self_test_error"] = r.merge_oracle_self_test.empty() ? Value(nullptr) : Value(r.merge_oracle_self_test);
+  oracle["tolerance"] = r.thresholds.lse_max_abs;
+  double worst_out = 0.0, worst_lse = 0.0;
+  for (const CaseResult& c : r.cases) {
+    worst_out = std::max(worst_out, c.merge_oracle.out.finite() ? c.merge_oracle.out.max_abs : 0.0);
+    worst_lse = std::max(worst_lse, c.merge_oracle.lse.finite() ? c.merge_oracle.lse.max_abs : 0.0);
+  }
+  oracle["max_out_abs"] = worst_out;
+  oracle["max_lse_abs"] = worst_lse;
+  v["merge_oracle"] = std::move(oracle);
+
+  Value dlogp = not_requested("selected-token logprob drift is not requested (--include-dlogp)");
+  dlogp["source"] = "synthetic_fp32_lm_head_projection";
+  v["dlogp"] = std::move(dlogp);
+
+  Value thresholds = Value::object();
+  thresholds["out_max_abs"] = r.thresholds.out_max_abs;
+  thresholds["lse_max_abs"] = r.thresholds.lse_max_abs;
+  thresholds["bf16_final_write_out_max_abs"] = r.thresholds.bf16_write_max_abs;
+  v["thresholds"] = std::move(thresholds);
+
+  Value cases = Value::array();
+  for (const CaseResult& c : r.cases) cases.push_back(case_json(r, c));
+  v["cases"] = std::move(cases);
+
+  Value summary = Value::object();
+  summary["passed"] = r.passed();
+  Value failed = Value::array();
+  for (const std::string& f : r.failed_checks) failed.push_back(f);
+  summary["failed_checks"] = std::move(failed);
+  summary["wall_seconds"] = r.wall_seconds;
+  summary["case_count"] = r.cases.size();
+  v["summary"] = std::move(summary);
+  return v;
+}
+
+}  // namespace cpd

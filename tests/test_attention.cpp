@@ -1,0 +1,295 @@
+// The attention core: the tile kernel against the canonical scalar definition (bitwise),
+// both against a naive FP64 attention (stated tolerances), the ordered merge.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpdrift/cpu/attention.h"
+#include "cpdrift/engine/merge_checks.h"
+#include "cpdrift/numerics/attention_math.h"
+#include "cpdrift/numerics/bf16.h"
+
+using namespace cpd;
+
+namespace {
+
+constexpr int kDim = 128;
+constexpr double kU = 5.9604644775390625e-08;  // FP32 unit roundoff, 2^-24
+
+std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(static_cast<std::size_t>(rows) * kDim);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+bool same_bits(const float* a, const float* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bits_of(a[i]) != bits_of(b[i])) return false;
+  }
+  return true;
+}
+
+// Naive FP64 attention of one row over n visible keys.
+void attention_fp64(const float* q, const float* k, const float* v, int n, float scale,
+                    std::vector<double>& out, double& lse) {
+  std::vector<double> s(static_cast<std::size_t>(n));
+  double m = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int d = 0; d < kDim; ++d) dot += static_cast<double>(q[d]) * k[j * kDim + d];
+    s[j] = dot * scale;
+    m = std::max(m, s[j]);
+  }
+  out.assign(kDim, 0.0);
+  double l = 0;
+  for (int j = 0; j < n; ++j) {
+    const double p = std::exp(s[j] - m);
+    l += p;
+    for (int d = 0; d < kDim; ++d) out[d] += p * v[j * kDim + d];
+  }
+  for (double& o : out) o /= l;
+  lse = m + std::log(l);
+}
+
+const float kScale = ModelDims{}.softmax_scale();
+
+}  // namespace
+
+TEST_CASE("tile kernel equals the canonical scalar definition bit for bit") {
+  // Tiles of 1..16 rows at positions before, across and after the KV block, both roundings:
+  // every row must equal partial_state_row over exactly its visible keys.
+  const std::vector<float> q = random_rows(16, 1), k = random_rows(300, 2), v = random_rows(300, 3);
+  TileScratch scratch;
+  int checked = 0;
+  for (const ProbRounding rounding : {ProbRounding::none, ProbRounding::bf16}) {
+    for (const Range keys : {Range{100, 101}, Range{100, 107}, Range{100, 108}, Range{100, 109},
+                             Range{100, 300}, Range{0, 17}}) {
+      for (const std::int64_t first : {0LL, 90LL, 100LL, 103LL, 150LL, 290LL, 400LL}) {
+        for (const int rows : {1, 3, 4, 5, 15, 16}) {
+          std::vector<float> out(rows * kDim), lse(rows);
+          const float* kb = k.data() + keys.begin * kDim;
+          const float* vb = v.data() + keys.begin * kDim;
+          attend_tile(q.data(), first, rows, kb, vb, keys, kDim, kScale, rounding, scratch, out.data(),
+                      lse.data());
+          for (int r = 0; r < rows; ++r) {
+            const std::int64_t visible =
+                std::clamp<std::int64_t>(std::min(keys.end, first + r + 1) - keys.begin, 0, keys.size());
+            float ref_out[kDim], ref_lse;
+            partial_state_row(q.data() + r * kDim, kb, vb, static_cast<int>(visible), kDim, kScale,
+                              rounding, ref_out, &ref_lse);
+            CHECK(same_bits(out.data() + r * kDim, ref_out, kDim));
+            CHECK(bits_of(lse[r]) == bits_of(ref_lse));
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked == 2 * 6 * 7 * (1 + 3 + 4 + 5 + 15 + 16));
+}
+
+TEST_CASE("partial state and merged result against a naive FP64 attention") {
+  // Error analysis (Higham, sequential sums): a score has |err| ≤ E_s = γ_D·scale·Σ|q_d k_d| +
+  // u|s|; the softmax weights then carry relative error ≤ 2E_s + (n + 4)u (exp ≤ 1 ulp, the
+  // row sum n roundings, the division), so |out - out64| ≤ 2·(2E_s + (n + 4)u)·max|v| and
+  // |lse - lse64| ≤ E_s + (n + 4)u·(1 + |lse|). The bound is per row, from its own data.
+  constexpr int n_keys = 200;
+  const std::vector<float> q = random_rows(16, 11), k = random_rows(n_keys, 12), v = random_rows(n_keys, 13);
+  const double gamma_d = kDim * kU / (1 - kDim * kU);
+  for (int r = 0; r < 16; ++r) {
+    const float* qr = q.data() + r * kDim;
+    double worst_dot = 0, max_v = 0;
+    for (int j = 0; j < n_keys; ++j) {
+      double a = 0;
+      for (int d = 0; d < kDim; ++d) a += std::fabs(qr[d] * k[j * kDim + d]);
+      worst_dot = std::max(worst_dot, a);
+    }
+    for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+    float out[kDim], lse;
+    partial_state_row(qr, k.data(), v.data(), n_keys, kDim, kScale, ProbRounding::none, out, &lse);
+    std::vector<double> out64;
+    double lse64;
+    attention_fp64(qr, k.data(), v.data(), n_keys, kScale, out64, lse64);
+    const double e_s = (gamma_d + kU) * kScale * worst_dot;
+    const double tol_out = 2 * (2 * e_s + (n_keys + 4) * kU) * max_v;
+    const double tol_lse = e_s + (n_keys + 4) * kU * (1 + std::fabs(lse64));
+    for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[d] - out64[d]) <= tol_out);
+    CHECK(std::fabs(lse - lse64) <= tol_lse);
+  }
+
+  // The same rows split into blocks of 16 and merged in order: the merge adds at most a few
+  // roundings per block (logaddexp and two weights ≤ 4 ulp, the weighted sum 2 ulp), so the
+  // bound grows by (4 + 2)·u per block on both.
+  const int block = 20, blocks = n_keys / block;
+  static_assert(n_keys % block == 0);
+  for (int r = 0; r < 4; ++r) {
+    const float* qr = q.data() + r * kDim;
+    float out[kDim] = {}, lse = -INFINITY;
+    for (int b = 0; b < blocks; ++b) {
+      float bo[kDim], bl;
+      partial_state_row(qr, k.data() + b * block * kDim, v.data() + b * block * kDim, block, kDim, kScale,
+                        ProbRounding::none, bo, &bl);
+      merge_state_row(out, &lse, bo, bl, kDim);
+    }
+    std::vector<double> out64;
+    double lse64;
+    attention_fp64(qr, k.data(), v.data(), n_keys, kScale, out64, lse64);
+    double worst_dot = 0;
+    for (int j = 0; j < n_keys; ++j) {
+      double a = 0;
+      for (int d = 0; d < kDim; ++d) a += std::fabs(qr[d] * k[j * kDim + d]);
+      worst_dot = std::max(worst_dot, a);
+    }
+    double max_v = 0;
+    for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+    const double e_s = (gamma_d + kU) * kScale * worst_dot;
+    const double extra = blocks * 6 * kU;
+    for (int d = 0; d < kDim; ++d) {
+      CHECK(std::fabs(out[d] - out64[d]) <= 2 * (2 * e_s + (n_keys + 4) * kU + extra) * max_v);
+    }
+    CHECK(std::fabs(lse - lse64) <= e_s + (n_keys + 4 + blocks * 6) * kU * (1 + std::fabs(lse64)));
+  }
+}
+
+TEST_CASE("emulated BF16 kernel against FP64 within a BF16 tolerance") {
+  // Same BF16-valued inputs for both; the emulation rounds every probability to BF16
+  // (relative error ≤ 2^-9) before P·V while the row sum keeps FP32, so
+  // |out - out64| ≤ 2^-9·max|v|·(1 + 2^-9) + the FP32 terms, bounded by 2^-8·max|v|.
+  const int n_keys = 100;
+  std::vector<float> q = random_rows(4, 21), k = random_rows(n_keys, 22), v = random_rows(n_keys, 23);
+  for (auto* t : {&q, &k, &v}) {
+    for (float& x : *t) x = round_bf16(x);
+  }
+  double max_v = 0;
+  for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+  bool differs_from_fp32 = false;
+  for (int r = 0; r < 4; ++r) {
+    float out[kDim], lse, out32[kDim], lse32;
+    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale, ProbRounding::bf16, out, &lse);
+    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale, ProbRounding::none, out32, &lse32);
+    std::vector<double> out64;
+    double lse64;
+    attention_fp64(q.data() + r * kDim, k.data(), v.data(), n_keys, kScale, out64, lse64);
+    for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[d] - out64[d]) <= std::ldexp(max_v, -8));
+    CHECK(bits_of(lse) == bits_of(lse32));  // the row sum and max never see the rounding
+    differs_from_fp32 = differs_from_fp32 || !same_bits(out, out32, kDim);
+  }
+  CHECK(differs_from_fp32);  // the emulation rounds something, or this test proves nothing
+}
+
+TEST_CASE("merge: FP32 fold against the FP64 oracle") {
+  // Each fold step is logaddexp (≤ 3 roundings), two exp weights (≤ 1 ulp each) and
+  // fma(w_a, o_a, w_b·o_b) (2 roundings): ≤ 8u relative per step on out and lse, so a
+  // fold of N states stays within 8·N·u·(1 + max|o|) and 8·N·u·(1 + |lse|).
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> lse_dist(-30.0f, 30.0f), out_dist(-4.0f, 4.0f);
+  for (int n : {1, 2, 3, 8, 33}) {
+    std::vector<std::vector<float>> outs(n, std::vector<float>(kDim));
+    std::vector<float> lses(n);
+    std::vector<const float*> ptrs;
+    for (int i = 0; i < n; ++i) {
+      for (float& x : outs[i]) x = out_dist(rng);
+      lses[i] = lse_dist(rng);
+      ptrs.push_back(outs[i].data());
+    }
+    float out[kDim] = {}, lse = -INFINITY;
+    for (int i = 0; i < n; ++i) merge_state_row(out, &lse, outs[i].data(), lses[i], kDim);
+    const OracleRow oracle = merge_oracle_row(ptrs, lses, kDim);
+    for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[d] - oracle.out[d]) <= 8 * n * kU * (1 + 4.0));
+    CHECK(std::fabs(lse - oracle.lse) <= 8 * n * kU * (1 + std::fabs(oracle.lse)));
+  }
+  CHECK(merge_oracle_self_test().empty());
+}
+
+TEST_CASE("merge: arrival order never reaches the result") {
+  std::mt19937_64 rng(9);
+  const int n = 12, rows = 5;
+  std::vector<std::vector<float>> outs(n, std::vector<float>(rows * kDim));
+  std::vector<std::vector<float>> lses(n, std::vector<float>(rows));
+  std::normal_distribution<float> normal;
+  for (int i = 0; i < n; ++i) {
+    for (float& x : outs[i]) x = normal(rng);
+    for (float& x : lses[i]) x = 5 * normal(rng);
+  }
+  lses[4][2] = -INFINITY;  // an empty block for one row
+  std::vector<StateRef> canonical;
+  for (int i = 0; i < n; ++i) canonical.push_back(StateRef{i, outs[i].data(), lses[i].data()});
+  std::vector<float> ref_out(rows * kDim), ref_lse(rows);
+  merge_in_block_order(canonical, rows, kDim, ref_out.data(), ref_lse.data());
+
+  std::vector<StateRef> reversed(canonical.rbegin(), canonical.rend());
+  std::vector<float> out(rows * kDim), lse(rows);
+  merge_in_block_order(reversed, rows, kDim, out.data(), lse.data());
+  CHECK(same_bits(out.data(), ref_out.data(), out.size()));
+  CHECK(same_bits(lse.data(), ref_lse.data(), lse.size()));
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<StateRef> shuffled = canonical;
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    merge_in_block_order(shuffled, rows, kDim, out.data(), lse.data());
+    CHECK(same_bits(out.data(), ref_out.data(), out.size()));
+    CHECK(same_bits(lse.data(), ref_lse.data(), lse.size()));
+  }
+  // Negative control: a fold in another order (not sorted) does change bits.
+  std::vector<float> other_out(rows * kDim, 0.0f), other_lse(rows, -INFINITY);
+  for (auto it = canonical.rbegin(); it != canonical.rend(); ++it) {
+    for (int r = 0; r < rows; ++r) {
+      merge_state_row(other_out.data() + r * kDim, &other_lse[r], it->out + r * kDim, it->lse[r], kDim);
+    }
+  }
+  CHECK_FALSE(same_bits(other_out.data(), ref_out.data(), other_out.size()));
+}
+
+TEST_CASE("merge: a -inf state is the identity, bit for bit") {
+  float a[kDim], empty[kDim];
+  for (int d = 0; d < kDim; ++d) {
+    a[d] = d % 3 == 0 ? -0.0f : 0.37f * d - 11.0f;
+    empty[d] = 0.0f;
+  }
+  const float la = 3.25f;
+  float out[kDim];
+  std::copy(a, a + kDim, out);
+  float lse = la;
+  merge_state_row(out, &lse, empty, -INFINITY, kDim);  // s ⊕ identity
+  CHECK(same_bits(out, a, kDim));
+  CHECK(bits_of(lse) == bits_of(la));
+  std::fill(out, out + kDim, 0.0f);
+  lse = -INFINITY;
+  merge_state_row(out, &lse, a, la, kDim);  // identity ⊕ s
+  CHECK(same_bits(out, a, kDim));
+  CHECK(bits_of(lse) == bits_of(la));
+  CHECK(logaddexp_f32(2.5f, -INFINITY) == 2.5f);
+  CHECK(logaddexp_f32(-INFINITY, -1.5f) == -1.5f);
+  CHECK(logaddexp_f32(-INFINITY, -INFINITY) == -INFINITY);
+}
+
+TEST_CASE("local fold over blocks equals block states merged in order, bit for bit") {
+  // The reference path (fold jobs) and the protocol path (block jobs, then the ordered merge)
+  // are different code; on the same grid they must agree exactly.
+  const int rows = 37, n = 90;
+  const std::vector<float> q = random_rows(rows, 31), k = random_rows(n, 32), v = random_rows(n, 33);
+  const std::vector<Range> grid = {Range{0, 7}, Range{7, 40}, Range{40, 41}, Range{41, 90}};
+  ThreadPool pool(2);
+  const std::int64_t first = 50;
+  std::vector<float> fold_out(rows * kDim), fold_lse(rows);
+  const FoldJob fold{q.data(), first, rows, k.data(), v.data(), 0, grid, fold_out.data(), fold_lse.data()};
+  run_fold_jobs(std::span<const FoldJob>(&fold, 1), kDim, kScale, ProbRounding::none, pool);
+
+  std::vector<std::vector<float>> bo(grid.size(), std::vector<float>(rows * kDim)), bl(grid.size(), std::vector<float>(rows));
+  std::vector<BlockJob> jobs;
+  for (std::size_t b = 0; b < grid.size(); ++b) {
+    jobs.push_back(BlockJob{q.data(), first, rows, k.data() + grid[b].begin * kDim, v.data() + grid[b].begin * kDim,
+                            grid[b], bo[b].data(), bl[b].data()});
+  }
+  run_block_jobs(jobs, kDim, kScale, ProbRounding::none, pool);
+  std::vector<StateRef> refs;
+  for (std::size_t b = 0; b < grid.size(); ++b) refs.push_back(StateRef{static_cast<int>(b), bo[b].data(), bl[b].data()});
+  std::vector<float> out(rows * kDim), lse(rows);
+  merge_in_block_order(refs, rows, kDim, out.data(), lse.data());
+  CHECK(same_bits(out.data(), fold_out.data(), out.size()));
+  CHECK(same_bits(lse.data(), fold_lse.data(), lse.size()));
+}

@@ -1,0 +1,133 @@
+// The counter-based inputs: Philox known answers, slice independence, the normal transform,
+// and RoPE against an FP64 closed form.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpdrift/cpu/inputs.h"
+#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/philox.h"
+#include "cpdrift/numerics/rope.h"
+
+using namespace cpd;
+
+TEST_CASE("philox4x32-10 matches Random123's known-answer vectors") {
+  const Philox4x32 zero = philox4x32_10(Philox4x32{{0, 0, 0, 0}}, 0, 0);
+  CHECK(zero.v[0] == 0x6627e8d5u);
+  CHECK(zero.v[1] == 0xe169c58du);
+  CHECK(zero.v[2] == 0xbc57ac4cu);
+  CHECK(zero.v[3] == 0x9b00dbd8u);
+  const Philox4x32 ones =
+      philox4x32_10(Philox4x32{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  CHECK(ones.v[0] == 0x408f276du);
+  CHECK(ones.v[1] == 0x41c83b0eu);
+  CHECK(ones.v[2] == 0xa20bc7c6u);
+  CHECK(ones.v[3] == 0x6d5451fdu);
+  const Philox4x32 pi = philox4x32_10(Philox4x32{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
+                                      0xa4093822u, 0x299f31d0u);
+  CHECK(pi.v[0] == 0xd16cfe09u);
+  CHECK(pi.v[1] == 0x94fdccebu);
+  CHECK(pi.v[2] == 0x5001e420u);
+  CHECK(pi.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("uniforms are strictly inside (0, 1) and exact") {
+  CHECK(uniform_open01(0u) == std::ldexp(1.0f, -24));
+  CHECK(uniform_open01(0xffffffffu) == 1.0f - std::ldexp(1.0f, -24));
+  CHECK(uniform_open01(0x80000000u) == 0.5f + std::ldexp(1.0f, -24));
+}
+
+TEST_CASE("normals: moments of a million draws") {
+  // Mean and variance of n standard normals: the sample mean has sd 1/sqrt(n) = 1e-3 and the
+  // sample variance sd sqrt(2/n) ≈ 1.4e-3; 5 sd bounds fail only for a broken transform.
+  constexpr std::uint64_t n = 1000000;
+  double sum = 0, sum2 = 0, sum4 = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const double z = normal_at(2355, TensorId::q, i);
+    sum += z;
+    sum2 += z * z;
+    sum4 += z * z * z * z;
+  }
+  CHECK(std::fabs(sum / n) < 5e-3);
+  CHECK(std::fabs(sum2 / n - 1.0) < 7e-3);
+  CHECK(std::fabs(sum4 / n - 3.0) < 0.05);  // kurtosis 3: the tails are Gaussian, not uniform
+}
+
+TEST_CASE("a slice generated alone equals the same slice cut from the whole tensor") {
+  Problem p;
+  p.seq_len = 40;
+  p.batch = 2;
+  ThreadPool pool(2);
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+    for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16}) {
+      const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
+      const ShardShape whole{p.batch, Range{0, heads}, {Range{0, p.seq_len}}, p.dims.head_dim};
+      const ShardShape slice{p.batch, Range{1, 3}, {Range{3, 9}, Range{30, 37}}, p.dims.head_dim};
+      const Shard all = generate_shard(p, t, whole, prec, pool);
+      const Shard part = generate_shard(p, t, slice, prec, pool);
+      bool equal = true;
+      for (int b = 0; b < p.batch; ++b) {
+        for (std::int64_t h = 1; h < 3; ++h) {
+          for (std::int64_t pos : {3, 5, 8, 30, 36}) {
+            const float* x = all.at(b, h, whole.local_row(pos));
+            const float* y = part.at(b, h, slice.local_row(pos));
+            for (int d = 0; d < p.dims.head_dim; ++d) equal = equal && bits_of(x[d]) == bits_of(y[d]);
+          }
+        }
+      }
+      CHECK(equal);
+    }
+  }
+}
+
+TEST_CASE("BF16 inputs are the BF16 rounding of the FP32 inputs (RoPE output cast)") {
+  Problem p;
+  p.seq_len = 16;
+  ThreadPool pool(1);
+  const ShardShape shape{1, Range{0, 8}, {Range{0, 16}}, p.dims.head_dim};
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+    const Shard f = generate_shard(p, t, shape, InputPrecision::fp32, pool);
+    const Shard b = generate_shard(p, t, shape, InputPrecision::bf16, pool);
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < f.data.size(); ++i) {
+      if (bits_of(round_bf16(f.data[i])) != bits_of(b.data[i])) ++mismatches;
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("RoPE: rotate-half against the FP64 closed form") {
+  // FP64 closed form: angle = pos · theta^(-2i/D) exactly, y = x·cos - x'·sin. Our FP32 path
+  // rounds inv_freq (≤ 2^-24 relative), the angle product (≤ 2^-24·|a|), sin/cos (≤ 1 ulp),
+  // two products and one sum: |y - y64| ≤ (|x1| + |x2|)·((2|a| + 4)·2^-24).
+  ModelDims dims;
+  const std::vector<float> inv = rope_inv_freq(dims);
+  REQUIRE(inv.size() == 64);
+  CHECK(inv[0] == 1.0f);
+  const int half = 64;
+  std::vector<float> row(128), cs(half), sn(half);
+  double worst_ratio = 0;
+  for (std::int64_t pos : {0LL, 1LL, 2LL, 15LL, 100LL, 4095LL, 16383LL, 131071LL}) {
+    for (int f = 0; f < half; ++f) rope_cos_sin(pos, inv[f], cs[f], sn[f]);
+    for (int d = 0; d < 128; ++d) row[d] = normal_at(7, TensorId::q, pos * 128 + d);
+    const std::vector<float> x = row;
+    rope_rotate_row(row.data(), cs.data(), sn.data(), half);
+    for (int i = 0; i < half; ++i) {
+      const double a = static_cast<double>(pos) * std::pow(dims.rope_theta, -2.0 * i / 128.0);
+      const double y1 = x[i] * std::cos(a) - x[i + half] * std::sin(a);
+      const double y2 = x[i + half] * std::cos(a) + x[i] * std::sin(a);
+      const double tol = (std::fabs(x[i]) + std::fabs(x[i + half])) * (2 * a + 4) * std::ldexp(1.0, -24);
+      CHECK(std::fabs(row[i] - y1) <= tol);
+      CHECK(std::fabs(row[i + half] - y2) <= tol);
+      worst_ratio = std::max(worst_ratio, std::fabs(row[i] - y1) / tol);
+    }
+  }
+  MESSAGE("RoPE worst error / bound: " << worst_ratio);
+  // Position 0 is the identity rotation, exactly.
+  for (int f = 0; f < half; ++f) rope_cos_sin(0, inv[f], cs[f], sn[f]);
+  for (int f = 0; f < half; ++f) {
+    CHECK(cs[f] == 1.0f);
+    CHECK(sn[f] == 0.0f);
+  }
+}

@@ -1,0 +1,113 @@
+// The global block grid, split plans, the plan set and the block metadata hash.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <tuple>
+
+#include "../src/report/plan_json.h"
+#include "cpdrift/core/plan.h"
+
+using namespace cpd;
+
+namespace {
+
+std::vector<Range> bounds(int cp, std::optional<std::int64_t> split, CpLayout layout, std::int64_t s) {
+  return kv_block_bounds(CaseSpec{1, cp, split, layout, Protocol::ag_rs}, s);
+}
+
+}  // namespace
+
+TEST_CASE("block metadata hashes match the contract's examples") {
+  CHECK(block_metadata_hash({{0, 8}, {8, 16}}) == "c7b6a36e348bc195");
+  CHECK(block_metadata_hash({{0, 4}, {4, 8}, {8, 12}, {12, 16}}) == "bae9b987400665a4");
+  CHECK(block_metadata_hash(bounds(2, std::nullopt, CpLayout::contiguous, 16)) == "c7b6a36e348bc195");
+  CHECK(block_metadata_hash(bounds(1, 4, CpLayout::contiguous, 16)) == "bae9b987400665a4");
+  CHECK(block_metadata_hash(bounds(2, 4, CpLayout::contiguous, 16)) == "bae9b987400665a4");
+}
+
+TEST_CASE("CP owner ranges: contiguous and zigzag") {
+  CHECK(cp_owner_ranges(CpLayout::contiguous, 2, 1, 16) == std::vector<Range>{{8, 16}});
+  CHECK(cp_owner_ranges(CpLayout::zigzag, 2, 0, 16) == std::vector<Range>{{0, 4}, {12, 16}});
+  CHECK(cp_owner_ranges(CpLayout::zigzag, 2, 1, 16) == std::vector<Range>{{4, 8}, {8, 12}});
+  CHECK(cp_owner_ranges(CpLayout::zigzag, 1, 0, 16) == std::vector<Range>{{0, 8}, {8, 16}});
+}
+
+TEST_CASE("blocks: cut from each owner's start, last one shorter, sorted by position") {
+  CHECK(split_range({0, 10}, 4) == std::vector<Range>{{0, 4}, {4, 8}, {8, 10}});
+  CHECK(split_range({3, 5}, std::nullopt) == std::vector<Range>{{3, 5}});
+  CHECK(bounds(2, 3, CpLayout::contiguous, 12) == std::vector<Range>{{0, 3}, {3, 6}, {6, 9}, {9, 12}});
+  // Unaligned: 12/2 = 6 is not a multiple of 4, so the grid depends on CP.
+  CHECK(bounds(2, 4, CpLayout::contiguous, 12) == std::vector<Range>{{0, 4}, {4, 6}, {6, 10}, {10, 12}});
+  CHECK(bounds(1, 4, CpLayout::contiguous, 12) == std::vector<Range>{{0, 4}, {4, 8}, {8, 12}});
+  // Zigzag blocks interleave owners but are indexed by position.
+  const std::vector<KvBlock> z = kv_block_grid(CaseSpec{1, 2, std::nullopt, CpLayout::zigzag, Protocol::ag_rs}, 16);
+  REQUIRE(z.size() == 4);
+  CHECK(z[0].owner_cp_rank == 0);
+  CHECK(z[1].owner_cp_rank == 1);
+  CHECK(z[2].owner_cp_rank == 1);
+  CHECK(z[3].owner_cp_rank == 0);
+  for (int i = 0; i < 4; ++i) CHECK(z[i].index == i);
+  // With an aligned split every layout and CP gives the same global grid.
+  const auto g = bounds(1, 4, CpLayout::contiguous, 64);
+  for (int cp : {1, 2, 4}) {
+    for (CpLayout l : {CpLayout::contiguous, CpLayout::zigzag}) CHECK(bounds(cp, 4, l, 64) == g);
+  }
+}
+
+TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
+  Problem p;
+  p.batch = 2;
+  p.seq_len = 24;
+  for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+    const CaseSpec spec{2, 3, 4, layout, Protocol::ag_rs};
+    const json::Value set = plan_set_json(p, spec);
+    const json::Array& entries = set.at("entries").as_array();
+    CHECK(entries.size() == static_cast<std::size_t>(2 * 2 * 3 * 3));
+    CHECK(set.at("coverage").as_string() == "complete_batch_tp_cp_owner_cartesian_product");
+    std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> keys;
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t> previous{-1, -1, -1, -1};
+    for (const json::Value& e : entries) {
+      const auto key = std::make_tuple(e.at("batch_index").as_int64(), e.at("tp_rank").as_int64(),
+                                       e.at("cp_rank").as_int64(), e.at("owner_cp_rank").as_int64());
+      CHECK(previous < key);  // sorted, hence unique
+      previous = key;
+      keys.insert(key);
+      // The owner's split boundaries tile its ranges with no gap.
+      std::int64_t covered = 0;
+      for (const json::Value& r : e.at("actual_split_boundaries").as_array()) {
+        covered += r.at(1).as_int64() - r.at(0).as_int64();
+      }
+      std::int64_t owned = 0;
+      for (const json::Value& r : e.at("expected_kv_ranges").as_array()) owned += r.at(1).as_int64() - r.at(0).as_int64();
+      CHECK(covered == owned);
+    }
+    CHECK(keys.size() == entries.size());
+    // Owner ranges (one entry per owner) tile [0, S).
+    std::vector<Range> all;
+    for (int owner = 0; owner < 3; ++owner) {
+      for (const Range& r : cp_owner_ranges(layout, 3, owner, p.seq_len)) all.push_back(r);
+    }
+    std::sort(all.begin(), all.end());
+    std::int64_t next = 0;
+    for (const Range& r : all) {
+      CHECK(r.begin == next);
+      next = r.end;
+    }
+    CHECK(next == p.seq_len);
+  }
+}
+
+TEST_CASE("case names and validation") {
+  CHECK(case_name(CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, DType::bf16) ==
+        "qwen3_8b_tp2_cp2_prefill_bf16");
+  CHECK(case_name(CaseSpec{1, 2, 4, CpLayout::zigzag, Protocol::ag_rs}, DType::fp32) ==
+        "qwen3_8b_tp1_cp2_chunk4_fp32_zigzag");
+  Problem p;
+  p.seq_len = 16;
+  CHECK(validate_case(CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
+  CHECK_FALSE(validate_case(CaseSpec{3, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
+  CHECK_FALSE(validate_case(CaseSpec{16, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());  // 8 KV heads
+  CHECK_FALSE(validate_case(CaseSpec{1, 32, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
+  CHECK_FALSE(validate_case(CaseSpec{1, 16, 4, CpLayout::zigzag, Protocol::ag_rs}, p).empty());
+  CHECK_FALSE(validate_case(CaseSpec{1, 1, 0, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
+}

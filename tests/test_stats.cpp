@@ -1,0 +1,113 @@
+// Drift statistics: the quantile definition on hand-computed cases, the exact distributed
+// computation against sorting, and invariance to how a tensor is cut into parts.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpdrift/metrics/diff_stats.h"
+
+using namespace cpd;
+
+namespace {
+
+DiffStats of_diffs(const std::vector<float>& diffs) {
+  const DiffPart part{diffs.data(), nullptr, diffs.size()};
+  return compute_diff_stats(std::span<const DiffPart>(&part, 1));
+}
+
+}  // namespace
+
+TEST_CASE("quantile definition: linear interpolation at q·(n-1), as torch.quantile") {
+  const std::vector<float> one{3.5f};
+  CHECK(sorted_quantile(one, 0.95) == 3.5);
+  const std::vector<float> two{1.0f, 2.0f};
+  CHECK(sorted_quantile(two, 0.95) == doctest::Approx(1.95).epsilon(1e-15));
+  CHECK(sorted_quantile(two, 0.99) == doctest::Approx(1.99).epsilon(1e-15));
+  const std::vector<float> five{1, 2, 3, 4, 5};
+  CHECK(sorted_quantile(five, 0.95) == doctest::Approx(4.8).epsilon(1e-15));  // 3.8 → 4 + 0.8
+  CHECK(sorted_quantile(five, 0.99) == doctest::Approx(4.96).epsilon(1e-15));
+  const std::vector<float> ties{0, 0, 0, 7, 7, 7, 7, 7, 7, 7};
+  CHECK(sorted_quantile(ties, 0.95) == 7.0);
+  const std::vector<float> step{0, 0, 0, 0, 0, 0, 0, 0, 0, 1};  // 0.95·9 = 8.55 → 0.55
+  CHECK(sorted_quantile(step, 0.95) == doctest::Approx(0.55).epsilon(1e-15));
+}
+
+TEST_CASE("stats: hand-computed small cases") {
+  const DiffStats s1 = of_diffs({0.25f});
+  CHECK(s1.active_count == 1);
+  CHECK(s1.max_abs == 0.25);
+  CHECK(s1.mean_abs == 0.25);
+  CHECK(s1.p95_abs == 0.25);
+  CHECK(s1.p99_abs == 0.25);
+  const DiffStats s5 = of_diffs({5, 1, 4, 2, 3});
+  CHECK(s5.max_abs == 5.0);
+  CHECK(s5.mean_abs == 3.0);
+  CHECK(s5.p95_abs == doctest::Approx(4.8).epsilon(1e-15));
+  CHECK(s5.p99_abs == doctest::Approx(4.96).epsilon(1e-15));
+  CHECK(s5.mismatch_count == 5);
+  const DiffStats zeros = of_diffs({0, 0, 0});
+  CHECK(zeros.bitwise_equal());
+  CHECK(zeros.max_abs == 0.0);
+}
+
+TEST_CASE("stats: candidate vs reference semantics") {
+  const float inf = INFINITY;
+  const std::vector<float> c{1.0f, -inf, 0.0f, 2.0f, -0.0f};
+  const std::vector<float> r{1.0f, -inf, -0.0f, 2.5f, 0.0f};
+  const DiffPart part{c.data(), r.data(), c.size()};
+  const DiffStats s = compute_diff_stats(std::span<const DiffPart>(&part, 1));
+  CHECK(s.finite());                // -inf vs -inf is an exact match, diff 0
+  CHECK(s.max_abs == 0.5);
+  CHECK(s.mismatch_count == 3);     // +0 vs -0 counts as a bit mismatch, not as drift
+  CHECK(s.max_ulp == ulp_distance(2.0f, 2.5f));
+  CHECK(ulp_distance(1.0f, std::nextafter(1.0f, 2.0f)) == 1);
+  CHECK(ulp_distance(-0.0f, 0.0f) == 0);
+  CHECK(ulp_distance(std::nextafter(0.0f, -1.0f), std::nextafter(0.0f, 1.0f)) == 2);
+
+  const std::vector<float> bad_c{1.0f, NAN, 3.0f}, bad_r{1.0f, 1.0f, inf};
+  const DiffPart bad{bad_c.data(), bad_r.data(), bad_c.size()};
+  const DiffStats b = compute_diff_stats(std::span<const DiffPart>(&bad, 1));
+  CHECK_FALSE(b.finite());
+  CHECK(b.nonfinite_count == 2);
+  CHECK_FALSE(b.bitwise_equal());
+}
+
+TEST_CASE("stats: exact against sorting, and independent of how the data is cut") {
+  std::mt19937_64 rng(17);
+  std::lognormal_distribution<float> dist(-12.0f, 4.0f);  // spans many binades
+  for (const std::size_t n : {2u, 3u, 20u, 1001u, 65536u, 300007u}) {
+    std::vector<float> d(n);
+    for (float& x : d) x = dist(rng);
+    for (std::size_t i = 0; i < n; i += 7) d[i] = d[(i * 13) % n];  // ties
+    std::vector<float> sorted = d;
+    std::sort(sorted.begin(), sorted.end());
+    const DiffStats s = of_diffs(d);
+    CHECK(s.active_count == n);
+    CHECK(s.max_abs == sorted.back());
+    CHECK(s.p95_abs == sorted_quantile(sorted, 0.95));
+    CHECK(s.p99_abs == sorted_quantile(sorted, 0.99));
+    long double exact = 0;
+    for (float x : d) exact += x;
+    CHECK(std::fabs(s.mean_abs - static_cast<double>(exact / n)) <= 1e-15 * s.mean_abs);
+
+    // The same values cut into uneven parts, in another order: every field identical.
+    std::vector<DiffPart> parts;
+    std::size_t at = 0, len = 1;
+    while (at < n) {
+      const std::size_t take = std::min(len, n - at);
+      parts.push_back(DiffPart{d.data() + at, nullptr, take});
+      at += take;
+      len = len * 3 + 1;
+    }
+    std::reverse(parts.begin(), parts.end());
+    const DiffStats t = compute_diff_stats(parts);
+    CHECK(t.max_abs == s.max_abs);
+    CHECK(t.mean_abs == s.mean_abs);
+    CHECK(t.p95_abs == s.p95_abs);
+    CHECK(t.p99_abs == s.p99_abs);
+    CHECK(t.mismatch_count == s.mismatch_count);
+  }
+}
