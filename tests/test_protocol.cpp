@@ -33,10 +33,11 @@ std::string run_with(const std::function<void(std::vector<Message>&)>& fault) {
   Problem p;
   p.seq_len = 16;
   ThreadPool pool(1);
+  InputStore inputs(p, pool);
   FaultyTransport transport(fault);
   const CaseGrid grid(p, CaseSpec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
   try {
-    run_protocol(grid, PathSpec{}, transport, pool, false);
+    run_protocol(grid, PathSpec{}, transport, inputs, false);
   } catch (const ProtocolError& e) {
     return e.what();
   }

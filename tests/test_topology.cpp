@@ -19,9 +19,10 @@ struct Global {
 Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int threads = 2,
            std::uint64_t shuffle = 0) {
   ThreadPool pool(threads);
+  InputStore inputs(p, pool);
   InProcessTransport transport(shuffle);
   const CaseGrid grid(p, spec);
-  const std::vector<RankOutput> outs = run_protocol(grid, path, transport, pool, false);
+  const std::vector<RankOutput> outs = run_protocol(grid, path, transport, inputs, false);
   std::vector<const Shard*> o, l;
   for (const RankOutput& r : outs) {
     o.push_back(&r.merged.out);

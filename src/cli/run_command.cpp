@@ -50,8 +50,9 @@ int run_command(const RunOptions& options, const CommContext& comm, const std::s
   if (verbose) print_header(table, report, specs.size());
 
   ThreadPool pool(report.provenance.threads);
+  InputStore inputs(options.problem, pool);
   LocalCp1Results cp1_results;
-  const RunContext ctx{options.problem, pool, *transport, comm.reducer(), cp1_results};
+  const RunContext ctx{options.problem, pool, inputs, *transport, comm.reducer(), cp1_results};
 
   report.merge_oracle_self_test = merge_oracle_self_test();
   if (options.problem.rope) report.rope = measure_rope_drift(ctx);

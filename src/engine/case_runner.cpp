@@ -47,17 +47,17 @@ struct Comparison {
   }
 };
 
-DiffStats stats_of(const std::vector<TaggedPart>& parts, std::optional<int> only_cp_rank,
-                   const CounterReducer& reducer) {
+DiffStats stats_of(const RunContext& ctx, const std::vector<TaggedPart>& parts,
+                   std::optional<int> only_cp_rank = std::nullopt) {
   std::vector<DiffPart> selected;
   for (const TaggedPart& p : parts) {
     if (!only_cp_rank || p.cp_rank == *only_cp_rank) selected.push_back(p.part);
   }
-  return compute_diff_stats(selected, reducer);
+  return compute_diff_stats(selected, ctx.reducer, &ctx.pool);
 }
 
 OutLseStats global_stats(const RunContext& ctx, const Comparison& c, bool with_digest) {
-  OutLseStats s{stats_of(c.out, std::nullopt, ctx.reducer), stats_of(c.lse, std::nullopt, ctx.reducer)};
+  OutLseStats s{stats_of(ctx, c.out), stats_of(ctx, c.lse)};
   // Whole tensors are visible only when one process hosts every logical rank.
   if (with_digest && ctx.transport.world_size() == 1) {
     const ModelDims& dims = ctx.problem.dims;
@@ -77,11 +77,11 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const bool bf16 = problem.dtype == DType::bf16;
   const CaseGrid grid(problem, spec);
 
-  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.pool, true);
+  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
   std::vector<RankOutput> dtype_runs;
-  if (bf16) dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.pool, false);
+  if (bf16) dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, false);
   const std::vector<RankOutput>& dtype = bf16 ? dtype_runs : fp32;
-  const std::vector<RankOutput> kernel = run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.pool, false);
+  const std::vector<RankOutput> kernel = run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
 
   const std::vector<Range> reference_grid{Range{0, problem.seq_len}};
   const std::vector<Range> counterpart_grid = kv_block_bounds(cp1_counterpart(spec), problem.seq_len);
@@ -96,8 +96,8 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     const ShardShape rows = fp32[i].merged.out.shape;
     tensors.push_back(RankTensors{
-        ctx.cp1_results.get(problem, kFp32Path, reference_grid, rows, ctx.pool),
-        ctx.cp1_results.get(problem, kFp32Path, counterpart_grid, rows, ctx.pool),
+        ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows),
+        ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
         final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
         merge_reversed_arrivals(fp32[i], dim), merge_oracle_diffs(fp32[i], dim)});
   }
@@ -132,8 +132,8 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
     PerRankDrift row;
     row.cp_rank = r;
     row.tokens = grid.at(0, r).tokens;
-    row.candidate = {stats_of(dtype_path.out, r, ctx.reducer), stats_of(dtype_path.lse, r, ctx.reducer)};
-    row.cp_merge = {stats_of(cp_merge.out, r, ctx.reducer), stats_of(cp_merge.lse, r, ctx.reducer)};
+    row.candidate = {stats_of(ctx, dtype_path.out, r), stats_of(ctx, dtype_path.lse, r)};
+    row.cp_merge = {stats_of(ctx, cp_merge.out, r), stats_of(ctx, cp_merge.lse, r)};
     result.per_rank.push_back(std::move(row));
   }
   const TransportCounters& after = ctx.transport.counters();
@@ -153,10 +153,10 @@ RopeDrift measure_rope_drift(const RunContext& ctx) {
     const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
     const ShardShape shape{p.batch, Range{0, heads}, {tokens}, p.dims.head_dim};
     const InputPrecision rounded = p.dtype == DType::bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
-    const Shard exact = generate_shard(p, t, shape, InputPrecision::fp32, ctx.pool);
-    const Shard cast = generate_shard(p, t, shape, rounded, ctx.pool);
+    const Shard exact = ctx.inputs.shard(t, shape, InputPrecision::fp32);
+    const Shard cast = ctx.inputs.shard(t, shape, rounded);
     const DiffPart part{cast.data.data(), exact.data.data(), cast.data.size()};
-    DiffStats s = compute_diff_stats(std::span<const DiffPart>(&part, 1), ctx.reducer);
+    DiffStats s = compute_diff_stats(std::span<const DiffPart>(&part, 1), ctx.reducer, &ctx.pool);
     if (world == 1) {
       const Shard* shards[] = {&cast};
       s.digest = global_digest(shards, heads, p.seq_len,

@@ -7,18 +7,18 @@
 
 namespace cpd {
 
-AttnShard compute_local_cp1(const Problem& problem, const PathSpec& path,
-                            const std::vector<Range>& grid, const ShardShape& rows,
-                            ThreadPool& pool) {
+AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
+                            const std::vector<Range>& grid, const ShardShape& rows) {
+  const Problem& problem = inputs.problem();
   const int dim = problem.dims.head_dim, group = problem.dims.group_size();
   std::int64_t kv_end = 0;
   for (const Range& t : rows.tokens) kv_end = std::max(kv_end, t.end);
   const Range kv_heads{rows.heads.begin / group, (rows.heads.end - 1) / group + 1};
   const ShardShape qs{rows.batch, rows.heads, rows.tokens, dim};
   const ShardShape kvs{rows.batch, kv_heads, {Range{0, kv_end}}, dim};
-  const Shard q = generate_shard(problem, TensorId::q, qs, path.inputs, pool);
-  const Shard k = generate_shard(problem, TensorId::k, kvs, path.inputs, pool);
-  const Shard v = generate_shard(problem, TensorId::v, kvs, path.inputs, pool);
+  const Shard q = inputs.shard(TensorId::q, qs, path.inputs);
+  const Shard k = inputs.shard(TensorId::k, kvs, path.inputs);
+  const Shard v = inputs.shard(TensorId::v, kvs, path.inputs);
 
   AttnShard result{Shard(qs), Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
   std::vector<FoldJob> jobs;
@@ -32,7 +32,7 @@ AttnShard compute_local_cp1(const Problem& problem, const PathSpec& path,
       }
     }
   }
-  run_fold_jobs(jobs, dim, problem.dims.softmax_scale(), path.rounding, pool);
+  run_fold_jobs(jobs, dim, problem.dims.softmax_scale(), path.rounding, inputs.pool());
   return result;
 }
 
@@ -56,10 +56,9 @@ void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const R
 
 }  // namespace
 
-AttnShard LocalCp1Results::get(const Problem& problem, const PathSpec& path,
-                               const std::vector<Range>& grid, const ShardShape& rows,
-                               ThreadPool& pool) {
-  const int dim = problem.dims.head_dim;
+AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
+                               const std::vector<Range>& grid, const ShardShape& rows) {
+  const int dim = inputs.problem().dims.head_dim;
   std::vector<Entry>& entries =
       entries_[Key{static_cast<int>(path.inputs), static_cast<int>(path.rounding), grid}];
   const auto find = [&](const Range& t) -> const Entry* {
@@ -75,8 +74,8 @@ AttnShard LocalCp1Results::get(const Problem& problem, const PathSpec& path,
     if (find(t) == nullptr) missing.push_back(t);
   }
   if (!missing.empty()) {
-    const AttnShard fresh = compute_local_cp1(
-        problem, path, grid, ShardShape{rows.batch, rows.heads, missing, dim}, pool);
+    const AttnShard fresh =
+        compute_local_cp1(inputs, path, grid, ShardShape{rows.batch, rows.heads, missing, dim});
     for (const Range& t : missing) {
       Entry e{rows.heads, t,
               AttnShard{Shard(ShardShape{rows.batch, rows.heads, {t}, dim}),

@@ -66,7 +66,8 @@ void deliver(std::vector<Message> arrivals, std::map<int, Inbox>& inboxes) {
 }  // namespace
 
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, ThreadPool& pool, bool keep_states) {
+                                     Transport& transport, InputStore& store, bool keep_states) {
+  ThreadPool& pool = store.pool();
   const Problem& problem = grid.problem;
   const int dim = problem.dims.head_dim, batch = problem.batch;
   const int group = problem.dims.group_size();
@@ -75,9 +76,9 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
   std::map<int, RankInputs> inputs;
   for (const LogicalRank& r : hosted) {
     const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
-    inputs[r.id] = RankInputs{generate_shard(problem, TensorId::q, qs, path.inputs, pool),
-                              generate_shard(problem, TensorId::k, kvs, path.inputs, pool),
-                              generate_shard(problem, TensorId::v, kvs, path.inputs, pool)};
+    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
+                              store.shard(TensorId::k, kvs, path.inputs),
+                              store.shard(TensorId::v, kvs, path.inputs)};
   }
 
   // Superstep 1: query rows go to every CP peer owning a block they can see.

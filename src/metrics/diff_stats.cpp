@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "cpdrift/cpu/thread_pool.h"
+
 namespace cpd {
 namespace {
 
@@ -100,29 +102,74 @@ double sorted_quantile(std::span<const float> sorted, double q) {
   return a + (b - a) * frac;
 }
 
-DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce) {
+namespace {
+
+// A contiguous piece of one part: the unit of parallel work.
+struct Chunk {
+  const DiffPart* part;
+  std::size_t begin, end;
+};
+
+std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
+  std::size_t total = 0;
+  for (const DiffPart& p : parts) total += p.count;
+  const std::size_t size = std::max<std::size_t>(std::size_t{1} << 18, total / (4 * static_cast<std::size_t>(workers)) + 1);
+  std::vector<Chunk> chunks;
+  for (const DiffPart& p : parts) {
+    for (std::size_t b = 0; b < p.count; b += size) chunks.push_back(Chunk{&p, b, std::min(p.count, b + size)});
+  }
+  return chunks;
+}
+
+// Runs fn(chunk index) over the chunks, on the pool when there is one.
+template <class Fn>
+void for_each_chunk(std::size_t n, ThreadPool* pool, Fn&& fn) {
+  if (pool == nullptr) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool->parallel_for(static_cast<std::int64_t>(n), [&](std::int64_t i) { fn(static_cast<std::size_t>(i)); });
+}
+
+struct LocalFirst {
+  FirstPass counters;
+  std::uint64_t max_bits = 0, max_ulp = 0;
+};
+
+void first_pass(const Chunk& c, LocalFirst& acc) {
+  const DiffPart& p = *c.part;
+  for (std::size_t i = c.begin; i < c.end; ++i) {
+    const float d = diff_at(p, i);
+    const std::uint32_t u = bits(d);
+    ++acc.counters.hist()[u >> 16];
+    if (u >= 0x7f800000u) {
+      ++acc.counters[FirstPass::kNonfinite];
+    } else {
+      const std::uint32_t e = u >> 23;
+      acc.counters.sum_bins()[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
+    }
+    if (mismatch_at(p, i)) ++acc.counters[FirstPass::kMismatch];
+    acc.max_bits = std::max<std::uint64_t>(acc.max_bits, u);
+    if (p.reference != nullptr) acc.max_ulp = std::max(acc.max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
+  }
+  acc.counters[FirstPass::kCount] += c.end - c.begin;
+}
+
+}  // namespace
+
+DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce,
+                             ThreadPool* pool) {
+  const std::vector<Chunk> chunks = chunks_of(parts, pool != nullptr ? pool->size() : 1);
+  std::vector<LocalFirst> locals(chunks.size());
+  for_each_chunk(chunks.size(), pool, [&](std::size_t i) { first_pass(chunks[i], locals[i]); });
   FirstPass first;
   std::uint64_t max_bits = 0, max_ulp = 0;
-  for (const DiffPart& p : parts) {
-    for (std::size_t i = 0; i < p.count; ++i) {
-      const float d = diff_at(p, i);
-      const std::uint32_t u = bits(d);
-      ++first.hist()[u >> 16];
-      if (u >= 0x7f800000u) {
-        ++first[FirstPass::kNonfinite];
-      } else {
-        const std::uint32_t e = u >> 23;
-        const std::uint64_t mant = (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
-        first.sum_bins()[e] += mant;
-      }
-      if (mismatch_at(p, i)) ++first[FirstPass::kMismatch];
-      max_bits = std::max<std::uint64_t>(max_bits, u);
-      if (p.reference != nullptr) {
-        max_ulp = std::max(max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
-      }
-    }
-    first[FirstPass::kCount] += p.count;
+  for (const LocalFirst& l : locals) {
+    for (std::size_t i = 0; i < first.v.size(); ++i) first.v[i] += l.counters.v[i];
+    max_bits = std::max(max_bits, l.max_bits);
+    max_ulp = std::max(max_ulp, l.max_ulp);
   }
+  locals.clear();
   reduce.sum(first.v);
   std::uint64_t maxima[2] = {max_bits, max_ulp};
   reduce.max(maxima);
@@ -151,14 +198,21 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
   for (int i = 0; i < 4; ++i) where[i] = locate(first.hist(), wanted[i]);
 
   // Second pass: the low 16 bits of the values in each located high bin.
-  std::vector<std::uint64_t> second(4 * kBins, 0);
-  for (const DiffPart& p : parts) {
-    for (std::size_t i = 0; i < p.count; ++i) {
+  std::vector<std::vector<std::uint64_t>> partial(chunks.size());
+  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+    std::vector<std::uint64_t>& h = partial[c];
+    h.assign(4 * kBins, 0);
+    const DiffPart& p = *chunks[c].part;
+    for (std::size_t i = chunks[c].begin; i < chunks[c].end; ++i) {
       const std::uint32_t u = bits(diff_at(p, i));
       for (int w = 0; w < 4; ++w) {
-        if ((u >> 16) == where[w].bin) ++second[w * kBins + (u & 0xffffu)];
+        if ((u >> 16) == where[w].bin) ++h[w * kBins + (u & 0xffffu)];
       }
     }
+  });
+  std::vector<std::uint64_t> second(4 * kBins, 0);
+  for (const auto& h : partial) {
+    for (std::size_t i = 0; i < second.size(); ++i) second[i] += h[i];
   }
   reduce.sum(second);
   float value[4];

@@ -17,6 +17,7 @@ namespace cpd {
 struct RunContext {
   Problem problem;
   ThreadPool& pool;
+  InputStore& inputs;
   Transport& transport;
   const CounterReducer& reducer;
   LocalCp1Results& cp1_results;

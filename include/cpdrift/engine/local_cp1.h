@@ -20,8 +20,8 @@ class LocalCp1Results {
  public:
   /// out/lse of `rows` (batch, heads, token ranges; width ignored) folded over `grid`
   /// (ascending blocks tiling [0, S)) under `path`.
-  AttnShard get(const Problem& problem, const PathSpec& path, const std::vector<Range>& grid,
-                const ShardShape& rows, ThreadPool& pool);
+  AttnShard get(InputStore& inputs, const PathSpec& path, const std::vector<Range>& grid,
+                const ShardShape& rows);
 
   /// Drops everything (between runs of different problems).
   void clear() { entries_.clear(); }
@@ -37,8 +37,7 @@ class LocalCp1Results {
 };
 
 /// Computes out/lse of `rows` folded over `grid`, without memoisation.
-AttnShard compute_local_cp1(const Problem& problem, const PathSpec& path,
-                            const std::vector<Range>& grid, const ShardShape& rows,
-                            ThreadPool& pool);
+AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
+                            const std::vector<Range>& grid, const ShardShape& rows);
 
 }  // namespace cpd

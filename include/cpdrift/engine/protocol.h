@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cpdrift/core/shard.h"
-#include "cpdrift/cpu/inputs.h"
+#include "cpdrift/cpu/input_store.h"
 #include "cpdrift/cpu/thread_pool.h"
 #include "cpdrift/engine/manifest.h"
 #include "cpdrift/engine/transport.h"
@@ -35,7 +35,7 @@ struct RankOutput {
 /// (process_of(id, W) == transport.process_index()). Collective over the transport's
 /// processes. Throws ProtocolError when a message contradicts the manifest.
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, ThreadPool& pool, bool keep_states);
+                                     Transport& transport, InputStore& inputs, bool keep_states);
 
 /// The logical ranks of `grid` that this process hosts.
 std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& transport);

@@ -21,6 +21,8 @@
 
 namespace cpd {
 
+class ThreadPool;
+
 /// Combines counters element-wise across everything that holds parts of the same tensors
 /// (the processes of an MPI job). The default is the identity: one holder.
 class CounterReducer {
@@ -63,8 +65,11 @@ std::uint64_t ulp_distance(float a, float b);
 /// Computes the statistics of the tensor made of `parts` (this process's pieces; `reduce`
 /// sums counters with the other holders). Every holder must call it with the same sequence
 /// of reductions, i.e. collectively; all of them get the same result.
+/// `pool` spreads the local passes over threads; integer counters make the result exact and
+/// independent of that.
 DiffStats compute_diff_stats(std::span<const DiffPart> parts,
-                             const CounterReducer& reduce = CounterReducer{});
+                             const CounterReducer& reduce = CounterReducer{},
+                             ThreadPool* pool = nullptr);
 
 /// Linear-interpolation quantile of already sorted values (the definition, for tests and
 /// small data): v[lo] + (v[hi] - v[lo])·frac at position q·(n-1), in FP64.

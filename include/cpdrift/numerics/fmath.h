@@ -34,28 +34,34 @@ CPD_HD double rint_f64(double w) {
 /// v - 4*round(v/4), exact (Sterbenz), in [-2, 2]. v/4 is exact, so no double rounding.
 CPD_HD double mod4_f64(double v) { return v - 4.0 * rint_f64(v * 0.25); }
 
-// log(1+f) = f + f^2 q(f) for f in [sqrt(1/2)-1, sqrt(2)-1]: float minimax (coefficients rounded
-// one at a time and the rest refitted), relative error of the log result < 2^-30.
-CPD_HD float log_core(float e, float f) {
+// log(2^e (1 + f + extra)) for f in [sqrt(1/2)-1, sqrt(2)-1] and |extra| <= 2^-26.
+// log(1+f) = f - f^2/2 + f^3 P(f): P is a float minimax fit (coefficients rounded one at a time
+// and the rest refitted), relative error of the log result < 2^-30. e ln2 + f - f^2/2 is carried
+// exactly as v + (small terms), so the only large rounding is the final addition.
+CPD_HD float log_core(float e, float f, float extra) {
   // ln2 = kLn2Hi + kLn2Lo with kLn2Hi on 15 bits: e * kLn2Hi is exact for |e| < 256.
   constexpr float kLn2Hi = 0x1.62e4p-1f, kLn2Lo = 0x1.7f7d1cp-20f;
   const float hi = e * kLn2Hi;
-  const float lo = e * kLn2Lo;
-  // Fast2Sum: |hi| >= 0.69 > |f| whenever e != 0 (and err = 0 when e == 0), so s + err == hi + f
-  // exactly and the only large rounding left is the final addition.
+  // Fast2Sum twice (the larger operand comes first: |hi| >= 0.69 > |f| unless hi == 0, and
+  // |hi + f| >= 0.28 or = |f|, both > f^2/2): s + err == hi + f and v + ve == s - f^2/2.
   const float s = hi + f;
   const float err = (hi - s) + f;
-  float q = 0x1.1ca444p-4f;
-  q = fma_f32(q, f, -0x1.e4a0f2p-4f);
-  q = fma_f32(q, f, 0x1.e6738cp-4f);
-  q = fma_f32(q, f, -0x1.fadc6ap-4f);
-  q = fma_f32(q, f, 0x1.2327bcp-3f);
-  q = fma_f32(q, f, -0x1.55664cp-3f);
-  q = fma_f32(q, f, 0x1.99a626p-3f);
-  q = fma_f32(q, f, -0x1.ffffep-3f);
-  q = fma_f32(q, f, 0x1.555544p-2f);
-  q = fma_f32(q, f, -0.5f);
-  return s + fma_f32(f * f, q, lo + err);
+  const float f2 = f * f;
+  const float f2l = fma_f32(f, f, -f2);  // f^2 == f2 + f2l exactly
+  const float hh = 0.5f * f2;
+  const float v = s - hh;
+  const float ve = (s - v) - hh;
+  float p = 0x1.1ca444p-4f;
+  p = fma_f32(p, f, -0x1.e4a0f2p-4f);
+  p = fma_f32(p, f, 0x1.e6738cp-4f);
+  p = fma_f32(p, f, -0x1.fadc6ap-4f);
+  p = fma_f32(p, f, 0x1.2327bcp-3f);
+  p = fma_f32(p, f, -0x1.55664cp-3f);
+  p = fma_f32(p, f, 0x1.99a626p-3f);
+  p = fma_f32(p, f, -0x1.ffffep-3f);
+  p = fma_f32(p, f, 0x1.555544p-2f);
+  const float small = fma_f32(-0.5f, f2l, (ve + err) + fma_f32(e, kLn2Lo, extra));
+  return v + fma_f32(f2 * f, p, small);
 }
 
 /// sin and cos of r (|r| <= pi/4 + tiny) rotated by q quarter turns, rounded once to float.
@@ -177,7 +183,7 @@ CPD_HD float log_f32(float x) {
   const std::uint32_t ix = bits_of(xs) + (0x3f800000u - 0x3f3504f3u);
   const std::int32_t k = static_cast<std::int32_t>(ix >> 23) - (sub ? 150 : 127);
   const float f = float_of_bits((ix & 0x007fffffu) + 0x3f3504f3u) - 1.0f;  // exact (Sterbenz)
-  float y = fmath_detail::log_core(static_cast<float>(k), f);
+  float y = fmath_detail::log_core(static_cast<float>(k), f, 0.0f);
   y = x == inf_f32() ? x : y;
   y = x == 0.0f ? neg_inf_f32() : y;
   return (x < 0.0f || is_nan_f32(x)) ? nan_f32() : y;
@@ -187,15 +193,19 @@ CPD_HD float log_f32(float x) {
 CPD_HD float log1p_f32(float x) {
   // Above 2^24, log(1+x) - log(x) < 2^-24 is far below half an ulp of the result (>= 16.6).
   if (!(x < 0x1p24f)) return log_f32(x);  // also +inf and NaN
-  // The exponent k comes from the rounded u = 1 + x; with sc = 2^-k, f = (1 + x) sc - 1 is
-  // computed exactly by one fma: x + (1 - 2^k) is exact for every k in [-24, 24] that 1 + x can
-  // round into, and sc - 1 is exact for |k| <= 24. For k = 0 this gives f = x itself.
+  // The exponent k comes from the rounded u = 1 + x; with sc = 2^-k, (1 + x) sc - 1 = x sc +
+  // (sc - 1), both terms exact (|k| <= 24). Their sum f is rounded (for k != 0 and x between
+  // 2^-2 and 2^-1 it needs 25 bits); TwoSum keeps the error rho, and log1p(f + rho) =
+  // log1p(f) + rho/(1+f), with 1/(1+f) ~ 1 - f + f^2 (5% off at worst, on a term < 2^-26).
   const float u = 1.0f + x;
   const std::uint32_t iu = bits_of(u) + (0x3f800000u - 0x3f3504f3u);
   const std::int32_t k = static_cast<std::int32_t>(iu >> 23) - 127;
   const float sc = fmath_detail::pow2i_f32(-k);
-  const float f = fma_f32(x, sc, sc - 1.0f);
-  float y = fmath_detail::log_core(static_cast<float>(k), f);
+  const float xs = x * sc, c = sc - 1.0f;
+  const float f = xs + c;
+  const float b = f - xs;
+  const float rho = (xs - (f - b)) + (c - b);
+  float y = fmath_detail::log_core(static_cast<float>(k), f, rho * fma_f32(f, f - 1.0f, 1.0f));
   y = x == 0.0f ? x : y;  // keeps the sign of zero
   y = x == -1.0f ? neg_inf_f32() : y;
   return x < -1.0f ? nan_f32() : y;

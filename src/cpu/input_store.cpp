@@ -1,0 +1,80 @@
+#include "cpdrift/cpu/input_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpdrift/numerics/bf16.h"
+
+namespace cpd {
+
+InputStore::Plane& InputStore::plane(TensorId tensor, int b, std::int64_t h) {
+  Plane& p = planes_[{static_cast<int>(tensor), b, h}];
+  if (!p.rows) {
+    const std::int64_t n = problem_.seq_len * problem_.dims.head_dim;
+    p.rows.reset(new float[static_cast<std::size_t>(n)]);  // uninitialised: untouched pages stay free
+    p.generated.assign(static_cast<std::size_t>((problem_.seq_len + kBlockRows - 1) / kBlockRows), false);
+  }
+  return p;
+}
+
+void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
+  // Missing blocks, grouped into runs of positions so one generate_shard call fills them.
+  std::vector<Range> missing;
+  for (const Range& t : shape.tokens) {
+    for (std::int64_t blk = t.begin / kBlockRows; blk * kBlockRows < t.end; ++blk) {
+      bool absent = false;
+      for (int b = 0; b < shape.batch && !absent; ++b) {
+        for (std::int64_t h = shape.heads.begin; h < shape.heads.end && !absent; ++h) {
+          absent = !plane(tensor, b, h).generated[static_cast<std::size_t>(blk)];
+        }
+      }
+      if (!absent) continue;
+      const Range r{blk * kBlockRows, std::min((blk + 1) * kBlockRows, problem_.seq_len)};
+      if (!missing.empty() && missing.back().end == r.begin) {
+        missing.back().end = r.end;
+      } else if (missing.empty() || missing.back().end < r.begin) {
+        missing.push_back(r);
+      }
+    }
+  }
+  if (missing.empty()) return;
+  const ShardShape fill{shape.batch, shape.heads, missing, shape.width};
+  const Shard fresh = generate_shard(problem_, tensor, fill, InputPrecision::fp32, pool_);
+  const int d = problem_.dims.head_dim;
+  for (int b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+      Plane& p = plane(tensor, b, h);
+      for (const Range& r : missing) {
+        std::memcpy(p.rows.get() + r.begin * d, fresh.at(b, h, fill.local_row(r.begin)),
+                    static_cast<std::size_t>(r.size() * d) * sizeof(float));
+        for (std::int64_t blk = r.begin / kBlockRows; blk * kBlockRows < r.end; ++blk) {
+          p.generated[static_cast<std::size_t>(blk)] = true;
+        }
+      }
+    }
+  }
+}
+
+Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision precision) {
+  ensure(tensor, shape);
+  Shard out(shape);
+  const int d = problem_.dims.head_dim;
+  for (int b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+      const float* src = plane(tensor, b, h).rows.get();
+      for (const Range& t : shape.tokens) {
+        float* dst = out.at(b, h, shape.local_row(t.begin));
+        const float* from = src + t.begin * d;
+        const std::size_t n = static_cast<std::size_t>(t.size() * d);
+        if (precision == InputPrecision::bf16) {
+          for (std::size_t i = 0; i < n; ++i) dst[i] = round_bf16(from[i]);
+        } else {
+          std::memcpy(dst, from, n * sizeof(float));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace cpd

@@ -1,0 +1,201 @@
+// The report against report-contract.md: every compatible field is present with the right
+// type, the checks fail closed, and the contract's example hashes come out of a real run.
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/merge_checks.h"
+#include "cpdrift/report/run_report.h"
+
+using namespace cpd;
+using json::Value;
+
+namespace {
+
+// Follows a dotted path ("a.b.c"); fails the test when a key is missing.
+const Value& at_path(const Value& root, const std::string& path) {
+  const Value* v = &root;
+  std::stringstream ss(path);
+  std::string key;
+  while (std::getline(ss, key, '.')) {
+    REQUIRE_MESSAGE(v->is_object(), path << ": " << key << " is not inside an object");
+    REQUIRE_MESSAGE(v->contains(key), "missing field " << path);
+    v = &v->at(key);
+  }
+  return *v;
+}
+
+void require_stats(const Value& s, const std::string& where) {
+  CAPTURE(where);
+  for (const char* k : {"max_abs", "mean_abs", "p95_abs", "p99_abs"}) CHECK(at_path(s, k).is_number());
+  for (const char* k : {"active_count", "mismatch_count", "max_ulp"}) CHECK(at_path(s, k).is_integer());
+  CHECK(at_path(s, "bitwise_equal").is_bool());
+  CHECK(s.contains("digest"));
+}
+
+RunReport small_run(const std::vector<CaseSpec>& specs) {
+  Problem p;
+  p.seq_len = 16;
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  LocalCp1Results cp1;
+  const CounterReducer local;
+  const RunContext ctx{p, pool, inputs, transport, local, cp1};
+  RunReport r;
+  r.problem = p;
+  r.provenance.command = "cpdrift --test";
+  r.provenance.launcher = "direct";
+  r.provenance.transport = transport.name();
+  r.provenance.created_at_utc = "2026-01-01T00:00:00Z";
+  r.merge_oracle_self_test = merge_oracle_self_test();
+  r.rope = measure_rope_drift(ctx);
+  for (const CaseSpec& s : specs) r.cases.push_back(run_case(ctx, s));
+  r.failed_checks = evaluate_checks(r);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("every compatible field of the contract is present") {
+  const RunReport r = small_run({CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
+                                 CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}});
+  const Value v = json::parse(json::to_string(report_json(r)));
+  CHECK(at_path(v, "schema_version").as_string() == "ws2_cp_attention_drift/v2");
+  CHECK(at_path(v, "report_family").as_string() == "ws2_cross_config_drift_report");
+  CHECK(at_path(v, "tolerance_source").as_string() == "#108");
+  CHECK(at_path(v, "issue").as_int64() == 235);
+  CHECK(at_path(v, "pr").as_int64() == 5);
+  for (const char* k : {"created_at_utc", "launch.command", "launch.rank", "launch.world_size",
+                        "launch.local_rank", "launch.launcher", "runtime.device", "runtime.cuda_available",
+                        "runtime.distributed.initialized", "runtime.distributed.backend",
+                        "runtime.distributed.transport", "runtime.rank_env", "runtime.compiler",
+                        "runtime.mpi_version", "runtime.nccl_version", "runtime.cuda_version",
+                        "runtime.hdf5_version", "runtime.git_describe", "target.seed",
+                        "te_context_parallel_merge.fallback_reason", "merge_oracle.self_test",
+                        "dlogp.source", "summary.failed_checks", "summary.wall_seconds"}) {
+    CAPTURE(k);
+    at_path(v, k);
+  }
+  CHECK(at_path(v, "target.model").as_string() == "qwen3-8b");
+  CHECK(at_path(v, "target.global_num_query_heads").as_int64() == 32);
+  CHECK(at_path(v, "target.global_num_kv_heads").as_int64() == 8);
+  CHECK(at_path(v, "target.head_dim").as_int64() == 128);
+  CHECK(at_path(v, "target.causal").as_bool());
+  CHECK_FALSE(at_path(v, "te_context_parallel_merge.te_available").as_bool());
+  CHECK(at_path(v, "te_context_parallel_merge.te_capability_probe").as_string() == "unavailable");
+  CHECK(at_path(v, "dlogp.status").as_string() == "not_requested");
+  CHECK(at_path(v, "summary.passed").as_bool());
+
+  const json::Array& cases = at_path(v, "cases").as_array();
+  REQUIRE(cases.size() == 2);
+  for (const Value& c : cases) {
+    const std::string name = at_path(c, "case_name").as_string();
+    CAPTURE(name);
+    for (const char* k : {"topology.tp_world_size", "topology.cp_world_size", "topology.tp_rank",
+                          "topology.logical_cp_ranks", "topology.local_num_query_heads",
+                          "topology.local_num_kv_heads", "topology.local_query_head_range",
+                          "topology.local_kv_head_range", "topology.head_dim", "topology.q_sequence_bounds",
+                          "topology.kv_block_bounds", "topology.layout", "topology.protocol",
+                          "topology.transport", "topology.physical_processes", "topology.placement",
+                          "provenance.backend", "provenance.candidate_backend", "provenance.dtype",
+                          "provenance.split_kv_policy", "provenance.requested_split_kv_size",
+                          "provenance.actual_split_kv_plans", "provenance.kv_chunk_size",
+                          "provenance.deterministic_controls", "provenance.rope.rope_theta",
+                          "provenance.rope.rope_output_dtype", "provenance.rope.query_position_offsets",
+                          "drift.rope.q", "drift.rope.k", "drift.topology_invariance.reference_case",
+                          "drift.topology_invariance.bitwise_equal", "te_merge_oracle.te_module",
+                          "backward.status", "dlogp.reason", "distributed_p2p_reference.reason"}) {
+      CAPTURE(k);
+      at_path(c, k);
+    }
+    CHECK(at_path(c, "provenance.reference_backend").as_string() == "cp1_fp32_prefill");
+    CHECK(at_path(c, "provenance.accum_dtype").as_string() == "fp32");
+    CHECK(at_path(c, "provenance.downcast_at").as_string() == "final_write");
+    CHECK(at_path(c, "provenance.lse_domain").as_string() == "attention");
+    CHECK(at_path(c, "provenance.merge_order").as_string() == "global_block_index");
+    CHECK(at_path(c, "provenance.scale_placement").as_string() == "scores_after_qk_matmul");
+    CHECK(at_path(c, "provenance.dropout_policy").as_string() == "disabled");
+    CHECK(at_path(c, "provenance.rope.rope_state").as_string() == "post_rope");
+    CHECK(at_path(c, "provenance.rope.rope_cast_at").as_string() == "rope_output");
+    CHECK(at_path(c, "provenance.actual_split_kv_plan_set.coverage").as_string() ==
+          "complete_batch_tp_cp_owner_cartesian_product");
+    CHECK(at_path(c, "provenance.actual_split_kv_plan_set.entries").size() == 1u * 2 * 2 * 2);
+    for (const Value& plan : at_path(c, "provenance.actual_split_kv_plans").as_array()) {
+      for (const char* k : {"owner_cp_rank", "requested_split_kv_policy", "requested_split_kv_size",
+                            "actual_split_kv_policy", "actual_split_kv_size", "actual_split_kv_count",
+                            "actual_split_boundaries", "split_kv_merge_order", "split_kv_accum_dtype",
+                            "split_kv_downcast_at", "split_kv_backend", "split_kv_plan_source",
+                            "split_kv_fallback", "split_kv_fallback_reason"}) {
+        CAPTURE(k);
+        at_path(plan, k);
+      }
+    }
+    for (const char* d : {"drift.cp_merge_fp32", "drift.dtype_path_vs_fp32", "drift.bf16_kernel",
+                          "drift.topology_invariance"}) {
+      require_stats(at_path(c, std::string(d) + ".out"), std::string(d) + ".out");
+      require_stats(at_path(c, std::string(d) + ".lse"), std::string(d) + ".lse");
+    }
+    CHECK(at_path(c, "drift.cp_merge_fp32.source_class").as_string() == "reduction_and_collective_drift");
+    CHECK(at_path(c, "drift.dtype_path_vs_fp32.source_class").as_string() == "arithmetic_schedule_drift");
+    CHECK(at_path(c, "merge_order_probe.arrival_order_policy").as_string() ==
+          "ignored_then_sorted_by_global_block_index");
+    CHECK(at_path(c, "merge_order_probe.out").as_double() == 0.0);
+    CHECK(at_path(c, "merge_order_probe.lse").as_double() == 0.0);
+    CHECK(at_path(c, "te_merge_oracle.fallback").as_string() == "deterministic_cp_reference");
+    const json::Array& per_rank = at_path(c, "per_rank").as_array();
+    REQUIRE(per_rank.size() == 2);
+    for (const Value& pr : per_rank) {
+      for (const char* k : {"rank", "query_start", "query_end"}) {
+        CAPTURE(k);
+        at_path(pr, k);
+      }
+      require_stats(at_path(pr, "out"), "per_rank.out");
+      require_stats(at_path(pr, "lse"), "per_rank.lse");
+    }
+  }
+  // The contract's example hashes come out of the real grids: S=16 CP=2 prefill, split 4.
+  CHECK(at_path(cases[0], "provenance.block_metadata_hash").as_string() == "c7b6a36e348bc195");
+  CHECK(at_path(cases[1], "provenance.block_metadata_hash").as_string() == "bae9b987400665a4");
+  CHECK(at_path(cases[0], "attention_mode").as_string() == "prefill");
+  CHECK(at_path(cases[1], "attention_mode").as_string() == "chunked_prefill");
+  CHECK(at_path(cases[1], "drift.topology_invariance.required").as_bool());
+  CHECK(at_path(cases[1], "drift.topology_invariance.bitwise_equal").as_bool());
+  CHECK_FALSE(at_path(cases[0], "drift.topology_invariance.required").as_bool());
+}
+
+TEST_CASE("checks fail closed") {
+  RunReport r = small_run({CaseSpec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs}});
+  CHECK(evaluate_checks(r).empty());
+
+  RunReport broken = r;
+  broken.cases[0].topology.out.mismatch_count = 3;  // a required invariance that broke
+  std::vector<std::string> failed = evaluate_checks(broken);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].find("topology_invariance not bitwise equal") != std::string::npos);
+
+  broken = r;
+  broken.cases[0].cp_merge_fp32.out.max_abs = 3e-4;  // over the 2e-4 threshold
+  failed = evaluate_checks(broken);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].find("cp_merge_fp32.out max_abs") != std::string::npos);
+
+  broken = r;
+  broken.cases[0].bf16_kernel.lse.nonfinite_count = 1;  // a non-finite metric is a failure
+  failed = evaluate_checks(broken);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].find("non-finite") != std::string::npos);
+  const Value s = stats_json(broken.cases[0].bf16_kernel.lse);
+  CHECK(s.at("max_abs").is_null());  // never written as a number
+  broken.failed_checks = failed;
+  CHECK(json::to_string(report_json(broken)).find("\"passed\": false") != std::string::npos);
+
+  broken = r;
+  broken.cases[0].merge_probe.lse.mismatch_count = 1;
+  CHECK(evaluate_checks(broken).size() == 1);
+  broken = r;
+  broken.merge_oracle_self_test = "out[0] differs";
+  CHECK(evaluate_checks(broken).size() == 1);
+}
