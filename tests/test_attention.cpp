@@ -74,11 +74,11 @@ TEST_CASE("tile kernel equals the canonical scalar definition bit for bit") {
           std::vector<float> out(rows * kDim), lse(rows);
           const float* kb = k.data() + keys.begin * kDim;
           const float* vb = v.data() + keys.begin * kDim;
-          attend_tile(q.data(), first, rows, kb, vb, keys, kDim, kScale, rounding, scratch, out.data(),
-                      lse.data());
+          attend_tile(q.data(), first, rows, kb, vb, keys, kDim, kScale, rounding, scratch,
+                      out.data(), lse.data());
           for (int r = 0; r < rows; ++r) {
-            const std::int64_t visible =
-                std::clamp<std::int64_t>(std::min(keys.end, first + r + 1) - keys.begin, 0, keys.size());
+            const std::int64_t visible = std::clamp<std::int64_t>(
+                std::min(keys.end, first + r + 1) - keys.begin, 0, keys.size());
             float ref_out[kDim], ref_lse;
             partial_state_row(q.data() + r * kDim, kb, vb, static_cast<int>(visible), kDim, kScale,
                               rounding, ref_out, &ref_lse);
@@ -99,7 +99,8 @@ TEST_CASE("partial state and merged result against a naive FP64 attention") {
   // row sum n roundings, the division), so |out - out64| ≤ 2·(2E_s + (n + 4)u)·max|v| and
   // |lse - lse64| ≤ E_s + (n + 4)u·(1 + |lse|). The bound is per row, from its own data.
   constexpr int n_keys = 200;
-  const std::vector<float> q = random_rows(16, 11), k = random_rows(n_keys, 12), v = random_rows(n_keys, 13);
+  const std::vector<float> q = random_rows(16, 11), k = random_rows(n_keys, 12),
+                           v = random_rows(n_keys, 13);
   const double gamma_d = kDim * kU / (1 - kDim * kU);
   for (int r = 0; r < 16; ++r) {
     const float* qr = q.data() + r * kDim;
@@ -132,8 +133,8 @@ TEST_CASE("partial state and merged result against a naive FP64 attention") {
     float out[kDim] = {}, lse = -INFINITY;
     for (int b = 0; b < blocks; ++b) {
       float bo[kDim], bl;
-      partial_state_row(qr, k.data() + b * block * kDim, v.data() + b * block * kDim, block, kDim, kScale,
-                        ProbRounding::none, bo, &bl);
+      partial_state_row(qr, k.data() + b * block * kDim, v.data() + b * block * kDim, block, kDim,
+                        kScale, ProbRounding::none, bo, &bl);
       merge_state_row(out, &lse, bo, bl, kDim);
     }
     std::vector<double> out64;
@@ -161,7 +162,8 @@ TEST_CASE("emulated BF16 kernel against FP64 within a BF16 tolerance") {
   // (relative error ≤ 2^-9) before P·V while the row sum keeps FP32, so
   // |out - out64| ≤ 2^-9·max|v|·(1 + 2^-9) + the FP32 terms, bounded by 2^-8·max|v|.
   const int n_keys = 100;
-  std::vector<float> q = random_rows(4, 21), k = random_rows(n_keys, 22), v = random_rows(n_keys, 23);
+  std::vector<float> q = random_rows(4, 21), k = random_rows(n_keys, 22),
+                     v = random_rows(n_keys, 23);
   for (auto* t : {&q, &k, &v}) {
     for (float& x : *t) x = round_bf16(x);
   }
@@ -170,8 +172,10 @@ TEST_CASE("emulated BF16 kernel against FP64 within a BF16 tolerance") {
   bool differs_from_fp32 = false;
   for (int r = 0; r < 4; ++r) {
     float out[kDim], lse, out32[kDim], lse32;
-    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale, ProbRounding::bf16, out, &lse);
-    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale, ProbRounding::none, out32, &lse32);
+    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale,
+                      ProbRounding::bf16, out, &lse);
+    partial_state_row(q.data() + r * kDim, k.data(), v.data(), n_keys, kDim, kScale,
+                      ProbRounding::none, out32, &lse32);
     std::vector<double> out64;
     double lse64;
     attention_fp64(q.data() + r * kDim, k.data(), v.data(), n_keys, kScale, out64, lse64);
@@ -200,7 +204,8 @@ TEST_CASE("merge: FP32 fold against the FP64 oracle") {
     float out[kDim] = {}, lse = -INFINITY;
     for (int i = 0; i < n; ++i) merge_state_row(out, &lse, outs[i].data(), lses[i], kDim);
     const OracleRow oracle = merge_oracle_row(ptrs, lses, kDim);
-    for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[d] - oracle.out[d]) <= 8 * n * kU * (1 + 4.0));
+    for (int d = 0; d < kDim; ++d)
+      CHECK(std::fabs(out[d] - oracle.out[d]) <= 8 * n * kU * (1 + 4.0));
     CHECK(std::fabs(lse - oracle.lse) <= 8 * n * kU * (1 + std::fabs(oracle.lse)));
   }
   CHECK(merge_oracle_self_test().empty());
@@ -238,7 +243,8 @@ TEST_CASE("merge: arrival order never reaches the result") {
   std::vector<float> other_out(rows * kDim, 0.0f), other_lse(rows, -INFINITY);
   for (auto it = canonical.rbegin(); it != canonical.rend(); ++it) {
     for (int r = 0; r < rows; ++r) {
-      merge_state_row(other_out.data() + r * kDim, &other_lse[r], it->out + r * kDim, it->lse[r], kDim);
+      merge_state_row(other_out.data() + r * kDim, &other_lse[r], it->out + r * kDim, it->lse[r],
+                      kDim);
     }
   }
   CHECK_FALSE(same_bits(other_out.data(), ref_out.data(), other_out.size()));
@@ -271,23 +277,27 @@ TEST_CASE("local fold over blocks equals block states merged in order, bit for b
   // The reference path (fold jobs) and the protocol path (block jobs, then the ordered merge)
   // are different code; on the same grid they must agree exactly.
   const int rows = 37, n = 90;
-  const std::vector<float> q = random_rows(rows, 31), k = random_rows(n, 32), v = random_rows(n, 33);
+  const std::vector<float> q = random_rows(rows, 31), k = random_rows(n, 32),
+                           v = random_rows(n, 33);
   const std::vector<Range> grid = {Range{0, 7}, Range{7, 40}, Range{40, 41}, Range{41, 90}};
   ThreadPool pool(2);
   const std::int64_t first = 50;
   std::vector<float> fold_out(rows * kDim), fold_lse(rows);
-  const FoldJob fold{q.data(), first, rows, k.data(), v.data(), 0, grid, fold_out.data(), fold_lse.data()};
+  const FoldJob fold{q.data(), first,           rows,           k.data(), v.data(), 0,
+                     grid,     fold_out.data(), fold_lse.data()};
   run_fold_jobs(std::span<const FoldJob>(&fold, 1), kDim, kScale, ProbRounding::none, pool);
 
-  std::vector<std::vector<float>> bo(grid.size(), std::vector<float>(rows * kDim)), bl(grid.size(), std::vector<float>(rows));
+  std::vector<std::vector<float>> bo(grid.size(), std::vector<float>(rows * kDim)),
+      bl(grid.size(), std::vector<float>(rows));
   std::vector<BlockJob> jobs;
   for (std::size_t b = 0; b < grid.size(); ++b) {
-    jobs.push_back(BlockJob{q.data(), first, rows, k.data() + grid[b].begin * kDim, v.data() + grid[b].begin * kDim,
-                            grid[b], bo[b].data(), bl[b].data()});
+    jobs.push_back(BlockJob{q.data(), first, rows, k.data() + grid[b].begin * kDim,
+                            v.data() + grid[b].begin * kDim, grid[b], bo[b].data(), bl[b].data()});
   }
   run_block_jobs(jobs, kDim, kScale, ProbRounding::none, pool);
   std::vector<StateRef> refs;
-  for (std::size_t b = 0; b < grid.size(); ++b) refs.push_back(StateRef{static_cast<int>(b), bo[b].data(), bl[b].data()});
+  for (std::size_t b = 0; b < grid.size(); ++b)
+    refs.push_back(StateRef{static_cast<int>(b), bo[b].data(), bl[b].data()});
   std::vector<float> out(rows * kDim), lse(rows);
   merge_in_block_order(refs, rows, kDim, out.data(), lse.data());
   CHECK(same_bits(out.data(), fold_out.data(), out.size()));

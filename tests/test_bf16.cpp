@@ -23,8 +23,10 @@ std::uint16_t oracle(float x) {
   const auto lo = static_cast<std::uint16_t>(u >> 16);
   const auto hi = static_cast<std::uint16_t>(lo + 1);
   const double v = std::fabs(static_cast<double>(x));
-  const double a = std::fabs(static_cast<double>(float_of_bits(static_cast<std::uint32_t>(lo) << 16)));
-  const double b_bits = std::fabs(static_cast<double>(float_of_bits(static_cast<std::uint32_t>(hi) << 16)));
+  const double a =
+      std::fabs(static_cast<double>(float_of_bits(static_cast<std::uint32_t>(lo) << 16)));
+  const double b_bits =
+      std::fabs(static_cast<double>(float_of_bits(static_cast<std::uint32_t>(hi) << 16)));
   // hi of the largest finite BF16 (0x7f7f) is 0x7f80 = inf: its "value" for rounding is 2^128.
   const double b = (hi & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128) : b_bits;
   const double da = v - a, db = b - v;
@@ -54,8 +56,8 @@ TEST_CASE("bf16: NaN stays NaN and quiet, never becomes inf") {
   for (std::uint32_t u : {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0xff800001u, 0x7f80ffffu}) {
     const std::uint16_t b = bf16_bits_rn(float_of_bits(u));
     CHECK((b & 0x7f80) == 0x7f80);
-    CHECK((b & 0x007f) != 0);         // still a NaN
-    CHECK((b & 0x0040) != 0);         // quiet
+    CHECK((b & 0x007f) != 0);                     // still a NaN
+    CHECK((b & 0x0040) != 0);                     // quiet
     CHECK((b & 0x8000) == ((u >> 16) & 0x8000));  // sign kept
   }
 }

@@ -18,14 +18,14 @@ TEST_CASE("philox4x32-10 matches Random123's known-answer vectors") {
   CHECK(zero.v[1] == 0xe169c58du);
   CHECK(zero.v[2] == 0xbc57ac4cu);
   CHECK(zero.v[3] == 0x9b00dbd8u);
-  const Philox4x32 ones =
-      philox4x32_10(Philox4x32{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  const Philox4x32 ones = philox4x32_10(
+      Philox4x32{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
   CHECK(ones.v[0] == 0x408f276du);
   CHECK(ones.v[1] == 0x41c83b0eu);
   CHECK(ones.v[2] == 0xa20bc7c6u);
   CHECK(ones.v[3] == 0x6d5451fdu);
-  const Philox4x32 pi = philox4x32_10(Philox4x32{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
-                                      0xa4093822u, 0x299f31d0u);
+  const Philox4x32 pi = philox4x32_10(
+      Philox4x32{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
   CHECK(pi.v[0] == 0xd16cfe09u);
   CHECK(pi.v[1] == 0x94fdccebu);
   CHECK(pi.v[2] == 0x5001e420u);
@@ -72,7 +72,8 @@ TEST_CASE("a slice generated alone equals the same slice cut from the whole tens
           for (std::int64_t pos : {3, 5, 8, 30, 36}) {
             const float* x = all.at(b, h, whole.local_row(pos));
             const float* y = part.at(b, h, slice.local_row(pos));
-            for (int d = 0; d < p.dims.head_dim; ++d) equal = equal && bits_of(x[d]) == bits_of(y[d]);
+            for (int d = 0; d < p.dims.head_dim; ++d)
+              equal = equal && bits_of(x[d]) == bits_of(y[d]);
           }
         }
       }
@@ -117,7 +118,8 @@ TEST_CASE("RoPE: rotate-half against the FP64 closed form") {
       const double a = static_cast<double>(pos) * std::pow(dims.rope_theta, -2.0 * i / 128.0);
       const double y1 = x[i] * std::cos(a) - x[i + half] * std::sin(a);
       const double y2 = x[i + half] * std::cos(a) + x[i] * std::sin(a);
-      const double tol = (std::fabs(x[i]) + std::fabs(x[i + half])) * (2 * a + 4) * std::ldexp(1.0, -24);
+      const double tol =
+          (std::fabs(x[i]) + std::fabs(x[i + half])) * (2 * a + 4) * std::ldexp(1.0, -24);
       CHECK(std::fabs(row[i] - y1) <= tol);
       CHECK(std::fabs(row[i + half] - y2) <= tol);
       worst_ratio = std::max(worst_ratio, std::fabs(row[i] - y1) / tol);

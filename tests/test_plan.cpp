@@ -11,7 +11,8 @@ using namespace cpd;
 
 namespace {
 
-std::vector<Range> bounds(int cp, std::optional<std::int64_t> split, CpLayout layout, std::int64_t s) {
+std::vector<Range> bounds(int cp, std::optional<std::int64_t> split, CpLayout layout,
+                          std::int64_t s) {
   return kv_block_bounds(CaseSpec{1, cp, split, layout, Protocol::ag_rs}, s);
 }
 
@@ -20,7 +21,8 @@ std::vector<Range> bounds(int cp, std::optional<std::int64_t> split, CpLayout la
 TEST_CASE("block metadata hashes match the contract's examples") {
   CHECK(block_metadata_hash({{0, 8}, {8, 16}}) == "c7b6a36e348bc195");
   CHECK(block_metadata_hash({{0, 4}, {4, 8}, {8, 12}, {12, 16}}) == "bae9b987400665a4");
-  CHECK(block_metadata_hash(bounds(2, std::nullopt, CpLayout::contiguous, 16)) == "c7b6a36e348bc195");
+  CHECK(block_metadata_hash(bounds(2, std::nullopt, CpLayout::contiguous, 16)) ==
+        "c7b6a36e348bc195");
   CHECK(block_metadata_hash(bounds(1, 4, CpLayout::contiguous, 16)) == "bae9b987400665a4");
   CHECK(block_metadata_hash(bounds(2, 4, CpLayout::contiguous, 16)) == "bae9b987400665a4");
 }
@@ -35,12 +37,15 @@ TEST_CASE("CP owner ranges: contiguous and zigzag") {
 TEST_CASE("blocks: cut from each owner's start, last one shorter, sorted by position") {
   CHECK(split_range({0, 10}, 4) == std::vector<Range>{{0, 4}, {4, 8}, {8, 10}});
   CHECK(split_range({3, 5}, std::nullopt) == std::vector<Range>{{3, 5}});
-  CHECK(bounds(2, 3, CpLayout::contiguous, 12) == std::vector<Range>{{0, 3}, {3, 6}, {6, 9}, {9, 12}});
+  CHECK(bounds(2, 3, CpLayout::contiguous, 12) ==
+        std::vector<Range>{{0, 3}, {3, 6}, {6, 9}, {9, 12}});
   // Unaligned: 12/2 = 6 is not a multiple of 4, so the grid depends on CP.
-  CHECK(bounds(2, 4, CpLayout::contiguous, 12) == std::vector<Range>{{0, 4}, {4, 6}, {6, 10}, {10, 12}});
+  CHECK(bounds(2, 4, CpLayout::contiguous, 12) ==
+        std::vector<Range>{{0, 4}, {4, 6}, {6, 10}, {10, 12}});
   CHECK(bounds(1, 4, CpLayout::contiguous, 12) == std::vector<Range>{{0, 4}, {4, 8}, {8, 12}});
   // Zigzag blocks interleave owners but are indexed by position.
-  const std::vector<KvBlock> z = kv_block_grid(CaseSpec{1, 2, std::nullopt, CpLayout::zigzag, Protocol::ag_rs}, 16);
+  const std::vector<KvBlock> z =
+      kv_block_grid(CaseSpec{1, 2, std::nullopt, CpLayout::zigzag, Protocol::ag_rs}, 16);
   REQUIRE(z.size() == 4);
   CHECK(z[0].owner_cp_rank == 0);
   CHECK(z[1].owner_cp_rank == 1);
@@ -67,8 +72,9 @@ TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
     std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> keys;
     std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t> previous{-1, -1, -1, -1};
     for (const json::Value& e : entries) {
-      const auto key = std::make_tuple(e.at("batch_index").as_int64(), e.at("tp_rank").as_int64(),
-                                       e.at("cp_rank").as_int64(), e.at("owner_cp_rank").as_int64());
+      const auto key =
+          std::make_tuple(e.at("batch_index").as_int64(), e.at("tp_rank").as_int64(),
+                          e.at("cp_rank").as_int64(), e.at("owner_cp_rank").as_int64());
       CHECK(previous < key);  // sorted, hence unique
       previous = key;
       keys.insert(key);
@@ -78,7 +84,8 @@ TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
         covered += r.at(1).as_int64() - r.at(0).as_int64();
       }
       std::int64_t owned = 0;
-      for (const json::Value& r : e.at("expected_kv_ranges").as_array()) owned += r.at(1).as_int64() - r.at(0).as_int64();
+      for (const json::Value& r : e.at("expected_kv_ranges").as_array())
+        owned += r.at(1).as_int64() - r.at(0).as_int64();
       CHECK(covered == owned);
     }
     CHECK(keys.size() == entries.size());
@@ -98,15 +105,16 @@ TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
 }
 
 TEST_CASE("case names and validation") {
-  CHECK(case_name(CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, DType::bf16) ==
-        "qwen3_8b_tp2_cp2_prefill_bf16");
+  CHECK(case_name(CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
+                  DType::bf16) == "qwen3_8b_tp2_cp2_prefill_bf16");
   CHECK(case_name(CaseSpec{1, 2, 4, CpLayout::zigzag, Protocol::ag_rs}, DType::fp32) ==
         "qwen3_8b_tp1_cp2_chunk4_fp32_zigzag");
   Problem p;
   p.seq_len = 16;
   CHECK(validate_case(CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
   CHECK_FALSE(validate_case(CaseSpec{3, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
-  CHECK_FALSE(validate_case(CaseSpec{16, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());  // 8 KV heads
+  CHECK_FALSE(validate_case(CaseSpec{16, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, p)
+                  .empty());  // 8 KV heads
   CHECK_FALSE(validate_case(CaseSpec{1, 32, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
   CHECK_FALSE(validate_case(CaseSpec{1, 16, 4, CpLayout::zigzag, Protocol::ag_rs}, p).empty());
   CHECK_FALSE(validate_case(CaseSpec{1, 1, 0, CpLayout::contiguous, Protocol::ag_rs}, p).empty());

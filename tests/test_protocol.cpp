@@ -15,12 +15,14 @@ namespace {
 // Delivers in-process, but lets a test tamper with the partial states first.
 class FaultyTransport final : public Transport {
  public:
-  explicit FaultyTransport(std::function<void(std::vector<Message>&)> fault) : fault_(std::move(fault)) {}
+  explicit FaultyTransport(std::function<void(std::vector<Message>&)> fault)
+      : fault_(std::move(fault)) {}
   const char* name() const override { return "faulty"; }
   int world_size() const override { return 1; }
   int process_index() const override { return 0; }
   std::vector<Message> exchange(std::vector<Message> outgoing) override {
-    const bool states = !outgoing.empty() && outgoing.front().header.kind == MessageKind::partial_state;
+    const bool states =
+        !outgoing.empty() && outgoing.front().header.kind == MessageKind::partial_state;
     if (states) fault_(outgoing);
     return outgoing;
   }
@@ -55,17 +57,21 @@ std::size_t find_state(const std::vector<Message>& m, int block, int dst) {
 
 }  // namespace
 
-TEST_CASE("an untouched exchange passes") { CHECK(run_with([](std::vector<Message>&) {}) == ""); }
+TEST_CASE("an untouched exchange passes") {
+  CHECK(run_with([](std::vector<Message>&) {}) == "");
+}
 
 TEST_CASE("a missing state is an error naming the block and the ranks") {
-  const std::string e = run_with([](std::vector<Message>& m) { m.erase(m.begin() + find_state(m, 3, 1)); });
+  const std::string e =
+      run_with([](std::vector<Message>& m) { m.erase(m.begin() + find_state(m, 3, 1)); });
   CHECK(e.find("missing") == 0);
   CHECK(e.find("KV block 3 [12,16)") != std::string::npos);
   CHECK(e.find("from logical rank 1 to 1") != std::string::npos);
 }
 
 TEST_CASE("a duplicated state is an error") {
-  const std::string e = run_with([](std::vector<Message>& m) { m.push_back(m[find_state(m, 1, 1)]); });
+  const std::string e =
+      run_with([](std::vector<Message>& m) { m.push_back(m[find_state(m, 1, 1)]); });
   CHECK(e.find("duplicated") == 0);
   CHECK(e.find("KV block 1") != std::string::npos);
 }
@@ -84,8 +90,16 @@ TEST_CASE("an unexpected state is an error") {
 }
 
 TEST_CASE("mis-shaped states are errors: payload size, head range, wrong sender") {
-  CHECK(run_with([](std::vector<Message>& m) { m[find_state(m, 2, 1)].payload.pop_back(); }).find("mis-shaped") == 0);
-  CHECK(run_with([](std::vector<Message>& m) { m[find_state(m, 2, 1)].header.head_end -= 1; }).find("mis-shaped") == 0);
-  CHECK(run_with([](std::vector<Message>& m) { m[find_state(m, 2, 1)].header.src = 0; }).find("mis-shaped") == 0);
-  CHECK(run_with([](std::vector<Message>& m) { m[find_state(m, 2, 1)].header.block_end += 1; }).find("mis-shaped") == 0);
+  CHECK(run_with([](std::vector<Message>& m) {
+          m[find_state(m, 2, 1)].payload.pop_back();
+        }).find("mis-shaped") == 0);
+  CHECK(run_with([](std::vector<Message>& m) {
+          m[find_state(m, 2, 1)].header.head_end -= 1;
+        }).find("mis-shaped") == 0);
+  CHECK(run_with([](std::vector<Message>& m) {
+          m[find_state(m, 2, 1)].header.src = 0;
+        }).find("mis-shaped") == 0);
+  CHECK(run_with([](std::vector<Message>& m) {
+          m[find_state(m, 2, 1)].header.block_end += 1;
+        }).find("mis-shaped") == 0);
 }

@@ -29,8 +29,10 @@ const Value& at_path(const Value& root, const std::string& path) {
 
 void require_stats(const Value& s, const std::string& where) {
   CAPTURE(where);
-  for (const char* k : {"max_abs", "mean_abs", "p95_abs", "p99_abs"}) CHECK(at_path(s, k).is_number());
-  for (const char* k : {"active_count", "mismatch_count", "max_ulp"}) CHECK(at_path(s, k).is_integer());
+  for (const char* k : {"max_abs", "mean_abs", "p95_abs", "p99_abs"})
+    CHECK(at_path(s, k).is_number());
+  for (const char* k : {"active_count", "mismatch_count", "max_ulp"})
+    CHECK(at_path(s, k).is_integer());
   CHECK(at_path(s, "bitwise_equal").is_bool());
   CHECK(s.contains("digest"));
 }
@@ -60,22 +62,39 @@ RunReport small_run(const std::vector<CaseSpec>& specs) {
 }  // namespace
 
 TEST_CASE("every compatible field of the contract is present") {
-  const RunReport r = small_run({CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
-                                 CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}});
+  const RunReport r =
+      small_run({CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
+                 CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}});
   const Value v = json::parse(json::to_string(report_json(r)));
   CHECK(at_path(v, "schema_version").as_string() == "ws2_cp_attention_drift/v2");
   CHECK(at_path(v, "report_family").as_string() == "ws2_cross_config_drift_report");
   CHECK(at_path(v, "tolerance_source").as_string() == "#108");
   CHECK(at_path(v, "issue").as_int64() == 235);
   CHECK(at_path(v, "pr").as_int64() == 5);
-  for (const char* k : {"created_at_utc", "launch.command", "launch.rank", "launch.world_size",
-                        "launch.local_rank", "launch.launcher", "runtime.device", "runtime.cuda_available",
-                        "runtime.distributed.initialized", "runtime.distributed.backend",
-                        "runtime.distributed.transport", "runtime.rank_env", "runtime.compiler",
-                        "runtime.mpi_version", "runtime.nccl_version", "runtime.cuda_version",
-                        "runtime.hdf5_version", "runtime.git_describe", "target.seed",
-                        "te_context_parallel_merge.fallback_reason", "merge_oracle.self_test",
-                        "dlogp.source", "summary.failed_checks", "summary.wall_seconds"}) {
+  for (const char* k : {"created_at_utc",
+                        "launch.command",
+                        "launch.rank",
+                        "launch.world_size",
+                        "launch.local_rank",
+                        "launch.launcher",
+                        "runtime.device",
+                        "runtime.cuda_available",
+                        "runtime.distributed.initialized",
+                        "runtime.distributed.backend",
+                        "runtime.distributed.transport",
+                        "runtime.rank_env",
+                        "runtime.compiler",
+                        "runtime.mpi_version",
+                        "runtime.nccl_version",
+                        "runtime.cuda_version",
+                        "runtime.hdf5_version",
+                        "runtime.git_describe",
+                        "target.seed",
+                        "te_context_parallel_merge.fallback_reason",
+                        "merge_oracle.self_test",
+                        "dlogp.source",
+                        "summary.failed_checks",
+                        "summary.wall_seconds"}) {
     CAPTURE(k);
     at_path(v, k);
   }
@@ -94,20 +113,41 @@ TEST_CASE("every compatible field of the contract is present") {
   for (const Value& c : cases) {
     const std::string name = at_path(c, "case_name").as_string();
     CAPTURE(name);
-    for (const char* k : {"topology.tp_world_size", "topology.cp_world_size", "topology.tp_rank",
-                          "topology.logical_cp_ranks", "topology.local_num_query_heads",
-                          "topology.local_num_kv_heads", "topology.local_query_head_range",
-                          "topology.local_kv_head_range", "topology.head_dim", "topology.q_sequence_bounds",
-                          "topology.kv_block_bounds", "topology.layout", "topology.protocol",
-                          "topology.transport", "topology.physical_processes", "topology.placement",
-                          "provenance.backend", "provenance.candidate_backend", "provenance.dtype",
-                          "provenance.split_kv_policy", "provenance.requested_split_kv_size",
-                          "provenance.actual_split_kv_plans", "provenance.kv_chunk_size",
-                          "provenance.deterministic_controls", "provenance.rope.rope_theta",
-                          "provenance.rope.rope_output_dtype", "provenance.rope.query_position_offsets",
-                          "drift.rope.q", "drift.rope.k", "drift.topology_invariance.reference_case",
-                          "drift.topology_invariance.bitwise_equal", "te_merge_oracle.te_module",
-                          "backward.status", "dlogp.reason", "distributed_p2p_reference.reason"}) {
+    for (const char* k : {"topology.tp_world_size",
+                          "topology.cp_world_size",
+                          "topology.tp_rank",
+                          "topology.logical_cp_ranks",
+                          "topology.local_num_query_heads",
+                          "topology.local_num_kv_heads",
+                          "topology.local_query_head_range",
+                          "topology.local_kv_head_range",
+                          "topology.head_dim",
+                          "topology.q_sequence_bounds",
+                          "topology.kv_block_bounds",
+                          "topology.layout",
+                          "topology.protocol",
+                          "topology.transport",
+                          "topology.physical_processes",
+                          "topology.placement",
+                          "provenance.backend",
+                          "provenance.candidate_backend",
+                          "provenance.dtype",
+                          "provenance.split_kv_policy",
+                          "provenance.requested_split_kv_size",
+                          "provenance.actual_split_kv_plans",
+                          "provenance.kv_chunk_size",
+                          "provenance.deterministic_controls",
+                          "provenance.rope.rope_theta",
+                          "provenance.rope.rope_output_dtype",
+                          "provenance.rope.query_position_offsets",
+                          "drift.rope.q",
+                          "drift.rope.k",
+                          "drift.topology_invariance.reference_case",
+                          "drift.topology_invariance.bitwise_equal",
+                          "te_merge_oracle.te_module",
+                          "backward.status",
+                          "dlogp.reason",
+                          "distributed_p2p_reference.reason"}) {
       CAPTURE(k);
       at_path(c, k);
     }
@@ -124,11 +164,12 @@ TEST_CASE("every compatible field of the contract is present") {
           "complete_batch_tp_cp_owner_cartesian_product");
     CHECK(at_path(c, "provenance.actual_split_kv_plan_set.entries").size() == 1u * 2 * 2 * 2);
     for (const Value& plan : at_path(c, "provenance.actual_split_kv_plans").as_array()) {
-      for (const char* k : {"owner_cp_rank", "requested_split_kv_policy", "requested_split_kv_size",
-                            "actual_split_kv_policy", "actual_split_kv_size", "actual_split_kv_count",
-                            "actual_split_boundaries", "split_kv_merge_order", "split_kv_accum_dtype",
-                            "split_kv_downcast_at", "split_kv_backend", "split_kv_plan_source",
-                            "split_kv_fallback", "split_kv_fallback_reason"}) {
+      for (const char* k :
+           {"owner_cp_rank", "requested_split_kv_policy", "requested_split_kv_size",
+            "actual_split_kv_policy", "actual_split_kv_size", "actual_split_kv_count",
+            "actual_split_boundaries", "split_kv_merge_order", "split_kv_accum_dtype",
+            "split_kv_downcast_at", "split_kv_backend", "split_kv_plan_source", "split_kv_fallback",
+            "split_kv_fallback_reason"}) {
         CAPTURE(k);
         at_path(plan, k);
       }
@@ -138,8 +179,10 @@ TEST_CASE("every compatible field of the contract is present") {
       require_stats(at_path(c, std::string(d) + ".out"), std::string(d) + ".out");
       require_stats(at_path(c, std::string(d) + ".lse"), std::string(d) + ".lse");
     }
-    CHECK(at_path(c, "drift.cp_merge_fp32.source_class").as_string() == "reduction_and_collective_drift");
-    CHECK(at_path(c, "drift.dtype_path_vs_fp32.source_class").as_string() == "arithmetic_schedule_drift");
+    CHECK(at_path(c, "drift.cp_merge_fp32.source_class").as_string() ==
+          "reduction_and_collective_drift");
+    CHECK(at_path(c, "drift.dtype_path_vs_fp32.source_class").as_string() ==
+          "arithmetic_schedule_drift");
     CHECK(at_path(c, "merge_order_probe.arrival_order_policy").as_string() ==
           "ignored_then_sorted_by_global_block_index");
     CHECK(at_path(c, "merge_order_probe.out").as_double() == 0.0);

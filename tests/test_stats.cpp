@@ -59,9 +59,9 @@ TEST_CASE("stats: candidate vs reference semantics") {
   const std::vector<float> r{1.0f, -inf, -0.0f, 2.5f, 0.0f};
   const DiffPart part{c.data(), r.data(), c.size()};
   const DiffStats s = compute_diff_stats(std::span<const DiffPart>(&part, 1));
-  CHECK(s.finite());                // -inf vs -inf is an exact match, diff 0
+  CHECK(s.finite());  // -inf vs -inf is an exact match, diff 0
   CHECK(s.max_abs == 0.5);
-  CHECK(s.mismatch_count == 3);     // +0 vs -0 counts as a bit mismatch, not as drift
+  CHECK(s.mismatch_count == 3);  // +0 vs -0 counts as a bit mismatch, not as drift
   CHECK(s.max_ulp == ulp_distance(2.0f, 2.5f));
   CHECK(ulp_distance(1.0f, std::nextafter(1.0f, 2.0f)) == 1);
   CHECK(ulp_distance(-0.0f, 0.0f) == 0);

@@ -65,7 +65,8 @@ TEST_CASE("TP, thread count and arrival order never change a bit") {
   CHECK(run(p, CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32).out == ref.out);
   CHECK(run(p, CaseSpec{8, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32).lse == ref.lse);
   CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 1).out == ref.out);
-  CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 3, 12345).out == ref.out);
+  CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 3, 12345).out ==
+        ref.out);
   CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 2, 777).lse == ref.lse);
 }
 
@@ -73,8 +74,10 @@ TEST_CASE("negative control: split disabled, CP=2 is not bitwise equal to CP=1")
   // CP=1 prefill is one block [0,64); CP=2 merges two blocks: the rows of the second half
   // see a merge the first case never does, so bits must differ somewhere.
   const Problem p = small_problem();
-  const Global cp1 = run(p, CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
-  const Global cp2 = run(p, CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
+  const Global cp1 =
+      run(p, CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
+  const Global cp2 =
+      run(p, CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
   CHECK(cp1.out != cp2.out);
   // And an unaligned split (6 does not divide the CP=4 owner length 16) changes the grid too.
   const Global a = run(p, CaseSpec{1, 1, 6, CpLayout::contiguous, Protocol::ag_rs}, kFp32);

@@ -34,13 +34,15 @@ Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool)
 // One CP=1 prefill forward (a single KV block [0, S)): the FP32 reference's work.
 double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool) {
   const int dim = p.dims.head_dim, group = p.dims.group_size();
-  AttnShard out{Shard(in.q.shape), Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
+  AttnShard out{Shard(in.q.shape),
+                Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
   const std::vector<Range> grid{Range{0, p.seq_len}};
   std::vector<FoldJob> jobs;
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.dims.num_q_heads; ++h) {
       jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, in.k.at(b, h / group, 0),
-                             in.v.at(b, h / group, 0), 0, grid, out.out.at(b, h, 0), out.lse.at(b, h, 0)});
+                             in.v.at(b, h / group, 0), 0, grid, out.out.at(b, h, 0),
+                             out.lse.at(b, h, 0)});
     }
   }
   const auto t = Clock::now();
@@ -71,8 +73,9 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     InputPrecision inputs;
     ProbRounding rounding;
   };
-  for (const Path& path : {Path{"fp32_reference", InputPrecision::fp32, ProbRounding::none},
-                           Path{"bf16_kernel_emulated", InputPrecision::bf16, ProbRounding::bf16}}) {
+  for (const Path& path :
+       {Path{"fp32_reference", InputPrecision::fp32, ProbRounding::none},
+        Path{"bf16_kernel_emulated", InputPrecision::bf16, ProbRounding::bf16}}) {
     const auto t = Clock::now();
     const Inputs in = make_inputs(p, path.inputs, pool);
     const double gen = seconds_since(t);

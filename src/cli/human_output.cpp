@@ -24,23 +24,25 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count) {
   const Problem& p = r.problem;
   std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (ws2_cp_attention_drift/v2)\n",
                pv.git_describe.c_str());
-  std::fprintf(out,
-               "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu\n",
+  std::fprintf(out, "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu\n",
                p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
                p.dims.head_dim, p.rope ? "RoPE theta=1e6" : "no RoPE", to_string(p.dtype),
                static_cast<unsigned long long>(p.seed));
-  std::fprintf(out, "# launch  : %d process%s (%s), device %s, transport %s, %d thread%s/process (%s)\n",
-               pv.world_size, pv.world_size == 1 ? "" : "es", pv.launcher.c_str(), pv.device.c_str(),
-               pv.transport.c_str(), pv.threads, pv.threads == 1 ? "" : "s", pv.simd.c_str());
+  std::fprintf(
+      out, "# launch  : %d process%s (%s), device %s, transport %s, %d thread%s/process (%s)\n",
+      pv.world_size, pv.world_size == 1 ? "" : "es", pv.launcher.c_str(), pv.device.c_str(),
+      pv.transport.c_str(), pv.threads, pv.threads == 1 ? "" : "s", pv.simd.c_str());
   std::fprintf(out, "# build   : %s, %s%s%s\n", pv.compiler.c_str(), pv.mpi_version.c_str(),
                pv.hdf5_version.empty() ? "" : ", HDF5 ", pv.hdf5_version.c_str());
-  std::fprintf(out, "# cases   : %zu (max |diff| vs the FP32 CP=1 reference; topology vs CP=1 with the same split)\n",
+  std::fprintf(out,
+               "# cases   : %zu (max |diff| vs the FP32 CP=1 reference; topology vs CP=1 with the "
+               "same split)\n",
                case_count);
   std::fprintf(out, "#\n");
-  std::fprintf(out, "# %-40s %-19s %-19s %-19s %-10s %-7s %8s\n", "", "cp_merge_fp32", "dtype_path_vs_fp32",
-               "bf16_kernel", "topology", "probe", "time");
-  std::fprintf(out, "# %-40s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8s\n", "case", "out", "lse", "out",
-               "lse", "out", "lse", "", "", "(s)");
+  std::fprintf(out, "# %-40s %-19s %-19s %-19s %-10s %-7s %8s\n", "", "cp_merge_fp32",
+               "dtype_path_vs_fp32", "bf16_kernel", "topology", "probe", "time");
+  std::fprintf(out, "# %-40s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8s\n", "case", "out", "lse",
+               "out", "lse", "out", "lse", "", "", "(s)");
 }
 
 void print_case_row(std::FILE* out, const CaseResult& c) {
@@ -55,7 +57,8 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
 
 void print_footer(std::FILE* out, const RunReport& r) {
   std::fprintf(out, "#\n");
-  std::fprintf(out, "# topology: bitwise = required and equal; bitwise* = equal though not required;\n");
+  std::fprintf(out,
+               "# topology: bitwise = required and equal; bitwise* = equal though not required;\n");
   std::fprintf(out, "#           ~x = drift x reported (the block grid differs from CP=1's)\n");
   for (const std::string& f : r.failed_checks) std::fprintf(out, "# FAILED: %s\n", f.c_str());
   std::fprintf(out, "# Wall time : %.2f s\n", r.wall_seconds);

@@ -19,7 +19,8 @@ Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
   if (ec != std::errc() || ptr != end || text.empty()) {
     bad(flag + ": expected an integer, got '" + text + "'");
   }
-  if (value < min_value) bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
+  if (value < min_value)
+    bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
   return value;
 }
 
@@ -28,7 +29,8 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
     items.push_back(item);
     if (comma == std::string::npos) break;
@@ -39,11 +41,13 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
 
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
   std::vector<int> values;
-  for (const std::string& item : split_list(flag, text)) values.push_back(parse_int<int>(flag, item, 1));
+  for (const std::string& item : split_list(flag, text))
+    values.push_back(parse_int<int>(flag, item, 1));
   return values;
 }
 
-std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag, const std::string& text) {
+std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
+                                                      const std::string& text) {
   std::vector<std::optional<std::int64_t>> values;
   for (const std::string& item : split_list(flag, text)) {
     if (item == "none" || item == "full" || item == "no_split") {
@@ -95,7 +99,8 @@ class FlagReader {
     for (std::size_t i = first; i < args.size(); ++i) {
       std::string flag = args[i], inline_value;
       bool has_inline = false;
-      if (const std::size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      if (const std::size_t eq = flag.find('=');
+          flag.rfind("--", 0) == 0 && eq != std::string::npos) {
         inline_value = flag.substr(eq + 1);
         flag = flag.substr(0, eq);
         has_inline = true;
@@ -121,7 +126,8 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   r.value("--model", [](const std::string& f, const std::string& v) {
     if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
   });
-  r.value("--batch", [&](const std::string& f, const std::string& v) { p.batch = parse_int<int>(f, v, 1); });
+  r.value("--batch",
+          [&](const std::string& f, const std::string& v) { p.batch = parse_int<int>(f, v, 1); });
   r.value("--seq-len", [&](const std::string& f, const std::string& v) {
     p.seq_len = parse_int<std::int64_t>(f, v, 1);
     seq_len_given = true;
@@ -129,7 +135,8 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   r.value("--seed", [&](const std::string& f, const std::string& v) {
     p.seed = parse_int<std::uint64_t>(f, v, 0);
   });
-  r.value("--dtype", [&](const std::string& f, const std::string& v) { p.dtype = parse_dtype(f, v); });
+  r.value("--dtype",
+          [&](const std::string& f, const std::string& v) { p.dtype = parse_dtype(f, v); });
   r.toggle("--no-rope", [&] { p.rope = false; });
 }
 
@@ -150,23 +157,33 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     BenchOptions& b = cl.bench;
     b.problem.seq_len = 4096;
     add_problem_flags(r, b.problem, seq_len_given);
-    r.value("--repeats", [&](const std::string& f, const std::string& v) { b.repeats = parse_int<int>(f, v, 1); });
-    r.value("--threads", [&](const std::string& f, const std::string& v) { b.threads = parse_int<int>(f, v, 1); });
-    r.value("--device", [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
+    r.value("--repeats", [&](const std::string& f, const std::string& v) {
+      b.repeats = parse_int<int>(f, v, 1);
+    });
+    r.value("--threads", [&](const std::string& f, const std::string& v) {
+      b.threads = parse_int<int>(f, v, 1);
+    });
+    r.value("--device",
+            [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
     r.read(args, first);
     return cl;
   }
   RunOptions& o = cl.run;
   add_problem_flags(r, o.problem, seq_len_given);
-  r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) { o.tp_sizes = parse_int_list(f, v); });
-  r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) { o.cp_sizes = parse_int_list(f, v); });
+  r.value("--tp-world-sizes",
+          [&](const std::string& f, const std::string& v) { o.tp_sizes = parse_int_list(f, v); });
+  r.value("--cp-world-sizes",
+          [&](const std::string& f, const std::string& v) { o.cp_sizes = parse_int_list(f, v); });
   r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
     o.splits = parse_splits(f, v);
     splits_given = true;
   });
-  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) { o.layouts = parse_layouts(f, v); });
-  r.value("--device", [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
-  r.value("--threads", [&](const std::string& f, const std::string& v) { o.threads = parse_int<int>(f, v, 1); });
+  r.value("--cp-layouts",
+          [&](const std::string& f, const std::string& v) { o.layouts = parse_layouts(f, v); });
+  r.value("--device",
+          [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
+  r.value("--threads",
+          [&](const std::string& f, const std::string& v) { o.threads = parse_int<int>(f, v, 1); });
   r.value("--output", [&](const std::string& f, const std::string& v) {
     if (v.empty()) bad(f + ": empty path");
     o.output = v;

@@ -14,8 +14,11 @@ std::string shell_join(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& a : args) {
     if (!out.empty()) out += ' ';
-    const bool plain = !a.empty() && a.find_first_not_of(
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == std::string::npos;
+    const bool plain =
+        !a.empty() &&
+        a.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") ==
+            std::string::npos;
     if (plain) {
       out += a;
       continue;
@@ -45,9 +48,10 @@ Provenance gather_provenance(const CommContext& comm, const std::string& command
   pv.launcher = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? "mpirun"
                 : std::getenv("SLURM_PROCID") != nullptr       ? "srun"
                                                                : "direct";
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
-                           "SLURM_NTASKS", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"}) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
+        "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"}) {
     if (const char* value = std::getenv(name)) pv.rank_env[name] = value;
   }
   pv.compiler = std::string("g++ ") + __VERSION__;

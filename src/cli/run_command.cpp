@@ -22,12 +22,14 @@ namespace {
 
 std::unique_ptr<Transport> make_transport(const CommContext& comm) {
   if (comm.size() == 1) return std::make_unique<InProcessTransport>();
-  throw UsageError("multi-process runs need the MPI transport, which this build lacks; run with one process");
+  throw UsageError(
+      "multi-process runs need the MPI transport, which this build lacks; run with one process");
 }
 
 }  // namespace
 
-int run_command(const RunOptions& options, const CommContext& comm, const std::string& command_line) {
+int run_command(const RunOptions& options, const CommContext& comm,
+                const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   if (options.device == Device::cuda) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
@@ -65,7 +67,8 @@ int run_command(const RunOptions& options, const CommContext& comm, const std::s
     if (verbose) print_case_row(table, report.cases.back());
   }
   report.failed_checks = evaluate_checks(report);
-  report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  report.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   if (root) {
     const std::string text = json::to_string(report_json(report));

@@ -45,8 +45,8 @@ CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>
   CPD_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->world));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->world, &rank_));
   CPD_MPI_CHECK(MPI_Comm_size(impl_->world, &size_));
-  CPD_MPI_CHECK(MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                    &impl_->node));
+  CPD_MPI_CHECK(
+      MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->node, &local_rank_));
   CPD_MPI_CHECK(MPI_Comm_size(impl_->node, &local_size_));
   reducer_ = std::make_unique<MpiReducer>(*this);
@@ -81,7 +81,8 @@ void CommContext::allreduce_max(std::span<std::uint64_t> values) const {
 
 bool CommContext::any(bool flag) const {
   int value = flag ? 1 : 0;
-  if (size_ > 1) CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world));
+  if (size_ > 1)
+    CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world));
   return value != 0;
 }
 

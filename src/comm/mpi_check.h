@@ -18,10 +18,10 @@ class CommError : public std::runtime_error {
 
 }  // namespace cpd
 
-#define CPD_MPI_CHECK(call)                                                            \
-  do {                                                                                 \
-    const int cpd_mpi_status_ = (call);                                                \
-    if (cpd_mpi_status_ != MPI_SUCCESS) {                                              \
-      ::cpd::throw_mpi_error(cpd_mpi_status_, #call, __FILE__, __LINE__);              \
-    }                                                                                  \
+#define CPD_MPI_CHECK(call)                                               \
+  do {                                                                    \
+    const int cpd_mpi_status_ = (call);                                   \
+    if (cpd_mpi_status_ != MPI_SUCCESS) {                                 \
+      ::cpd::throw_mpi_error(cpd_mpi_status_, #call, __FILE__, __LINE__); \
+    }                                                                     \
   } while (0)

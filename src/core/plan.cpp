@@ -11,9 +11,12 @@ const char* to_string(CpLayout l) { return l == CpLayout::contiguous ? "contiguo
 
 const char* to_string(Protocol p) {
   switch (p) {
-    case Protocol::ag_rs: return "ag_rs";
-    case Protocol::ring_kv: return "ring_kv";
-    case Protocol::allgather_kv: return "allgather_kv";
+    case Protocol::ag_rs:
+      return "ag_rs";
+    case Protocol::ring_kv:
+      return "ring_kv";
+    case Protocol::allgather_kv:
+      return "allgather_kv";
   }
   return "?";
 }
@@ -25,7 +28,8 @@ std::vector<Range> cp_owner_ranges(CpLayout layout, int cp, int cp_rank, std::in
   }
   const std::int64_t chunk = seq_len / (2 * cp);
   const std::int64_t mirror = 2 * cp - 1 - cp_rank;
-  return {Range{cp_rank * chunk, (cp_rank + 1) * chunk}, Range{mirror * chunk, (mirror + 1) * chunk}};
+  return {Range{cp_rank * chunk, (cp_rank + 1) * chunk},
+          Range{mirror * chunk, (mirror + 1) * chunk}};
 }
 
 std::vector<Range> split_range(Range owner, std::optional<std::int64_t> split) {

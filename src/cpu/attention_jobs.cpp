@@ -63,7 +63,8 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
       if (block.begin > last) break;  // wholly in the future of every row: the identity
       const std::int64_t offset = block.begin - job.kv_begin;
       attend_tile(job.q + tile.row * dim, first, rows, job.k + offset * dim, job.v + offset * dim,
-                  block, dim, scale, rounding, thread_scratch(), block_out.data(), block_lse.data());
+                  block, dim, scale, rounding, thread_scratch(), block_out.data(),
+                  block_lse.data());
       for (int r = 0; r < rows; ++r) {
         merge_state_row(out + r * dim, lse + r, block_out.data() + r * dim, block_lse[r], dim);
       }

@@ -11,8 +11,10 @@ InputStore::Plane& InputStore::plane(TensorId tensor, int b, std::int64_t h) {
   Plane& p = planes_[{static_cast<int>(tensor), b, h}];
   if (!p.rows) {
     const std::int64_t n = problem_.seq_len * problem_.dims.head_dim;
-    p.rows.reset(new float[static_cast<std::size_t>(n)]);  // uninitialised: untouched pages stay free
-    p.generated.assign(static_cast<std::size_t>((problem_.seq_len + kBlockRows - 1) / kBlockRows), false);
+    p.rows.reset(
+        new float[static_cast<std::size_t>(n)]);  // uninitialised: untouched pages stay free
+    p.generated.assign(static_cast<std::size_t>((problem_.seq_len + kBlockRows - 1) / kBlockRows),
+                       false);
   }
   return p;
 }

@@ -66,7 +66,8 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
       for (int b = 0; b < shape.batch; ++b) {
         for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
           float* row = shard.at(b, h, task.local_row + i);
-          const std::uint64_t first = static_cast<std::uint64_t>(((b * num_heads + h) * seq + pos) * d);
+          const std::uint64_t first =
+              static_cast<std::uint64_t>(((b * num_heads + h) * seq + pos) * d);
           for (int e = 0; e < d; e += 4) normal4(problem.seed, tensor, (first + e) >> 2, row + e);
           if (rotate) rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
           if (round) {

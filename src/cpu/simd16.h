@@ -168,7 +168,7 @@ inline F16 fma(F16 a, F16 b, F16 c) {
   CPD_LANES r.v[i] = fma_f32(a.v[i], b.v[i], c.v[i]);
   return r;
 }
-#define CPD_BINARY(name, expr)   \
+#define CPD_BINARY(name, expr)    \
   inline F16 name(F16 a, F16 b) { \
     F16 r;                        \
     CPD_LANES r.v[i] = (expr);    \
@@ -221,8 +221,10 @@ inline I16 isplat(std::int32_t x) {
     CPD_LANES r.v[i] = (expr);    \
     return r;                     \
   }
-CPD_IBINARY(iadd, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) + static_cast<std::uint32_t>(b.v[i])))
-CPD_IBINARY(isub, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) - static_cast<std::uint32_t>(b.v[i])))
+CPD_IBINARY(iadd, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) +
+                                            static_cast<std::uint32_t>(b.v[i])))
+CPD_IBINARY(isub, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) -
+                                            static_cast<std::uint32_t>(b.v[i])))
 CPD_IBINARY(iand, a.v[i] & b.v[i])
 CPD_IBINARY(ior, a.v[i] | b.v[i])
 #undef CPD_IBINARY

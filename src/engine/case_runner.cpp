@@ -36,8 +36,12 @@ struct Comparison {
   DigestFormat out_format = DigestFormat::fp32;
 
   void add(int cp_rank, const AttnShard& candidate, const AttnShard& reference) {
-    out.push_back({cp_rank, {candidate.out.data.data(), reference.out.data.data(), candidate.out.data.size()}});
-    lse.push_back({cp_rank, {candidate.lse.data.data(), reference.lse.data.data(), candidate.lse.data.size()}});
+    out.push_back(
+        {cp_rank,
+         {candidate.out.data.data(), reference.out.data.data(), candidate.out.data.size()}});
+    lse.push_back(
+        {cp_rank,
+         {candidate.lse.data.data(), reference.lse.data.data(), candidate.lse.data.size()}});
     out_shards.push_back(&candidate.out);
     lse_shards.push_back(&candidate.lse);
   }
@@ -62,7 +66,8 @@ OutLseStats global_stats(const RunContext& ctx, const Comparison& c, bool with_d
   if (with_digest && ctx.transport.world_size() == 1) {
     const ModelDims& dims = ctx.problem.dims;
     s.out.digest = global_digest(c.out_shards, dims.num_q_heads, ctx.problem.seq_len, c.out_format);
-    s.lse.digest = global_digest(c.lse_shards, dims.num_q_heads, ctx.problem.seq_len, DigestFormat::fp32);
+    s.lse.digest =
+        global_digest(c.lse_shards, dims.num_q_heads, ctx.problem.seq_len, DigestFormat::fp32);
   }
   return s;
 }
@@ -77,14 +82,17 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const bool bf16 = problem.dtype == DType::bf16;
   const CaseGrid grid(problem, spec);
 
-  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
+  const std::vector<RankOutput> fp32 =
+      run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
   std::vector<RankOutput> dtype_runs;
   if (bf16) dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, false);
   const std::vector<RankOutput>& dtype = bf16 ? dtype_runs : fp32;
-  const std::vector<RankOutput> kernel = run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
+  const std::vector<RankOutput> kernel =
+      run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
 
   const std::vector<Range> reference_grid{Range{0, problem.seq_len}};
-  const std::vector<Range> counterpart_grid = kv_block_bounds(cp1_counterpart(spec), problem.seq_len);
+  const std::vector<Range> counterpart_grid =
+      kv_block_bounds(cp1_counterpart(spec), problem.seq_len);
 
   // Per hosted rank: the tensors every comparison reads. Kept alive until the stats are done.
   struct RankTensors {
@@ -95,11 +103,11 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   tensors.reserve(fp32.size());
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     const ShardShape rows = fp32[i].merged.out.shape;
-    tensors.push_back(RankTensors{
-        ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows),
-        ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
-        final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
-        merge_reversed_arrivals(fp32[i], dim), merge_oracle_diffs(fp32[i], dim)});
+    tensors.push_back(
+        RankTensors{ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows),
+                    ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
+                    final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
+                    merge_reversed_arrivals(fp32[i], dim), merge_oracle_diffs(fp32[i], dim)});
   }
 
   Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle;
@@ -139,7 +147,8 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const TransportCounters& after = ctx.transport.counters();
   result.moved = TransportCounters{after.messages - before.messages, after.bytes - before.bytes,
                                    after.remote_bytes - before.remote_bytes};
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }
 
@@ -152,7 +161,8 @@ RopeDrift measure_rope_drift(const RunContext& ctx) {
   for (const TensorId t : {TensorId::q, TensorId::k}) {
     const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
     const ShardShape shape{p.batch, Range{0, heads}, {tokens}, p.dims.head_dim};
-    const InputPrecision rounded = p.dtype == DType::bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
+    const InputPrecision rounded =
+        p.dtype == DType::bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
     const Shard exact = ctx.inputs.shard(t, shape, InputPrecision::fp32);
     const Shard cast = ctx.inputs.shard(t, shape, rounded);
     const DiffPart part{cast.data.data(), exact.data.data(), cast.data.size()};

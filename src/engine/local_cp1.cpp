@@ -63,7 +63,8 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
       entries_[Key{static_cast<int>(path.inputs), static_cast<int>(path.rounding), grid}];
   const auto find = [&](const Range& t) -> const Entry* {
     for (const Entry& e : entries) {
-      if (e.heads.contains(rows.heads) && e.tokens.contains(t) && e.data.out.shape.batch == rows.batch) {
+      if (e.heads.contains(rows.heads) && e.tokens.contains(t) &&
+          e.data.out.shape.batch == rows.batch) {
         return &e;
       }
     }

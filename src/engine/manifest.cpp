@@ -97,7 +97,8 @@ MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const R
   h.head_end = static_cast<std::int32_t>(dst.q_heads.end);
   h.batch = grid.problem.batch;
   h.width = grid.problem.dims.head_dim;
-  h.floats = static_cast<std::int64_t>(h.batch) * dst.q_heads.size() * tokens.size() * (h.width + 1);
+  h.floats =
+      static_cast<std::int64_t>(h.batch) * dst.q_heads.size() * tokens.size() * (h.width + 1);
   return h;
 }
 
@@ -105,7 +106,8 @@ std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRa
   std::vector<MessageHeader> out;
   for (const Range& tokens : dst.tokens) {
     for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, tokens)) out.push_back(state_header(grid, dst, tokens, block));
+      if (causally_visible(block.range, tokens))
+        out.push_back(state_header(grid, dst, tokens, block));
     }
   }
   return out;

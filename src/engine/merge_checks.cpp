@@ -40,10 +40,11 @@ void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::
 AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim) {
   AttnShard probe{Shard(rank.merged.out.shape), Shard(rank.merged.lse.shape)};
   const std::vector<std::size_t> reversed(rank.arrival_order.rbegin(), rank.arrival_order.rend());
-  for_each_row_group(rank, dim, reversed, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-    const std::int64_t row = probe.out.shape.local_row(t.begin);
-    merge_in_block_order(refs, t.size(), dim, probe.out.at(b, h, row), probe.lse.at(b, h, row));
-  });
+  for_each_row_group(
+      rank, dim, reversed, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
+        const std::int64_t row = probe.out.shape.local_row(t.begin);
+        merge_in_block_order(refs, t.size(), dim, probe.out.at(b, h, row), probe.lse.at(b, h, row));
+      });
   return probe;
 }
 
@@ -79,22 +80,24 @@ OracleDiffs merge_oracle_diffs(const RankOutput& rank, int dim) {
                     std::vector<float>(rank.merged.lse.data.size())};
   std::vector<std::size_t> manifest_order(rank.states.size());
   for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-  for_each_row_group(rank, dim, manifest_order, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-    const std::int64_t first = rank.merged.out.shape.local_row(t.begin);
-    for (std::int64_t r = 0; r < t.size(); ++r) {
-      std::vector<const float*> outs;
-      std::vector<float> lses;
-      for (const StateRef& s : refs) {
-        outs.push_back(s.out + r * dim);
-        lses.push_back(s.lse[r]);
-      }
-      const OracleRow oracle = merge_oracle_row(outs, lses, dim);
-      const std::size_t o = rank.merged.out.shape.offset(b, h, first + r);
-      const std::size_t l = rank.merged.lse.shape.offset(b, h, first + r);
-      for (int d = 0; d < dim; ++d) diffs.out[o + d] = oracle_diff(rank.merged.out.data[o + d], oracle.out[d]);
-      diffs.lse[l] = oracle_diff(rank.merged.lse.data[l], oracle.lse);
-    }
-  });
+  for_each_row_group(
+      rank, dim, manifest_order, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
+        const std::int64_t first = rank.merged.out.shape.local_row(t.begin);
+        for (std::int64_t r = 0; r < t.size(); ++r) {
+          std::vector<const float*> outs;
+          std::vector<float> lses;
+          for (const StateRef& s : refs) {
+            outs.push_back(s.out + r * dim);
+            lses.push_back(s.lse[r]);
+          }
+          const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+          const std::size_t o = rank.merged.out.shape.offset(b, h, first + r);
+          const std::size_t l = rank.merged.lse.shape.offset(b, h, first + r);
+          for (int d = 0; d < dim; ++d)
+            diffs.out[o + d] = oracle_diff(rank.merged.out.data[o + d], oracle.out[d]);
+          diffs.lse[l] = oracle_diff(rank.merged.lse.data[l], oracle.lse);
+        }
+      });
   return diffs;
 }
 

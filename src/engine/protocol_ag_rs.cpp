@@ -146,7 +146,8 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
   // Merge at the query owner, in global block order.
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
-    RankOutput o{r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
+    RankOutput o{
+        r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
     const Inbox& inbox = state_inboxes.at(r.id);
     struct MergeTask {
       Range tokens;
@@ -166,8 +167,9 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
       for (const Message& m : inbox.messages()) {
         if (m.header.tokens() != task.tokens) continue;
         const float* out = m.payload.data();
-        refs.push_back(StateRef{m.header.block_index, out + slot * rows * dim,
-                                out + static_cast<std::int64_t>(batch) * heads * rows * dim + slot * rows});
+        refs.push_back(
+            StateRef{m.header.block_index, out + slot * rows * dim,
+                     out + static_cast<std::int64_t>(batch) * heads * rows * dim + slot * rows});
       }
       const std::int64_t row = o.merged.out.shape.local_row(task.tokens.begin);
       merge_in_block_order(refs, rows, dim, o.merged.out.at(static_cast<int>(task.b), task.h, row),

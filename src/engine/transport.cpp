@@ -1,16 +1,19 @@
+#include "cpdrift/engine/transport.h"
+
 #include <algorithm>
 #include <random>
 #include <string>
-
-#include "cpdrift/engine/transport.h"
 
 namespace cpd {
 
 const char* to_string(MessageKind k) {
   switch (k) {
-    case MessageKind::q_shard: return "q_shard";
-    case MessageKind::kv_shard: return "kv_shard";
-    case MessageKind::partial_state: return "partial_state";
+    case MessageKind::q_shard:
+      return "q_shard";
+    case MessageKind::kv_shard:
+      return "kv_shard";
+    case MessageKind::partial_state:
+      return "partial_state";
   }
   return "unknown";
 }

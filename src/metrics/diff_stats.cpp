@@ -113,10 +113,12 @@ struct Chunk {
 std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
   std::size_t total = 0;
   for (const DiffPart& p : parts) total += p.count;
-  const std::size_t size = std::max<std::size_t>(std::size_t{1} << 18, total / (4 * static_cast<std::size_t>(workers)) + 1);
+  const std::size_t size = std::max<std::size_t>(
+      std::size_t{1} << 18, total / (4 * static_cast<std::size_t>(workers)) + 1);
   std::vector<Chunk> chunks;
   for (const DiffPart& p : parts) {
-    for (std::size_t b = 0; b < p.count; b += size) chunks.push_back(Chunk{&p, b, std::min(p.count, b + size)});
+    for (std::size_t b = 0; b < p.count; b += size)
+      chunks.push_back(Chunk{&p, b, std::min(p.count, b + size)});
   }
   return chunks;
 }
@@ -128,7 +130,8 @@ void for_each_chunk(std::size_t n, ThreadPool* pool, Fn&& fn) {
     for (std::size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  pool->parallel_for(static_cast<std::int64_t>(n), [&](std::int64_t i) { fn(static_cast<std::size_t>(i)); });
+  pool->parallel_for(static_cast<std::int64_t>(n),
+                     [&](std::int64_t i) { fn(static_cast<std::size_t>(i)); });
 }
 
 struct LocalFirst {
@@ -150,7 +153,8 @@ void first_pass(const Chunk& c, LocalFirst& acc) {
     }
     if (mismatch_at(p, i)) ++acc.counters[FirstPass::kMismatch];
     acc.max_bits = std::max<std::uint64_t>(acc.max_bits, u);
-    if (p.reference != nullptr) acc.max_ulp = std::max(acc.max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
+    if (p.reference != nullptr)
+      acc.max_ulp = std::max(acc.max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
   }
   acc.counters[FirstPass::kCount] += c.end - c.begin;
 }
@@ -217,8 +221,8 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
   reduce.sum(second);
   float value[4];
   for (int w = 0; w < 4; ++w) {
-    const Located low =
-        locate(std::span<const std::uint64_t>(second.data() + w * kBins, kBins), where[w].rank_in_bin);
+    const Located low = locate(std::span<const std::uint64_t>(second.data() + w * kBins, kBins),
+                               where[w].rank_in_bin);
     value[w] = from_bits((where[w].bin << 16) | low.bin);
   }
   for (int i = 0; i < 2; ++i) {

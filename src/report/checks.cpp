@@ -12,7 +12,8 @@ std::string fmt(double x) {
 }
 
 void check_finite(std::vector<std::string>& failed, const std::string& where, const DiffStats& s) {
-  if (!s.finite()) failed.push_back(where + ": " + std::to_string(s.nonfinite_count) + " non-finite differences");
+  if (!s.finite())
+    failed.push_back(where + ": " + std::to_string(s.nonfinite_count) + " non-finite differences");
 }
 
 void check_max(std::vector<std::string>& failed, const std::string& where, const DiffStats& s,
@@ -53,7 +54,8 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
                          std::to_string(s->mismatch_count) + " elements");
       }
     }
-    if (c.topology_required && !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
+    if (c.topology_required &&
+        !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
       failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +
                        " (" + std::to_string(c.topology.out.mismatch_count) + " out, " +
                        std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");

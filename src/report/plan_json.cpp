@@ -128,7 +128,8 @@ Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv
   v["head_dim"] = p.dims.head_dim;
   std::vector<Range> q_bounds;
   for (int r = 0; r < spec.cp; ++r) {
-    for (const Range& t : cp_owner_ranges(spec.layout, spec.cp, r, p.seq_len)) q_bounds.push_back(t);
+    for (const Range& t : cp_owner_ranges(spec.layout, spec.cp, r, p.seq_len))
+      q_bounds.push_back(t);
   }
   v["q_sequence_bounds"] = ranges_json(q_bounds);
   v["kv_block_bounds"] = ranges_json(kv_block_bounds(spec, p.seq_len));

@@ -177,7 +177,8 @@ Value report_json(const RunReport& r) {
   oracle["formulation"] = "fp64_global_max_then_single_weighted_sum";
   oracle["compared_with"] = "fp32_left_fold_in_global_block_index_order";
   oracle["self_test"] = r.merge_oracle_self_test.empty() ? "passed" : "failed";
-  oracle["self_test_error"] = r.merge_oracle_self_test.empty() ? Value(nullptr) : Value(r.merge_oracle_self_test);
+  oracle["self_test_error"] =
+      r.merge_oracle_self_test.empty() ? Value(nullptr) : Value(r.merge_oracle_self_test);
   oracle["tolerance"] = r.thresholds.lse_max_abs;
   double worst_out = 0.0, worst_lse = 0.0;
   for (const CaseResult& c : r.cases) {

@@ -7,7 +7,8 @@
 namespace cpd {
 
 /// Runs every case, writes the report, prints the table; 0 when every check passed, 1 else.
-int run_command(const RunOptions& options, const CommContext& comm, const std::string& command_line);
+int run_command(const RunOptions& options, const CommContext& comm,
+                const std::string& command_line);
 
 /// Prints FP32-reference and BF16-emulated forward throughput.
 int bench_command(const BenchOptions& options, const CommContext& comm);

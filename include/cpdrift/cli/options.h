@@ -19,7 +19,7 @@ struct RunOptions {
   std::vector<std::optional<std::int64_t>> splits{std::nullopt, 4};
   std::vector<CpLayout> layouts{CpLayout::contiguous};
   Device device = Device::auto_select;
-  int threads = 0;  // 0: the machine's cores shared among this node's processes
+  int threads = 0;     // 0: the machine's cores shared among this node's processes
   std::string output;  // JSON report path; empty: none
   bool json = false;   // print the JSON report on stdout
   bool quiet = false;

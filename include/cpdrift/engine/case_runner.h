@@ -40,16 +40,16 @@ struct PerRankDrift {
 struct CaseResult {
   CaseSpec spec;
   std::string name;
-  OutLseStats cp_merge_fp32;   // FP32 CP/chunked vs FP32 CP=1 prefill
-  OutLseStats dtype_path;      // problem dtype inputs + final write vs FP32 reference
-  OutLseStats bf16_kernel;     // emulated BF16 flash kernel vs FP32 reference
-  OutLseStats topology;        // FP32 candidate vs FP32 CP=1 with the same split and layout
+  OutLseStats cp_merge_fp32;       // FP32 CP/chunked vs FP32 CP=1 prefill
+  OutLseStats dtype_path;          // problem dtype inputs + final write vs FP32 reference
+  OutLseStats bf16_kernel;         // emulated BF16 flash kernel vs FP32 reference
+  OutLseStats topology;            // FP32 candidate vs FP32 CP=1 with the same split and layout
   bool topology_required = false;  // the block grids are equal, so the bits must be
   std::string topology_reference;  // the CP=1 counterpart's case name
-  OutLseStats merge_probe;     // reversed arrival order vs canonical: must be exactly 0
-  OutLseStats merge_oracle;    // FP32 fold vs FP64 oracle on the same states
+  OutLseStats merge_probe;         // reversed arrival order vs canonical: must be exactly 0
+  OutLseStats merge_oracle;        // FP32 fold vs FP64 oracle on the same states
   std::vector<PerRankDrift> per_rank;
-  TransportCounters moved;     // bytes and messages this case's protocols moved
+  TransportCounters moved;  // bytes and messages this case's protocols moved
   double seconds = 0.0;
 };
 

@@ -26,7 +26,9 @@ struct CaseGrid {
 
   CaseGrid(const Problem& p, const CaseSpec& s);
   /// The logical rank with the given TP rank and CP rank.
-  const LogicalRank& at(int tp_rank, int cp_rank) const { return ranks[cp_rank * spec.tp + tp_rank]; }
+  const LogicalRank& at(int tp_rank, int cp_rank) const {
+    return ranks[cp_rank * spec.tp + tp_rank];
+  }
   /// The blocks a CP rank owns, ascending.
   std::vector<KvBlock> blocks_of(int cp_rank) const;
 };

@@ -28,13 +28,13 @@ struct MessageHeader {
   std::int32_t block_index = -1;  // global KV block index (partial states), else -1
   std::int64_t token_begin = 0;   // token range of the payload's rows
   std::int64_t token_end = 0;
-  std::int64_t block_begin = 0;   // KV block range (partial states)
+  std::int64_t block_begin = 0;  // KV block range (partial states)
   std::int64_t block_end = 0;
-  std::int32_t head_begin = 0;    // head range of the payload
+  std::int32_t head_begin = 0;  // head range of the payload
   std::int32_t head_end = 0;
   std::int32_t batch = 0;
-  std::int32_t width = 0;         // head_dim
-  std::int64_t floats = 0;        // payload length
+  std::int32_t width = 0;   // head_dim
+  std::int64_t floats = 0;  // payload length
 
   Range tokens() const { return Range{token_begin, token_end}; }
   Range block() const { return Range{block_begin, block_end}; }

@@ -15,8 +15,8 @@ namespace cpd {
 /// Bytes and messages a transport moved, for the report and the benchmarks.
 struct TransportCounters {
   std::uint64_t messages = 0;
-  std::uint64_t bytes = 0;          // header + payload bytes of every delivered message
-  std::uint64_t remote_bytes = 0;   // of which crossed between processes
+  std::uint64_t bytes = 0;         // header + payload bytes of every delivered message
+  std::uint64_t remote_bytes = 0;  // of which crossed between processes
 };
 
 class Transport {

@@ -19,7 +19,9 @@ CPD_HD std::uint16_t bf16_bits_rn(float x) {
 }
 
 /// The FP32 value of a BF16 bit pattern (exact).
-CPD_HD float bf16_to_f32(std::uint16_t b) { return float_of_bits(static_cast<std::uint32_t>(b) << 16); }
+CPD_HD float bf16_to_f32(std::uint16_t b) {
+  return float_of_bits(static_cast<std::uint32_t>(b) << 16);
+}
 
 /// Rounds an FP32 value to the nearest BF16 and returns it as FP32 (exact widening). The BF16
 /// paths keep their tensors in FP32 storage holding BF16 values, so kernels read one type.

@@ -6,9 +6,10 @@
 // FTZ/DAZ) produces the same bits. NaN results are always the canonical nan_f32(), never a
 // propagated payload: x86 and CUDA disagree on which NaN bits arithmetic produces.
 //
-// Accuracy (max error vs the exact result, measured by tests/test_fmath.cpp): exp_f32 and log_f32
-// and log1p_f32 < 1 ulp; sincos_f32 and sincos_2pi_f32 <= 0.5 + 2^-20 ulp (float rounding of an
-// FP64 result accurate to ~2^-50 relative).
+// Max error in float ulps of the exact result, over all 2^32 inputs (bounds asserted by
+// tests/test_fmath.cpp): exp_f32 0.66 (0.77 for subnormal results, which round twice), log_f32
+// 0.62, log1p_f32 0.63, sincos_f32 and sincos_2pi_f32 0.5 + 2^-20 (an FP64 result accurate to
+// ~2^-50 relative, rounded once: correctly rounded except within ~2^-26 ulp of a tie).
 #pragma once
 
 #include <cstdint>
@@ -129,9 +130,43 @@ CPD_HD double reduce_large(double x, std::uint32_t& q) {
 
 }  // namespace fmath_detail
 
-/// e^x. Overflows to +inf for x > 88.72283 (first float 0x42b17218), returns +0 below -103.97208.
-CPD_HD float exp_f32(float x) {
-  // Operation sequence (mirrored one for one by the SIMD backends):
+/// The lane operations exp's sequence is written in. This specialisation is one FP32 value;
+/// the CPU kernel specialises it for 16 SIMD lanes (src/cpu/simd16_math.h), so both run the
+/// very same sequence below.
+template <class F>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  using I = std::int32_t;
+  using M = bool;
+  static CPD_HD float splat(float x) { return x; }
+  static CPD_HD I isplat(std::int32_t x) { return x; }
+  static CPD_HD float fma(float a, float b, float c) { return fma_f32(a, b, c); }
+  static CPD_HD float add(float a, float b) { return a + b; }
+  static CPD_HD float sub(float a, float b) { return a - b; }
+  static CPD_HD float mul(float a, float b) { return a * b; }
+  static CPD_HD M gt(float a, float b) { return a > b; }
+  static CPD_HD M lt(float a, float b) { return a < b; }
+  static CPD_HD M is_nan(float a) { return is_nan_f32(a); }
+  static CPD_HD float select(M m, float a, float b) { return m ? a : b; }
+  static CPD_HD I bits(float a) { return static_cast<I>(bits_of(a)); }
+  static CPD_HD float from_bits(I a) { return float_of_bits(static_cast<std::uint32_t>(a)); }
+  static CPD_HD I iadd(I a, I b) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b));
+  }
+  static CPD_HD I isub(I a, I b) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) - static_cast<std::uint32_t>(b));
+  }
+  static CPD_HD I sra1(I a) { return a >> 1; }
+  static CPD_HD I shl23(I a) { return static_cast<I>(static_cast<std::uint32_t>(a) << 23); }
+};
+
+/// e^x on any lane type. Overflows to +inf for x > 88.72283 (first float 0x42b17218), returns
+/// +0 below -103.97208.
+template <class F>
+CPD_HD F exp_lanes(F x) {
+  // Operation sequence:
   //   xc   = x > 89 ? 89 : (x < -104 ? -104 : x)     clamp; NaN passes through
   //   t    = fma(xc, LOG2E, 0x1.8p23)                n = round(x/ln2) in t's low mantissa bits
   //   kf   = t - 0x1.8p23                            exact
@@ -150,29 +185,36 @@ CPD_HD float exp_f32(float x) {
   //   y    = isnan(x) ? canonical NaN : y
   // Overflow (y = inf, incl. x = +inf) and underflow to +0 (incl. x = -inf) come out of the final
   // product; exp(0) = 1 and exp(-inf) = +0 exactly.
+  using L = Lanes<F>;
   constexpr float kLog2e = 0x1.715476p+0f, kMagic = 0x1.8p23f;
   constexpr float kLn2Hi = 0x1.62e43p-1f, kNegLn2Lo = 0x1.05c61p-29f;
-  const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
-  const float t = fma_f32(xc, kLog2e, kMagic);
-  const float kf = t - kMagic;
-  const auto n = static_cast<std::int32_t>(bits_of(t) - bits_of(kMagic));
-  const float r1 = fma_f32(kf, -kLn2Hi, xc);
-  const float lo = kf * kNegLn2Lo;
-  const float r = fma_f32(kf, kNegLn2Lo, r1);
-  const float s = 1.0f + r1;
-  const float e1 = (1.0f - s) + r1;
-  float q = 0x1.6b9e1ap-13f;
-  q = fma_f32(q, r, 0x1.6d4106p-10f);
-  q = fma_f32(q, r, 0x1.11371cp-7f);
-  q = fma_f32(q, r, 0x1.5554f2p-5f);
-  q = fma_f32(q, r, 0x1.55553cp-3f);
-  q = fma_f32(q, r, 0.5f);
-  const float tail = fma_f32(r * r, q, e1 + lo);
-  const float p = s + tail;
-  const std::int32_t h = n >> 1;
-  const float y = p * fmath_detail::pow2i_f32(h) * fmath_detail::pow2i_f32(n - h);
-  return is_nan_f32(x) ? nan_f32() : y;
+  const F xc = L::select(L::gt(x, L::splat(89.0f)), L::splat(89.0f),
+                         L::select(L::lt(x, L::splat(-104.0f)), L::splat(-104.0f), x));
+  const F t = L::fma(xc, L::splat(kLog2e), L::splat(kMagic));
+  const F kf = L::sub(t, L::splat(kMagic));
+  const auto n = L::isub(L::bits(t), L::bits(L::splat(kMagic)));
+  const F r1 = L::fma(kf, L::splat(-kLn2Hi), xc);
+  const F lo = L::mul(kf, L::splat(kNegLn2Lo));
+  const F r = L::fma(kf, L::splat(kNegLn2Lo), r1);
+  const F s = L::add(L::splat(1.0f), r1);
+  const F e1 = L::add(L::sub(L::splat(1.0f), s), r1);
+  F q = L::splat(0x1.6b9e1ap-13f);
+  q = L::fma(q, r, L::splat(0x1.6d4106p-10f));
+  q = L::fma(q, r, L::splat(0x1.11371cp-7f));
+  q = L::fma(q, r, L::splat(0x1.5554f2p-5f));
+  q = L::fma(q, r, L::splat(0x1.55553cp-3f));
+  q = L::fma(q, r, L::splat(0.5f));
+  const F tail = L::fma(L::mul(r, r), q, L::add(e1, lo));
+  const F p = L::add(s, tail);
+  const auto h = L::sra1(n);
+  const auto bias = L::isplat(127);
+  const F y = L::mul(L::mul(p, L::from_bits(L::shl23(L::iadd(h, bias)))),
+                     L::from_bits(L::shl23(L::iadd(L::isub(n, h), bias))));
+  return L::select(L::is_nan(x), L::splat(nan_f32()), y);
 }
+
+/// e^x in FP32 (see exp_lanes).
+CPD_HD float exp_f32(float x) { return exp_lanes(x); }
 
 /// Natural logarithm. Subnormal inputs are scaled by 2^23 first; log(1) = +0.
 CPD_HD float log_f32(float x) {
@@ -194,8 +236,8 @@ CPD_HD float log1p_f32(float x) {
   // Above 2^24, log(1+x) - log(x) < 2^-24 is far below half an ulp of the result (>= 16.6).
   if (!(x < 0x1p24f)) return log_f32(x);  // also +inf and NaN
   // The exponent k comes from the rounded u = 1 + x; with sc = 2^-k, (1 + x) sc - 1 = x sc +
-  // (sc - 1), both terms exact (|k| <= 24). Their sum f is rounded (for k != 0 and x between
-  // 2^-2 and 2^-1 it needs 25 bits); TwoSum keeps the error rho, and log1p(f + rho) =
+  // (sc - 1), both terms exact (|k| <= 24). Their sum f is rounded (it needs 25 bits when k = 1
+  // and x < 1/2); TwoSum keeps the error rho, and log1p(f + rho) =
   // log1p(f) + rho/(1+f), with 1/(1+f) ~ 1 - f + f^2 (5% off at worst, on a term < 2^-26).
   const float u = 1.0f + x;
   const std::uint32_t iu = bits_of(u) + (0x3f800000u - 0x3f3504f3u);

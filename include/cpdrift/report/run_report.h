@@ -13,9 +13,9 @@ namespace cpd {
 
 /// The gates a run is judged by (design §7, from the reference contract).
 struct Thresholds {
-  double out_max_abs = 2.0e-4;          // cp_merge_fp32 out
-  double lse_max_abs = 2.0e-4;          // cp_merge_fp32 lse, and the FP64 merge oracle
-  double bf16_write_max_abs = 2.0e-2;   // dtype_path_vs_fp32 out under a BF16 final write
+  double out_max_abs = 2.0e-4;         // cp_merge_fp32 out
+  double lse_max_abs = 2.0e-4;         // cp_merge_fp32 lse, and the FP64 merge oracle
+  double bf16_write_max_abs = 2.0e-2;  // dtype_path_vs_fp32 out under a BF16 final write
 };
 
 /// Where and how the run happened: the report's launch and runtime blocks.
