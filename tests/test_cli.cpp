@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,12 +20,17 @@ struct Result {
   std::string out, err;
 };
 
-Result run(const std::string& args) {
-  const char* bin = std::getenv("CPDRIFT_BIN");
-  REQUIRE_MESSAGE(bin != nullptr, "CPDRIFT_BIN is not set (meson test sets it)");
+std::string bin() {
+  const char* path = std::getenv("CPDRIFT_BIN");
+  REQUIRE_MESSAGE(path != nullptr, "CPDRIFT_BIN is not set (meson test sets it)");
+  return path;
+}
+
+// Runs `command` through the shell; stdout and stderr captured separately.
+Result run_command(const std::string& command) {
   const std::string err_path = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                                "/cpdrift_cli_err_" + std::to_string(::getpid());
-  const std::string cmd = std::string(bin) + " " + args + " 2>" + err_path;
+  const std::string cmd = command + " 2>" + err_path;
   Result r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -39,6 +45,16 @@ Result run(const std::string& args) {
   }
   std::remove(err_path.c_str());
   return r;
+}
+
+Result run(const std::string& args) { return run_command(bin() + " " + args); }
+
+// Under mpirun with n processes (MPIRUN is set by meson test).
+Result run_mpi(int n, const std::string& args, const std::string& env = "") {
+  const char* mpirun = std::getenv("MPIRUN");
+  REQUIRE_MESSAGE(mpirun != nullptr, "MPIRUN is not set (meson test sets it)");
+  return run_command(env + " " + mpirun + " -np " + std::to_string(n) + " --oversubscribe " +
+                     bin() + " " + args);
 }
 
 void expect_usage_error(const std::string& args, const std::string& fragment) {
@@ -99,4 +115,51 @@ TEST_CASE("--smoke --json prints a complete report with 8 cases and a zero merge
   CHECK(report.at("summary").at("passed").as_bool());
   // The table went to stderr and ends with the verdict.
   CHECK(r.err.find("# Drift check : OK") != std::string::npos);
+}
+
+TEST_CASE("under mpirun: bad input ends every process with status 2 and one line from rank 0") {
+  const Result r = run_mpi(2, "--tp-world-sizes 3");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("cpdrift: error: qwen3_8b_tp3_cp1_prefill_bf16: TP=3 must divide") !=
+        std::string::npos);
+  const std::string line = "cpdrift: error:";
+  std::size_t count = 0;
+  for (std::size_t at = r.err.find(line); at != std::string::npos; at = r.err.find(line, at + 1))
+    ++count;
+  CHECK(count == 1);
+}
+
+TEST_CASE("under mpirun: processes given different arguments refuse to start") {
+  const char* mpirun = std::getenv("MPIRUN");
+  REQUIRE(mpirun != nullptr);
+  const Result r = run_command(std::string(mpirun) + " -np 1 " + bin() + " --seq-len 16 : -np 1 " +
+                               bin() + " --seq-len 32");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("started with different arguments") != std::string::npos);
+}
+
+TEST_CASE("under mpirun: a process that dies ends the whole job within seconds") {
+  const auto started = std::chrono::steady_clock::now();
+  const Result r = run_mpi(2, "--seq-len 512 --quiet", "CPDRIFT_TEST_KILL_RANK=1");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK(r.status != 0);
+  CHECK(seconds < 30.0);
+  CHECK(r.out.find("Drift check : OK") == std::string::npos);
+}
+
+TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
+  const Result r =
+      run_mpi(4, "--tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes 4 --json --threads 1");
+  REQUIRE(r.status == 0);
+  const cpd::json::Value report = cpd::json::parse(r.out);
+  CHECK(report.at("launch").at("world_size").as_int64() == 4);
+  const cpd::json::Value& c = report.at("cases").at(0);
+  CHECK(c.at("topology").at("physical_processes").as_int64() == 4);
+  const cpd::json::Array& placement = c.at("topology").at("placement").as_array();
+  REQUIRE(placement.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(placement[i].at("process").as_int64() == static_cast<std::int64_t>(i));
+  CHECK(c.at("distributed_p2p_reference").at("status").as_string() == "available");
+  CHECK(c.at("distributed_p2p_reference").at("world_size").as_int64() == 4);
 }

@@ -44,7 +44,7 @@ RunReport small_run(const std::vector<CaseSpec>& specs) {
   InputStore inputs(p, pool);
   InProcessTransport transport;
   LocalCp1Results cp1;
-  const CounterReducer local;
+  const LocalCollectives local;
   const RunContext ctx{p, pool, inputs, transport, local, cp1};
   RunReport r;
   r.problem = p;

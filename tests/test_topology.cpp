@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cpdrift/engine/protocol.h"
-#include "cpdrift/metrics/digest.h"
+#include "cpdrift/engine/tensor_stream.h"
 
 using namespace cpd;
 
@@ -28,8 +28,10 @@ Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int thr
     o.push_back(&r.merged.out);
     l.push_back(&r.merged.lse);
   }
-  return Global{global_digest(o, p.dims.num_q_heads, p.seq_len, DigestFormat::fp32),
-                global_digest(l, p.dims.num_q_heads, p.seq_len, DigestFormat::fp32)};
+  const LocalCollectives one;
+  return Global{
+      stream_digest(one, global_tensor(grid, 1, 0, p.dims.head_dim, o), DigestFormat::fp32),
+      stream_digest(one, global_tensor(grid, 1, 0, 1, l), DigestFormat::fp32)};
 }
 
 Problem small_problem() {
@@ -83,4 +85,20 @@ TEST_CASE("negative control: split disabled, CP=2 is not bitwise equal to CP=1")
   const Global a = run(p, CaseSpec{1, 1, 6, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
   const Global b = run(p, CaseSpec{1, 4, 6, CpLayout::contiguous, Protocol::ag_rs}, kFp32);
   CHECK(a.out != b.out);
+}
+
+TEST_CASE("ag_rs, ring_kv and allgather_kv give the same bits") {
+  const Problem p = small_problem();
+  for (const std::optional<std::int64_t> split :
+       {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
+    for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+      const Global ref = run(p, CaseSpec{2, 4, split, layout, Protocol::ag_rs}, kFp32);
+      for (Protocol protocol : {Protocol::ring_kv, Protocol::allgather_kv}) {
+        CAPTURE(to_string(protocol));
+        const Global g = run(p, CaseSpec{2, 4, split, layout, protocol}, kFp32, 2, 99);
+        CHECK(g.out == ref.out);
+        CHECK(g.lse == ref.lse);
+      }
+    }
+  }
 }

@@ -39,15 +39,15 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count) {
                "same split)\n",
                case_count);
   std::fprintf(out, "#\n");
-  std::fprintf(out, "# %-40s %-19s %-19s %-19s %-10s %-7s %8s\n", "", "cp_merge_fp32",
+  std::fprintf(out, "# %-46s %-19s %-19s %-19s %-10s %-7s %8s\n", "", "cp_merge_fp32",
                "dtype_path_vs_fp32", "bf16_kernel", "topology", "probe", "time");
-  std::fprintf(out, "# %-40s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8s\n", "case", "out", "lse",
+  std::fprintf(out, "# %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8s\n", "case", "out", "lse",
                "out", "lse", "out", "lse", "", "", "(s)");
 }
 
 void print_case_row(std::FILE* out, const CaseResult& c) {
   const bool probe_ok = c.merge_probe.out.bitwise_equal() && c.merge_probe.lse.bitwise_equal();
-  std::fprintf(out, "  %-40s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8.2f\n", c.name.c_str(),
+  std::fprintf(out, "  %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-7s %8.2f\n", c.name.c_str(),
                sci(c.cp_merge_fp32.out).c_str(), sci(c.cp_merge_fp32.lse).c_str(),
                sci(c.dtype_path.out).c_str(), sci(c.dtype_path.lse).c_str(),
                sci(c.bf16_kernel.out).c_str(), sci(c.bf16_kernel.lse).c_str(),

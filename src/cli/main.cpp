@@ -31,7 +31,19 @@ int main(int argc, char** argv) {
   }
   const bool root = comm->rank() == 0;
   try {
-    const CommandLine cl = parse_command_line(args);
+    // Every process must reach the same verdict on the same arguments, or none can proceed.
+    CommandLine cl;
+    std::string error;
+    try {
+      cl = parse_command_line(args);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+    error = comm->agree(error);
+    if (error.empty() && !comm->same_everywhere(shell_join(args))) {
+      error = "the processes of this job were started with different arguments";
+    }
+    if (!error.empty()) throw UsageError(error);
     switch (cl.command) {
       case CommandLine::Command::help:
         if (root) std::fputs(usage_text().c_str(), stdout);
@@ -42,10 +54,15 @@ int main(int argc, char** argv) {
         return run_command(cl.run, *comm, shell_join(all));
     }
   } catch (const UsageError& e) {
-    // Every process parsed the same arguments and reached the same verdict: no hang.
+    // Agreed on every process: one line from rank 0, the same status everywhere, no hang.
     if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
     return kExitUsage;
+  } catch (const ProtocolError& e) {
+    // Protocol violations are agreed across processes before they are thrown.
+    if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    return kExitRuntime;
   } catch (const std::exception& e) {
+    // A failure on this process alone: say so and take the whole job down with it.
     std::fprintf(stderr, "cpdrift: error: rank %d: %s\n", comm->rank(), e.what());
     if (comm->size() > 1) comm->abort(kExitRuntime);
     return kExitRuntime;

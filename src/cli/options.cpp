@@ -73,6 +73,30 @@ std::vector<CpLayout> parse_layouts(const std::string& flag, const std::string& 
   return values;
 }
 
+std::vector<Protocol> parse_protocols(const std::string& flag, const std::string& text) {
+  std::vector<Protocol> values;
+  for (const std::string& item : split_list(flag, text)) {
+    if (item == "ag_rs") {
+      values.push_back(Protocol::ag_rs);
+    } else if (item == "ring_kv") {
+      values.push_back(Protocol::ring_kv);
+    } else if (item == "allgather_kv") {
+      values.push_back(Protocol::allgather_kv);
+    } else {
+      bad(flag + ": unknown protocol '" + item + "' (ag_rs, ring_kv, allgather_kv)");
+    }
+  }
+  return values;
+}
+
+TransportChoice parse_transport(const std::string& flag, const std::string& text) {
+  if (text == "auto") return TransportChoice::auto_select;
+  if (text == "mpi") return TransportChoice::mpi;
+  if (text == "nccl" || text == "cuda_ipc")
+    bad(flag + ": '" + text + "' needs the CUDA backend: built without CUDA");
+  bad(flag + ": unknown transport '" + text + "' (auto, mpi)");
+}
+
 Device parse_device(const std::string& flag, const std::string& text) {
   if (text == "auto") return Device::auto_select;
   if (text == "cpu") return Device::cpu;
@@ -180,6 +204,15 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   });
   r.value("--cp-layouts",
           [&](const std::string& f, const std::string& v) { o.layouts = parse_layouts(f, v); });
+  r.value("--protocols",
+          [&](const std::string& f, const std::string& v) { o.protocols = parse_protocols(f, v); });
+  r.value("--transport",
+          [&](const std::string& f, const std::string& v) { o.transport = parse_transport(f, v); });
+  r.value("--dump", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    o.dump = v;
+  });
+  r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
   r.value("--device",
           [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
   r.value("--threads",
@@ -192,6 +225,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   r.toggle("--quiet", [&] { o.quiet = true; });
   r.toggle("--smoke", [&] { o.smoke = true; });
   r.read(args, first);
+  if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
   if (o.smoke) {
     if (!seq_len_given) o.problem.seq_len = 4;
     if (!splits_given) o.splits = {std::nullopt, 1};
@@ -205,11 +239,13 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
     for (int cp : o.cp_sizes) {
       for (const auto& split : o.splits) {
         for (CpLayout layout : o.layouts) {
-          CaseSpec spec{tp, cp, split, layout, Protocol::ag_rs};
-          if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
-            throw UsageError(case_name(spec, o.problem.dtype) + ": " + why);
+          for (Protocol protocol : o.protocols) {
+            CaseSpec spec{tp, cp, split, layout, protocol};
+            if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
+              throw UsageError(case_name(spec, o.problem.dtype) + ": " + why);
+            }
+            cases.push_back(spec);
           }
-          cases.push_back(spec);
         }
       }
     }
@@ -236,12 +272,16 @@ Cases (every combination runs, in this order)
   --kv-chunk-sizes LIST        split-KV sizes in tokens; none/full/no_split = disabled
                                (default none,4)
   --cp-layouts LIST            contiguous,zigzag (default contiguous)
+  --protocols LIST             ag_rs,ring_kv,allgather_kv (default ag_rs); all give the same bits
   --smoke                      seq-len 4 and chunks none,1 unless given explicitly
 Execution and output
   --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
+  --transport auto|mpi         how partial states move between processes (default auto: mpi)
   --threads N                  CPU threads per process (default: cores / processes per node)
   --output PATH                write the JSON report (atomically)
   --json                       print the JSON report on stdout (the table goes to stderr)
+  --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
+  --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
   --quiet                      only the verdict line and errors
   -h, --help                   this text
 

@@ -1,7 +1,9 @@
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "cpdrift/cli/commands.h"
@@ -20,10 +22,74 @@ int default_threads(const CommContext& comm) {
 
 namespace {
 
-std::unique_ptr<Transport> make_transport(const CommContext& comm) {
-  if (comm.size() == 1) return std::make_unique<InProcessTransport>();
-  throw UsageError(
-      "multi-process runs need the MPI transport, which this build lacks; run with one process");
+// Rank 0 opens the dump before any work, so a bad path fails the run up front on every rank.
+std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommContext& comm) {
+  if (options.dump.empty()) return nullptr;
+  if (!dump_supported()) open_tensor_dump(options.dump);  // throws the "built without" UsageError
+  std::unique_ptr<TensorDump> dump;
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      dump = open_tensor_dump(options.dump);
+    } catch (const std::exception& e) {
+      error = std::string("--dump: ") + e.what();
+    }
+  }
+  error = comm.agree(error);
+  if (!error.empty()) throw UsageError(error);
+  return dump;
+}
+
+// q, k, v after RoPE (FP32) written by rank 0 itself, a block of positions at a time: the
+// inputs are a function of their coordinates, so nothing needs to travel.
+void dump_inputs(TensorDump& dump, const Problem& p, ThreadPool& pool) {
+  constexpr std::int64_t kRows = 256;
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+    const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
+    const char* name = t == TensorId::q ? "q" : t == TensorId::k ? "k" : "v";
+    dump.begin(std::string("/inputs/") + name, {p.batch, heads, p.seq_len, p.dims.head_dim},
+               {{"shape", std::string("[B, H, S, D]")},
+                {"original_dtype", std::string("float32")},
+                {"rope_applied", std::int64_t{p.rope && t != TensorId::v ? 1 : 0}}});
+    for (std::int64_t s = 0; s < p.seq_len; s += kRows) {
+      const Range tokens{s, std::min(p.seq_len, s + kRows)};
+      const Shard rows =
+          generate_shard(p, t, ShardShape{p.batch, Range{0, heads}, {tokens}, p.dims.head_dim},
+                         InputPrecision::fp32, pool);
+      for (int b = 0; b < p.batch; ++b) {
+        for (int h = 0; h < heads; ++h) dump.write(GlobalPiece{b, h, tokens, 0}, rows.at(b, h, 0));
+      }
+    }
+    dump.end();
+  }
+}
+
+void annotate_file(TensorDump& dump, const RunReport& r) {
+  const Problem& p = r.problem;
+  dump.annotate(
+      "/",
+      {{"schema_version", std::string("ws2_cp_attention_drift/v2")},
+       {"producer", std::string("cpdrift ") + r.provenance.git_describe},
+       {"created_at_utc", r.provenance.created_at_utc},
+       {"command", r.provenance.command},
+       {"model", std::string("qwen3-8b")},
+       {"batch", std::int64_t{p.batch}},
+       {"seq_len", p.seq_len},
+       {"num_query_heads", std::int64_t{p.dims.num_q_heads}},
+       {"num_kv_heads", std::int64_t{p.dims.num_kv_heads}},
+       {"head_dim", std::int64_t{p.dims.head_dim}},
+       {"seed", static_cast<std::int64_t>(p.seed)},
+       {"dtype", std::string(to_string(p.dtype))},
+       {"rope", std::string(p.rope ? "gpt_neox_rotate_half theta=1e6" : "not_composed")},
+       {"layout_note", std::string("tensors are global [B, H, S, D] (out, inputs) or [B, H, S] "
+                                   "(lse); BF16 tensors are stored as exact FP32 values")}});
+}
+
+// Test hook (tests/meson.build): the named process dies by SIGKILL as the first case starts,
+// to show that a lost process ends the whole job instead of hanging it.
+void maybe_die_for_test(const CommContext& comm) {
+  const char* rank = std::getenv("CPDRIFT_TEST_KILL_RANK");
+  if (rank != nullptr && std::atoi(rank) == comm.rank()) ::raise(SIGKILL);
 }
 
 }  // namespace
@@ -35,7 +101,8 @@ int run_command(const RunOptions& options, const CommContext& comm,
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
   }
   const std::vector<CaseSpec> specs = expand_cases(options);
-  const std::unique_ptr<Transport> transport = make_transport(comm);
+  const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
+  const std::unique_ptr<Transport> transport = make_mpi_transport(comm);
   const bool root = comm.rank() == 0;
 
   RunReport report;
@@ -54,7 +121,9 @@ int run_command(const RunOptions& options, const CommContext& comm,
   ThreadPool pool(report.provenance.threads);
   InputStore inputs(options.problem, pool);
   LocalCp1Results cp1_results;
-  const RunContext ctx{options.problem, pool, inputs, *transport, comm.reducer(), cp1_results};
+  const RunContext ctx{
+      options.problem,       pool,      inputs, *transport, comm.collectives(), cp1_results,
+      !options.dump.empty(), dump.get()};
 
   report.merge_oracle_self_test = merge_oracle_self_test();
   if (options.problem.rope) report.rope = measure_rope_drift(ctx);
@@ -63,6 +132,7 @@ int run_command(const RunOptions& options, const CommContext& comm,
       std::fprintf(stderr, "cpdrift: [%zu/%zu] %s ...\n", i + 1, specs.size(),
                    case_name(specs[i], options.problem.dtype).c_str());
     }
+    if (i == 0) maybe_die_for_test(comm);
     report.cases.push_back(run_case(ctx, specs[i]));
     if (verbose) print_case_row(table, report.cases.back());
   }
@@ -72,6 +142,12 @@ int run_command(const RunOptions& options, const CommContext& comm,
 
   if (root) {
     const std::string text = json::to_string(report_json(report));
+    if (dump) {
+      if (options.dump_inputs) dump_inputs(*dump, options.problem, pool);
+      annotate_file(*dump, report);
+      dump->annotate("/", {{"report_json", text}});
+      dump->commit();
+    }
     if (!options.output.empty()) json::write_file_atomic(options.output, text);
     if (options.json) std::fwrite(text.data(), 1, text.size(), stdout);
     if (verbose) {

@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "comm_impl.h"
+#include "cpdrift/util/sha256.h"
 #include "mpi_check.h"
 
 namespace cpd {
@@ -25,15 +27,54 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 
 namespace {
 
-class MpiReducer final : public CounterReducer {
+class MpiCollectives final : public Collectives {
  public:
-  explicit MpiReducer(const CommContext& comm) : comm_(comm) {}
+  explicit MpiCollectives(const CommContext& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
   void sum(std::span<std::uint64_t> v) const override { comm_.allreduce_sum(v); }
   void max(std::span<std::uint64_t> v) const override { comm_.allreduce_max(v); }
+  void stream_to_root(std::span<const StreamSegment> segments,
+                      const std::function<void(std::size_t, const float*)>& sink) const override;
 
  private:
   const CommContext& comm_;
 };
+
+// Point-to-point messages carry at most this many floats (MPI counts are int).
+constexpr std::size_t kMaxFloatsPerMessage = std::size_t{1} << 28;
+constexpr int kStreamTag = 7001;
+
+// Every owner sends its segments to rank 0 in list order; rank 0 receives them in list order.
+// MPI keeps the order of messages between a pair on one tag, so rank 0 always gets the
+// segment it asks for next, and holds one segment at a time.
+void MpiCollectives::stream_to_root(
+    std::span<const StreamSegment> segments,
+    const std::function<void(std::size_t, const float*)>& sink) const {
+  const MPI_Comm world = comm_.impl().world;
+  std::vector<float> buffer;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const StreamSegment& s = segments[i];
+    if (comm_.rank() == 0) {
+      if (s.owner == 0) {
+        sink(i, s.data);
+        continue;
+      }
+      buffer.resize(s.floats);
+      for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
+        const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
+        CPD_MPI_CHECK(MPI_Recv(buffer.data() + at, n, MPI_FLOAT, s.owner, kStreamTag, world,
+                               MPI_STATUS_IGNORE));
+      }
+      sink(i, buffer.data());
+    } else if (s.owner == comm_.rank()) {
+      for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
+        const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
+        CPD_MPI_CHECK(MPI_Send(s.data + at, n, MPI_FLOAT, 0, kStreamTag, world));
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -49,7 +90,7 @@ CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>
       MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->node, &local_rank_));
   CPD_MPI_CHECK(MPI_Comm_size(impl_->node, &local_size_));
-  reducer_ = std::make_unique<MpiReducer>(*this);
+  collectives_ = std::make_unique<MpiCollectives>(*this);
 }
 
 CommContext::~CommContext() {
@@ -84,6 +125,34 @@ bool CommContext::any(bool flag) const {
   if (size_ > 1)
     CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world));
   return value != 0;
+}
+
+std::string CommContext::broadcast(const std::string& text, int root) const {
+  std::uint64_t length = text.size();
+  CPD_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, impl_->world));
+  std::string out = rank_ == root ? text : std::string(length, '\0');
+  if (length > 0) {
+    CPD_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, root, impl_->world));
+  }
+  return out;
+}
+
+bool CommContext::same_everywhere(const std::string& text) const {
+  if (size_ == 1) return true;
+  const std::string digest = sha256_hex(text);
+  const std::uint64_t h = std::stoull(digest.substr(0, 16), nullptr, 16);
+  std::uint64_t v[2] = {h,
+                        ~h};  // max of h and of ~h: both equal to this process's only if all agree
+  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, impl_->world));
+  return v[0] == h && v[1] == ~h;
+}
+
+std::string CommContext::agree(const std::string& local_error) const {
+  if (size_ == 1) return local_error;
+  int first = local_error.empty() ? size_ : rank_;
+  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, impl_->world));
+  if (first == size_) return "";
+  return broadcast(local_error, first);
 }
 
 void CommContext::barrier() const { CPD_MPI_CHECK(MPI_Barrier(impl_->world)); }

@@ -73,6 +73,7 @@ std::string block_metadata_hash(const std::vector<Range>& bounds) {
 CaseSpec cp1_counterpart(const CaseSpec& spec) {
   CaseSpec ref = spec;
   ref.cp = 1;
+  ref.protocol = Protocol::ag_rs;  // with one CP rank every protocol is the same computation
   return ref;
 }
 

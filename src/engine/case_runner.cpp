@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/metrics/digest.h"
+#include "cpdrift/engine/tensor_stream.h"
 #include "cpdrift/numerics/bf16.h"
 
 namespace cpd {
@@ -32,9 +32,6 @@ struct TaggedPart {
 
 struct Comparison {
   std::vector<TaggedPart> out, lse;
-  std::vector<const Shard*> out_shards, lse_shards;  // the candidates, for digests
-  DigestFormat out_format = DigestFormat::fp32;
-
   void add(int cp_rank, const AttnShard& candidate, const AttnShard& reference) {
     out.push_back(
         {cp_rank,
@@ -42,8 +39,6 @@ struct Comparison {
     lse.push_back(
         {cp_rank,
          {candidate.lse.data.data(), reference.lse.data.data(), candidate.lse.data.size()}});
-    out_shards.push_back(&candidate.out);
-    lse_shards.push_back(&candidate.lse);
   }
   void add_diffs(int cp_rank, const OracleDiffs& d) {
     out.push_back({cp_rank, {d.out.data(), nullptr, d.out.size()}});
@@ -57,19 +52,46 @@ DiffStats stats_of(const RunContext& ctx, const std::vector<TaggedPart>& parts,
   for (const TaggedPart& p : parts) {
     if (!only_cp_rank || p.cp_rank == *only_cp_rank) selected.push_back(p.part);
   }
-  return compute_diff_stats(selected, ctx.reducer, &ctx.pool);
+  return compute_diff_stats(selected, ctx.collectives, &ctx.pool);
 }
 
-OutLseStats global_stats(const RunContext& ctx, const Comparison& c, bool with_digest) {
-  OutLseStats s{stats_of(ctx, c.out), stats_of(ctx, c.lse)};
-  // Whole tensors are visible only when one process hosts every logical rank.
-  if (with_digest && ctx.transport.world_size() == 1) {
-    const ModelDims& dims = ctx.problem.dims;
-    s.out.digest = global_digest(c.out_shards, dims.num_q_heads, ctx.problem.seq_len, c.out_format);
-    s.lse.digest =
-        global_digest(c.lse_shards, dims.num_q_heads, ctx.problem.seq_len, DigestFormat::fp32);
+OutLseStats stats_pair(const RunContext& ctx, const Comparison& c) {
+  return OutLseStats{stats_of(ctx, c.out), stats_of(ctx, c.lse)};
+}
+
+// A case tensor (one per hosted rank) as a global out/lse pair, streamed for its digests
+// and, when dumping, written under /cases/<case>/<name>/.
+struct Published {
+  std::string out, lse;
+};
+
+Published publish(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
+                  const char* name, const std::vector<const AttnShard*>& hosted, bool bf16_out) {
+  const int world = ctx.transport.world_size(), me = ctx.transport.process_index();
+  std::vector<const Shard*> outs, lses;
+  for (const AttnShard* a : hosted) {
+    outs.push_back(&a->out);
+    lses.push_back(&a->lse);
   }
-  return s;
+  Published p;
+  for (const bool is_out : {true, false}) {
+    const GlobalTensor t = global_tensor(grid, world, me, is_out ? grid.problem.dims.head_dim : 1,
+                                         is_out ? outs : lses);
+    PieceSink sink;
+    if (ctx.dump != nullptr) {
+      std::vector<std::int64_t> dims{t.batch, t.heads, t.seq_len};
+      if (is_out) dims.push_back(t.width);
+      ctx.dump->begin("/cases/" + case_name + "/" + name + "/" + (is_out ? "out" : "lse"), dims,
+                      {{"shape", std::string(is_out ? "[B, H, S, D]" : "[B, H, S]")},
+                       {"original_dtype", std::string(is_out && bf16_out ? "bfloat16" : "float32")},
+                       {"stored_dtype", std::string("float32")}});
+      sink = [&](const GlobalPiece& piece, const float* rows) { ctx.dump->write(piece, rows); };
+    }
+    const DigestFormat format = is_out && bf16_out ? DigestFormat::bf16 : DigestFormat::fp32;
+    (is_out ? p.out : p.lse) = stream_digest(ctx.collectives, t, format, sink);
+    if (ctx.dump != nullptr) ctx.dump->end();
+  }
+  return p;
 }
 
 }  // namespace
@@ -94,7 +116,7 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const std::vector<Range> counterpart_grid =
       kv_block_bounds(cp1_counterpart(spec), problem.seq_len);
 
-  // Per hosted rank: the tensors every comparison reads. Kept alive until the stats are done.
+  // Per hosted rank: the tensors every comparison reads, alive until the stats are done.
   struct RankTensors {
     AttnShard reference, counterpart, dtype_written, kernel_written, probe;
     OracleDiffs oracle;
@@ -111,8 +133,7 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   }
 
   Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle;
-  dtype_path.out_format = bf16 ? DigestFormat::bf16 : DigestFormat::fp32;
-  bf16_kernel.out_format = DigestFormat::bf16;
+  std::vector<const AttnShard*> ref_shards, fp32_shards, dtype_shards, kernel_shards;
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     const int r = fp32[i].rank.cp_rank;
     const RankTensors& t = tensors[i];
@@ -122,20 +143,51 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
     topology.add(r, fp32[i].merged, t.counterpart);
     probe.add(r, t.probe, fp32[i].merged);
     oracle.add_diffs(r, t.oracle);
+    ref_shards.push_back(&t.reference);
+    fp32_shards.push_back(&fp32[i].merged);
+    dtype_shards.push_back(&t.dtype_written);
+    kernel_shards.push_back(&t.kernel_written);
   }
 
   CaseResult result;
   result.spec = spec;
   result.name = case_name(spec, problem.dtype);
-  result.cp_merge_fp32 = global_stats(ctx, cp_merge, true);
-  result.dtype_path = global_stats(ctx, dtype_path, true);
-  result.bf16_kernel = global_stats(ctx, bf16_kernel, true);
-  result.topology = global_stats(ctx, topology, true);
-  result.merge_probe = global_stats(ctx, probe, false);
-  result.merge_oracle = global_stats(ctx, oracle, false);
-  const CaseSpec counterpart = cp1_counterpart(spec);
+  result.cp_merge_fp32 = stats_pair(ctx, cp_merge);
+  result.dtype_path = stats_pair(ctx, dtype_path);
+  result.bf16_kernel = stats_pair(ctx, bf16_kernel);
+  result.topology = stats_pair(ctx, topology);
+  result.merge_probe = stats_pair(ctx, probe);
+  result.merge_oracle = stats_pair(ctx, oracle);
+
+  // Digests of every candidate (and, when dumping, the tensors themselves).
+  if (ctx.dump_requested && ctx.dump != nullptr) {
+    ctx.dump->annotate(
+        "/cases/" + result.name,
+        {{"tp_world_size", std::int64_t{spec.tp}},
+         {"cp_world_size", std::int64_t{spec.cp}},
+         {"split", spec.split ? DumpValue(*spec.split) : DumpValue(std::string("none"))},
+         {"layout", std::string(to_string(spec.layout))},
+         {"protocol", std::string(to_string(spec.protocol))}});
+  }
+  if (ctx.dump_requested) publish(ctx, grid, result.name, "reference_fp32", ref_shards, false);
+  const Published fp32_digest =
+      publish(ctx, grid, result.name, "candidate_fp32", fp32_shards, false);
+  const Published dtype_digest =
+      bf16 ? publish(ctx, grid, result.name, "candidate_bf16", dtype_shards, true) : fp32_digest;
+  const Published kernel_digest =
+      publish(ctx, grid, result.name, "bf16_kernel", kernel_shards, true);
+  const auto set = [&](OutLseStats& s, const Published& p) {
+    if (!ctx.collectives.root()) return;
+    s.out.digest = p.out;
+    s.lse.digest = p.lse;
+  };
+  set(result.cp_merge_fp32, fp32_digest);
+  set(result.dtype_path, dtype_digest);
+  set(result.bf16_kernel, kernel_digest);
+  set(result.topology, fp32_digest);
+
   result.topology_required = kv_block_bounds(spec, problem.seq_len) == counterpart_grid;
-  result.topology_reference = case_name(counterpart, problem.dtype);
+  result.topology_reference = case_name(cp1_counterpart(spec), problem.dtype);
   for (int r = 0; r < spec.cp; ++r) {
     PerRankDrift row;
     row.cp_rank = r;
@@ -144,9 +196,34 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
     row.cp_merge = {stats_of(ctx, cp_merge.out, r), stats_of(ctx, cp_merge.lse, r)};
     result.per_rank.push_back(std::move(row));
   }
+
+  // Which blocks each query owner merged, as it happened: counted on the hosting processes
+  // and summed, so the report shows the real distributed run (the manifest checked it too).
+  const std::size_t blocks = grid.blocks.size();
+  std::vector<std::uint64_t> merged(static_cast<std::size_t>(spec.cp) * blocks, 0);
+  for (const RankOutput& o : fp32) {
+    if (o.rank.tp_rank != 0) continue;
+    for (const Message& m : o.states) {
+      ++merged[static_cast<std::size_t>(o.rank.cp_rank) * blocks +
+               static_cast<std::size_t>(m.header.block_index)];
+    }
+  }
+  ctx.collectives.sum(merged);
+  result.merged_block_indices.assign(static_cast<std::size_t>(spec.cp), {});
+  for (int r = 0; r < spec.cp; ++r) {
+    for (std::size_t b = 0; b < blocks; ++b) {
+      if (merged[static_cast<std::size_t>(r) * blocks + b] > 0) {
+        result.merged_block_indices[static_cast<std::size_t>(r)].push_back(static_cast<int>(b));
+      }
+    }
+  }
+  result.processes_used = std::min(ctx.transport.world_size(), spec.num_logical_ranks());
+
   const TransportCounters& after = ctx.transport.counters();
-  result.moved = TransportCounters{after.messages - before.messages, after.bytes - before.bytes,
-                                   after.remote_bytes - before.remote_bytes};
+  std::uint64_t moved[3] = {after.messages - before.messages, after.bytes - before.bytes,
+                            after.remote_bytes - before.remote_bytes};
+  ctx.collectives.sum(moved);
+  result.moved = TransportCounters{moved[0], moved[1], moved[2]};
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
@@ -154,7 +231,7 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
 
 RopeDrift measure_rope_drift(const RunContext& ctx) {
   const Problem& p = ctx.problem;
-  const int world = ctx.transport.world_size(), me = ctx.transport.process_index();
+  const int world = ctx.collectives.size(), me = ctx.collectives.rank();
   // Each process takes an equal slice of the positions; the stats combine exactly.
   const Range tokens{p.seq_len * me / world, p.seq_len * (me + 1) / world};
   RopeDrift drift;
@@ -166,13 +243,25 @@ RopeDrift measure_rope_drift(const RunContext& ctx) {
     const Shard exact = ctx.inputs.shard(t, shape, InputPrecision::fp32);
     const Shard cast = ctx.inputs.shard(t, shape, rounded);
     const DiffPart part{cast.data.data(), exact.data.data(), cast.data.size()};
-    DiffStats s = compute_diff_stats(std::span<const DiffPart>(&part, 1), ctx.reducer, &ctx.pool);
-    if (world == 1) {
-      const Shard* shards[] = {&cast};
-      s.digest = global_digest(shards, heads, p.seq_len,
-                               p.dtype == DType::bf16 ? DigestFormat::bf16 : DigestFormat::fp32);
+    DiffStats& s = t == TensorId::q ? drift.q : drift.k;
+    s = compute_diff_stats(std::span<const DiffPart>(&part, 1), ctx.collectives, &ctx.pool);
+    // Digest of the cast tensor in global order: (b, h) rows, each process's positions in turn.
+    GlobalTensor g;
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h = 0; h < heads; ++h) {
+        for (int proc = 0; proc < world; ++proc) {
+          const Range slice{p.seq_len * proc / world, p.seq_len * (proc + 1) / world};
+          if (slice.empty()) continue;
+          g.pieces.push_back(GlobalPiece{b, h, slice, proc});
+          g.segments.push_back(
+              StreamSegment{proc, proc == me ? cast.at(b, h, 0) : nullptr,
+                            static_cast<std::size_t>(slice.size() * p.dims.head_dim)});
+        }
+      }
     }
-    (t == TensorId::q ? drift.q : drift.k) = s;
+    const std::string digest = stream_digest(
+        ctx.collectives, g, p.dtype == DType::bf16 ? DigestFormat::bf16 : DigestFormat::fp32);
+    if (ctx.collectives.root()) s.digest = digest;
   }
   return drift;
 }

@@ -129,4 +129,45 @@ std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const Logical
   return out;
 }
 
+MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                              const Range& tokens) {
+  const ModelDims& dims = grid.problem.dims;
+  MessageHeader h;
+  h.kind = MessageKind::kv_shard;
+  h.src = src.id;
+  h.dst = dst.id;
+  h.token_begin = tokens.begin;
+  h.token_end = tokens.end;
+  h.head_begin = static_cast<std::int32_t>(src.kv_heads.begin);
+  h.head_end = static_cast<std::int32_t>(src.kv_heads.end);
+  h.batch = grid.problem.batch;
+  h.width = dims.head_dim;
+  h.floats = 2LL * h.batch * src.kv_heads.size() * tokens.size() * h.width;
+  return h;
+}
+
+std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out;
+  for (int r = 0; r < grid.spec.cp; ++r) {
+    if (r == dst.cp_rank) continue;
+    const LogicalRank& src = grid.at(dst.tp_rank, r);
+    for (const Range& kv : src.tokens) {
+      const bool needed = std::any_of(dst.tokens.begin(), dst.tokens.end(),
+                                      [&](const Range& q) { return causally_visible(kv, q); });
+      if (needed) out.push_back(kv_shard_header(grid, src, dst, kv));
+    }
+  }
+  return out;
+}
+
+std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalRank& dst,
+                                            int step) {
+  const int cp = grid.spec.cp;
+  const LogicalRank& origin = grid.at(dst.tp_rank, ((dst.cp_rank - step) % cp + cp) % cp);
+  const LogicalRank& previous = grid.at(dst.tp_rank, (dst.cp_rank - 1 + cp) % cp);
+  std::vector<MessageHeader> out;
+  for (const Range& kv : origin.tokens) out.push_back(kv_shard_header(grid, previous, dst, kv));
+  return out;
+}
+
 }  // namespace cpd

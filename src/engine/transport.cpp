@@ -30,7 +30,7 @@ std::string describe(const MessageHeader& h) {
   return s;
 }
 
-std::vector<Message> InProcessTransport::exchange(std::vector<Message> outgoing) {
+void InProcessTransport::start(std::vector<Message> outgoing) {
   for (const Message& m : outgoing) {
     ++counters_.messages;
     counters_.bytes += sizeof(MessageHeader) + m.payload.size() * sizeof(float);
@@ -39,7 +39,9 @@ std::vector<Message> InProcessTransport::exchange(std::vector<Message> outgoing)
     std::mt19937_64 rng(shuffle_seed_ + step_++);
     std::shuffle(outgoing.begin(), outgoing.end(), rng);
   }
-  return outgoing;
+  in_flight_ = std::move(outgoing);
 }
+
+std::vector<Message> InProcessTransport::finish() { return std::move(in_flight_); }
 
 }  // namespace cpd

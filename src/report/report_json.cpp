@@ -72,6 +72,46 @@ Value per_rank_json(const PerRankDrift& p) {
   return v;
 }
 
+// The case's real distributed run, or why there was none.
+Value p2p_json(const RunReport& report, const CaseResult& c) {
+  Value v = Value::object();
+  if (c.processes_used < 2) {
+    v["status"] = "skipped";
+    v["reason"] =
+        report.provenance.world_size == 1
+            ? "single process: the case's logical ranks exchanged their states in-process; "
+              "launch with mpirun -np N for a distributed run"
+            : "the case has a single logical rank, which ran on process 0 alone";
+    return v;
+  }
+  const std::vector<KvBlock> blocks = kv_block_grid(c.spec, report.problem.seq_len);
+  v["status"] = "available";
+  v["backend"] = "mpi";
+  v["transport"] = report.provenance.transport;
+  v["world_size"] = report.provenance.world_size;
+  v["processes_used"] = c.processes_used;
+  v["manifest_block_count"] = blocks.size();
+  Value owners = Value::array(), gathered = Value::array(), ranges = Value::array();
+  for (int r = 0; r < c.spec.cp; ++r) {
+    std::int64_t owned = 0;
+    for (const KvBlock& b : blocks) owned += b.owner_cp_rank == r ? 1 : 0;
+    owners.push_back(owned);
+    Value indices = Value::array();
+    for (int i : c.merged_block_indices[static_cast<std::size_t>(r)]) indices.push_back(i);
+    Value g = Value::object();
+    g["query_owner_cp_rank"] = r;
+    g["block_indices"] = std::move(indices);
+    gathered.push_back(std::move(g));
+    ranges.push_back(ranges_json(c.per_rank[static_cast<std::size_t>(r)].tokens));
+  }
+  v["owner_block_counts"] = std::move(owners);
+  v["gathered_block_indices"] = std::move(gathered);
+  v["query_range"] = std::move(ranges);
+  v["out"] = stats_json(c.cp_merge_fp32.out);
+  v["lse"] = stats_json(c.cp_merge_fp32.lse);
+  return v;
+}
+
 Value not_requested(const char* reason) {
   Value v = Value::object();
   v["status"] = "not_requested";
@@ -119,14 +159,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
 
   v["backward"] = not_requested("run with --include-backward (not implemented yet)");
   v["dlogp"] = not_requested("run with --include-dlogp (not implemented yet)");
-  Value p2p = Value::object();
-  if (report.provenance.world_size == 1) {
-    p2p["status"] = "skipped";
-    p2p["reason"] =
-        "single process: the case's logical ranks exchanged their states in-process; launch "
-        "with mpirun -np N for a distributed run";
-  }
-  v["distributed_p2p_reference"] = std::move(p2p);
+  v["distributed_p2p_reference"] = p2p_json(report, c);
 
   Value run = Value::object();
   run["seconds"] = c.seconds;

@@ -11,6 +11,7 @@
 namespace cpd {
 
 enum class Device { auto_select, cpu, cuda };
+enum class TransportChoice { auto_select, mpi };
 
 struct RunOptions {
   Problem problem;
@@ -18,10 +19,14 @@ struct RunOptions {
   std::vector<int> cp_sizes{1, 2};
   std::vector<std::optional<std::int64_t>> splits{std::nullopt, 4};
   std::vector<CpLayout> layouts{CpLayout::contiguous};
+  std::vector<Protocol> protocols{Protocol::ag_rs};
   Device device = Device::auto_select;
+  TransportChoice transport = TransportChoice::auto_select;
   int threads = 0;     // 0: the machine's cores shared among this node's processes
   std::string output;  // JSON report path; empty: none
-  bool json = false;   // print the JSON report on stdout
+  std::string dump;    // HDF5 tensor dump path; empty: none
+  bool dump_inputs = false;
+  bool json = false;  // print the JSON report on stdout
   bool quiet = false;
   bool smoke = false;
 };
@@ -42,7 +47,7 @@ struct CommandLine {
 /// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.
 CommandLine parse_command_line(const std::vector<std::string>& args);
 
-/// The cases of a run in report order: tp → cp → split → layout. Throws UsageError when
+/// The cases of a run in report order: tp → cp → split → layout → protocol. Throws UsageError when
 /// one of them cannot run on the problem (e.g. CP larger than the sequence allows).
 std::vector<CaseSpec> expand_cases(const RunOptions& options);
 

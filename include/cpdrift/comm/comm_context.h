@@ -8,7 +8,8 @@
 #include <span>
 #include <string>
 
-#include "cpdrift/metrics/diff_stats.h"
+#include "cpdrift/engine/collectives.h"
+#include "cpdrift/engine/transport.h"
 
 namespace cpd {
 
@@ -38,8 +39,14 @@ class CommContext {
   /// Ends every process of the job with `status` (after a failure on one of them).
   [[noreturn]] void abort(int status) const;
 
-  /// Counters combined over all processes (for compute_diff_stats).
-  const CounterReducer& reducer() const { return *reducer_; }
+  /// Reductions and streaming over all processes (for the statistics, digests, dumps).
+  const Collectives& collectives() const { return *collectives_; }
+  /// Broadcasts a string from process `root` to all.
+  std::string broadcast(const std::string& text, int root) const;
+  /// Collective: whether every process passed the same text.
+  bool same_everywhere(const std::string& text) const;
+  /// Collective agreement on failure: the error of the lowest process that has one, or "".
+  std::string agree(const std::string& local_error) const;
 
   /// The implementation's communicator state (used by src/comm/ only).
   struct Impl;
@@ -47,8 +54,13 @@ class CommContext {
 
  private:
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<CounterReducer> reducer_;
+  std::unique_ptr<Collectives> collectives_;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
+
+/// The MPI transport (design §4, `--transport mpi`): host buffers, nonblocking point-to-point
+/// between the processes hosting the logical ranks; messages between ranks of one process
+/// never touch MPI.
+std::unique_ptr<Transport> make_mpi_transport(const CommContext& comm);
 
 }  // namespace cpd

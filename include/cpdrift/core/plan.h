@@ -53,8 +53,9 @@ std::vector<Range> kv_block_bounds(const CaseSpec& spec, std::int64_t seq_len);
 /// First 16 hex digits of SHA-256 of the compact JSON `[[s,e],…]` of the bounds.
 std::string block_metadata_hash(const std::vector<Range>& bounds);
 
-/// The case spec with CP = 1 and the same split and layout: the reference the topology
-/// invariance check compares against.
+/// The case spec with CP = 1 and the same split and layout (and the default protocol: at
+/// CP = 1 they all compute alike): the reference the topology invariance check compares
+/// against.
 CaseSpec cp1_counterpart(const CaseSpec& spec);
 
 /// Case name per the report contract: qwen3_8b_tp{TP}_cp{CP}_{prefill|chunk{c}}_{dtype}, plus

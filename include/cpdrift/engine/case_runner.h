@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "cpdrift/core/plan.h"
+#include "cpdrift/engine/collectives.h"
 #include "cpdrift/engine/local_cp1.h"
 #include "cpdrift/engine/transport.h"
+#include "cpdrift/io/tensor_dump.h"
 #include "cpdrift/metrics/diff_stats.h"
 
 namespace cpd {
@@ -19,8 +21,10 @@ struct RunContext {
   ThreadPool& pool;
   InputStore& inputs;
   Transport& transport;
-  const CounterReducer& reducer;
+  const Collectives& collectives;
   LocalCp1Results& cp1_results;
+  bool dump_requested = false;  // every process streams the dumped tensors to rank 0
+  TensorDump* dump = nullptr;   // rank 0's writer when dumping
 };
 
 /// Drift of one candidate tensor pair against its reference.
@@ -51,6 +55,10 @@ struct CaseResult {
   std::vector<PerRankDrift> per_rank;
   TransportCounters moved;  // bytes and messages this case's protocols moved
   double seconds = 0.0;
+  /// The distributed run as it happened (FP32 path): processes the case's ranks ran on, and
+  /// per CP query owner the global block indices it actually merged.
+  int processes_used = 1;
+  std::vector<std::vector<int>> merged_block_indices;
 };
 
 /// Runs one case. Collective over the transport's processes; every process returns the

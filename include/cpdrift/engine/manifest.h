@@ -72,4 +72,16 @@ std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRa
 /// the other CP ranks (same TP rank) that see at least one of dst's blocks.
 std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst);
 
+/// Header of the K and V rows of `tokens` (one of `owner`'s ranges) sent by `src` to `dst`.
+MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                              const Range& tokens);
+
+/// allgather_kv: the K/V ranges of the other CP ranks (same TP rank) that hold a key visible
+/// to one of dst's query ranges.
+std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst);
+
+/// ring_kv, step s ≥ 1: the K/V ranges of CP rank (dst - s) mod CP, forwarded by the previous
+/// rank on the ring, (dst - 1) mod CP.
+std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalRank& dst, int step);
+
 }  // namespace cpd

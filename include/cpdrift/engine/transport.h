@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cpdrift/engine/message.h"
@@ -28,10 +29,23 @@ class Transport {
   virtual int world_size() const = 0;
   virtual int process_index() const = 0;
 
-  /// One superstep. Collective: every process calls it once, passing the messages sent by
-  /// the logical ranks it hosts. Returns the messages addressed to logical ranks it hosts,
+  /// Starts one superstep. Collective: every process calls it once, passing the messages
+  /// sent by the logical ranks it hosts; they are in flight until finish(), so the caller
+  /// can compute meanwhile. One superstep at a time.
+  virtual void start(std::vector<Message> outgoing) = 0;
+  /// Completes the superstep: the messages addressed to logical ranks this process hosts,
   /// in no particular order (receivers sort by what the header says, never by arrival).
-  virtual std::vector<Message> exchange(std::vector<Message> outgoing) = 0;
+  virtual std::vector<Message> finish() = 0;
+  /// start + finish.
+  std::vector<Message> exchange(std::vector<Message> outgoing) {
+    start(std::move(outgoing));
+    return finish();
+  }
+
+  /// Collective agreement on failure: every process passes the error it saw ("" for none);
+  /// all of them return the error of the lowest process that saw one, or "" when none did.
+  /// Protocols call it after every validation, so a bad message fails every rank alike.
+  virtual std::string agree(const std::string& local_error) = 0;
 
   const TransportCounters& counters() const { return counters_; }
 
@@ -48,11 +62,14 @@ class InProcessTransport final : public Transport {
   const char* name() const override { return "inprocess"; }
   int world_size() const override { return 1; }
   int process_index() const override { return 0; }
-  std::vector<Message> exchange(std::vector<Message> outgoing) override;
+  void start(std::vector<Message> outgoing) override;
+  std::vector<Message> finish() override;
+  std::string agree(const std::string& local_error) override { return local_error; }
 
  private:
   std::uint64_t shuffle_seed_;
   std::uint64_t step_ = 0;
+  std::vector<Message> in_flight_;
 };
 
 }  // namespace cpd

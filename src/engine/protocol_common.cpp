@@ -1,0 +1,196 @@
+#include "protocol_common.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+
+ShardShape query_shape(const CaseGrid& grid, const LogicalRank& rank, int width) {
+  return ShardShape{grid.problem.batch, rank.q_heads, rank.tokens, width};
+}
+
+std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& transport) {
+  std::vector<LogicalRank> hosted;
+  for (const LogicalRank& r : grid.ranks) {
+    if (process_of(r.id, transport.world_size()) == transport.process_index()) hosted.push_back(r);
+  }
+  return hosted;
+}
+
+std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
+                                     Transport& transport, InputStore& inputs, bool keep_states) {
+  switch (grid.spec.protocol) {
+    case Protocol::ag_rs:
+      return protocol::run_ag_rs(grid, path, transport, inputs, keep_states);
+    case Protocol::ring_kv:
+      return protocol::run_ring_kv(grid, path, transport, inputs, keep_states);
+    case Protocol::allgather_kv:
+      return protocol::run_allgather_kv(grid, path, transport, inputs, keep_states);
+  }
+  throw std::logic_error("unknown protocol");
+}
+
+namespace protocol {
+
+std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
+                                          const std::vector<LogicalRank>& hosted,
+                                          const PathSpec& path, InputStore& store) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  std::map<int, RankInputs> inputs;
+  for (const LogicalRank& r : hosted) {
+    const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
+    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
+                              store.shard(TensorId::k, kvs, path.inputs),
+                              store.shard(TensorId::v, kvs, path.inputs)};
+  }
+  return inputs;
+}
+
+std::vector<float> rows_of(const Shard& shard, const Range& tokens) {
+  const ShardShape& s = shard.shape;
+  const std::int64_t first = s.local_row(tokens.begin);
+  std::vector<float> payload;
+  payload.reserve(static_cast<std::size_t>(s.batch) * s.heads.size() * tokens.size() * s.width);
+  for (int b = 0; b < s.batch; ++b) {
+    for (std::int64_t h = s.heads.begin; h < s.heads.end; ++h) {
+      const float* src = shard.at(b, h, first);
+      payload.insert(payload.end(), src, src + tokens.size() * s.width);
+    }
+  }
+  return payload;
+}
+
+std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens) {
+  std::vector<float> payload = rows_of(k, tokens);
+  const std::vector<float> vr = rows_of(v, tokens);
+  payload.insert(payload.end(), vr.begin(), vr.end());
+  return payload;
+}
+
+KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
+  const ShardShape shape{grid.problem.batch, m.header.heads(), {m.header.tokens()}, m.header.width};
+  KvPiece piece{Shard(shape), Shard(shape)};
+  const std::size_t half = shape.size();
+  std::memcpy(piece.k.data.data(), m.payload.data(), half * sizeof(float));
+  std::memcpy(piece.v.data.data(), m.payload.data() + half, half * sizeof(float));
+  return piece;
+}
+
+Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
+                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  const int group = grid.problem.dims.group_size();
+  const MessageHeader h = state_header(grid, *query.owner, query.tokens, block);
+  Message m{h, std::vector<float>(static_cast<std::size_t>(h.floats))};
+  float* out = m.payload.data();
+  const std::int64_t rows = query.tokens.size(), heads = query.owner->q_heads.size();
+  float* lse = out + batch * heads * rows * dim;
+  const std::int64_t kv_row = k.shape.local_row(block.range.begin);
+  for (int b = 0; b < batch; ++b) {
+    for (std::int64_t hl = 0; hl < heads; ++hl) {
+      const std::int64_t g = (query.owner->q_heads.begin + hl) / group;
+      const std::int64_t slot = b * heads + hl;
+      jobs.push_back(BlockJob{query.rows + slot * rows * dim, query.tokens.begin, rows,
+                              k.at(b, g, kv_row), v.at(b, g, kv_row), block.range,
+                              out + slot * rows * dim, lse + slot * rows});
+    }
+  }
+  return m;
+}
+
+void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
+                const Shard& k, const Shard& v, std::vector<Message>& states,
+                std::vector<BlockJob>& jobs) {
+  for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
+    const QueryPiece q{&owner, owner.tokens[i], own_rows[i].data()};
+    for (const KvBlock& block : grid.blocks) {
+      const bool held = std::any_of(k.shape.tokens.begin(), k.shape.tokens.end(),
+                                    [&](const Range& t) { return t.contains(block.range); });
+      if (held && causally_visible(block.range, q.tokens))
+        states.push_back(state_message(grid, q, block, k, v, jobs));
+    }
+  }
+}
+
+namespace {
+
+// Validation and agreement shared by deliver and check_local. `arrivals` may throw (a
+// malformed buffer) and is called inside the guard, so every process reaches agree().
+template <class Arrivals>
+void accept_all(Transport& transport, Arrivals&& arrivals, std::map<int, Inbox>& inboxes) {
+  std::string error;
+  try {
+    for (Message& m : arrivals()) {
+      const auto it = inboxes.find(m.header.dst);
+      if (it == inboxes.end()) throw ProtocolError("misrouted " + describe(m.header));
+      it->second.accept(std::move(m));
+    }
+    for (const auto& [id, inbox] : inboxes) inbox.require_complete();
+  } catch (const ProtocolError& e) {
+    error = "process " + std::to_string(transport.process_index()) + ": " + e.what();
+  }
+  error = transport.agree(error);
+  if (!error.empty()) throw ProtocolError(error);
+}
+
+}  // namespace
+
+void deliver(Transport& transport, std::map<int, Inbox>& inboxes) {
+  accept_all(
+      transport, [&] { return transport.finish(); }, inboxes);
+}
+
+void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes) {
+  accept_all(
+      transport, [&] { return std::move(states); }, inboxes);
+}
+
+std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
+                                           const std::vector<LogicalRank>& hosted,
+                                           const std::map<int, Inbox>& inboxes, ThreadPool& pool,
+                                           bool keep_states) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  std::vector<RankOutput> outputs;
+  for (const LogicalRank& r : hosted) {
+    RankOutput o{
+        r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
+    const Inbox& inbox = inboxes.at(r.id);
+    struct MergeTask {
+      Range tokens;
+      int b;
+      std::int64_t h;
+    };
+    std::vector<MergeTask> tasks;
+    for (const Range& t : r.tokens) {
+      for (int b = 0; b < batch; ++b) {
+        for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) tasks.push_back({t, b, h});
+      }
+    }
+    pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t i) {
+      const MergeTask& task = tasks[static_cast<std::size_t>(i)];
+      const std::int64_t rows = task.tokens.size(), heads = r.q_heads.size();
+      const std::int64_t slot = task.b * heads + (task.h - r.q_heads.begin);
+      std::vector<StateRef> refs;
+      for (const Message& m : inbox.messages()) {
+        if (m.header.tokens() != task.tokens) continue;
+        const float* out = m.payload.data();
+        refs.push_back(StateRef{m.header.block_index, out + slot * rows * dim,
+                                out + batch * heads * rows * dim + slot * rows});
+      }
+      const std::int64_t row = o.merged.out.shape.local_row(task.tokens.begin);
+      merge_in_block_order(refs, rows, dim, o.merged.out.at(task.b, task.h, row),
+                           o.merged.lse.at(task.b, task.h, row));
+    });
+    if (keep_states) {
+      o.states = inbox.messages();
+      o.arrival_order = inbox.arrival_order();
+    }
+    outputs.push_back(std::move(o));
+  }
+  return outputs;
+}
+
+}  // namespace protocol
+}  // namespace cpd

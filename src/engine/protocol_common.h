@@ -1,0 +1,82 @@
+// Pieces every CP protocol is built from: the hosted ranks' inputs, query and K/V rows as
+// messages, partial-state computation, validated delivery, and the ordered merge.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "cpdrift/cpu/attention.h"
+#include "cpdrift/engine/protocol.h"
+
+namespace cpd::protocol {
+
+/// A hosted rank's own query, key and value shards, in the path's precision.
+struct RankInputs {
+  Shard q, k, v;
+};
+std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
+                                          const std::vector<LogicalRank>& hosted,
+                                          const PathSpec& path, InputStore& store);
+
+/// Rows `tokens` of a shard for every (batch, head): the layout [B][heads][rows][width].
+std::vector<float> rows_of(const Shard& shard, const Range& tokens);
+
+/// A query range somebody computes states for: its owner, its tokens, its rows
+/// ([B][owner's heads][tokens][D]).
+struct QueryPiece {
+  const LogicalRank* owner;
+  Range tokens;
+  const float* rows;
+};
+
+/// K and V rows of one or more token ranges of the owner's KV heads.
+struct KvPiece {
+  Shard k, v;
+};
+/// A K/V message's payload as a piece (K rows, then V rows).
+KvPiece kv_piece_of(const Message& m, const CaseGrid& grid);
+/// The K then V rows of `tokens`, as a message payload.
+std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens);
+
+/// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
+/// the query's owner; the jobs that fill its payload are appended to `jobs` (run them before
+/// the payload is read). Messages can be moved freely: jobs point into the payload buffer.
+Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
+                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs);
+
+/// States of a query owner's own ranges against every block of `k`/`v` they can see
+/// (ring_kv, allgather_kv: the owner computes them itself).
+void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
+                const Shard& k, const Shard& v, std::vector<Message>& states,
+                std::vector<BlockJob>& jobs);
+
+/// Completes the superstep in flight, routes what arrived into the inboxes of their
+/// destinations and checks every inbox is complete; then all processes agree, so a bad
+/// message fails every rank with the same ProtocolError (never a hang, never a partial merge).
+void deliver(Transport& transport, std::map<int, Inbox>& inboxes);
+
+/// The same checks for states this process computed itself (ring_kv, allgather_kv).
+void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes);
+
+/// Inboxes for the given hosted ranks, from a manifest function.
+template <class ExpectedFn>
+std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, ExpectedFn&& expected) {
+  std::map<int, Inbox> boxes;
+  for (const LogicalRank& r : hosted) boxes.emplace(r.id, Inbox(expected(r)));
+  return boxes;
+}
+
+/// Each hosted rank's validated states merged in global block order.
+std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
+                                           const std::vector<LogicalRank>& hosted,
+                                           const std::map<int, Inbox>& inboxes, ThreadPool& pool,
+                                           bool keep_states);
+
+std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
+                                  InputStore& store, bool keep_states);
+std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
+                                    Transport& transport, InputStore& store, bool keep_states);
+std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
+                                         Transport& transport, InputStore& store, bool keep_states);
+
+}  // namespace cpd::protocol

@@ -1,0 +1,67 @@
+#include "cpdrift/engine/tensor_stream.h"
+
+#include <algorithm>
+
+#include "cpdrift/engine/protocol.h"
+#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/util/sha256.h"
+
+namespace cpd {
+
+GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
+                           const std::vector<const Shard*>& hosted) {
+  GlobalTensor t;
+  t.batch = grid.problem.batch;
+  t.heads = grid.problem.dims.num_q_heads;
+  t.seq_len = grid.problem.seq_len;
+  t.width = width;
+  struct Entry {
+    GlobalPiece piece;
+    const float* data;
+  };
+  std::vector<Entry> entries;
+  std::size_t next_hosted = 0;
+  for (const LogicalRank& r : grid.ranks) {
+    const int owner = process_of(r.id, world_size);
+    const Shard* shard = owner == process ? hosted.at(next_hosted++) : nullptr;
+    for (int b = 0; b < t.batch; ++b) {
+      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+        for (const Range& tokens : r.tokens) {
+          const float* data =
+              shard ? shard->at(b, h, shard->shape.local_row(tokens.begin)) : nullptr;
+          entries.push_back(Entry{GlobalPiece{b, h, tokens, owner}, data});
+        }
+      }
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) {
+    return std::tie(x.piece.b, x.piece.h, x.piece.tokens.begin) <
+           std::tie(y.piece.b, y.piece.h, y.piece.tokens.begin);
+  });
+  for (const Entry& e : entries) {
+    t.pieces.push_back(e.piece);
+    t.segments.push_back(StreamSegment{e.piece.owner, e.data,
+                                       static_cast<std::size_t>(e.piece.tokens.size() * width)});
+  }
+  return t;
+}
+
+std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, DigestFormat format,
+                          const PieceSink& also) {
+  Sha256 sha;
+  std::vector<std::uint16_t> staging;
+  coll.stream_to_root(tensor.segments, [&](std::size_t i, const float* rows) {
+    const std::size_t n = tensor.segments[i].floats;
+    if (format == DigestFormat::fp32) {
+      sha.update(rows, n * sizeof(float));
+    } else {
+      staging.resize(n);
+      for (std::size_t j = 0; j < n; ++j) staging[j] = bf16_bits_rn(rows[j]);
+      sha.update(staging.data(), n * sizeof(std::uint16_t));
+    }
+    if (also) also(tensor.pieces[i], rows);
+  });
+  return coll.root() ? Sha256::hex(sha.finish()) : std::string();
+}
+
+}  // namespace cpd

@@ -1,0 +1,14 @@
+// Built without HDF5: --dump is refused before any work starts.
+#include "cpdrift/core/errors.h"
+#include "cpdrift/io/tensor_dump.h"
+
+namespace cpd {
+
+bool dump_supported() { return false; }
+
+std::unique_ptr<TensorDump> open_tensor_dump(const std::string&) {
+  throw UsageError(
+      "--dump: built without HDF5 (install libhdf5-dev and reconfigure with -Dhdf5=enabled)");
+}
+
+}  // namespace cpd

@@ -1,0 +1,310 @@
+// Under mpirun (2 and 4 processes): the MPI transport and collectives against the
+// single-process run. Protocol equivalence and placement invariance (bitwise), reports
+// identical apart from placement fields, manifest violations failing every rank alike,
+// exact distributed statistics, and the HDF5 dump read back bit for bit.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/merge_checks.h"
+#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/report/run_report.h"
+#include "fault_transport.h"
+#include "mpi_support.h"
+
+#if defined(CPD_HAVE_HDF5)
+#include <hdf5.h>
+#endif
+
+using namespace cpd;
+using cpd::testing::comm;
+
+namespace {
+
+Problem small_problem() {
+  Problem p;
+  p.seq_len = 64;
+  return p;
+}
+
+constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
+constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
+
+struct Digests {
+  std::string out, lse;
+};
+
+Digests digests_of(const CaseGrid& grid, const std::vector<RankOutput>& outs,
+                   const Collectives& coll, int world, int me) {
+  std::vector<const Shard*> o, l;
+  for (const RankOutput& r : outs) {
+    o.push_back(&r.merged.out);
+    l.push_back(&r.merged.lse);
+  }
+  return Digests{stream_digest(coll, global_tensor(grid, world, me, grid.problem.dims.head_dim, o),
+                               DigestFormat::fp32),
+                 stream_digest(coll, global_tensor(grid, world, me, 1, l), DigestFormat::fp32)};
+}
+
+// This process alone, every logical rank in-process: the W = 1 result.
+Digests single_process(const Problem& p, const CaseSpec& spec, const PathSpec& path) {
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(p, spec);
+  return digests_of(grid, run_protocol(grid, path, transport, inputs, false), LocalCollectives(), 1,
+                    0);
+}
+
+Digests distributed(const Problem& p, const CaseSpec& spec, const PathSpec& path,
+                    Transport& transport) {
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  const CaseGrid grid(p, spec);
+  return digests_of(grid, run_protocol(grid, path, transport, inputs, false), comm().collectives(),
+                    comm().size(), comm().rank());
+}
+
+const std::vector<CaseSpec> kSpecs = {
+    CaseSpec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs},
+    CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
+    CaseSpec{1, 4, 8, CpLayout::zigzag, Protocol::ag_rs},
+    CaseSpec{2, 4, 4, CpLayout::contiguous, Protocol::ag_rs},
+    CaseSpec{1, 1, 16, CpLayout::contiguous, Protocol::ag_rs},
+    CaseSpec{8, 2, std::nullopt, CpLayout::zigzag, Protocol::ag_rs},
+};
+
+}  // namespace
+
+TEST_CASE("every protocol over MPI equals the single-process run, bit for bit") {
+  const Problem p = small_problem();
+  const std::unique_ptr<Transport> transport = make_mpi_transport(comm());
+  for (CaseSpec spec : kSpecs) {
+    for (const PathSpec& path : {kFp32, kBf16Kernel}) {
+      const Digests alone = comm().rank() == 0 ? single_process(p, spec, path) : Digests{};
+      for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+        spec.protocol = protocol;
+        const Digests d = distributed(p, spec, path, *transport);
+        if (comm().rank() != 0) continue;
+        CAPTURE(case_name(spec, DType::fp32));
+        CHECK(d.out == alone.out);
+        CHECK(d.lse == alone.lse);
+      }
+    }
+  }
+  // Negative control: the distributed digests do see a different grid.
+  const Digests a = distributed(
+      p, CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ring_kv}, kFp32, *transport);
+  const Digests b = distributed(
+      p, CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ring_kv}, kFp32, *transport);
+  if (comm().rank() == 0) CHECK(a.out != b.out);
+}
+
+TEST_CASE("a bad message on one process fails every rank with the same error, without a hang") {
+  const Problem p = small_problem();
+  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+  struct Fault {
+    Protocol protocol;
+    MessageKind kind;
+    const char* expect;
+    std::function<void(std::vector<Message>&)> tamper;
+  };
+  const std::vector<Fault> faults = {
+      {Protocol::ag_rs, MessageKind::partial_state, "missing",
+       [](std::vector<Message>& m) { m.pop_back(); }},
+      {Protocol::ag_rs, MessageKind::partial_state, "duplicated",
+       [](std::vector<Message>& m) { m.push_back(m.back()); }},
+      // A short payload between processes is caught as a malformed buffer, within one as a
+      // mis-shaped message: either way it names the message.
+      {Protocol::ring_kv, MessageKind::kv_shard, "-shaped|malformed",
+       [](std::vector<Message>& m) { m.back().payload.resize(m.back().payload.size() / 2); }},
+      {Protocol::allgather_kv, MessageKind::kv_shard, "unexpected",
+       [](std::vector<Message>& m) { m.back().header.token_begin += 1; }},
+  };
+  for (const Fault& f : faults) {
+    CAPTURE(std::string(f.expect));
+    // Only the last process tampers; everybody must hear about it.
+    const bool tamper_here = comm().rank() == comm().size() - 1;
+    testing::FaultInjectingTransport transport(*mpi, f.kind, [&](std::vector<Message>& m) {
+      if (tamper_here && !m.empty()) f.tamper(m);
+    });
+    ThreadPool pool(1);
+    InputStore inputs(p, pool);
+    const CaseGrid grid(p, CaseSpec{2, 4, 8, CpLayout::contiguous, f.protocol});
+    std::string error;
+    try {
+      run_protocol(grid, kFp32, transport, inputs, false);
+    } catch (const ProtocolError& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    const std::string expect = f.expect;
+    const std::size_t bar = expect.find('|');
+    const bool found =
+        error.find(expect.substr(0, bar)) != std::string::npos ||
+        (bar != std::string::npos && error.find(expect.substr(bar + 1)) != std::string::npos);
+    CHECK(found);
+    CHECK(error.find("logical rank") != std::string::npos);
+    CHECK(comm().same_everywhere(error));
+  }
+}
+
+TEST_CASE("distributed statistics equal the single-process ones bit for bit") {
+  std::mt19937_64 rng(42);
+  std::lognormal_distribution<float> dist(-10.0f, 3.0f);
+  const std::size_t n = 100003;
+  std::vector<float> cand(n), ref(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ref[i] = dist(rng);
+    cand[i] = i % 5 == 0 ? ref[i] : ref[i] + dist(rng);
+  }
+  const DiffPart whole{cand.data(), ref.data(), n};
+  const DiffStats alone = compute_diff_stats(std::span<const DiffPart>(&whole, 1));
+  const std::size_t w = static_cast<std::size_t>(comm().size()),
+                    r = static_cast<std::size_t>(comm().rank());
+  const std::size_t begin = n * r / w, end = n * (r + 1) / w;
+  const DiffPart mine{cand.data() + begin, ref.data() + begin, end - begin};
+  const DiffStats together =
+      compute_diff_stats(std::span<const DiffPart>(&mine, 1), comm().collectives());
+  CHECK(together.max_abs == alone.max_abs);
+  CHECK(together.mean_abs == alone.mean_abs);
+  CHECK(together.p95_abs == alone.p95_abs);
+  CHECK(together.p99_abs == alone.p99_abs);
+  CHECK(together.active_count == alone.active_count);
+  CHECK(together.mismatch_count == alone.mismatch_count);
+  CHECK(together.max_ulp == alone.max_ulp);
+}
+
+namespace {
+
+// The case JSON without what legitimately depends on placement and time.
+json::Value portable(json::Value c) {
+  c.as_object().erase("execution");
+  c.as_object().erase("distributed_p2p_reference");
+  for (const char* k : {"placement", "physical_processes", "transport"})
+    c["topology"].as_object().erase(k);
+  c["provenance"]["deterministic_controls"].as_object().erase("threads");
+  return c;
+}
+
+std::vector<json::Value> report_cases(const RunContext& ctx, const std::vector<CaseSpec>& specs) {
+  RunReport r;
+  r.problem = ctx.problem;
+  r.provenance.world_size = ctx.collectives.size();
+  r.provenance.transport = ctx.transport.name();
+  std::vector<json::Value> out;
+  for (const CaseSpec& s : specs) out.push_back(portable(case_json(r, run_case(ctx, s))));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reports are identical for one process and for all of them") {
+  const Problem p = small_problem();
+  std::vector<CaseSpec> specs;
+  for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+    specs.push_back(CaseSpec{2, 2, 8, CpLayout::zigzag, protocol});
+    specs.push_back(CaseSpec{1, 4, std::nullopt, CpLayout::contiguous, protocol});
+  }
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  LocalCp1Results cp1;
+  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+  const RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
+  const std::vector<json::Value> together = report_cases(ctx, specs);
+  if (comm().rank() != 0) return;
+  ThreadPool pool1(1);
+  InputStore inputs1(p, pool1);
+  LocalCp1Results cp1_alone;
+  InProcessTransport in_process;
+  const LocalCollectives one;
+  const RunContext alone_ctx{p, pool1, inputs1, in_process, one, cp1_alone};
+  const std::vector<json::Value> alone = report_cases(alone_ctx, specs);
+  REQUIRE(alone.size() == together.size());
+  for (std::size_t i = 0; i < alone.size(); ++i) {
+    CAPTURE(i);
+    CHECK(json::to_string(together[i]) == json::to_string(alone[i]));
+  }
+  // Across protocols only the names differ: the drift sections are the same bytes.
+  CHECK(json::to_string(together[0].at("drift")) == json::to_string(together[2].at("drift")));
+  CHECK(json::to_string(together[1].at("per_rank")) == json::to_string(together[5].at("per_rank")));
+}
+
+#if defined(CPD_HAVE_HDF5)
+namespace {
+
+std::vector<float> read_dataset(const std::string& file, const std::string& path) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t d = H5Dopen2(f, path.c_str(), H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const hid_t space = H5Dget_space(d);
+  const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space));
+  std::vector<float> data(n);
+  REQUIRE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0);
+  H5Sclose(space);
+  H5Dclose(d);
+  H5Fclose(f);
+  return data;
+}
+
+// The single-process tensor in global order, gathered through the same stream.
+std::vector<float> global_values(const CaseGrid& grid, const std::vector<RankOutput>& outs,
+                                 bool out) {
+  std::vector<const Shard*> shards;
+  for (const RankOutput& r : outs) shards.push_back(out ? &r.merged.out : &r.merged.lse);
+  const GlobalTensor t = global_tensor(grid, 1, 0, out ? grid.problem.dims.head_dim : 1, shards);
+  std::vector<float> values;
+  stream_digest(LocalCollectives(), t, DigestFormat::fp32,
+                [&](const GlobalPiece& piece, const float* rows) {
+                  values.insert(values.end(), rows, rows + piece.tokens.size() * t.width);
+                });
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for bit") {
+  const Problem p = small_problem();
+  const CaseSpec spec{2, 2, 8, CpLayout::zigzag, Protocol::ring_kv};
+  const std::string path =
+      comm().broadcast("/tmp/cpdrift_test_dump_" + std::to_string(::getpid()) + ".h5", 0);
+  {
+    ThreadPool pool(1);
+    InputStore inputs(p, pool);
+    LocalCp1Results cp1;
+    const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+    std::unique_ptr<TensorDump> dump = comm().rank() == 0 ? open_tensor_dump(path) : nullptr;
+    const RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1, true, dump.get()};
+    run_case(ctx, spec);
+    if (dump) dump->commit();
+  }
+  if (comm().rank() != 0) return;
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(p, spec);
+  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::string base = "/cases/" + case_name(spec, p.dtype) + "/candidate_fp32/";
+  const std::vector<float> out = read_dataset(path, base + "out"),
+                           lse = read_dataset(path, base + "lse");
+  const std::vector<float> want_out = global_values(grid, fp32, true),
+                           want_lse = global_values(grid, fp32, false);
+  REQUIRE(out.size() == want_out.size());
+  REQUIRE(lse.size() == want_lse.size());
+  CHECK(std::memcmp(out.data(), want_out.data(), out.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(lse.data(), want_lse.data(), lse.size() * sizeof(float)) == 0);
+  // Negative control: another tensor of the same file differs.
+  const std::vector<float> kernel =
+      read_dataset(path, "/cases/" + case_name(spec, p.dtype) + "/bf16_kernel/out");
+  CHECK(std::memcmp(kernel.data(), want_out.data(), out.size() * sizeof(float)) != 0);
+  std::remove(path.c_str());
+}
+#endif
