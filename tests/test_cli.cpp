@@ -9,9 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cpdrift/report/json.h"
+
+#if defined(CPD_HAVE_HDF5)
+#include <hdf5.h>
+#endif
 
 namespace {
 
@@ -163,3 +168,53 @@ TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
   CHECK(c.at("distributed_p2p_reference").at("status").as_string() == "available");
   CHECK(c.at("distributed_p2p_reference").at("world_size").as_int64() == 4);
 }
+
+#if defined(CPD_HAVE_HDF5)
+TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
+  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string h5 = dir + "/cpdrift_cli_dump_" + std::to_string(::getpid()) + ".h5";
+  const std::string js = h5 + ".json";
+  const Result r = run_mpi(2, "--seq-len 16 --cp-world-sizes 2 --kv-chunk-sizes 4 --dump " + h5 +
+                                  " --dump-inputs --output " + js + " --quiet");
+  REQUIRE(r.status == 0);
+  const hid_t f = H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  // The report inside the dump is the report written beside it.
+  const hid_t d = H5Dopen2(f, "/report_json", H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const hid_t type = H5Dget_type(d);
+  std::string text(H5Tget_size(type), '\0');
+  REQUIRE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()) >= 0);
+  text.resize(std::strlen(text.c_str()));
+  std::string written;
+  if (FILE* j = std::fopen(js.c_str(), "r")) {
+    std::array<char, 4096> buf{};
+    std::size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), j)) > 0) written.append(buf.data(), n);
+    std::fclose(j);
+  }
+  CHECK(text == written);
+  for (const char* path : {"/inputs/q", "/inputs/k", "/inputs/v",
+                           "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/reference_fp32/out",
+                           "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/candidate_bf16/lse"}) {
+    CAPTURE(path);
+    CHECK(H5Lexists(f, path, H5P_DEFAULT) >= 0);
+    CHECK(H5Oexists_by_name(f, path, H5P_DEFAULT) > 0);
+  }
+  CHECK(H5Aexists(f, "seed") > 0);
+  H5Tclose(type);
+  H5Dclose(d);
+  H5Fclose(f);
+  // No temporary is left behind.
+  const Result ls = run_command("ls " + h5 + ".tmp.* 2>/dev/null | wc -l");
+  CHECK(ls.out == "0\n");
+  std::remove(h5.c_str());
+  std::remove(js.c_str());
+}
+#else
+TEST_CASE("--dump without HDF5 is refused up front") {
+  const Result r = run("--dump x.h5");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("built without HDF5") != std::string::npos);
+}
+#endif

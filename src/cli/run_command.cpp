@@ -145,7 +145,7 @@ int run_command(const RunOptions& options, const CommContext& comm,
     if (dump) {
       if (options.dump_inputs) dump_inputs(*dump, options.problem, pool);
       annotate_file(*dump, report);
-      dump->annotate("/", {{"report_json", text}});
+      dump->write_text("/report_json", text);
       dump->commit();
     }
     if (!options.output.empty()) json::write_file_atomic(options.output, text);

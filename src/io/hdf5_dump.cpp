@@ -135,6 +135,18 @@ class Hdf5Dump final : public TensorDump {
     for (const auto& [name, value] : attributes) write_attribute(dataset_.get(), name, value);
   }
 
+  void write_text(const std::string& path, const std::string& text) override {
+    const std::size_t slash = path.rfind('/');
+    const Handle parent = ensure_group(path.substr(0, slash == 0 ? 1 : slash));
+    const Handle type(CPD_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
+    CPD_H5_CHECK(H5Tset_size(type.get(), std::max<std::size_t>(1, text.size())));
+    const Handle space(CPD_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
+    const Handle data(CPD_H5_CHECK(H5Dcreate2(parent.get(), path.substr(slash + 1).c_str(), type.get(), space.get(),
+                                              H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
+                      H5Dclose);
+    CPD_H5_CHECK(H5Dwrite(data.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.c_str()));
+  }
+
   void write(const GlobalPiece& piece, const float* rows) override {
     // [B, H, S] or [B, H, S, W]: the piece is a contiguous run of S rows.
     std::vector<hsize_t> start{static_cast<hsize_t>(piece.b), static_cast<hsize_t>(piece.h),

@@ -24,6 +24,9 @@ class TensorDump {
   /// Starts dataset `path` (FP32, `dims`) with its attributes; pieces follow, then end().
   virtual void begin(const std::string& path, const std::vector<std::int64_t>& dims,
                      const DumpAttributes& attributes) = 0;
+  /// A text dataset (e.g. the JSON report): too large for an attribute, which HDF5 keeps
+  /// under 64 KiB.
+  virtual void write_text(const std::string& path, const std::string& text) = 0;
   /// Rows of one (b, h, token range) piece: [tokens][width] at [b, h, tokens, :].
   virtual void write(const GlobalPiece& piece, const float* rows) = 0;
   virtual void end() = 0;
