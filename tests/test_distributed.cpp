@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "case_digests.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/merge_checks.h"
@@ -28,30 +29,11 @@ using cpd::testing::comm;
 
 namespace {
 
-Problem small_problem() {
-  Problem p;
-  p.seq_len = 64;
-  return p;
-}
-
-constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
-constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
-
-struct Digests {
-  std::string out, lse;
-};
-
-Digests digests_of(const CaseGrid& grid, const std::vector<RankOutput>& outs,
-                   const Collectives& coll, int world, int me) {
-  std::vector<const Shard*> o, l;
-  for (const RankOutput& r : outs) {
-    o.push_back(&r.merged.out);
-    l.push_back(&r.merged.lse);
-  }
-  return Digests{stream_digest(coll, global_tensor(grid, world, me, grid.problem.dims.head_dim, o),
-                               DigestFormat::fp32),
-                 stream_digest(coll, global_tensor(grid, world, me, 1, l), DigestFormat::fp32)};
-}
+using testing::Digests;
+using testing::digests_of;
+using testing::kBf16Kernel;
+using testing::kFp32;
+using testing::small_problem;
 
 // This process alone, every logical rank in-process: the W = 1 result.
 Digests single_process(const Problem& p, const CaseSpec& spec, const PathSpec& path) {

@@ -5,16 +5,17 @@
 
 #include <string>
 
+#include "case_digests.h"
 #include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/tensor_stream.h"
 
 using namespace cpd;
 
 namespace {
 
-struct Global {
-  std::string out, lse;  // digests of the whole tensors in global order
-};
+using Global = testing::Digests;
+using testing::kBf16Kernel;
+using testing::kFp32;
+using testing::small_problem;
 
 Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int threads = 2,
            std::uint64_t shuffle = 0) {
@@ -22,26 +23,9 @@ Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int thr
   InputStore inputs(p, pool);
   InProcessTransport transport(shuffle);
   const CaseGrid grid(p, spec);
-  const std::vector<RankOutput> outs = run_protocol(grid, path, transport, inputs, false);
-  std::vector<const Shard*> o, l;
-  for (const RankOutput& r : outs) {
-    o.push_back(&r.merged.out);
-    l.push_back(&r.merged.lse);
-  }
-  const LocalCollectives one;
-  return Global{
-      stream_digest(one, global_tensor(grid, 1, 0, p.dims.head_dim, o), DigestFormat::fp32),
-      stream_digest(one, global_tensor(grid, 1, 0, 1, l), DigestFormat::fp32)};
+  return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
+                             LocalCollectives(), 1, 0);
 }
-
-Problem small_problem() {
-  Problem p;
-  p.seq_len = 64;
-  return p;
-}
-
-constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
-constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
 
 }  // namespace
 

@@ -1,7 +1,9 @@
 #include "cpdrift/cli/options.h"
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
+#include <initializer_list>
 #include <map>
 
 #include "cpdrift/core/errors.h"
@@ -59,34 +61,34 @@ std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
   return values;
 }
 
-std::vector<CpLayout> parse_layouts(const std::string& flag, const std::string& text) {
-  std::vector<CpLayout> values;
+// A comma list of names, each mapped to its value; an unknown name is an error listing them.
+template <class T>
+std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
+                           std::initializer_list<std::pair<const char*, T>> names) {
+  std::vector<T> values;
   for (const std::string& item : split_list(flag, text)) {
-    if (item == "contiguous") {
-      values.push_back(CpLayout::contiguous);
-    } else if (item == "zigzag") {
-      values.push_back(CpLayout::zigzag);
-    } else {
-      bad(flag + ": unknown layout '" + item + "' (contiguous, zigzag)");
+    const auto it =
+        std::find_if(names.begin(), names.end(), [&](const auto& n) { return item == n.first; });
+    if (it == names.end()) {
+      std::string known;
+      for (const auto& n : names) known += (known.empty() ? "" : ", ") + std::string(n.first);
+      bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
     }
+    values.push_back(it->second);
   }
   return values;
 }
 
+std::vector<CpLayout> parse_layouts(const std::string& flag, const std::string& text) {
+  return parse_names<CpLayout>(
+      flag, text, "layout", {{"contiguous", CpLayout::contiguous}, {"zigzag", CpLayout::zigzag}});
+}
+
 std::vector<Protocol> parse_protocols(const std::string& flag, const std::string& text) {
-  std::vector<Protocol> values;
-  for (const std::string& item : split_list(flag, text)) {
-    if (item == "ag_rs") {
-      values.push_back(Protocol::ag_rs);
-    } else if (item == "ring_kv") {
-      values.push_back(Protocol::ring_kv);
-    } else if (item == "allgather_kv") {
-      values.push_back(Protocol::allgather_kv);
-    } else {
-      bad(flag + ": unknown protocol '" + item + "' (ag_rs, ring_kv, allgather_kv)");
-    }
-  }
-  return values;
+  return parse_names<Protocol>(flag, text, "protocol",
+                               {{"ag_rs", Protocol::ag_rs},
+                                {"ring_kv", Protocol::ring_kv},
+                                {"allgather_kv", Protocol::allgather_kv}});
 }
 
 TransportChoice parse_transport(const std::string& flag, const std::string& text) {

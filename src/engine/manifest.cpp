@@ -64,42 +64,52 @@ void Inbox::require_complete() const {
   }
 }
 
-MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                             const Range& tokens) {
-  const ModelDims& dims = grid.problem.dims;
+namespace {
+
+// The fields every message has: who, to whom, which rows of which heads, and a payload of
+// `floats_per_row` floats per (batch, head, token).
+MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
+                          const LogicalRank& dst, const Range& tokens, const Range& heads,
+                          std::int64_t floats_per_row) {
   MessageHeader h;
-  h.kind = MessageKind::q_shard;
+  h.kind = kind;
   h.src = src.id;
   h.dst = dst.id;
   h.token_begin = tokens.begin;
   h.token_end = tokens.end;
-  h.head_begin = static_cast<std::int32_t>(src.q_heads.begin);
-  h.head_end = static_cast<std::int32_t>(src.q_heads.end);
+  h.head_begin = static_cast<std::int32_t>(heads.begin);
+  h.head_end = static_cast<std::int32_t>(heads.end);
   h.batch = grid.problem.batch;
-  h.width = dims.head_dim;
-  h.floats = static_cast<std::int64_t>(h.batch) * src.q_heads.size() * tokens.size() * h.width;
+  h.width = grid.problem.dims.head_dim;
+  h.floats = static_cast<std::int64_t>(h.batch) * heads.size() * tokens.size() * floats_per_row;
   return h;
+}
+
+}  // namespace
+
+MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                             const Range& tokens) {
+  return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
+                     grid.problem.dims.head_dim);
 }
 
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                            const KvBlock& block) {
-  const LogicalRank& src = grid.at(dst.tp_rank, block.owner_cp_rank);
-  MessageHeader h;
-  h.kind = MessageKind::partial_state;
-  h.src = src.id;
-  h.dst = dst.id;
+  // out (head_dim floats) and lse (one) per row.
+  MessageHeader h =
+      rows_header(grid, MessageKind::partial_state, grid.at(dst.tp_rank, block.owner_cp_rank), dst,
+                  tokens, dst.q_heads, grid.problem.dims.head_dim + 1);
   h.block_index = block.index;
-  h.token_begin = tokens.begin;
-  h.token_end = tokens.end;
   h.block_begin = block.range.begin;
   h.block_end = block.range.end;
-  h.head_begin = static_cast<std::int32_t>(dst.q_heads.begin);
-  h.head_end = static_cast<std::int32_t>(dst.q_heads.end);
-  h.batch = grid.problem.batch;
-  h.width = grid.problem.dims.head_dim;
-  h.floats =
-      static_cast<std::int64_t>(h.batch) * dst.q_heads.size() * tokens.size() * (h.width + 1);
   return h;
+}
+
+MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                              const Range& tokens) {
+  // K then V rows.
+  return rows_header(grid, MessageKind::kv_shard, src, dst, tokens, src.kv_heads,
+                     2LL * grid.problem.dims.head_dim);
 }
 
 std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst) {
@@ -127,23 +137,6 @@ std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const Logical
     }
   }
   return out;
-}
-
-MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                              const Range& tokens) {
-  const ModelDims& dims = grid.problem.dims;
-  MessageHeader h;
-  h.kind = MessageKind::kv_shard;
-  h.src = src.id;
-  h.dst = dst.id;
-  h.token_begin = tokens.begin;
-  h.token_end = tokens.end;
-  h.head_begin = static_cast<std::int32_t>(src.kv_heads.begin);
-  h.head_end = static_cast<std::int32_t>(src.kv_heads.end);
-  h.batch = grid.problem.batch;
-  h.width = dims.head_dim;
-  h.floats = 2LL * h.batch * src.kv_heads.size() * tokens.size() * h.width;
-  return h;
 }
 
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst) {

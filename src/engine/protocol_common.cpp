@@ -149,14 +149,14 @@ void check_local(Transport& transport, std::vector<Message> states, std::map<int
 
 std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
                                            const std::vector<LogicalRank>& hosted,
-                                           const std::map<int, Inbox>& inboxes, ThreadPool& pool,
+                                           std::map<int, Inbox>& inboxes, ThreadPool& pool,
                                            bool keep_states) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
     RankOutput o{
         r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
-    const Inbox& inbox = inboxes.at(r.id);
+    Inbox& inbox = inboxes.at(r.id);
     struct MergeTask {
       Range tokens;
       int b;
@@ -184,8 +184,8 @@ std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
                            o.merged.lse.at(task.b, task.h, row));
     });
     if (keep_states) {
-      o.states = inbox.messages();
       o.arrival_order = inbox.arrival_order();
+      o.states = inbox.take_messages();
     }
     outputs.push_back(std::move(o));
   }

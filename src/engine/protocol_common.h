@@ -66,10 +66,11 @@ std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, Expecte
   return boxes;
 }
 
-/// Each hosted rank's validated states merged in global block order.
+/// Each hosted rank's validated states merged in global block order; `keep_states` moves the
+/// states out of the inboxes into the outputs.
 std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
                                            const std::vector<LogicalRank>& hosted,
-                                           const std::map<int, Inbox>& inboxes, ThreadPool& pool,
+                                           std::map<int, Inbox>& inboxes, ThreadPool& pool,
                                            bool keep_states);
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,

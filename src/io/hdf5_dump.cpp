@@ -141,9 +141,10 @@ class Hdf5Dump final : public TensorDump {
     const Handle type(CPD_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
     CPD_H5_CHECK(H5Tset_size(type.get(), std::max<std::size_t>(1, text.size())));
     const Handle space(CPD_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-    const Handle data(CPD_H5_CHECK(H5Dcreate2(parent.get(), path.substr(slash + 1).c_str(), type.get(), space.get(),
-                                              H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
-                      H5Dclose);
+    const Handle data(
+        CPD_H5_CHECK(H5Dcreate2(parent.get(), path.substr(slash + 1).c_str(), type.get(),
+                                space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
+        H5Dclose);
     CPD_H5_CHECK(H5Dwrite(data.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.c_str()));
   }
 

@@ -47,6 +47,8 @@ class Inbox {
   const std::vector<Message>& messages() const { return slots_; }
   /// Arrival order, for the merge-order probe.
   const std::vector<std::size_t>& arrival_order() const { return arrival_; }
+  /// Moves the messages out (the inbox is spent).
+  std::vector<Message> take_messages() { return std::move(slots_); }
 
  private:
   std::vector<MessageHeader> expected_;

@@ -1,0 +1,40 @@
+// Test support: digests of a protocol's merged outputs as global tensors, and the small
+// problem the invariance tests share.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpdrift/engine/protocol.h"
+#include "cpdrift/engine/tensor_stream.h"
+
+namespace cpd::testing {
+
+struct Digests {
+  std::string out, lse;
+};
+
+/// Collective over `coll`; the digests are valid on its rank 0.
+inline Digests digests_of(const CaseGrid& grid, const std::vector<RankOutput>& outs,
+                          const Collectives& coll, int world, int me) {
+  std::vector<const Shard*> o, l;
+  for (const RankOutput& r : outs) {
+    o.push_back(&r.merged.out);
+    l.push_back(&r.merged.lse);
+  }
+  return Digests{stream_digest(coll, global_tensor(grid, world, me, grid.problem.dims.head_dim, o),
+                               DigestFormat::fp32),
+                 stream_digest(coll, global_tensor(grid, world, me, 1, l), DigestFormat::fp32)};
+}
+
+/// S = 64, B = 1, Qwen3 heads: small enough for every topology, long enough for splits of 4.
+inline Problem small_problem() {
+  Problem p;
+  p.seq_len = 64;
+  return p;
+}
+
+inline constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
+inline constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
+
+}  // namespace cpd::testing
