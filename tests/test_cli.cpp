@@ -218,3 +218,45 @@ TEST_CASE("--dump without HDF5 is refused up front") {
   CHECK(r.err.find("built without HDF5") != std::string::npos);
 }
 #endif
+
+TEST_CASE("accept --mode run under mpirun -np 4: CPU rows pass, the rest fail closed, exit 1") {
+  const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                          "/cpdrift_accept_" + std::to_string(::getpid());
+  const Result r = run_mpi(4, "accept --mode run --threads 1 --output " + dir + "/acceptance.json");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("# Acceptance : FAILED") != std::string::npos);
+  std::string text;
+  if (FILE* f = std::fopen((dir + "/acceptance.json").c_str(), "r")) {
+    std::array<char, 4096> buf{};
+    std::size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) text.append(buf.data(), n);
+    std::fclose(f);
+  }
+  const cpd::json::Value doc = cpd::json::parse(text);
+  CHECK(doc.at("schema_version").as_string() == "ws2_attention_gpu_acceptance/v1");
+  CHECK(doc.at("mode").as_string() == "run");
+  CHECK(doc.at("status").as_string() == "failed");
+  std::size_t passed = 0;
+  for (const cpd::json::Value& c : doc.at("cases").as_array()) {
+    if (c.at("passed").as_bool()) ++passed;
+    CHECK((c.at("passed").as_bool() ||
+           !c.at("errors").as_array().empty()));  // every failure says why
+  }
+  CHECK(passed == 3);
+  FILE* report = std::fopen((dir + "/report.json").c_str(), "r");
+  CHECK(report != nullptr);  // the evidence the rows point at
+  if (report != nullptr) std::fclose(report);
+  run_command("rm -rf " + dir);
+}
+
+TEST_CASE("accept --mode manifest executes nothing and fails") {
+  const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                          "/cpdrift_manifest_" + std::to_string(::getpid());
+  const Result r = run("accept --mode manifest --output " + dir + "/acceptance.json");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("not_run      manifest mode executes nothing") != std::string::npos);
+  run_command("rm -rf " + dir);
+  const Result bad = run("accept --mode maybe --output x.json");
+  CHECK(bad.status == 2);
+  CHECK(bad.err.find("unknown mode") != std::string::npos);
+}

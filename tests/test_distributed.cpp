@@ -12,7 +12,9 @@
 #include <string>
 
 #include "case_digests.h"
+#include "cpdrift/accept/acceptance.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/tensor_stream.h"
@@ -198,16 +200,22 @@ TEST_CASE("reports are identical for one process and for all of them") {
   ThreadPool pool(1);
   InputStore inputs(p, pool);
   LocalCp1Results cp1;
+  LocalCp1Backward cp1_backward;
   const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
-  const RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
+  RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
+  ctx.cp1_backward = &cp1_backward;  // the backward and dlogp legs too
+  ctx.vocab_size = 17;
   const std::vector<json::Value> together = report_cases(ctx, specs);
   if (comm().rank() != 0) return;
   ThreadPool pool1(1);
   InputStore inputs1(p, pool1);
   LocalCp1Results cp1_alone;
+  LocalCp1Backward cp1_backward_alone;
   InProcessTransport in_process;
   const LocalCollectives one;
-  const RunContext alone_ctx{p, pool1, inputs1, in_process, one, cp1_alone};
+  RunContext alone_ctx{p, pool1, inputs1, in_process, one, cp1_alone};
+  alone_ctx.cp1_backward = &cp1_backward_alone;
+  alone_ctx.vocab_size = 17;
   const std::vector<json::Value> alone = report_cases(alone_ctx, specs);
   REQUIRE(alone.size() == together.size());
   for (std::size_t i = 0; i < alone.size(); ++i) {
@@ -217,6 +225,9 @@ TEST_CASE("reports are identical for one process and for all of them") {
   // Across protocols only the names differ: the drift sections are the same bytes.
   CHECK(json::to_string(together[0].at("drift")) == json::to_string(together[2].at("drift")));
   CHECK(json::to_string(together[1].at("per_rank")) == json::to_string(together[5].at("per_rank")));
+  CHECK(json::to_string(together[1].at("backward")) == json::to_string(together[3].at("backward")));
+  CHECK(together[0].at("backward").at("status").as_string() == "available");
+  CHECK(together[0].at("dlogp").at("status").as_string() == "available");
 }
 
 #if defined(CPD_HAVE_HDF5)
@@ -290,3 +301,120 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
   std::remove(path.c_str());
 }
 #endif
+
+namespace {
+
+// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill, every
+// protocol, backward and dlogp.
+json::Value evidence_report() {
+  Problem p;
+  p.seq_len = 16;
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  LocalCp1Results cp1;
+  LocalCp1Backward cp1_backward;
+  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+  RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
+  ctx.cp1_backward = &cp1_backward;
+  ctx.vocab_size = 17;
+  RunReport r;
+  r.problem = p;
+  r.vocab_size = 17;
+  r.provenance.world_size = comm().size();
+  r.provenance.transport = mpi->name();
+  for (const std::optional<std::int64_t> split :
+       {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
+    for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+      r.cases.push_back(run_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
+    }
+  }
+  return report_json(r);
+}
+
+json::Value& case_named(json::Value& report, const std::string& name) {
+  for (json::Value& c : report.at("cases").as_array()) {
+    if (c.at("case_name").as_string() == name) return c;
+  }
+  FAIL("no case " << name);
+  return report;
+}
+
+AcceptanceRow row_named(const std::string& name) {
+  for (const AcceptanceRow& r : required_matrix()) {
+    if (r.name == name) return r;
+  }
+  FAIL("no row " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fails closed") {
+  const json::Value report = evidence_report();
+  if (comm().rank() != 0) return;
+  const AcceptanceThresholds t;
+  const int world = comm().size();
+  const std::string chunked = "qwen3_8b_tp2_cp2_chunk4_bf16";
+  for (const char* name : {"qwen3_8b_tp2_cp2_prefill_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16",
+                           "cp_protocol_equivalence_tp2_cp2_chunk4"}) {
+    const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
+    CAPTURE(name);
+    CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+    // With fewer processes than logical ranks the row is unavailable, never passed.
+    CHECK(v.status == (world >= 4 ? "passed" : "unavailable"));
+  }
+  if (world < 4) return;
+  struct Fault {
+    const char* expect;
+    std::function<void(json::Value&)> apply;
+  };
+  const std::vector<Fault> faults = {
+      {"missing metric",
+       [](json::Value& c) { c["drift"]["cp_merge_fp32"]["out"].as_object().erase("max_abs"); }},
+      {"non-finite",
+       [](json::Value& c) { c["backward"]["report"]["drifts"].at(0)["dk"]["max_abs"] = nullptr; }},
+      {"negative metric", [](json::Value& c) { c["dlogp"]["drift"]["max_abs"] = -1.0; }},
+      {"exceeds", [](json::Value& c) { c["drift"]["cp_merge_fp32"]["lse"]["max_abs"] = 3e-4; }},
+      {"not run as requested",
+       [](json::Value& c) {
+         c["provenance"]["actual_split_kv_plans"].at(1)["actual_split_kv_size"] = 8;
+       }},
+      {"incomplete plan-set coverage",
+       [](json::Value& c) {
+         c["provenance"]["actual_split_kv_plan_set"]["entries"].as_array().pop_back();
+       }},
+      {"emulated transport",
+       [](json::Value& c) { c["distributed_p2p_reference"]["status"] = "skipped"; }},
+      {"emulated transport",
+       [](json::Value& c) { c["distributed_p2p_reference"]["transport"] = "inprocess"; }},
+      {"bitwise",
+       [](json::Value& c) { c["drift"]["topology_invariance"]["bitwise_equal"] = false; }},
+  };
+  for (const Fault& f : faults) {
+    json::Value bad = report;
+    f.apply(case_named(bad, chunked));
+    const RowVerdict v = evaluate_row(row_named(chunked), bad, t, world, "report.json");
+    CAPTURE(std::string(f.expect));
+    CHECK(v.status == "failed");
+    bool named = false;
+    for (const std::string& e : v.errors) named = named || e.find(f.expect) != std::string::npos;
+    CHECK(named);
+  }
+  // A protocol that disagrees breaks the equivalence row.
+  json::Value bad = report;
+  case_named(bad, chunked + "_ring_kv")["drift"]["cp_merge_fp32"]["out"]["digest"] = "0000";
+  CHECK(evaluate_row(row_named("cp_protocol_equivalence_tp2_cp2_chunk4"), bad, t, world, "r")
+            .status == "failed");
+  // A case that never ran, and rows cpdrift cannot execute yet, fail closed too.
+  json::Value empty = report;
+  empty["cases"] = json::Value::array();
+  CHECK(evaluate_row(row_named(chunked), empty, t, world, "r").status == "not_run");
+  CHECK(evaluate_row(row_named("p2p_nccl_reference_np2"), report, t, world, "r").status ==
+        "unavailable");
+  std::vector<RowVerdict> all;
+  for (const AcceptanceRow& r : required_matrix())
+    all.push_back(evaluate_row(r, report, t, world, "r"));
+  const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
+  CHECK_FALSE(doc.at("passed").as_bool());  // the GPU and paged rows are required and unavailable
+  CHECK(doc.at("failed_required_cases").size() == all.size() - 3);
+}

@@ -6,7 +6,9 @@
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/attention.h"
+#include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
+#include "cpdrift/numerics/attention_backward_math.h"
 #include "simd_info.h"
 
 namespace cpd {
@@ -50,6 +52,50 @@ double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, T
   return seconds_since(t);
 }
 
+// One CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out and lse:
+// the reference backward's work.
+double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
+  const int dim = p.dims.head_dim, group = p.dims.group_size();
+  const Range all{0, p.seq_len};
+  AttnShard fwd{Shard(in.q.shape),
+                Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
+  const std::vector<Range> grid{all};
+  std::vector<FoldJob> jobs;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.dims.num_q_heads; ++h) {
+      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, in.k.at(b, h / group, 0),
+                             in.v.at(b, h / group, 0), 0, grid, fwd.out.at(b, h, 0),
+                             fwd.lse.at(b, h, 0)});
+    }
+  }
+  run_fold_jobs(jobs, dim, p.dims.softmax_scale(), ProbRounding::none, pool);
+  const Shard d_out = generate_shard(p, TensorId::d_out, in.q.shape, InputPrecision::fp32, pool);
+  Shard delta(fwd.lse.shape), dq(in.q.shape);
+  for (std::size_t r = 0; r < delta.data.size(); ++r) {
+    delta.data[r] = backward_delta(d_out.data.data() + r * dim, fwd.out.data.data() + r * dim, dim);
+  }
+  std::vector<std::vector<float>> totals;
+  std::vector<BackwardUnit> units;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.dims.num_q_heads; ++h) {
+      totals.emplace_back(static_cast<std::size_t>(p.seq_len) * dim);
+      totals.emplace_back(static_cast<std::size_t>(p.seq_len) * dim);
+      BackwardUnit u;
+      u.blocks.push_back(QueryBlockRows{all, in.q.at(b, h, 0), d_out.at(b, h, 0),
+                                        fwd.lse.at(b, h, 0), delta.at(b, h, 0), dq.at(b, h, 0)});
+      u.k = in.k.at(b, h / group, 0);
+      u.v = in.v.at(b, h / group, 0);
+      u.keys = all;
+      u.dk_total = totals[totals.size() - 2].data();
+      u.dv_total = totals.back().data();
+      units.push_back(std::move(u));
+    }
+  }
+  const auto t = Clock::now();
+  run_backward_units(units, dim, p.dims.softmax_scale(), pool);
+  return seconds_since(t);
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
@@ -87,6 +133,13 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     std::printf("  %-26s %10.3f %10s %12s\n", "  (input generation)", gen, "", "");
     std::fflush(stdout);
   }
+  // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
+  const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
+  std::vector<double> times;
+  for (int i = 0; i < o.repeats; ++i) times.push_back(time_backward(p, in, pool));
+  std::sort(times.begin(), times.end());
+  std::printf("  %-26s %10.3f %10.3f %12.1f\n", "fp32_backward (2.5x flops)", times.front(),
+              times[times.size() / 2], 2.5 * flops / times.front() * 1e-9);
   return kExitOk;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -23,6 +24,20 @@ Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
   }
   if (value < min_value)
     bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
+  return value;
+}
+
+double parse_threshold(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || !(value >= 0) || !std::isfinite(value)) {
+    bad(flag + ": expected a finite non-negative number, got '" + text + "'");
+  }
   return value;
 }
 
@@ -171,8 +186,10 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
 CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine cl;
   std::size_t first = 0;
-  if (!args.empty() && (args[0] == "run" || args[0] == "bench")) {
-    cl.command = args[0] == "run" ? CommandLine::Command::run : CommandLine::Command::bench;
+  if (!args.empty() && (args[0] == "run" || args[0] == "bench" || args[0] == "accept")) {
+    cl.command = args[0] == "run"     ? CommandLine::Command::run
+                 : args[0] == "bench" ? CommandLine::Command::bench
+                                      : CommandLine::Command::accept;
     first = 1;
   }
   FlagReader r;
@@ -192,6 +209,35 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     r.value("--device",
             [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
     r.read(args, first);
+    return cl;
+  }
+  if (cl.command == CommandLine::Command::accept) {
+    AcceptOptions& a = cl.accept;
+    add_problem_flags(r, a.problem, seq_len_given);
+    r.value("--mode", [&](const std::string& f, const std::string& v) {
+      if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
+      a.mode = v;
+    });
+    r.value("--output", [&](const std::string& f, const std::string& v) {
+      if (v.empty()) bad(f + ": empty path");
+      a.output = v;
+    });
+    r.value("--threads", [&](const std::string& f, const std::string& v) {
+      a.threads = parse_int<int>(f, v, 1);
+    });
+    const auto threshold = [&](const char* flag, double& slot) {
+      r.value(flag, [&slot](const std::string& f, const std::string& v) {
+        slot = parse_threshold(f, v);
+      });
+    };
+    threshold("--out-threshold", a.thresholds.out_max_abs);
+    threshold("--lse-threshold", a.thresholds.lse_max_abs);
+    threshold("--dlogp-threshold", a.thresholds.dlogp_max_abs);
+    threshold("--gradient-threshold", a.thresholds.gradient_max_abs);
+    r.read(args, first);
+    if (cl.command == CommandLine::Command::help) return cl;
+    if (a.mode.empty()) bad("accept: --mode manifest|run is required");
+    if (a.output.empty()) bad("accept: --output DIR/acceptance.json is required");
     return cl;
   }
   RunOptions& o = cl.run;
@@ -215,6 +261,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     o.dump = v;
   });
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
+  r.toggle("--include-backward", [&] { o.include_backward = true; });
+  r.toggle("--include-dlogp", [&] { o.include_dlogp = true; });
+  r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
+    o.vocab_size = parse_int<int>(f, v, 2);
+  });
   r.value("--device",
           [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
   r.value("--threads",
@@ -258,6 +309,8 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
 std::string usage_text() {
   return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
        cpdrift bench [options]        FP32 reference and BF16-emulated kernel throughput
+       cpdrift accept --mode manifest|run --output DIR/acceptance.json
+                                      the fail-closed acceptance matrix (design section 7)
 
 Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
@@ -281,11 +334,18 @@ Execution and output
   --transport auto|mpi         how partial states move between processes (default auto: mpi)
   --threads N                  CPU threads per process (default: cores / processes per node)
   --output PATH                write the JSON report (atomically)
+  --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
+  --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
+  --vocab-size V               vocabulary of the synthetic lm_head (default 17)
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
   --quiet                      only the verdict line and errors
   -h, --help                   this text
+
+Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
+  --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X
+                               override design section 7's thresholds
 
 Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
 3 a failure while running.

@@ -94,8 +94,8 @@ void maybe_die_for_test(const CommContext& comm) {
 
 }  // namespace
 
-int run_command(const RunOptions& options, const CommContext& comm,
-                const std::string& command_line) {
+RunReport execute_run(const RunOptions& options, const CommContext& comm,
+                      const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   if (options.device == Device::cuda) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
@@ -121,9 +121,13 @@ int run_command(const RunOptions& options, const CommContext& comm,
   ThreadPool pool(report.provenance.threads);
   InputStore inputs(options.problem, pool);
   LocalCp1Results cp1_results;
-  const RunContext ctx{
-      options.problem,       pool,      inputs, *transport, comm.collectives(), cp1_results,
-      !options.dump.empty(), dump.get()};
+  LocalCp1Backward cp1_backward;
+  RunContext ctx{options.problem, pool, inputs, *transport, comm.collectives(), cp1_results};
+  ctx.dump_requested = !options.dump.empty();
+  ctx.dump = dump.get();
+  ctx.cp1_backward = options.include_backward ? &cp1_backward : nullptr;
+  ctx.vocab_size = options.include_dlogp ? options.vocab_size : 0;
+  report.vocab_size = ctx.vocab_size;
 
   report.merge_oracle_self_test = merge_oracle_self_test();
   if (options.problem.rope) report.rope = measure_rope_drift(ctx);
@@ -156,7 +160,12 @@ int run_command(const RunOptions& options, const CommContext& comm,
       std::fprintf(table, "# Drift check : %s\n", report.passed() ? "OK" : "FAILED");
     }
   }
-  return report.passed() ? kExitOk : kExitChecksFailed;
+  return report;
+}
+
+int run_command(const RunOptions& options, const CommContext& comm,
+                const std::string& command_line) {
+  return execute_run(options, comm, command_line).passed() ? kExitOk : kExitChecksFailed;
 }
 
 }  // namespace cpd

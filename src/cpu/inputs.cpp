@@ -19,8 +19,9 @@ std::vector<float> rope_inv_freq(const ModelDims& dims) {
 
 namespace {
 
+// q and dO are query-head tensors; k and v KV-head tensors.
 int heads_of(const ModelDims& dims, TensorId tensor) {
-  return tensor == TensorId::q ? dims.num_q_heads : dims.num_kv_heads;
+  return tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
 }
 
 // One task per (token range, block of rows): the row's RoPE cos/sin are computed once and
@@ -35,6 +36,8 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
   const int d = dims.head_dim;
   if (shape.width != d) throw std::invalid_argument("generate_shard: width must be head_dim");
   if (d % 4 != 0) throw std::invalid_argument("generate_shard: head_dim must be a multiple of 4");
+  if (tensor == TensorId::lm_head)
+    throw std::invalid_argument("generate_shard: lm_head is not a [B, H, S, D] tensor");
   const bool rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
   const bool round = precision == InputPrecision::bf16;
   const std::vector<float> inv_freq = rope_inv_freq(dims);
@@ -78,6 +81,21 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
     }
   });
   return shard;
+}
+
+std::vector<float> lm_head_columns(const Problem& problem, int vocab, Range columns) {
+  const std::int64_t width =
+      static_cast<std::int64_t>(problem.dims.num_q_heads) * problem.dims.head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(width)));
+  std::vector<float> w(static_cast<std::size_t>(vocab * columns.size()));
+  for (int v = 0; v < vocab; ++v) {
+    for (std::int64_t c = columns.begin; c < columns.end; ++c) {
+      w[static_cast<std::size_t>(v * columns.size() + (c - columns.begin))] =
+          normal_at(problem.seed, TensorId::lm_head, static_cast<std::uint64_t>(v * width + c)) *
+          scale;
+    }
+  }
+  return w;
 }
 
 }  // namespace cpd

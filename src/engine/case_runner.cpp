@@ -3,6 +3,7 @@
 #include <chrono>
 #include <optional>
 
+#include "case_support.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/tensor_stream.h"
 #include "cpdrift/numerics/bf16.h"
@@ -24,74 +25,42 @@ AttnShard final_write(const AttnShard& merged, bool bf16) {
   return written;
 }
 
-// Pieces of one comparison, each tagged with the CP rank whose query shard it belongs to.
-struct TaggedPart {
-  int cp_rank;
-  DiffPart part;
-};
+using casework::stats_of;
+using casework::Tagged;
 
 struct Comparison {
-  std::vector<TaggedPart> out, lse;
+  Tagged out, lse;
   void add(int cp_rank, const AttnShard& candidate, const AttnShard& reference) {
-    out.push_back(
-        {cp_rank,
-         {candidate.out.data.data(), reference.out.data.data(), candidate.out.data.size()}});
-    lse.push_back(
-        {cp_rank,
-         {candidate.lse.data.data(), reference.lse.data.data(), candidate.lse.data.size()}});
+    out.add(cp_rank, candidate.out, reference.out);
+    lse.add(cp_rank, candidate.lse, reference.lse);
   }
   void add_diffs(int cp_rank, const OracleDiffs& d) {
-    out.push_back({cp_rank, {d.out.data(), nullptr, d.out.size()}});
-    lse.push_back({cp_rank, {d.lse.data(), nullptr, d.lse.size()}});
+    out.add_diffs(cp_rank, d.out);
+    lse.add_diffs(cp_rank, d.lse);
   }
 };
-
-DiffStats stats_of(const RunContext& ctx, const std::vector<TaggedPart>& parts,
-                   std::optional<int> only_cp_rank = std::nullopt) {
-  std::vector<DiffPart> selected;
-  for (const TaggedPart& p : parts) {
-    if (!only_cp_rank || p.cp_rank == *only_cp_rank) selected.push_back(p.part);
-  }
-  return compute_diff_stats(selected, ctx.collectives, &ctx.pool);
-}
 
 OutLseStats stats_pair(const RunContext& ctx, const Comparison& c) {
   return OutLseStats{stats_of(ctx, c.out), stats_of(ctx, c.lse)};
 }
 
-// A case tensor (one per hosted rank) as a global out/lse pair, streamed for its digests
-// and, when dumping, written under /cases/<case>/<name>/.
+// A case's out/lse (one per hosted rank), published under /cases/<case>/<name>/.
 struct Published {
   std::string out, lse;
 };
 
 Published publish(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
                   const char* name, const std::vector<const AttnShard*>& hosted, bool bf16_out) {
-  const int world = ctx.transport.world_size(), me = ctx.transport.process_index();
   std::vector<const Shard*> outs, lses;
   for (const AttnShard* a : hosted) {
     outs.push_back(&a->out);
     lses.push_back(&a->lse);
   }
-  Published p;
-  for (const bool is_out : {true, false}) {
-    const GlobalTensor t = global_tensor(grid, world, me, is_out ? grid.problem.dims.head_dim : 1,
-                                         is_out ? outs : lses);
-    PieceSink sink;
-    if (ctx.dump != nullptr) {
-      std::vector<std::int64_t> dims{t.batch, t.heads, t.seq_len};
-      if (is_out) dims.push_back(t.width);
-      ctx.dump->begin("/cases/" + case_name + "/" + name + "/" + (is_out ? "out" : "lse"), dims,
-                      {{"shape", std::string(is_out ? "[B, H, S, D]" : "[B, H, S]")},
-                       {"original_dtype", std::string(is_out && bf16_out ? "bfloat16" : "float32")},
-                       {"stored_dtype", std::string("float32")}});
-      sink = [&](const GlobalPiece& piece, const float* rows) { ctx.dump->write(piece, rows); };
-    }
-    const DigestFormat format = is_out && bf16_out ? DigestFormat::bf16 : DigestFormat::fp32;
-    (is_out ? p.out : p.lse) = stream_digest(ctx.collectives, t, format, sink);
-    if (ctx.dump != nullptr) ctx.dump->end();
-  }
-  return p;
+  const std::string base = "/cases/" + case_name + "/" + name + "/";
+  return Published{
+      casework::publish_tensor(ctx, grid, base + "out", outs, grid.problem.dims.head_dim,
+                               HeadKind::query, bf16_out),
+      casework::publish_tensor(ctx, grid, base + "lse", lses, 1, HeadKind::query, false)};
 }
 
 }  // namespace
@@ -195,6 +164,18 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
     row.candidate = {stats_of(ctx, dtype_path.out, r), stats_of(ctx, dtype_path.lse, r)};
     row.cp_merge = {stats_of(ctx, cp_merge.out, r), stats_of(ctx, cp_merge.lse, r)};
     result.per_rank.push_back(std::move(row));
+  }
+  if (ctx.cp1_backward != nullptr)
+    result.backward = casework::measure_backward(ctx, grid, fp32, result.name);
+  if (ctx.vocab_size > 0) {
+    // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the FP32
+    // CP=1 output cast the same way.
+    std::vector<AttnShard> cast;
+    cast.reserve(tensors.size());
+    for (const RankTensors& t : tensors) cast.push_back(final_write(t.reference, bf16));
+    std::vector<const AttnShard*> cast_shards;
+    for (const AttnShard& a : cast) cast_shards.push_back(&a);
+    result.dlogp = casework::measure_dlogp(ctx, grid, dtype_shards, cast_shards, result.name);
   }
 
   // Which blocks each query owner merged, as it happened: counted on the hosting processes

@@ -29,24 +29,24 @@ bool same_header(const MessageHeader& a, const MessageHeader& b) {
          a.width == b.width && a.floats == b.floats;
 }
 
-// A message is identified by what it carries (kind, block, token range, destination); the
-// rest of the header must then agree with the manifest.
-bool same_slot(const MessageHeader& a, const MessageHeader& b) {
-  return a.kind == b.kind && a.dst == b.dst && a.block_index == b.block_index &&
-         a.token_begin == b.token_begin && a.token_end == b.token_end;
-}
-
 }  // namespace
 
+Inbox::SlotKey Inbox::key_of(const MessageHeader& h) {
+  return SlotKey{
+      static_cast<int>(h.kind), h.dst, h.block_index, h.token_begin, h.token_end, h.head_begin};
+}
+
 Inbox::Inbox(std::vector<MessageHeader> expected)
-    : expected_(std::move(expected)), slots_(expected_.size()), filled_(expected_.size(), false) {}
+    : expected_(std::move(expected)), slots_(expected_.size()), filled_(expected_.size(), false) {
+  for (std::size_t i = 0; i < expected_.size(); ++i) index_.emplace(key_of(expected_[i]), i);
+}
 
 void Inbox::accept(Message message) {
   const MessageHeader& h = message.header;
-  const auto it = std::find_if(expected_.begin(), expected_.end(),
-                               [&](const MessageHeader& e) { return same_slot(e, h); });
-  if (it == expected_.end()) throw ProtocolError("unexpected " + describe(h));
-  const auto slot = static_cast<std::size_t>(it - expected_.begin());
+  const auto found = index_.find(key_of(h));
+  if (found == index_.end()) throw ProtocolError("unexpected " + describe(h));
+  const std::size_t slot = found->second;
+  const MessageHeader* it = &expected_[slot];
   if (filled_[slot]) throw ProtocolError("duplicated " + describe(h));
   if (!same_header(*it, h) || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
     throw ProtocolError("mis-shaped " + describe(h) + ": expected " + describe(*it) + " with " +
@@ -134,6 +134,53 @@ std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const Logical
         return causally_visible(b.range, tokens);
       });
       if (needed) out.push_back(q_shard_header(grid, src, dst, tokens));
+    }
+  }
+  return out;
+}
+
+std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out = expected_q_shards(grid, dst);
+  for (MessageHeader& h : out) {
+    h = rows_header(grid, MessageKind::backward_rows, grid.ranks[static_cast<std::size_t>(h.src)],
+                    dst, h.tokens(), h.heads(), 2LL * grid.problem.dims.head_dim + 2);
+  }
+  return out;
+}
+
+MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
+                                const KvBlock& block) {
+  MessageHeader h =
+      rows_header(grid, MessageKind::dq_partial, grid.at(dst.tp_rank, block.owner_cp_rank), dst,
+                  tokens, dst.q_heads, grid.problem.dims.head_dim);
+  h.block_index = block.index;
+  h.block_begin = block.range.begin;
+  h.block_end = block.range.end;
+  return h;
+}
+
+std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out;
+  for (const Range& tokens : dst.tokens) {
+    for (const KvBlock& block : grid.blocks) {
+      if (causally_visible(block.range, tokens))
+        out.push_back(dq_partial_header(grid, dst, tokens, block));
+    }
+  }
+  return out;
+}
+
+std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
+                                                   int vocab) {
+  std::vector<MessageHeader> out;
+  if (dst.tp_rank != 0) return out;
+  for (int t = 1; t < grid.spec.tp; ++t) {
+    const LogicalRank& src = grid.at(t, dst.cp_rank);
+    for (const Range& tokens : src.tokens) {
+      MessageHeader h =
+          rows_header(grid, MessageKind::logit_partial, src, dst, tokens, src.q_heads, 2LL * vocab);
+      h.width = vocab;
+      out.push_back(h);
     }
   }
   return out;

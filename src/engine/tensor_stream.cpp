@@ -9,10 +9,11 @@
 namespace cpd {
 
 GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
-                           const std::vector<const Shard*>& hosted) {
+                           const std::vector<const Shard*>& hosted, HeadKind heads) {
   GlobalTensor t;
   t.batch = grid.problem.batch;
-  t.heads = grid.problem.dims.num_q_heads;
+  const bool kv = heads == HeadKind::kv;
+  t.heads = kv ? grid.problem.dims.num_kv_heads : grid.problem.dims.num_q_heads;
   t.seq_len = grid.problem.seq_len;
   t.width = width;
   struct Entry {
@@ -25,7 +26,8 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
     const int owner = process_of(r.id, world_size);
     const Shard* shard = owner == process ? hosted.at(next_hosted++) : nullptr;
     for (int b = 0; b < t.batch; ++b) {
-      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+      const Range& owned = kv ? r.kv_heads : r.q_heads;
+      for (std::int64_t h = owned.begin; h < owned.end; ++h) {
         for (const Range& tokens : r.tokens) {
           const float* data =
               shard ? shard->at(b, h, shard->shape.local_row(tokens.begin)) : nullptr;

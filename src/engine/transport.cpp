@@ -14,13 +14,19 @@ const char* to_string(MessageKind k) {
       return "kv_shard";
     case MessageKind::partial_state:
       return "partial_state";
+    case MessageKind::backward_rows:
+      return "backward_rows";
+    case MessageKind::dq_partial:
+      return "dq_partial";
+    case MessageKind::logit_partial:
+      return "logit_partial";
   }
   return "unknown";
 }
 
 std::string describe(const MessageHeader& h) {
   std::string s = to_string(h.kind);
-  if (h.kind == MessageKind::partial_state) {
+  if (h.block_index >= 0) {
     s += " of KV block " + std::to_string(h.block_index) + " [" + std::to_string(h.block_begin) +
          "," + std::to_string(h.block_end) + ")";
   }

@@ -54,6 +54,15 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
                          std::to_string(s->mismatch_count) + " elements");
       }
     }
+    if (c.backward.available) {
+      check_max(failed, n + ": backward.dq", c.backward.dq, t.gradient_max_abs);
+      check_max(failed, n + ": backward.dk", c.backward.dk, t.gradient_max_abs);
+      check_max(failed, n + ": backward.dv", c.backward.dv, t.gradient_max_abs);
+      for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv}) {
+        check_finite(failed, n + ": backward.bf16_final_write", *s);
+      }
+    }
+    if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
     if (c.topology_required &&
         !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
       failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +

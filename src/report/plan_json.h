@@ -12,8 +12,6 @@ namespace cpd {
 json::Value ranges_json(const std::vector<Range>& ranges);
 json::Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv);
 json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const Provenance& pv);
-json::Value launch_json(const Provenance& pv);
-json::Value runtime_json(const Provenance& pv);
 
 /// The split plan of CP owner `owner` (report contract, "A split plan").
 json::Value split_plan_json(const Problem& p, const CaseSpec& spec, int owner);

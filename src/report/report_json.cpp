@@ -1,5 +1,6 @@
 // The ws2_cp_attention_drift/v2 report: root blocks and the per-case drift sections.
 #include "cpdrift/report/run_report.h"
+#include "legs_json.h"
 #include "plan_json.h"
 
 namespace cpd {
@@ -112,13 +113,6 @@ Value p2p_json(const RunReport& report, const CaseResult& c) {
   return v;
 }
 
-Value not_requested(const char* reason) {
-  Value v = Value::object();
-  v["status"] = "not_requested";
-  v["reason"] = reason;
-  return v;
-}
-
 }  // namespace
 
 Value case_json(const RunReport& report, const CaseResult& c) {
@@ -157,8 +151,8 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   for (const PerRankDrift& pr : c.per_rank) per_rank.push_back(per_rank_json(pr));
   v["per_rank"] = std::move(per_rank);
 
-  v["backward"] = not_requested("run with --include-backward (not implemented yet)");
-  v["dlogp"] = not_requested("run with --include-dlogp (not implemented yet)");
+  v["backward"] = backward_json(report, c);
+  v["dlogp"] = dlogp_case_json(c, report.problem.dtype);
   v["distributed_p2p_reference"] = p2p_json(report, c);
 
   Value run = Value::object();
@@ -222,14 +216,14 @@ Value report_json(const RunReport& r) {
   oracle["max_lse_abs"] = worst_lse;
   v["merge_oracle"] = std::move(oracle);
 
-  Value dlogp = not_requested("selected-token logprob drift is not requested (--include-dlogp)");
-  dlogp["source"] = "synthetic_fp32_lm_head_projection";
-  v["dlogp"] = std::move(dlogp);
+  v["dlogp"] = dlogp_root_json(r);
 
   Value thresholds = Value::object();
   thresholds["out_max_abs"] = r.thresholds.out_max_abs;
   thresholds["lse_max_abs"] = r.thresholds.lse_max_abs;
   thresholds["bf16_final_write_out_max_abs"] = r.thresholds.bf16_write_max_abs;
+  thresholds["dlogp_max_abs"] = r.thresholds.dlogp_max_abs;
+  thresholds["gradient_max_abs"] = r.thresholds.gradient_max_abs;
   v["thresholds"] = std::move(thresholds);
 
   Value cases = Value::array();

@@ -3,12 +3,23 @@
 
 #include "cpdrift/cli/options.h"
 #include "cpdrift/comm/comm_context.h"
+#include "cpdrift/report/run_report.h"
 
 namespace cpd {
 
-/// Runs every case, writes the report, prints the table; 0 when every check passed, 1 else.
+/// Runs every case, writes the report (and dump), prints the table; returns the report (its
+/// statistics on every process, its digests on rank 0).
+RunReport execute_run(const RunOptions& options, const CommContext& comm,
+                      const std::string& command_line);
+
+/// execute_run's exit status: 0 when every check passed, 1 else.
 int run_command(const RunOptions& options, const CommContext& comm,
                 const std::string& command_line);
+
+/// `cpdrift accept`: the acceptance matrix, written as ws2_attention_gpu_acceptance/v1; 0 only
+/// when every required row passed.
+int accept_command(const AcceptOptions& options, const CommContext& comm,
+                   const std::string& command_line);
 
 /// Prints FP32-reference and BF16-emulated forward throughput.
 int bench_command(const BenchOptions& options, const CommContext& comm);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/accept/acceptance.h"
 #include "cpdrift/core/plan.h"
 
 namespace cpd {
@@ -25,6 +26,9 @@ struct RunOptions {
   int threads = 0;     // 0: the machine's cores shared among this node's processes
   std::string output;  // JSON report path; empty: none
   std::string dump;    // HDF5 tensor dump path; empty: none
+  bool include_backward = false;
+  bool include_dlogp = false;
+  int vocab_size = 17;
   bool dump_inputs = false;
   bool json = false;  // print the JSON report on stdout
   bool quiet = false;
@@ -38,10 +42,19 @@ struct BenchOptions {
   Device device = Device::auto_select;
 };
 
+struct AcceptOptions {
+  std::string mode;    // "manifest" or "run"
+  std::string output;  // DIR/acceptance.json; the drift report goes beside it
+  Problem problem;     // seq_len defaults to 16
+  int threads = 0;
+  AcceptanceThresholds thresholds;
+};
+
 struct CommandLine {
-  enum class Command { run, bench, help } command = Command::run;
+  enum class Command { run, bench, accept, help } command = Command::run;
   RunOptions run;
   BenchOptions bench;
+  AcceptOptions accept;
 };
 
 /// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.

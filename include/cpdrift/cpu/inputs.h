@@ -18,11 +18,16 @@ enum class InputPrecision { fp32, bf16 };
 /// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
 std::vector<float> rope_inv_freq(const ModelDims& dims);
 
-/// Fills `shape` (heads are Q heads for TensorId::q, KV heads for k and v; width head_dim) of
+/// Fills `shape` (heads are Q heads for q and d_out, KV heads for k and v; width head_dim) of
 /// tensor `tensor` of `problem`: standard normals at their global coordinates
 /// ((b·H + h)·S + s)·D + d, RoPE at the global position for q and k when problem.rope,
 /// then the precision's rounding. Any slice equals the same slice cut from the whole tensor.
 Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                      InputPrecision precision, ThreadPool& pool);
+
+/// Columns [columns) of the synthetic FP32 lm_head W[vocab, Hq·D]: element (v, c) is the normal
+/// at linear index v·Hq·D + c of TensorId::lm_head times float(1/sqrt(Hq·D)) (one FP32 product;
+/// the usual fan-in scale keeps the logits O(1)). Returned row-major [vocab][columns.size()].
+std::vector<float> lm_head_columns(const Problem& problem, int vocab, Range columns);
 
 }  // namespace cpd

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpdrift/core/plan.h"
+#include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/collectives.h"
 #include "cpdrift/engine/local_cp1.h"
 #include "cpdrift/engine/transport.h"
@@ -23,8 +24,10 @@ struct RunContext {
   Transport& transport;
   const Collectives& collectives;
   LocalCp1Results& cp1_results;
-  bool dump_requested = false;  // every process streams the dumped tensors to rank 0
-  TensorDump* dump = nullptr;   // rank 0's writer when dumping
+  bool dump_requested = false;               // every process streams the dumped tensors to rank 0
+  TensorDump* dump = nullptr;                // rank 0's writer when dumping
+  LocalCp1Backward* cp1_backward = nullptr;  // set: run the backward leg (--include-backward)
+  int vocab_size = 0;                        // > 0: run the dlogp leg (--include-dlogp)
 };
 
 /// Drift of one candidate tensor pair against its reference.
@@ -39,6 +42,26 @@ struct PerRankDrift {
   std::vector<Range> tokens;
   OutLseStats candidate;  // the case's dtype path vs the FP32 reference
   OutLseStats cp_merge;   // the FP32 candidate vs the FP32 reference
+};
+
+/// The backward leg (report `backward`): the case's FP32 gradients vs the CP=1 reference.
+struct BackwardDrift {
+  struct PerRank {
+    int cp_rank = 0;
+    DiffStats dq, dk, dv;  // over the CP query shard (dq) and KV shard (dk, dv)
+  };
+  bool available = false;
+  DiffStats dq, dk, dv;
+  DiffStats bf16_dq, bf16_dk, bf16_dv;  // the gradients' BF16 final write vs the FP32 reference
+  std::vector<PerRank> per_rank;
+};
+
+/// The dlogp leg (report `dlogp`): target-token logprobs of the BF16 CP output vs the FP32
+/// CP=1 output cast to BF16, through the synthetic lm_head.
+struct DlogpDrift {
+  bool available = false;
+  int vocab_size = 0;
+  DiffStats drift;  // over the active tokens
 };
 
 struct CaseResult {
@@ -59,6 +82,8 @@ struct CaseResult {
   /// per CP query owner the global block indices it actually merged.
   int processes_used = 1;
   std::vector<std::vector<int>> merged_block_indices;
+  BackwardDrift backward;
+  DlogpDrift dlogp;
 };
 
 /// Runs one case. Collective over the transport's processes; every process returns the

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "cpdrift/core/plan.h"
@@ -51,7 +53,15 @@ class Inbox {
   std::vector<Message> take_messages() { return std::move(slots_); }
 
  private:
+  // A message is identified by what it carries (kind, destination, block, token range and, for
+  // per-head-range messages from several TP ranks, its first head); the rest of the header
+  // must then agree with the manifest.
+  using SlotKey =
+      std::tuple<int, std::int32_t, std::int32_t, std::int64_t, std::int64_t, std::int32_t>;
+  static SlotKey key_of(const MessageHeader& h);
+
   std::vector<MessageHeader> expected_;
+  std::map<SlotKey, std::size_t> index_;
   std::vector<Message> slots_;
   std::vector<bool> filled_;
   std::vector<std::size_t> arrival_;
@@ -81,6 +91,22 @@ MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, cons
 /// allgather_kv: the K/V ranges of the other CP ranks (same TP rank) that hold a key visible
 /// to one of dst's query ranges.
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst);
+
+/// Backward: the query ranges (q, dO, lse, Δ) `dst` must receive to serve its KV blocks —
+/// the same ranges as expected_q_shards.
+std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst);
+
+/// Header of the partial dq of `dst`'s query rows `tokens` against `block`.
+MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
+                                const KvBlock& block);
+
+/// Backward: the partial dq `dst` must receive, one per (token range, causally visible block).
+std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst);
+
+/// dlogp: the per-head partial logits the token owner (TP rank 0 of each CP rank) must receive:
+/// one per token range from every other TP rank of its CP rank. Nothing for other ranks.
+std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
+                                                   int vocab);
 
 /// ring_kv, step s ≥ 1: the K/V ranges of CP rank (dst - s) mod CP, forwarded by the previous
 /// rank on the ring, (dst - 1) mod CP.

@@ -33,8 +33,12 @@ struct GlobalTensor {
   std::vector<StreamSegment> segments;  // same order; data set where hosted here
 };
 
+/// Whose heads a tensor's shards are laid out over.
+enum class HeadKind { query, kv };
+
 GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
-                           const std::vector<const Shard*>& hosted);
+                           const std::vector<const Shard*>& hosted,
+                           HeadKind heads = HeadKind::query);
 
 /// Called on rank 0 for every piece in global order with its rows ([tokens][width]).
 using PieceSink = std::function<void(const GlobalPiece&, const float* rows)>;

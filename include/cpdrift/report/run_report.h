@@ -16,6 +16,8 @@ struct Thresholds {
   double out_max_abs = 2.0e-4;         // cp_merge_fp32 out
   double lse_max_abs = 2.0e-4;         // cp_merge_fp32 lse, and the FP64 merge oracle
   double bf16_write_max_abs = 2.0e-2;  // dtype_path_vs_fp32 out under a BF16 final write
+  double dlogp_max_abs = 5.0e-2;       // selected-token logprobs
+  double gradient_max_abs = 5.0e-2;    // dq, dk, dv
 };
 
 /// Where and how the run happened: the report's launch and runtime blocks.
@@ -41,6 +43,7 @@ struct RunReport {
   Provenance provenance;
   Problem problem;
   Thresholds thresholds;
+  int vocab_size = 0;  // > 0 when dlogp was requested
   RopeDrift rope;
   std::string merge_oracle_self_test;  // "" when it passed
   std::vector<CaseResult> cases;
@@ -58,6 +61,10 @@ json::Value report_json(const RunReport& report);
 
 /// One case's JSON object (the `cases[]` element).
 json::Value case_json(const RunReport& report, const CaseResult& c);
+
+/// The report's `launch` and `runtime` blocks.
+json::Value launch_json(const Provenance& pv);
+json::Value runtime_json(const Provenance& pv);
 
 /// A stats object: {max_abs, mean_abs, p95_abs, p99_abs, active_count, bitwise_equal,
 /// mismatch_count, max_ulp, digest}; numbers are null (and nonfinite_count > 0) when the

@@ -1,0 +1,73 @@
+// The fail-closed acceptance gate (design §7, report contract `ws2_attention_gpu_acceptance/v1`):
+// the required matrix, and the evaluation of each row from executed evidence only.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpdrift/report/json.h"
+
+namespace cpd {
+
+/// Thresholds of design §7 (from the reference contract); CLI flags can override them.
+struct AcceptanceThresholds {
+  double out_max_abs = 2.0e-4;
+  double lse_max_abs = 2.0e-4;
+  double dlogp_max_abs = 5.0e-2;
+  double gradient_max_abs = 5.0e-2;
+  double paged_out_max_abs = 1.0e-2;
+  double paged_lse_max_abs = 2.0e-3;
+  double paged_dlogp_max_abs = 2.0e-3;
+};
+
+/// One row of the required matrix.
+struct AcceptanceRow {
+  enum class Kind {
+    distributed_case,      // one drift-report case: thresholds, plans, coverage, real transport
+    protocol_equivalence,  // the same case under every CP protocol: bitwise equal digests
+    not_yet_available,     // delivered by a later part of cpdrift: fails closed
+  };
+  std::string name;
+  Kind kind = Kind::not_yet_available;
+  bool required = true;
+  int processes = 0;                // the job size the evidence needs
+  std::vector<std::string> cases;   // report case names the row reads
+  bool backward_and_dlogp = false;  // the row's case must carry both legs
+  bool bitwise_topology = false;    // topology invariance must hold bitwise
+  std::string unavailable_reason;
+};
+
+/// The required matrix: Qwen3-8B TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
+/// CP protocol equivalence, paged prefill/decode with split-KV disabled and fixed,
+/// batch/page-layout invariance, and the NCCL and CUDA-IPC transports at 2/4/8 ranks.
+std::vector<AcceptanceRow> required_matrix();
+
+/// What a row concluded.
+struct RowVerdict {
+  std::string name;
+  bool required = true;
+  std::string status;  // passed, failed, not_run, unavailable, execution_error, invalid_report
+  std::vector<std::string> errors;
+  json::Value evidence = json::Value::object();
+
+  bool passed() const { return status == "passed"; }
+};
+
+/// Evaluates a row against a drift report (`report`: null when nothing ran). Every metric the
+/// row needs must be present, a finite non-negative number, within its threshold; a fixed split
+/// plan must have run as requested; the plan set must cover B·TP·CP·CP owners tiling [0, S);
+/// the transport must be a real one between `row.processes` processes. Anything else fails.
+RowVerdict evaluate_row(const AcceptanceRow& row, const json::Value& report,
+                        const AcceptanceThresholds& t, int world_size,
+                        const std::string& report_path);
+
+/// A row in manifest mode, which executes nothing: not_run (or unavailable for rows cpdrift
+/// cannot execute yet).
+RowVerdict manifest_row(const AcceptanceRow& row);
+
+/// The acceptance document.
+json::Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
+                            const AcceptanceThresholds& t, const json::Value& runtime,
+                            const std::string& created_at);
+
+}  // namespace cpd

@@ -1,0 +1,59 @@
+// The CPU backend's attention backward: bit for bit the canonical block-pair arithmetic of
+// numerics/attention_backward_math.h, tiled 16 query rows at a time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cpdrift/core/range.h"
+#include "cpdrift/cpu/thread_pool.h"
+
+namespace cpd {
+
+struct BackwardScratch {
+  std::vector<float> q_t, d_out_t;  // [dim][16]
+  std::vector<float> p, ds, dp;     // [keys][16]
+  std::vector<float> dk, dv;        // [keys][dim]: one query block's partials
+};
+
+/// One query tile (rows ≤ 16 consecutive positions first_pos …, of one head) against every key
+/// of one KV block (`keys`; k, v [keys.size()][dim]):
+///   dq [rows][dim]             ← the rows' partial dq over this block (overwritten)
+///   dk, dv [keys.size()][dim]  += the rows' contributions, in row order
+/// q, d_out [rows][dim]; lse (merged forward), delta [rows]. dim: a multiple of 64.
+void backward_tile(const float* q, const float* d_out, const float* lse, const float* delta,
+                   std::int64_t first_pos, int rows, const float* k, const float* v, Range keys,
+                   int dim, float scale, BackwardScratch& scratch, float* dq, float* dk, float* dv);
+
+/// The rows of one head that make one query block of the grid, and where their partial dq
+/// against the unit's KV block goes.
+struct QueryBlockRows {
+  Range tokens;
+  const float* q = nullptr;      // [rows][dim]
+  const float* d_out = nullptr;  // [rows][dim]
+  const float* lse = nullptr;    // [rows]
+  const float* delta = nullptr;  // [rows]
+  float* dq_partial = nullptr;   // [rows][dim], written
+};
+
+/// One head against one KV block: every query block in `blocks` (ascending, each causally
+/// non-empty with the KV block) gets its partial dq; dk_total, dv_total [keys][dim] receive
+/// the fold over the query blocks in order of their per-block partials.
+struct BackwardUnit {
+  std::vector<QueryBlockRows> blocks;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  Range keys;
+  float* dk_total = nullptr;
+  float* dv_total = nullptr;
+};
+
+void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale,
+                        ThreadPool& pool);
+
+/// out ← first term, then out = out + term for each further term (the canonical fold of
+/// partial sums over blocks or heads), element-wise over `n` floats.
+void fold_terms(std::span<const float* const> terms, std::size_t n, float* out);
+
+}  // namespace cpd

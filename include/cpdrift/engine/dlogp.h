@@ -1,0 +1,27 @@
+// The logprob side (design §3): selected-token logprobs of the candidate attention output and
+// of the reference through a synthetic FP32 lm_head, TP partial logits folded at the token owner.
+#pragma once
+
+#include <vector>
+
+#include "cpdrift/engine/protocol.h"
+
+namespace cpd {
+
+/// Logprobs of the target tokens held by one token owner (TP rank 0 of a CP rank), shape
+/// [B][1][its tokens][1].
+struct TokenLogprobs {
+  LogicalRank rank;
+  Shard candidate, reference;
+};
+
+/// `candidate`, `reference`: per hosted rank (hosted_ranks order), the attention outputs the
+/// hidden states come from (the BF16 CP output; the FP32 CP=1 output cast to BF16). Each rank
+/// projects its heads; the per-head partial logits travel to the token owner, which folds them
+/// in ascending head order and takes log_softmax at the target. Collective.
+std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
+                                     const std::vector<const AttnShard*>& candidate,
+                                     const std::vector<const AttnShard*>& reference, int vocab,
+                                     Transport& transport, ThreadPool& pool);
+
+}  // namespace cpd

@@ -1,0 +1,43 @@
+// The selected-token logprob (dlogp) arithmetic (design §3, docs/numerics.md §7).
+//
+// hidden[b, s, h·D + d] = out[b, h, s, d]; W[v, c] is the synthetic FP32 lm_head. The logit of
+// token (b, s) and vocabulary entry v is a fold over heads in ascending order of per-head
+// partials, so any TP split of the heads gives the same bits:
+//
+//   z_h[v]   = dot_seq(hidden[h·D … h·D+D), W[v, h·D … h·D+D))
+//   logit[v] = ((z_0[v] + z_1[v]) + z_2[v]) + …
+//   m = max_v logit (sequential), sum = sequential Σ_v exp(logit - m) from +0
+//   logp[v] = logit[v] - (m + log(sum))
+//
+// The target of token (b, s) is (b·S + s) mod V; every token but each sequence's first is
+// active.
+#pragma once
+
+#include <cstdint>
+
+#include "cpdrift/numerics/attention_math.h"
+
+namespace cpd {
+
+/// Per-head partial logits of one token: z[v] for v < vocab. `hidden` is the head's D values,
+/// `w` the lm_head with row stride `ldw`, already offset to the head's first column.
+CPD_HD void head_partial_logits(const float* hidden, const float* w, std::int64_t ldw, int dim,
+                                int vocab, float* z) {
+  for (int v = 0; v < vocab; ++v) z[v] = dot_seq(hidden, w + v * ldw, dim);
+}
+
+/// log_softmax(logits)[target] in FP32.
+CPD_HD float log_softmax_at(const float* logits, int vocab, int target) {
+  float m = neg_inf_f32();
+  for (int v = 0; v < vocab; ++v) m = logits[v] > m ? logits[v] : m;
+  float sum = 0.0f;
+  for (int v = 0; v < vocab; ++v) sum = sum + exp_f32(logits[v] - m);
+  return logits[target] - (m + log_f32(sum));
+}
+
+/// The target token of position s of sequence b.
+CPD_HD int logprob_target(int b, std::int64_t s, std::int64_t seq_len, int vocab) {
+  return static_cast<int>((static_cast<std::int64_t>(b) * seq_len + s) % vocab);
+}
+
+}  // namespace cpd

@@ -1,0 +1,394 @@
+#include "cpdrift/accept/acceptance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace cpd {
+
+using json::Value;
+
+std::vector<AcceptanceRow> required_matrix() {
+  using K = AcceptanceRow::Kind;
+  std::vector<AcceptanceRow> rows;
+  rows.push_back({"qwen3_8b_tp2_cp2_prefill_bf16",
+                  K::distributed_case,
+                  true,
+                  4,
+                  {"qwen3_8b_tp2_cp2_prefill_bf16"},
+                  true,
+                  false,
+                  ""});
+  rows.push_back({"qwen3_8b_tp2_cp2_chunk4_bf16",
+                  K::distributed_case,
+                  true,
+                  4,
+                  {"qwen3_8b_tp2_cp2_chunk4_bf16"},
+                  true,
+                  true,
+                  ""});
+  rows.push_back({"cp_protocol_equivalence_tp2_cp2_chunk4",
+                  K::protocol_equivalence,
+                  true,
+                  4,
+                  {"qwen3_8b_tp2_cp2_chunk4_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16_ring_kv",
+                   "qwen3_8b_tp2_cp2_chunk4_bf16_allgather_kv"},
+                  false,
+                  true,
+                  ""});
+  const std::string paged =
+      "paged KV-cache prefill and decode are not implemented yet (the rollout side)";
+  for (const char* mode : {"paged_prefill", "paged_decode"}) {
+    for (const char* split : {"split_kv_disabled", "split_kv_fixed"}) {
+      rows.push_back({std::string(mode) + "_" + split,
+                      K::not_yet_available,
+                      true,
+                      0,
+                      {},
+                      false,
+                      false,
+                      paged});
+    }
+  }
+  rows.push_back(
+      {"batch_invariance_paged", K::not_yet_available, true, 0, {}, false, false, paged});
+  rows.push_back(
+      {"page_layout_invariance", K::not_yet_available, true, 0, {}, false, false, paged});
+  const std::string cuda =
+      "needs the CUDA backend and a GPU per process; this build has no CUDA backend yet";
+  for (int np : {2, 4, 8}) {
+    rows.push_back({"p2p_nccl_reference_np" + std::to_string(np),
+                    K::not_yet_available,
+                    true,
+                    np,
+                    {},
+                    false,
+                    false,
+                    "NCCL transport: " + cuda});
+    rows.push_back({"custom_cuda_ag_rs_np" + std::to_string(np),
+                    K::not_yet_available,
+                    true,
+                    np,
+                    {},
+                    false,
+                    false,
+                    "CUDA-IPC all-gather/reduce-scatter: " + cuda});
+  }
+  return rows;
+}
+
+namespace {
+
+const Value* find_case(const Value& report, const std::string& name) {
+  if (!report.is_object() || !report.contains("cases") || !report.at("cases").is_array())
+    return nullptr;
+  for (const Value& c : report.at("cases").as_array()) {
+    if (c.is_object() && c.contains("case_name") && c.at("case_name").is_string() &&
+        c.at("case_name").as_string() == name) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+// Follows a dotted path; nullptr where anything is missing.
+const Value* at_path(const Value& root, const std::string& path) {
+  const Value* v = &root;
+  std::stringstream ss(path);
+  std::string key;
+  while (std::getline(ss, key, '.')) {
+    if (!key.empty() && std::all_of(key.begin(), key.end(), ::isdigit)) {
+      const std::size_t i = std::stoul(key);
+      if (!v->is_array() || i >= v->size()) return nullptr;
+      v = &v->at(i);
+    } else {
+      if (!v->is_object() || !v->contains(key)) return nullptr;
+      v = &v->at(key);
+    }
+  }
+  return v;
+}
+
+// A metric the row needs: present, a number (the report writes non-finite metrics as null),
+// non-negative, and within `limit` when one is given. Records the value as evidence.
+void check_metric(const Value& c, const std::string& path, double limit, RowVerdict& v,
+                  const std::string& label) {
+  const Value* m = at_path(c, path);
+  if (m == nullptr) {
+    v.errors.push_back("missing metric " + label + path);
+    return;
+  }
+  if (!m->is_number()) {
+    v.errors.push_back("non-finite or non-numeric metric " + label + path);
+    return;
+  }
+  const double x = m->as_double();
+  v.evidence["metrics"][label + path] = x;
+  if (!std::isfinite(x)) {
+    v.errors.push_back("non-finite metric " + label + path);
+  } else if (x < 0) {
+    v.errors.push_back("negative metric " + label + path);
+  } else if (x > limit) {
+    std::ostringstream s;
+    s << label << path << " = " << x << " exceeds " << limit;
+    v.errors.push_back(s.str());
+  }
+}
+
+void check_split_plans(const Value& c, RowVerdict& v) {
+  const Value* requested = at_path(c, "provenance.requested_split_kv_policy");
+  const Value* size = at_path(c, "provenance.requested_split_kv_size");
+  const Value* plans = at_path(c, "provenance.actual_split_kv_plans");
+  if (requested == nullptr || size == nullptr || plans == nullptr || !plans->is_array() ||
+      plans->size() == 0) {
+    v.errors.push_back("missing split plans");
+    return;
+  }
+  for (const Value& p : plans->as_array()) {
+    const Value* policy = at_path(p, "actual_split_kv_policy");
+    const Value* actual = at_path(p, "actual_split_kv_size");
+    const Value* fallback = at_path(p, "split_kv_fallback");
+    const bool ran_as_requested = policy != nullptr && *policy == *requested && actual != nullptr &&
+                                  *actual == *size && fallback != nullptr && fallback->is_bool() &&
+                                  !fallback->as_bool();
+    if (!ran_as_requested) {
+      v.errors.push_back("split plan requested (" + json::to_string(*requested, false) + ", " +
+                         json::to_string(*size, false) + ") but not run as requested");
+      return;
+    }
+  }
+}
+
+void check_plan_set(const Value& c, RowVerdict& v) {
+  const Value* set = at_path(c, "provenance.actual_split_kv_plan_set");
+  const auto fail = [&](const std::string& why) {
+    v.errors.push_back("incomplete plan-set coverage: " + why);
+  };
+  if (set == nullptr || !set->is_object()) return fail("no plan set");
+  const Value* b = at_path(*set, "batch_size");
+  const Value* tp = at_path(*set, "tp_world_size");
+  const Value* cp = at_path(*set, "cp_world_size");
+  const Value* entries = at_path(*set, "entries");
+  const Value* coverage = at_path(*set, "coverage");
+  const Value* totals = at_path(*set, "total_kv_tokens");
+  if (!b || !tp || !cp || !entries || !coverage || !totals || !b->is_integer() ||
+      !tp->is_integer() || !cp->is_integer() || !entries->is_array() || !totals->is_array()) {
+    return fail("fields missing");
+  }
+  if (!coverage->is_string() ||
+      coverage->as_string() != "complete_batch_tp_cp_owner_cartesian_product") {
+    return fail("coverage is not the complete cartesian product");
+  }
+  const std::int64_t want = b->as_int64() * tp->as_int64() * cp->as_int64() * cp->as_int64();
+  if (static_cast<std::int64_t>(entries->size()) != want) {
+    return fail(std::to_string(entries->size()) + " entries, B·TP·CP·CP = " + std::to_string(want));
+  }
+  // For each (batch, tp, cp) the owners' ranges must tile [0, S).
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>,
+           std::vector<std::pair<std::int64_t, std::int64_t>>>
+      tiles;
+  for (const Value& e : entries->as_array()) {
+    const Value* ranges = at_path(e, "expected_kv_ranges");
+    const Value* bi = at_path(e, "batch_index");
+    const Value* ti = at_path(e, "tp_rank");
+    const Value* ri = at_path(e, "cp_rank");
+    if (!ranges || !ranges->is_array() || !bi || !ti || !ri)
+      return fail("an entry lacks its ranges");
+    for (const Value& r : ranges->as_array()) {
+      if (!r.is_array() || r.size() != 2) return fail("a malformed range");
+      tiles[{bi->as_int64(), ti->as_int64(), ri->as_int64()}].emplace_back(r.at(0).as_int64(),
+                                                                           r.at(1).as_int64());
+    }
+  }
+  for (auto& [key, ranges] : tiles) {
+    std::sort(ranges.begin(), ranges.end());
+    const std::size_t batch = static_cast<std::size_t>(std::get<0>(key));
+    if (batch >= totals->size()) return fail("batch index out of range");
+    std::int64_t next = 0;
+    for (const auto& [s, e] : ranges) {
+      if (s != next) return fail("owner ranges leave a gap or overlap at " + std::to_string(next));
+      next = e;
+    }
+    if (next != totals->at(batch).as_int64())
+      return fail("owner ranges end at " + std::to_string(next));
+  }
+  if (static_cast<std::int64_t>(tiles.size()) != b->as_int64() * tp->as_int64() * cp->as_int64()) {
+    return fail("some (batch, tp, cp) has no entries");
+  }
+}
+
+void check_transport(const Value& c, int processes, RowVerdict& v) {
+  const Value* p2p = at_path(c, "distributed_p2p_reference");
+  const Value* status = p2p ? at_path(*p2p, "status") : nullptr;
+  if (status == nullptr || !status->is_string() || status->as_string() != "available") {
+    v.errors.push_back(
+        "emulated transport: no real distributed run (distributed_p2p_reference not available)");
+    return;
+  }
+  const Value* transport = at_path(*p2p, "transport");
+  const Value* used = at_path(*p2p, "processes_used");
+  const bool real = transport && transport->is_string() &&
+                    (transport->as_string() == "mpi" || transport->as_string() == "nccl" ||
+                     transport->as_string() == "cuda_ipc");
+  if (!real)
+    v.errors.push_back("emulated transport: " +
+                       (transport ? json::to_string(*transport, false) : "none"));
+  if (!used || !used->is_integer() || used->as_int64() < processes) {
+    v.errors.push_back("the case ran on " +
+                       (used ? json::to_string(*used, false) : std::string("?")) +
+                       " processes, the row needs " + std::to_string(processes));
+  }
+  v.evidence["transport"] = transport ? *transport : Value(nullptr);
+  v.evidence["processes_used"] = used ? *used : Value(nullptr);
+}
+
+void evaluate_case(const AcceptanceRow& row, const Value& c, const AcceptanceThresholds& t,
+                   RowVerdict& v, const std::string& label) {
+  check_metric(c, "drift.cp_merge_fp32.out.max_abs", t.out_max_abs, v, label);
+  check_metric(c, "drift.cp_merge_fp32.lse.max_abs", t.lse_max_abs, v, label);
+  check_metric(c, "merge_order_probe.out", 0.0, v, label);
+  check_metric(c, "merge_order_probe.lse", 0.0, v, label);
+  if (row.backward_and_dlogp) {
+    for (const char* g : {"dq", "dk", "dv"}) {
+      check_metric(c, std::string("backward.report.drifts.0.") + g + ".max_abs", t.gradient_max_abs,
+                   v, label);
+    }
+    check_metric(c, "dlogp.drift.max_abs", t.dlogp_max_abs, v, label);
+  }
+  if (row.bitwise_topology) {
+    const Value* eq = at_path(c, "drift.topology_invariance.bitwise_equal");
+    const Value* req = at_path(c, "drift.topology_invariance.required");
+    if (!eq || !req || !eq->is_bool() || !req->is_bool() || !req->as_bool() || !eq->as_bool()) {
+      v.errors.push_back(label + "topology invariance is not a required, bitwise-equal check");
+    }
+  }
+  check_split_plans(c, v);
+  check_plan_set(c, v);
+  check_transport(c, row.processes, v);
+}
+
+}  // namespace
+
+RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report,
+                        const AcceptanceThresholds& t, int world_size,
+                        const std::string& report_path) {
+  RowVerdict v;
+  v.name = row.name;
+  v.required = row.required;
+  v.evidence["report"] = report_path.empty() ? Value(nullptr) : Value(report_path);
+  Value cases = Value::array();
+  for (const std::string& c : row.cases) cases.push_back(c);
+  v.evidence["cases"] = std::move(cases);
+  v.evidence["metrics"] = Value::object();
+  if (row.kind == AcceptanceRow::Kind::not_yet_available) {
+    v.status = "unavailable";
+    v.errors.push_back(row.unavailable_reason);
+    return v;
+  }
+  if (world_size < row.processes) {
+    v.status = "unavailable";
+    v.errors.push_back("needs " + std::to_string(row.processes) +
+                       " processes (one per logical rank); the job has " +
+                       std::to_string(world_size));
+    return v;
+  }
+  if (report.is_null()) {
+    v.status = "not_run";
+    v.errors.push_back("nothing was executed");
+    return v;
+  }
+  std::vector<const Value*> found;
+  for (const std::string& name : row.cases) {
+    const Value* c = find_case(report, name);
+    if (c == nullptr) {
+      v.status = "not_run";
+      v.errors.push_back("case " + name + " is not in the report");
+      return v;
+    }
+    found.push_back(c);
+  }
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    evaluate_case(row, *found[i], t, v, found.size() > 1 ? row.cases[i] + ": " : "");
+  }
+  if (row.kind == AcceptanceRow::Kind::protocol_equivalence) {
+    v.evidence["digests"] = Value::object();
+    for (const char* d : {"drift.cp_merge_fp32.out.digest", "drift.cp_merge_fp32.lse.digest",
+                          "drift.bf16_kernel.out.digest", "drift.dtype_path_vs_fp32.out.digest"}) {
+      const Value* first = at_path(*found[0], d);
+      bool same = first != nullptr && first->is_string();
+      for (const Value* c : found) {
+        const Value* x = at_path(*c, d);
+        same = same && x != nullptr && *x == *first;
+      }
+      if (!same) v.errors.push_back(std::string("protocols disagree (or lack a digest) on ") + d);
+      v.evidence["digests"][d] = first ? *first : Value(nullptr);
+    }
+  }
+  v.status = v.errors.empty() ? "passed" : "failed";
+  return v;
+}
+
+RowVerdict manifest_row(const AcceptanceRow& row) {
+  RowVerdict v;
+  v.name = row.name;
+  v.required = row.required;
+  Value cases = Value::array();
+  for (const std::string& c : row.cases) cases.push_back(c);
+  v.evidence["cases"] = std::move(cases);
+  v.status = row.kind == AcceptanceRow::Kind::not_yet_available ? "unavailable" : "not_run";
+  v.errors.push_back(row.kind == AcceptanceRow::Kind::not_yet_available
+                         ? row.unavailable_reason
+                         : "manifest mode executes nothing");
+  return v;
+}
+
+Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
+                      const AcceptanceThresholds& t, const Value& runtime,
+                      const std::string& created_at) {
+  Value v = Value::object();
+  v["schema_version"] = "ws2_attention_gpu_acceptance/v1";
+  v["issue"] = 235;
+  v["created_at_utc"] = created_at;
+  v["mode"] = mode;
+  v["runtime"] = runtime;
+  Value th = Value::object();
+  th["out_max_abs"] = t.out_max_abs;
+  th["lse_max_abs"] = t.lse_max_abs;
+  th["dlogp_max_abs"] = t.dlogp_max_abs;
+  th["gradient_max_abs"] = t.gradient_max_abs;
+  th["paged_out_max_abs"] = t.paged_out_max_abs;
+  th["paged_lse_max_abs"] = t.paged_lse_max_abs;
+  th["paged_dlogp_max_abs"] = t.paged_dlogp_max_abs;
+  v["thresholds"] = std::move(th);
+  Value matrix = Value::array(), cases = Value::array(), failed = Value::array();
+  bool all = true;
+  for (const RowVerdict& r : rows) {
+    if (r.required) matrix.push_back(r.name);
+    Value c = Value::object();
+    c["name"] = r.name;
+    c["required"] = r.required;
+    c["status"] = r.status;
+    c["passed"] = r.passed();
+    Value errors = Value::array();
+    for (const std::string& e : r.errors) errors.push_back(e);
+    c["errors"] = std::move(errors);
+    c["evidence"] = r.evidence;
+    cases.push_back(std::move(c));
+    if (r.required && !r.passed()) {
+      failed.push_back(r.name);
+      all = false;
+    }
+  }
+  // Manifest mode executes nothing, so it can never pass.
+  all = all && mode == "run";
+  v["required_matrix"] = std::move(matrix);
+  v["cases"] = std::move(cases);
+  v["failed_required_cases"] = std::move(failed);
+  v["passed"] = all;
+  v["status"] = all ? "passed" : "failed";
+  return v;
+}
+
+}  // namespace cpd

@@ -1,0 +1,95 @@
+// `cpdrift accept`: runs the required matrix's CPU rows in this MPI job (no nested mpirun),
+// evaluates every row from the executed report only, and writes the acceptance document.
+#include <cstdio>
+#include <filesystem>
+
+#include "cpdrift/accept/acceptance.h"
+#include "cpdrift/cli/commands.h"
+#include "cpdrift/cli/provenance.h"
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+namespace {
+
+std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The CPU rows' evidence: TP=2 CP=2 BF16, full and chunked (split 4) prefill, backward and
+// dlogp, every CP protocol.
+RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path) {
+  RunOptions r;
+  r.problem = o.problem;
+  r.problem.dtype = DType::bf16;
+  r.tp_sizes = {2};
+  r.cp_sizes = {2};
+  r.splits = {std::nullopt, 4};
+  r.protocols = {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv};
+  r.include_backward = true;
+  r.include_dlogp = true;
+  r.threads = o.threads;
+  r.output = report_path;
+  return r;
+}
+
+void print_rows(const std::vector<RowVerdict>& rows, const std::string& mode, bool passed) {
+  std::printf("# cpdrift accept (%s): %zu rows, ws2_attention_gpu_acceptance/v1\n", mode.c_str(),
+              rows.size());
+  std::printf("# %-42s %-12s %s\n", "row", "status", "first reason");
+  for (const RowVerdict& r : rows) {
+    std::printf("  %-42s %-12s %s\n", r.name.c_str(), r.status.c_str(),
+                r.errors.empty() ? "" : r.errors[0].c_str());
+  }
+  std::printf("# Acceptance : %s\n", passed ? "PASSED" : "FAILED");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int accept_command(const AcceptOptions& o, const CommContext& comm,
+                   const std::string& command_line) {
+  const bool root = comm.rank() == 0;
+  const std::string report_path = directory_of(o.output) + "/report.json";
+  // A bad output directory fails every process before anything runs.
+  std::string error;
+  if (root) {
+    try {
+      std::filesystem::create_directories(directory_of(o.output));  // DIR may not exist yet
+      json::write_file_atomic(o.output, "{}\n");
+    } catch (const std::exception& e) {
+      error = std::string("--output: ") + e.what();
+    }
+  }
+  error = comm.agree(error);
+  if (!error.empty()) throw UsageError(error);
+
+  const std::vector<AcceptanceRow> rows = required_matrix();
+  json::Value report;  // null: nothing executed
+  if (o.mode == "run" && comm.size() >= 4) {
+    const RunReport run = execute_run(evidence_run(o, report_path), comm, command_line);
+    if (root) report = report_json(run);
+  }
+  int status = kExitChecksFailed;
+  if (root) {
+    std::vector<RowVerdict> verdicts;
+    for (const AcceptanceRow& row : rows) {
+      verdicts.push_back(o.mode == "manifest" ? manifest_row(row)
+                                              : evaluate_row(row, report, o.thresholds, comm.size(),
+                                                             report.is_null() ? "" : report_path));
+    }
+    Provenance pv = gather_provenance(comm, command_line);
+    pv.transport = "mpi";
+    json::Value runtime = runtime_json(pv);
+    runtime["launch"] = launch_json(pv);
+    const json::Value doc =
+        acceptance_json(o.mode, verdicts, o.thresholds, runtime, pv.created_at_utc);
+    json::write_file_atomic(o.output, json::to_string(doc));
+    print_rows(verdicts, o.mode, doc.at("passed").as_bool());
+    status = doc.at("passed").as_bool() ? kExitOk : kExitChecksFailed;
+  }
+  return std::stoi(comm.broadcast(std::to_string(status), 0));
+}
+
+}  // namespace cpd

@@ -1,0 +1,112 @@
+// Building blocks of the CPU tile kernels (forward and backward): a tile is up to 16 query rows
+// of one head, one SIMD lane per row. Each block keeps the canonical sequential order of every
+// output element (numerics/attention_math.h, attention_backward_math.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpdrift/cpu/attention.h"
+#include "simd16.h"
+
+namespace cpd::tile {
+
+using simd::F16;
+
+/// rows [nrows][dim] → transposed [dim][16], lanes past nrows zero.
+inline void transpose(const float* rows, int nrows, int dim, float* out) {
+  std::fill(out, out + static_cast<std::ptrdiff_t>(dim) * kTileRows, 0.0f);
+  for (int r = 0; r < nrows; ++r) {
+    for (int d = 0; d < dim; ++d) out[d * kTileRows + r] = rows[r * dim + d];
+  }
+}
+
+/// Dot products of the tile (transposed, qt) with keys [j0, j0 + kKeys) of `k`: a sequential
+/// fma chain over d each, times `scale`, stored as out[j][r]; lane r gets -inf for keys at or
+/// past visible[r] (counted from key 0 of `k`).
+template <int kKeys>
+inline void dot_keys(const float* qt, const float* k, std::int64_t j0, int dim, F16 scale,
+                     F16 visible, float* out) {
+  F16 acc[kKeys];
+  for (int x = 0; x < kKeys; ++x) acc[x] = simd::splat(0.0f);
+  const float* kj = k + j0 * dim;
+  for (int d = 0; d < dim; ++d) {
+    const F16 qd = simd::load(qt + d * kTileRows);
+    for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x * dim + d]), acc[x]);
+  }
+  const F16 neg_inf = simd::splat(neg_inf_f32());
+  for (int x = 0; x < kKeys; ++x) {
+    const F16 s = simd::mul(acc[x], scale);
+    const F16 j = simd::splat(static_cast<float>(j0 + x));
+    simd::store(out + (j0 + x) * kTileRows, simd::select(simd::lt(j, visible), s, neg_inf));
+  }
+}
+
+/// dot_keys over keys [0, n).
+inline void dot_all_keys(const float* qt, const float* k, std::int64_t n, int dim, F16 scale,
+                         F16 visible, float* out) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) dot_keys<8>(qt, k, j, dim, scale, visible, out);
+  for (; j < n; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out);
+}
+
+/// For rows r0 … r0+nrows-1 (nrows ≤ 4) and columns [col, col+64):
+///   acc[r] = sequential over j < limit[r0+r]:  fma(coef[j][r0+r], b[j][col…], acc[r])   (from +0)
+/// Rows share the loop up to their smallest limit, then each finishes on its own, so every
+/// row stops exactly at its limit.
+inline void rows4_times(const float* coef, const float* b, int dim, int col, int r0,
+                        const std::int64_t* limit, int nrows, F16 acc[4][4]) {
+  std::int64_t common = limit[r0];
+  for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
+  for (int r = 0; r < 4; ++r) {
+    for (int x = 0; x < 4; ++x) acc[r][x] = simd::splat(0.0f);
+  }
+  for (std::int64_t j = 0; j < common; ++j) {
+    const float* bj = b + j * dim + col;
+    const F16 b0 = simd::load(bj), b1 = simd::load(bj + 16), b2 = simd::load(bj + 32),
+              b3 = simd::load(bj + 48);
+    const float* cj = coef + j * kTileRows + r0;
+    for (int r = 0; r < 4; ++r) {
+      const F16 c = simd::splat(cj[r]);
+      acc[r][0] = simd::fma(c, b0, acc[r][0]);
+      acc[r][1] = simd::fma(c, b1, acc[r][1]);
+      acc[r][2] = simd::fma(c, b2, acc[r][2]);
+      acc[r][3] = simd::fma(c, b3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < nrows; ++r) {
+    for (std::int64_t j = common; j < limit[r0 + r]; ++j) {
+      const F16 c = simd::splat(coef[j * kTileRows + r0 + r]);
+      for (int x = 0; x < 4; ++x)
+        acc[r][x] = simd::fma(c, simd::load(b + j * dim + col + 16 * x), acc[r][x]);
+    }
+  }
+}
+
+/// For keys j0 … j0+nkeys-1 (nkeys ≤ 4) and columns [col, col+64):
+///   acc_j += sequential over r < nrows:  fma(coef[j][r], rows[r][col…], acc_j)
+/// where acc_j lives in out[j][col…] (loaded, updated, stored).
+inline void keys4_accumulate(const float* coef, const float* rows, int nrows, int dim, int col,
+                             std::int64_t j0, int nkeys, float* out) {
+  F16 acc[4][4];
+  for (int x = 0; x < nkeys; ++x) {
+    for (int c = 0; c < 4; ++c) acc[x][c] = simd::load(out + (j0 + x) * dim + col + 16 * c);
+  }
+  for (int r = 0; r < nrows; ++r) {
+    const float* row = rows + r * dim + col;
+    const F16 r0 = simd::load(row), r1 = simd::load(row + 16), r2 = simd::load(row + 32),
+              r3 = simd::load(row + 48);
+    for (int x = 0; x < nkeys; ++x) {
+      const F16 c = simd::splat(coef[(j0 + x) * kTileRows + r]);
+      acc[x][0] = simd::fma(c, r0, acc[x][0]);
+      acc[x][1] = simd::fma(c, r1, acc[x][1]);
+      acc[x][2] = simd::fma(c, r2, acc[x][2]);
+      acc[x][3] = simd::fma(c, r3, acc[x][3]);
+    }
+  }
+  for (int x = 0; x < nkeys; ++x) {
+    for (int c = 0; c < 4; ++c) simd::store(out + (j0 + x) * dim + col + 16 * c, acc[x][c]);
+  }
+}
+
+}  // namespace cpd::tile

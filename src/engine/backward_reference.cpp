@@ -1,0 +1,109 @@
+// The CP=1 reference backward, computed by whoever needs it from regenerated inputs: one block
+// pair [0, S) × [0, S), from the CP=1 FP32 forward.
+#include <algorithm>
+#include <cstring>
+
+#include "cpdrift/cpu/attention_backward.h"
+#include "cpdrift/engine/backward.h"
+#include "cpdrift/numerics/attention_backward_math.h"
+
+namespace cpd {
+namespace {
+
+// Copies rows `tokens` of every (batch, head) of `to` out of `from` (which holds them).
+void copy_rows(const Shard& from, Shard& to, const Range& tokens) {
+  const std::size_t n = static_cast<std::size_t>(tokens.size()) * to.shape.width;
+  for (int b = 0; b < to.shape.batch; ++b) {
+    for (std::int64_t h = to.shape.heads.begin; h < to.shape.heads.end; ++h) {
+      std::memcpy(to.at(b, h, to.shape.local_row(tokens.begin)),
+                  from.at(b, h, from.shape.local_row(tokens.begin)), n * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Results& forward,
+                                               const ShardShape& q_rows,
+                                               const ShardShape& kv_rows) {
+  const Problem& p = inputs.problem();
+  const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
+  const std::int64_t seq = p.seq_len;
+  std::int64_t first = seq;
+  for (const Range& t : q_rows.tokens) first = std::min(first, t.begin);
+  for (const Range& t : kv_rows.tokens) first = std::min(first, t.begin);
+
+  const auto found = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
+    return e.q_heads.contains(q_rows.heads) && e.first <= first;
+  });
+  const Entry* entry = found != entries_.end() ? &*found : nullptr;
+  if (entry == nullptr) {
+    // Rows [first, S) against keys [0, S): the dq of those rows is complete (rows are
+    // independent), and so are the dk, dv of keys from `first` on (earlier rows cannot see them).
+    const Range heads = q_rows.heads, kv_heads{heads.begin / group, heads.end / group};
+    const Range rows{first, seq}, keys{0, seq};
+    const ShardShape qs{batch, heads, {rows}, dim}, kvs{batch, kv_heads, {keys}, dim};
+    const Shard q = inputs.shard(TensorId::q, qs, InputPrecision::fp32);
+    const Shard d_out = inputs.shard(TensorId::d_out, qs, InputPrecision::fp32);
+    const Shard k = inputs.shard(TensorId::k, kvs, InputPrecision::fp32);
+    const Shard v = inputs.shard(TensorId::v, kvs, InputPrecision::fp32);
+    const AttnShard fwd = forward.get(inputs, PathSpec{}, {keys}, qs);
+    Shard delta(ShardShape{batch, heads, {rows}, 1});
+    for (std::size_t r = 0; r < delta.data.size(); ++r) {
+      delta.data[r] =
+          backward_delta(d_out.data.data() + r * dim, fwd.out.data.data() + r * dim, dim);
+    }
+    Entry e{heads, first, Shard(qs), Shard(ShardShape{batch, kv_heads, {rows}, dim}),
+            Shard(ShardShape{batch, kv_heads, {rows}, dim})};
+    std::vector<std::vector<float>> totals;  // dk, dv per (b, h) over all keys
+    std::vector<BackwardUnit> units;
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t h = heads.begin; h < heads.end; ++h) {
+        totals.emplace_back(static_cast<std::size_t>(seq) * dim);
+        totals.emplace_back(static_cast<std::size_t>(seq) * dim);
+        BackwardUnit u;
+        u.blocks.push_back(QueryBlockRows{rows, q.at(b, h, 0), d_out.at(b, h, 0),
+                                          fwd.lse.at(b, h, 0), delta.at(b, h, 0),
+                                          e.dq.at(b, h, 0)});
+        u.k = k.at(b, h / group, 0);
+        u.v = v.at(b, h / group, 0);
+        u.keys = keys;
+        u.dk_total = totals[totals.size() - 2].data();
+        u.dv_total = totals.back().data();
+        units.push_back(std::move(u));
+      }
+    }
+    run_backward_units(units, dim, p.dims.softmax_scale(), inputs.pool());
+    const float scale = p.dims.softmax_scale();
+    for (float& x : e.dq.data) x *= scale;  // one block: the fold of one term is the term
+    const std::size_t n = static_cast<std::size_t>(rows.size()) * dim,
+                      skip = static_cast<std::size_t>(first) * dim;
+    std::size_t unit = 0;
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g, unit += group) {
+        std::vector<const float*> dk_terms, dv_terms;
+        for (int x = 0; x < group; ++x) {
+          dk_terms.push_back(totals[2 * (unit + x)].data() + skip);
+          dv_terms.push_back(totals[2 * (unit + x) + 1].data() + skip);
+        }
+        float* dk = e.dk.at(b, g, 0);
+        fold_terms(dk_terms, n, dk);
+        for (std::size_t i = 0; i < n; ++i) dk[i] *= scale;
+        fold_terms(dv_terms, n, e.dv.at(b, g, 0));
+      }
+    }
+    entries_.push_back(std::move(e));
+    entry = &entries_.back();
+  }
+  Result r{Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}),
+           Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}),
+           Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim})};
+  for (const Range& t : q_rows.tokens) copy_rows(entry->dq, r.dq, t);
+  for (const Range& t : kv_rows.tokens) {
+    copy_rows(entry->dk, r.dk, t);
+    copy_rows(entry->dv, r.dv, t);
+  }
+  return r;
+}
+
+}  // namespace cpd

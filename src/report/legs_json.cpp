@@ -1,0 +1,116 @@
+// The report's backward and dlogp sections (report contract `backward`, `dlogp`).
+#include "legs_json.h"
+
+#include "plan_json.h"
+
+namespace cpd {
+
+using json::Value;
+
+namespace {
+
+Value backward_provenance(const RunReport& r, const CaseSpec& spec) {
+  Value v = Value::object();
+  v["attention_mode"] = spec.split ? "chunked_prefill" : "prefill";
+  v["gradient_mode"] = "training_backward";
+  v["saved_forward_state"] = "fp32_out_and_merged_lse";
+  v["d_out"] = "synthetic_normal_by_global_coordinates";
+  Value plans = Value::array();
+  for (int owner = 0; owner < spec.cp; ++owner) {
+    Value plan = split_plan_json(r.problem, spec, owner);
+    plan["split_kv_backend"] = "deterministic_cp_backward_reference";
+    plans.push_back(std::move(plan));
+  }
+  v["actual_split_kv_plans"] = std::move(plans);
+  v["query_block_grid"] = ranges_json(kv_block_bounds(spec, r.problem.seq_len));
+  v["merge_order"] = "global_block_index";
+  v["dq_sum_order"] = "kv_blocks_ascending_at_query_owner";
+  v["dk_dv_sum_order"] = "query_blocks_ascending_at_kv_owner_then_gqa_heads_ascending";
+  v["data_movement"] = "ag_rs: (q, dO, lse, delta) to the KV owners, partial dq back";
+  v["accum_dtype"] = "fp32";
+  v["downcast_at"] = "final_write";
+  Value dtypes = Value::object();
+  for (const char* k : {"q", "k", "v", "d_out", "out", "lse", "dq", "dk", "dv"}) dtypes[k] = "fp32";
+  v["dtypes"] = std::move(dtypes);
+  v["decode_backward"] = "not_supported";
+  return v;
+}
+
+Value grads_json(const DiffStats& dq, const DiffStats& dk, const DiffStats& dv) {
+  Value v = Value::object();
+  v["dq"] = stats_json(dq);
+  v["dk"] = stats_json(dk);
+  v["dv"] = stats_json(dv);
+  return v;
+}
+
+}  // namespace
+
+Value backward_json(const RunReport& r, const CaseResult& c) {
+  Value v = Value::object();
+  if (!c.backward.available) {
+    v["status"] = "not_requested";
+    v["reason"] = "run with --include-backward";
+    return v;
+  }
+  const BackwardDrift& b = c.backward;
+  Value drift = grads_json(b.dq, b.dk, b.dv);
+  drift["candidate_name"] =
+      "cp" + std::to_string(c.spec.cp) + (c.spec.split ? "_chunked_backward" : "_backward");
+  drift["out"] = stats_json(c.cp_merge_fp32.out);
+  drift["lse"] = stats_json(c.cp_merge_fp32.lse);
+  Value per_rank = Value::array();
+  for (const BackwardDrift::PerRank& p : b.per_rank) {
+    Value row = grads_json(p.dq, p.dk, p.dv);
+    row["rank"] = p.cp_rank;
+    per_rank.push_back(std::move(row));
+  }
+  drift["per_rank"] = std::move(per_rank);
+  drift["bf16_final_write"] = grads_json(b.bf16_dq, b.bf16_dk, b.bf16_dv);
+  drift["provenance"] = backward_provenance(r, c.spec);
+  Value drifts = Value::array();
+  drifts.push_back(std::move(drift));
+  Value report = Value::object();
+  report["reference_name"] = "cp1_backward_reference";
+  report["drifts"] = std::move(drifts);
+  v["status"] = "available";
+  v["report"] = std::move(report);
+  return v;
+}
+
+Value dlogp_case_json(const CaseResult& c, DType dtype) {
+  Value v = Value::object();
+  if (!c.dlogp.available) {
+    v["status"] = "not_requested";
+    v["reason"] = "run with --include-dlogp";
+    return v;
+  }
+  v["status"] = "available";
+  v["projection"] = "synthetic_fp32_lm_head_projection";
+  v["reference_cast_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  v["candidate"] = dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output";
+  v["vocab_size"] = c.dlogp.vocab_size;
+  v["active_token_count"] = c.dlogp.drift.active_count;
+  v["drift"] = stats_json(c.dlogp.drift);
+  return v;
+}
+
+Value dlogp_root_json(const RunReport& r) {
+  Value v = Value::object();
+  v["source"] = "synthetic_fp32_lm_head_projection";
+  if (r.vocab_size <= 0) {
+    v["status"] = "not_requested";
+    v["reason"] = "selected-token logprob drift is not requested (--include-dlogp)";
+    return v;
+  }
+  v["status"] = "requested";
+  v["vocab_size"] = r.vocab_size;
+  v["lm_head"] = "W[v, c] = normal(seed, lm_head, v*Hq*D + c) * fp32(1/sqrt(Hq*D)), FP32";
+  v["hidden_layout"] = "[B, S, Hq*D] from out[B, Hq, S, D]";
+  v["logit_sum_order"] = "per-head partials folded in ascending head order (TP ranks ascending)";
+  v["target"] = "(b*S + s) mod V";
+  v["active_tokens"] = "all but each sequence's first";
+  return v;
+}
+
+}  // namespace cpd

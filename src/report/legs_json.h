@@ -1,0 +1,12 @@
+// JSON of the backward and dlogp legs.
+#pragma once
+
+#include "cpdrift/report/run_report.h"
+
+namespace cpd {
+
+json::Value backward_json(const RunReport& r, const CaseResult& c);
+json::Value dlogp_case_json(const CaseResult& c, DType dtype);
+json::Value dlogp_root_json(const RunReport& r);
+
+}  // namespace cpd

@@ -1,0 +1,196 @@
+// The training and logprob legs at the engine level: the backward's bitwise topology
+// invariance (CP, layout, protocol, TP) with a negative control, the distributed backward
+// against the local CP=1 reference, and dlogp's projection, active mask and TP invariance.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "case_digests.h"
+#include "cpdrift/cpu/inputs.h"
+#include "cpdrift/engine/backward.h"
+#include "cpdrift/engine/dlogp.h"
+#include "cpdrift/numerics/logprob_math.h"
+
+using namespace cpd;
+using testing::kFp32;
+using testing::small_problem;
+
+namespace {
+
+struct GradDigests {
+  std::string dq, dk, dv;
+  bool operator==(const GradDigests&) const = default;
+};
+
+GradDigests backward_digests(const Problem& p, const CaseSpec& spec) {
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport(spec.cp * 31 + spec.tp);  // shuffled arrivals too
+  const CaseGrid grid(p, spec);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
+  std::vector<const Shard*> dq, dk, dv;
+  for (const RankGradients& r : g) {
+    dq.push_back(&r.dq);
+    dk.push_back(&r.dk);
+    dv.push_back(&r.dv);
+  }
+  const LocalCollectives one;
+  const int dim = p.dims.head_dim;
+  return GradDigests{
+      stream_digest(one, global_tensor(grid, 1, 0, dim, dq), DigestFormat::fp32),
+      stream_digest(one, global_tensor(grid, 1, 0, dim, dk, HeadKind::kv), DigestFormat::fp32),
+      stream_digest(one, global_tensor(grid, 1, 0, dim, dv, HeadKind::kv), DigestFormat::fp32)};
+}
+
+}  // namespace
+
+TEST_CASE("backward: split 8, CP=1/2/4, layouts, protocols and TP give the same dq, dk, dv bits") {
+  const Problem p = small_problem();
+  const GradDigests ref =
+      backward_digests(p, CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs});
+  for (int cp : {1, 2, 4}) {
+    for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+      for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+        for (int tp : {1, 2}) {
+          CAPTURE(case_name(CaseSpec{tp, cp, 8, layout, protocol}, DType::fp32));
+          CHECK(backward_digests(p, CaseSpec{tp, cp, 8, layout, protocol}) == ref);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("backward negative control: split disabled, CP=2 differs from CP=1") {
+  const Problem p = small_problem();
+  const GradDigests a =
+      backward_digests(p, CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs});
+  const GradDigests b =
+      backward_digests(p, CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs});
+  CHECK(a.dq != b.dq);
+  CHECK(a.dk != b.dk);
+}
+
+TEST_CASE("backward: the distributed CP=1 prefill equals the local reference bit for bit") {
+  // Same single block pair [0, S) × [0, S), computed by the two code paths.
+  const Problem p = small_problem();
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(p, CaseSpec{2, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs});
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
+  LocalCp1Results cp1;
+  LocalCp1Backward reference;
+  for (const RankGradients& r : g) {
+    const LocalCp1Backward::Result ref = reference.get(inputs, cp1, r.dq.shape, r.dk.shape);
+    CHECK(r.dq.data == ref.dq.data);
+    CHECK(r.dk.data == ref.dk.data);
+    CHECK(r.dv.data == ref.dv.data);
+  }
+}
+
+namespace {
+
+std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(p, spec);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  std::vector<const AttnShard*> outs;
+  for (const RankOutput& r : fwd) outs.push_back(&r.merged);
+  const std::vector<TokenLogprobs> lp = run_dlogp(grid, outs, outs, vocab, transport, pool);
+  std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
+  for (const TokenLogprobs& t : lp) {
+    for (int b = 0; b < p.batch; ++b) {
+      for (const Range& r : t.candidate.shape.tokens) {
+        for (std::int64_t s = r.begin; s < r.end; ++s) {
+          all[b * p.seq_len + s] = t.candidate.at(b, 0, t.candidate.shape.local_row(s))[0];
+          CHECK(bits_of(all[b * p.seq_len + s]) ==
+                bits_of(t.reference.at(b, 0, t.candidate.shape.local_row(s))[0]));
+        }
+      }
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("dlogp: TP=1, 2, 4 and CP give the same logprob bits (per-head logit grid)") {
+  Problem p = small_problem();
+  p.batch = 2;
+  const std::vector<float> ref =
+      logprobs(p, CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, 17);
+  for (int tp : {2, 4}) {
+    for (int cp : {1, 2}) {
+      const std::vector<float> got =
+          logprobs(p, CaseSpec{tp, cp, 8, CpLayout::zigzag, Protocol::ag_rs}, 17);
+      CAPTURE(tp);
+      CAPTURE(cp);
+      CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("dlogp: projection and log_softmax against an FP64 oracle") {
+  // logit = Σ_h Σ_d hidden·W in FP32 with D-long fma chains and a 32-term head fold: error
+  // ≤ (D + H)·u·Σ|hidden·W|; log_softmax adds a few ulps of |logit| + log V.
+  Problem p;
+  const int vocab = 17, width = p.dims.num_q_heads * p.dims.head_dim;
+  const std::vector<float> w = lm_head_columns(p, vocab, Range{0, width});
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> hidden(width);
+  for (float& x : hidden) x = normal(rng);
+  std::vector<float> logits(vocab), z(vocab);
+  for (int h = 0; h < p.dims.num_q_heads; ++h) {
+    head_partial_logits(hidden.data() + h * p.dims.head_dim, w.data() + h * p.dims.head_dim, width,
+                        p.dims.head_dim, vocab, z.data());
+    for (int v = 0; v < vocab; ++v) logits[v] = h == 0 ? z[v] : logits[v] + z[v];
+  }
+  constexpr double kU = 5.9604644775390625e-08;
+  std::vector<double> l64(vocab);
+  double m = -INFINITY;
+  for (int v = 0; v < vocab; ++v) {
+    double acc = 0, mag = 0;
+    for (int c = 0; c < width; ++c) {
+      acc += static_cast<double>(hidden[c]) * w[v * width + c];
+      mag += std::fabs(static_cast<double>(hidden[c]) * w[v * width + c]);
+    }
+    l64[v] = acc;
+    CHECK(std::fabs(logits[v] - acc) <= (p.dims.head_dim + p.dims.num_q_heads) * kU * mag);
+    m = std::max(m, acc);
+  }
+  double sum = 0;
+  for (double x : l64) sum += std::exp(x - m);
+  for (int target : {0, 5, 16}) {
+    const double want = l64[target] - (m + std::log(sum));
+    const double bound =
+        1e-5 * (1 + std::fabs(want)) + (p.dims.head_dim + p.dims.num_q_heads) * kU * 64;
+    CHECK(std::fabs(log_softmax_at(logits.data(), vocab, target) - want) <= bound);
+  }
+  // The W scale is exactly 1/64 for Hq·D = 4096: the logits are O(1).
+  CHECK(w[0] == normal_at(p.seed, TensorId::lm_head, 0) / 64.0f);
+}
+
+TEST_CASE("dlogp: targets and the active mask") {
+  CHECK(logprob_target(0, 0, 16, 17) == 0);
+  CHECK(logprob_target(1, 3, 16, 17) == 19 % 17);
+  Problem p = small_problem();
+  p.batch = 3;
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(p, CaseSpec{1, 2, 8, CpLayout::contiguous, Protocol::ag_rs});
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  std::vector<const AttnShard*> outs;
+  for (const RankOutput& r : fwd) outs.push_back(&r.merged);
+  std::size_t tokens = 0;
+  for (const TokenLogprobs& t : run_dlogp(grid, outs, outs, 17, transport, pool))
+    tokens += t.candidate.data.size();
+  CHECK(tokens == static_cast<std::size_t>(p.batch * p.seq_len));  // every token has a logprob
+}
