@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/report/run_report.h"
@@ -45,9 +46,13 @@ RunReport small_run(const std::vector<CaseSpec>& specs) {
   InProcessTransport transport;
   LocalCp1Results cp1;
   const LocalCollectives local;
-  const RunContext ctx{p, pool, inputs, transport, local, cp1};
+  LocalCp1Backward cp1_backward;
+  RunContext ctx{p, pool, inputs, transport, local, cp1};
+  ctx.cp1_backward = &cp1_backward;
+  ctx.vocab_size = 17;
   RunReport r;
   r.problem = p;
+  r.vocab_size = 17;
   r.provenance.command = "cpdrift --test";
   r.provenance.launcher = "direct";
   r.provenance.transport = transport.name();
@@ -105,7 +110,6 @@ TEST_CASE("every compatible field of the contract is present") {
   CHECK(at_path(v, "target.causal").as_bool());
   CHECK_FALSE(at_path(v, "te_context_parallel_merge.te_available").as_bool());
   CHECK(at_path(v, "te_context_parallel_merge.te_capability_probe").as_string() == "unavailable");
-  CHECK(at_path(v, "dlogp.status").as_string() == "not_requested");
   CHECK(at_path(v, "summary.passed").as_bool());
 
   const json::Array& cases = at_path(v, "cases").as_array();
@@ -146,7 +150,7 @@ TEST_CASE("every compatible field of the contract is present") {
                           "drift.topology_invariance.bitwise_equal",
                           "te_merge_oracle.te_module",
                           "backward.status",
-                          "dlogp.reason",
+                          "dlogp.status",
                           "distributed_p2p_reference.reason"}) {
       CAPTURE(k);
       at_path(c, k);
@@ -207,6 +211,35 @@ TEST_CASE("every compatible field of the contract is present") {
   CHECK(at_path(cases[1], "drift.topology_invariance.required").as_bool());
   CHECK(at_path(cases[1], "drift.topology_invariance.bitwise_equal").as_bool());
   CHECK_FALSE(at_path(cases[0], "drift.topology_invariance.required").as_bool());
+
+  // The training and logprob legs, as the contract lays them out.
+  for (const Value& c : cases) {
+    CHECK(at_path(c, "backward.status").as_string() == "available");
+    CHECK(at_path(c, "backward.report.reference_name").as_string() == "cp1_backward_reference");
+    const Value& d = at_path(c, "backward.report.drifts").at(0);
+    for (const char* k : {"dq", "dk", "dv", "out", "lse"}) require_stats(at_path(d, k), k);
+    CHECK(at_path(d, "per_rank").size() == 2u);
+    for (const char* k : {"attention_mode", "gradient_mode", "saved_forward_state", "merge_order", "accum_dtype",
+                          "downcast_at", "dtypes", "decode_backward", "actual_split_kv_plans"}) {
+      CAPTURE(k);
+      at_path(d, std::string("provenance.") + k);
+    }
+    CHECK(at_path(d, "provenance.gradient_mode").as_string() == "training_backward");
+    CHECK(at_path(d, "provenance.decode_backward").as_string() == "not_supported");
+    CHECK(at_path(d, "provenance.actual_split_kv_plans").at(0).at("split_kv_backend").as_string() ==
+          "deterministic_cp_backward_reference");
+    CHECK(at_path(c, "dlogp.status").as_string() == "available");
+    CHECK(at_path(c, "dlogp.projection").as_string() == "synthetic_fp32_lm_head_projection");
+    CHECK(at_path(c, "dlogp.reference_cast_dtype").as_string() == "bfloat16");
+    CHECK(at_path(c, "dlogp.vocab_size").as_int64() == 17);
+    // Active tokens: all but each sequence's first (B = 1, S = 16).
+    CHECK(at_path(c, "dlogp.active_token_count").as_int64() == 15);
+    require_stats(at_path(c, "dlogp.drift"), "dlogp.drift");
+  }
+  CHECK(at_path(at_path(cases[0], "backward.report.drifts").at(0), "candidate_name").as_string() == "cp2_backward");
+  CHECK(at_path(at_path(cases[1], "backward.report.drifts").at(0), "candidate_name").as_string() ==
+        "cp2_chunked_backward");
+  CHECK(at_path(v, "dlogp.status").as_string() == "requested");
 }
 
 TEST_CASE("checks fail closed") {
