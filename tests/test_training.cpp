@@ -8,6 +8,7 @@
 #include <random>
 
 #include "case_digests.h"
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/dlogp.h"
@@ -102,7 +103,7 @@ std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
   const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
-  const std::vector<TokenLogprobs> lp = run_dlogp(grid, outs, outs, vocab, transport, pool);
+  const std::vector<TokenLogprobs> lp = run_dlogp(grid, outs, outs, vocab, transport, inputs.backend());
   std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
   for (const TokenLogprobs& t : lp) {
     for (int b = 0; b < p.batch; ++b) {
@@ -190,7 +191,7 @@ TEST_CASE("dlogp: targets and the active mask") {
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
   std::size_t tokens = 0;
-  for (const TokenLogprobs& t : run_dlogp(grid, outs, outs, 17, transport, pool))
+  for (const TokenLogprobs& t : run_dlogp(grid, outs, outs, 17, transport, inputs.backend()))
     tokens += t.candidate.data.size();
   CHECK(tokens == static_cast<std::size_t>(p.batch * p.seq_len));  // every token has a logprob
 }

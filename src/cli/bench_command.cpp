@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/attention.h"
@@ -99,7 +100,7 @@ double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
-  if (o.device == Device::cuda) {
+  if (o.device == Device::cuda && !cuda_backend_built()) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
   }
   if (comm.rank() != 0) return kExitOk;  // a single-process benchmark; other ranks idle

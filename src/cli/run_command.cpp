@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/human_output.h"
 #include "cpdrift/cli/provenance.h"
@@ -94,12 +95,28 @@ void maybe_die_for_test(const CommContext& comm) {
 
 }  // namespace
 
+std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool, const CommContext& comm) {
+  const bool want_cuda = device == Device::cuda || (device == Device::auto_select && cuda_backend_built() &&
+                                                    cuda_device_count() > 0);
+  if (!want_cuda) return make_cpu_backend(pool);
+  // One GPU per process of the node: the node-local rank picks it. Every process agrees on
+  // failure (a process without a usable device fails the job before any work).
+  std::unique_ptr<AttentionBackend> backend;
+  std::string error;
+  try {
+    const int count = cuda_device_count();
+    backend = make_cuda_backend(count > 0 ? comm.local_rank() % count : 0);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  error = comm.agree(error);
+  if (!error.empty()) throw UsageError(error);
+  return backend;
+}
+
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
-  if (options.device == Device::cuda) {
-    throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
-  }
   const std::vector<CaseSpec> specs = expand_cases(options);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   const std::unique_ptr<Transport> transport = make_mpi_transport(comm);
@@ -112,14 +129,18 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   report.provenance.threads = options.threads > 0 ? options.threads : default_threads(comm);
   report.provenance.simd = cpu_simd_isa();
 
+  ThreadPool pool(report.provenance.threads);
+  const std::unique_ptr<AttentionBackend> backend = select_backend(options.device, pool, comm);
+  report.provenance.device = backend->device();
+  report.provenance.cuda_available = cuda_device_count() > 0;
+
   // The table goes where the JSON does not.
   std::FILE* table = options.json ? stderr : stdout;
   const bool verbose = root && !options.quiet;
   const bool progress = verbose && (isatty(STDERR_FILENO) != 0 || options.problem.seq_len >= 1024);
   if (verbose) print_header(table, report, specs.size());
 
-  ThreadPool pool(report.provenance.threads);
-  InputStore inputs(options.problem, pool);
+  InputStore inputs(options.problem, pool, *backend);
   LocalCp1Results cp1_results;
   LocalCp1Backward cp1_backward;
   RunContext ctx{options.problem, pool, inputs, *transport, comm.collectives(), cp1_results};

@@ -3,9 +3,18 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/numerics/bf16.h"
 
 namespace cpd {
+
+InputStore::InputStore(const Problem& problem, ThreadPool& pool)
+    : problem_(problem), pool_(pool), owned_(make_cpu_backend(pool)), backend_(owned_.get()) {}
+
+InputStore::InputStore(const Problem& problem, ThreadPool& pool, AttentionBackend& backend)
+    : problem_(problem), pool_(pool), backend_(&backend) {}
+
+InputStore::~InputStore() = default;
 
 InputStore::Plane& InputStore::plane(TensorId tensor, int b, std::int64_t h) {
   Plane& p = planes_[{static_cast<int>(tensor), b, h}];
@@ -41,7 +50,7 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
   }
   if (missing.empty()) return;
   const ShardShape fill{shape.batch, shape.heads, missing, shape.width};
-  const Shard fresh = generate_shard(problem_, tensor, fill, InputPrecision::fp32, pool_);
+  const Shard fresh = backend_->generate_shard(problem_, tensor, fill, InputPrecision::fp32);
   const int d = problem_.dims.head_dim;
   for (int b = 0; b < shape.batch; ++b) {
     for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "protocol_common.h"
@@ -177,7 +178,7 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
       }
     }
   }
-  run_backward_units(units, dim, scale, inputs.pool());
+  inputs.backend().run_backward_units(units, dim, scale);
 
   // dK, dV: fold the GQA group's heads in ascending order; dK carries the scale.
   for (const Fold& f : folds) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
@@ -73,7 +74,7 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Resul
         units.push_back(std::move(u));
       }
     }
-    run_backward_units(units, dim, p.dims.softmax_scale(), inputs.pool());
+    inputs.backend().run_backward_units(units, dim, p.dims.softmax_scale());
     const float scale = p.dims.softmax_scale();
     for (float& x : e.dq.data) x *= scale;  // one block: the fold of one term is the term
     const std::size_t n = static_cast<std::size_t>(rows.size()) * dim,

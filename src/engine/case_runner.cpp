@@ -98,7 +98,7 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
         RankTensors{ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows),
                     ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
                     final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
-                    merge_reversed_arrivals(fp32[i], dim), merge_oracle_diffs(fp32[i], dim)});
+                    merge_reversed_arrivals(fp32[i], dim, ctx.inputs.backend()), merge_oracle_diffs(fp32[i], dim)});
   }
 
   Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle;

@@ -110,7 +110,7 @@ DlogpDrift measure_dlogp(const RunContext& ctx, const CaseGrid& grid,
                          const std::vector<const AttnShard*>& reference,
                          const std::string& case_name) {
   const std::vector<TokenLogprobs> lp =
-      run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.pool);
+      run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs.backend());
   // The active tokens: all but each sequence's first.
   std::vector<std::vector<float>> cand(lp.size()), ref(lp.size());
   std::vector<DiffPart> parts;

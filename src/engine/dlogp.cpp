@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "protocol_common.h"
@@ -13,22 +14,23 @@ namespace {
 // Per-head partial logits of one rank's token range: [2][B][heads][rows][vocab] for the
 // candidate then the reference.
 std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
-                                  const AttnShard& cand, const AttnShard& ref,
-                                  const std::vector<float>& w, int vocab, ThreadPool& pool) {
+                                  const AttnShard& cand, const AttnShard& ref, const std::vector<float>& w, int vocab,
+                                  AttentionBackend& backend) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const std::int64_t heads = r.q_heads.size(), rows = tokens.size(), ldw = heads * dim;
   std::vector<float> z(static_cast<std::size_t>(2 * batch * heads * rows * vocab));
   const std::int64_t first = cand.out.shape.local_row(tokens.begin);
-  pool.parallel_for(2 * batch * heads, [&](std::int64_t task) {
-    const int which = static_cast<int>(task / (batch * heads));
-    const int b = static_cast<int>(task / heads % batch);
-    const std::int64_t hl = task % heads, h = r.q_heads.begin + hl;
+  std::vector<ProjectionJob> jobs;
+  for (int which = 0; which < 2; ++which) {
     const AttnShard& src = which == 0 ? cand : ref;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      float* out = z.data() + (((which * batch + b) * heads + hl) * rows + i) * vocab;
-      head_partial_logits(src.out.at(b, h, first + i), w.data() + hl * dim, ldw, dim, vocab, out);
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t hl = 0; hl < heads; ++hl) {
+        jobs.push_back(ProjectionJob{src.out.at(b, r.q_heads.begin + hl, first), rows, w.data() + hl * dim, ldw,
+                                     z.data() + ((which * batch + b) * heads + hl) * rows * vocab});
+      }
     }
-  });
+  }
+  backend.project_heads(jobs, dim, vocab);
   return z;
 }
 
@@ -37,7 +39,7 @@ std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, co
 std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                                      const std::vector<const AttnShard*>& candidate,
                                      const std::vector<const AttnShard*>& reference, int vocab,
-                                     Transport& transport, ThreadPool& pool) {
+                                     Transport& transport, AttentionBackend& backend) {
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
@@ -51,7 +53,7 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
         lm_head_columns(p, vocab, Range{r.q_heads.begin * dim, r.q_heads.end * dim});
     for (const Range& t : r.tokens) {
       std::vector<float> z =
-          partial_logits(grid, r, t, *candidate[i], *reference[i], w, vocab, pool);
+          partial_logits(grid, r, t, *candidate[i], *reference[i], w, vocab, backend);
       if (r.tp_rank == 0) {
         own[r.id].push_back(std::move(z));
         continue;

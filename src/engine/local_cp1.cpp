@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
 
 namespace cpd {
@@ -32,7 +33,7 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
       }
     }
   }
-  run_fold_jobs(jobs, dim, problem.dims.softmax_scale(), path.rounding, inputs.pool());
+  inputs.backend().run_fold_jobs(jobs, dim, problem.dims.softmax_scale(), path.rounding);
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cpdrift/cpu/attention.h"
+#include "protocol_common.h"
 
 namespace cpd {
 namespace {
@@ -37,14 +38,11 @@ void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::
 
 }  // namespace
 
-AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim) {
+AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim, AttentionBackend& backend) {
   AttnShard probe{Shard(rank.merged.out.shape), Shard(rank.merged.lse.shape)};
   const std::vector<std::size_t> reversed(rank.arrival_order.rbegin(), rank.arrival_order.rend());
-  for_each_row_group(
-      rank, dim, reversed, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-        const std::int64_t row = probe.out.shape.local_row(t.begin);
-        merge_in_block_order(refs, t.size(), dim, probe.out.at(b, h, row), probe.lse.at(b, h, row));
-      });
+  backend.merge_states(
+      protocol::state_merge_jobs(probe, rank.rank, rank.states, reversed, rank.merged.out.shape.batch, dim), dim);
   return probe;
 }
 

@@ -1,6 +1,7 @@
 // ag_rs: all-gather the query rows, compute each state where its K/V live, send it to the
 // query owner, merge there in global block order (a reduce-scatter whose reduction is the
 // ordered merge). The default; the reference benchmark's semantics.
+#include "cpdrift/backend/attention_backend.h"
 #include "protocol_common.h"
 
 namespace cpd::protocol {
@@ -44,15 +45,14 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
           states.push_back(state_message(grid, q, block, in.k, in.v, jobs));
       }
     }
-    run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(),
-                   path.rounding, store.pool());
+    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
     jobs.clear();
   }
   std::map<int, Inbox> state_inboxes =
       inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r); });
   transport.start(std::move(states));
   deliver(transport, state_inboxes);
-  return merge_owned_states(grid, hosted, state_inboxes, store.pool(), keep_states);
+  return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
 }
 
 }  // namespace cpd::protocol

@@ -1,5 +1,6 @@
 // allgather_kv: every rank gathers the K/V its queries can see and computes all its states
 // locally (Llama-3 style); states never travel.
+#include "cpdrift/backend/attention_backend.h"
 #include "protocol_common.h"
 
 namespace cpd::protocol {
@@ -36,15 +37,14 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
       gathered.push_back(kv_piece_of(m, grid));
     for (const KvPiece& piece : gathered)
       own_states(grid, owner, own_rows.data(), piece.k, piece.v, states, jobs);
-    run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(),
-                   path.rounding, store.pool());
+    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
     jobs.clear();
   }
   // The states were computed here, but they are checked against the same manifest.
   std::map<int, Inbox> state_inboxes =
       inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r); });
   check_local(transport, std::move(states), state_inboxes);
-  return merge_owned_states(grid, hosted, state_inboxes, store.pool(), keep_states);
+  return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
 }
 
 }  // namespace cpd::protocol

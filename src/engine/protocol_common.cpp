@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/core/errors.h"
 
 namespace cpd {
@@ -147,42 +148,44 @@ void check_local(Transport& transport, std::vector<Message> states, std::map<int
       transport, [&] { return std::move(states); }, inboxes);
 }
 
-std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
-                                           const std::vector<LogicalRank>& hosted,
-                                           std::map<int, Inbox>& inboxes, ThreadPool& pool,
+std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r, const std::vector<Message>& states,
+                                       const std::vector<std::size_t>& order, int batch, int dim) {
+  std::vector<MergeJob> jobs;
+  const std::int64_t heads = r.q_heads.size();
+  for (const Range& t : r.tokens) {
+    const std::int64_t rows = t.size(), row = into.out.shape.local_row(t.begin);
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+        const std::int64_t slot = b * heads + (h - r.q_heads.begin);
+        MergeJob job;
+        for (std::size_t i : order) {
+          const Message& m = states[i];
+          if (m.header.tokens() != t) continue;
+          const float* out = m.payload.data();
+          job.states.push_back(
+              StateRef{m.header.block_index, out + slot * rows * dim, out + batch * heads * rows * dim + slot * rows});
+        }
+        job.rows = rows;
+        job.out = const_cast<float*>(into.out.at(b, h, row));
+        job.lse = const_cast<float*>(into.lse.at(b, h, row));
+        jobs.push_back(std::move(job));
+      }
+    }
+  }
+  return jobs;
+}
+
+std::vector<RankOutput> merge_owned_states(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+                                           std::map<int, Inbox>& inboxes, AttentionBackend& backend,
                                            bool keep_states) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
-    RankOutput o{
-        r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
+    RankOutput o{r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
     Inbox& inbox = inboxes.at(r.id);
-    struct MergeTask {
-      Range tokens;
-      int b;
-      std::int64_t h;
-    };
-    std::vector<MergeTask> tasks;
-    for (const Range& t : r.tokens) {
-      for (int b = 0; b < batch; ++b) {
-        for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) tasks.push_back({t, b, h});
-      }
-    }
-    pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t i) {
-      const MergeTask& task = tasks[static_cast<std::size_t>(i)];
-      const std::int64_t rows = task.tokens.size(), heads = r.q_heads.size();
-      const std::int64_t slot = task.b * heads + (task.h - r.q_heads.begin);
-      std::vector<StateRef> refs;
-      for (const Message& m : inbox.messages()) {
-        if (m.header.tokens() != task.tokens) continue;
-        const float* out = m.payload.data();
-        refs.push_back(StateRef{m.header.block_index, out + slot * rows * dim,
-                                out + batch * heads * rows * dim + slot * rows});
-      }
-      const std::int64_t row = o.merged.out.shape.local_row(task.tokens.begin);
-      merge_in_block_order(refs, rows, dim, o.merged.out.at(task.b, task.h, row),
-                           o.merged.lse.at(task.b, task.h, row));
-    });
+    std::vector<std::size_t> manifest_order(inbox.messages().size());
+    for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
+    backend.merge_states(state_merge_jobs(o.merged, r, inbox.messages(), manifest_order, batch, dim), dim);
     if (keep_states) {
       o.arrival_order = inbox.arrival_order();
       o.states = inbox.take_messages();

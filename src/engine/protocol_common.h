@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/engine/protocol.h"
 
@@ -70,8 +71,13 @@ std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, Expecte
 /// states out of the inboxes into the outputs.
 std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
                                            const std::vector<LogicalRank>& hosted,
-                                           std::map<int, Inbox>& inboxes, ThreadPool& pool,
+                                           std::map<int, Inbox>& inboxes, AttentionBackend& backend,
                                            bool keep_states);
+
+/// Merge jobs for a rank's query shard `into` from `states` (taken in `order`, indices into
+/// `states`; the merge sorts them by block index anyway).
+std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r, const std::vector<Message>& states,
+                                       const std::vector<std::size_t>& order, int batch, int dim);
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
                                   InputStore& store, bool keep_states);

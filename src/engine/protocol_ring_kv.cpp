@@ -1,6 +1,7 @@
 // ring_kv: K/V shards travel round the CP ring (CP−1 steps); each rank keeps its queries,
 // computes its states against the shard it holds while the next one is in flight, and merges
 // all of them in global block order at the end (Transformer Engine's p2p, made deterministic).
+#include "cpdrift/backend/attention_backend.h"
 #include "protocol_common.h"
 
 namespace cpd::protocol {
@@ -42,8 +43,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
         own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, states, jobs);
       }
     }
-    run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(),
-                   path.rounding, store.pool());
+    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
     jobs.clear();
     if (forward) {
       std::map<int, Inbox> kv_inboxes = inboxes_for(
@@ -60,7 +60,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
   std::map<int, Inbox> state_inboxes =
       inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r); });
   check_local(transport, std::move(states), state_inboxes);
-  return merge_owned_states(grid, hosted, state_inboxes, store.pool(), keep_states);
+  return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
 }
 
 }  // namespace cpd::protocol

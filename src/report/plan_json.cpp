@@ -203,7 +203,7 @@ Value launch_json(const Provenance& pv) {
 Value runtime_json(const Provenance& pv) {
   Value v = Value::object();
   v["device"] = pv.device;
-  v["cuda_available"] = false;
+  v["cuda_available"] = pv.cuda_available;
   Value dist = Value::object();
   dist["initialized"] = pv.world_size > 1;
   dist["backend"] = pv.world_size > 1 ? Value("mpi") : Value(nullptr);

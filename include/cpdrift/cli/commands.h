@@ -1,6 +1,7 @@
 // The subcommands main() dispatches to. Each returns the process's exit status.
 #pragma once
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/options.h"
 #include "cpdrift/comm/comm_context.h"
 #include "cpdrift/report/run_report.h"
@@ -23,6 +24,10 @@ int accept_command(const AcceptOptions& options, const CommContext& comm,
 
 /// Prints FP32-reference and BF16-emulated forward throughput.
 int bench_command(const BenchOptions& options, const CommContext& comm);
+
+/// The compute backend `device` asks for (auto: CUDA when built and a device is present).
+/// Collective: a process that cannot have it fails every process with one UsageError.
+std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool, const CommContext& comm);
 
 /// Threads per process when not given: the cores of the node shared among its processes.
 int default_threads(const CommContext& comm);

@@ -12,9 +12,15 @@
 
 namespace cpd {
 
+class AttentionBackend;
+
 class InputStore {
  public:
-  InputStore(const Problem& problem, ThreadPool& pool) : problem_(problem), pool_(pool) {}
+  /// Generates with the CPU backend over `pool`.
+  InputStore(const Problem& problem, ThreadPool& pool);
+  /// Generates with `backend` (which computes everything else too); `pool` runs host-side work.
+  InputStore(const Problem& problem, ThreadPool& pool, AttentionBackend& backend);
+  ~InputStore();
 
   /// The same values as generate_shard(problem, tensor, shape, precision), served from the
   /// memo. BF16 rows are the rounding of the memoised FP32 rows (exactly what generation
@@ -23,6 +29,8 @@ class InputStore {
 
   const Problem& problem() const { return problem_; }
   ThreadPool& pool() { return pool_; }
+  /// The compute backend of the run: inputs, partial states, merges, gradients.
+  AttentionBackend& backend() { return *backend_; }
 
  private:
   // Rows of one (tensor, batch, head), generated in blocks of kBlockRows positions; memory is
@@ -37,6 +45,8 @@ class InputStore {
 
   Problem problem_;
   ThreadPool& pool_;
+  std::unique_ptr<AttentionBackend> owned_;  // the CPU backend when none was given
+  AttentionBackend* backend_;
   std::map<std::tuple<int, int, std::int64_t>, Plane> planes_;
 };
 

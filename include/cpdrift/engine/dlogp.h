@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/engine/protocol.h"
 
 namespace cpd {
@@ -22,6 +23,6 @@ struct TokenLogprobs {
 std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                                      const std::vector<const AttnShard*>& candidate,
                                      const std::vector<const AttnShard*>& reference, int vocab,
-                                     Transport& transport, ThreadPool& pool);
+                                     Transport& transport, AttentionBackend& backend);
 
 }  // namespace cpd

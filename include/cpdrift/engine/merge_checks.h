@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/engine/protocol.h"
 
 namespace cpd {
@@ -10,7 +11,7 @@ namespace cpd {
 /// The rank's states merged again from the reverse of their arrival order. The merge sorts by
 /// global block index, so this must equal RankOutput::merged bit for bit (the report's
 /// merge_order_probe).
-AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim);
+AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim, AttentionBackend& backend);
 
 /// |production FP32 fold − FP64 oracle| per element, rounded to FP32: the oracle takes the
 /// same sorted states, subtracts the global max lse first and forms one weighted sum in FP64

@@ -28,6 +28,7 @@ struct Provenance {
   int local_rank = 0;
   std::string launcher;  // "mpirun", "srun" or "direct"
   std::string device = "cpu";
+  bool cuda_available = false;
   std::string transport;
   int threads = 1;
   std::string simd;

@@ -1,0 +1,71 @@
+// The compute backend seam (style habit 2): the engine asks for inputs, partial states, merges,
+// gradients and logit projections here, and the CPU and CUDA backends answer with the same
+// bits (docs/numerics.md). Host-only: no CUDA type appears in this header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/model.h"
+#include "cpdrift/core/shard.h"
+#include "cpdrift/cpu/attention.h"
+#include "cpdrift/cpu/attention_backward.h"
+#include "cpdrift/cpu/inputs.h"
+
+namespace cpd {
+
+/// The states of one (batch, head, query range) to merge in global block order.
+struct MergeJob {
+  std::vector<StateRef> states;  // any order: the merge sorts by block index
+  std::int64_t rows = 0;
+  float* out = nullptr;  // [rows][dim]
+  float* lse = nullptr;  // [rows]
+};
+
+/// Per-head partial logits of `rows` tokens: z[r][v] = dot_seq(hidden[r], w[v]) (logprob_math.h).
+struct ProjectionJob {
+  const float* hidden = nullptr;  // [rows][dim]
+  std::int64_t rows = 0;
+  const float* w = nullptr;  // vocab rows of `ldw` floats, already offset to the head's columns
+  std::int64_t ldw = 0;
+  float* z = nullptr;  // [rows][vocab]
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  /// "cpu" or "cuda".
+  virtual const char* name() const = 0;
+  /// The report's runtime.device: "cpu" or "cuda:N".
+  virtual std::string device() const = 0;
+
+  /// The same values as generate_shard (inputs.h).
+  virtual Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                               InputPrecision precision) = 0;
+  /// attention.h's jobs: partial states of rows against blocks, and whole CP=1 folds.
+  virtual void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding) = 0;
+  virtual void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding) = 0;
+  /// The ordered merge of each job's states.
+  virtual void merge_states(std::span<const MergeJob> jobs, int dim) = 0;
+  /// attention_backward.h's units.
+  virtual void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) = 0;
+  /// dlogp's per-head partial logits.
+  virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;
+};
+
+/// The CPU backend over a thread pool.
+std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool);
+
+/// The CUDA backend on `device` (0-based). Throws UsageError("… built without CUDA …") in a
+/// build without the CUDA backend, and UsageError when there is no such device.
+std::unique_ptr<AttentionBackend> make_cuda_backend(int device);
+
+/// Whether this build has the CUDA backend, and how many CUDA devices this process sees (0
+/// without the backend or without devices).
+bool cuda_backend_built();
+int cuda_device_count();
+
+}  // namespace cpd

@@ -1,0 +1,48 @@
+// The CPU backend: the tiled SIMD kernels over the thread pool.
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/numerics/logprob_math.h"
+
+namespace cpd {
+namespace {
+
+class CpuBackend final : public AttentionBackend {
+ public:
+  explicit CpuBackend(ThreadPool& pool) : pool_(pool) {}
+  const char* name() const override { return "cpu"; }
+  std::string device() const override { return "cpu"; }
+
+  Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                       InputPrecision precision) override {
+    return cpd::generate_shard(problem, tensor, shape, precision, pool_);
+  }
+  void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding) override {
+    cpd::run_block_jobs(jobs, dim, scale, rounding, pool_);
+  }
+  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding) override {
+    cpd::run_fold_jobs(jobs, dim, scale, rounding, pool_);
+  }
+  void merge_states(std::span<const MergeJob> jobs, int dim) override {
+    pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
+      const MergeJob& j = jobs[static_cast<std::size_t>(i)];
+      merge_in_block_order(j.states, j.rows, dim, j.out, j.lse);
+    });
+  }
+  void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) override {
+    cpd::run_backward_units(units, dim, scale, pool_);
+  }
+  void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) override {
+    pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
+      const ProjectionJob& j = jobs[static_cast<std::size_t>(i)];
+      for (std::int64_t r = 0; r < j.rows; ++r) head_partial_logits(j.hidden + r * dim, j.w, j.ldw, dim, vocab, j.z + r * vocab);
+    });
+  }
+
+ private:
+  ThreadPool& pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool) { return std::make_unique<CpuBackend>(pool); }
+
+}  // namespace cpd

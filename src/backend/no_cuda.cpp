@@ -1,0 +1,14 @@
+// A build without the CUDA backend: asking for it is an error the user can act on.
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+
+std::unique_ptr<AttentionBackend> make_cuda_backend(int) {
+  throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
+}
+
+bool cuda_backend_built() { return false; }
+int cuda_device_count() { return 0; }
+
+}  // namespace cpd
