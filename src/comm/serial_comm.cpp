@@ -1,0 +1,37 @@
+// CommContext without MPI (-Dmpi=disabled): one process, every collective the identity. For
+// machines without MPI (the device check's GPU machine); production builds use MPI.
+#include <cstdio>
+#include <cstdlib>
+
+#include "cpdrift/comm/comm_context.h"
+
+namespace cpd {
+
+struct CommContext::Impl {};
+
+CommContext::CommContext(int*, char***) : impl_(std::make_unique<Impl>()) {
+  collectives_ = std::make_unique<LocalCollectives>();
+}
+
+CommContext::~CommContext() = default;
+
+std::string CommContext::library_version() const { return "none (built without MPI: one process)"; }
+void CommContext::allreduce_sum(std::span<std::uint64_t>) const {}
+void CommContext::allreduce_max(std::span<std::uint64_t>) const {}
+bool CommContext::any(bool flag) const { return flag; }
+void CommContext::barrier() const {}
+bool CommContext::same_everywhere(const std::string&) const { return true; }
+std::string CommContext::broadcast(const std::string& text, int) const { return text; }
+std::string CommContext::agree(const std::string& local_error) const { return local_error; }
+
+void CommContext::abort(int status) const {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(status);
+}
+
+std::unique_ptr<Transport> make_mpi_transport(const CommContext&) {
+  return std::make_unique<InProcessTransport>();
+}
+
+}  // namespace cpd
