@@ -2,7 +2,15 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/numerics/logprob_math.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace cpd {
+
+void AttentionBackend::run_unfused_jobs(std::span<const BlockJob>, int, float) {
+  throw std::logic_error(std::string("the ") + name() + " backend has no cublas_unfused path");
+}
+
 namespace {
 
 class CpuBackend final : public AttentionBackend {

@@ -54,6 +54,11 @@ class AttentionBackend {
   virtual void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) = 0;
   /// dlogp's per-head partial logits.
   virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;
+
+  /// The cublas_unfused path (design §3): QKᵀ and P·V as BF16 GEMMs with FP32 compute, the
+  /// softmax in its own kernel; the jobs' q, k, v hold BF16 values. GPU backends only.
+  virtual bool has_unfused_gemm() const { return false; }
+  virtual void run_unfused_jobs(std::span<const BlockJob> jobs, int dim, float scale);
 };
 
 /// The CPU backend over a thread pool.

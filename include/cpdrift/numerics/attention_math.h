@@ -73,27 +73,38 @@ CPD_HD float logaddexp_f32(float a, float b) {
   return hi + log1p_f32(exp_f32(lo - hi));
 }
 
-/// Merges state b into state a in place: a ← merge(a, b) (design §3).
-///
-///   l = logaddexp(l_a, l_b);  w_a = exp(l_a - l);  w_b = exp(l_b - l)
-///   o_d = fma(w_a, o_a_d, w_b · o_b_d)
-///
-/// A state with lse = -inf is the identity and leaves the other state's bits untouched (so
-/// skipping a fully masked block and merging it are the same bits). Non-finite l (only from
-/// NaN/inf inputs) gives zero weights, as the contract says; the lse carries the failure.
-CPD_HD void merge_state_row(float* o_a, float* l_a, const float* o_b, float l_b, int dim) {
-  if (l_b == neg_inf_f32()) return;
-  if (*l_a == neg_inf_f32()) {
-    for (int d = 0; d < dim; ++d) o_a[d] = o_b[d];
-    *l_a = l_b;
-    return;
-  }
-  const float l = logaddexp_f32(*l_a, l_b);
+/// The scalars of one merge step a ← a ⊕ b (design §3), shared by every implementation:
+/// identity when l_b = -inf, a copy of b when l_a = -inf, else
+///   l = logaddexp(l_a, l_b);  w_a = exp(l_a - l);  w_b = exp(l_b - l)   (0 when l is not finite)
+struct MergeWeights {
+  enum Mode : int { keep_a = 0, take_b = 1, combine = 2 };
+  int mode;
+  float lse, w_a, w_b;
+};
+
+CPD_HD MergeWeights merge_weights(float l_a, float l_b) {
+  if (l_b == neg_inf_f32()) return MergeWeights{MergeWeights::keep_a, l_a, 1.0f, 0.0f};
+  if (l_a == neg_inf_f32()) return MergeWeights{MergeWeights::take_b, l_b, 0.0f, 1.0f};
+  const float l = logaddexp_f32(l_a, l_b);
   const bool finite = is_finite_f32(l);
-  const float w_a = finite ? exp_f32(*l_a - l) : 0.0f;
-  const float w_b = finite ? exp_f32(l_b - l) : 0.0f;
-  for (int d = 0; d < dim; ++d) o_a[d] = fma_f32(w_a, o_a[d], w_b * o_b[d]);
-  *l_a = l;
+  return MergeWeights{MergeWeights::combine, l, finite ? exp_f32(l_a - l) : 0.0f, finite ? exp_f32(l_b - l) : 0.0f};
+}
+
+/// One output element of a merge step: o_a untouched, o_b copied, or fma(w_a, o_a, w_b · o_b).
+CPD_HD float merge_value(const MergeWeights& w, float o_a, float o_b) {
+  if (w.mode == MergeWeights::keep_a) return o_a;
+  if (w.mode == MergeWeights::take_b) return o_b;
+  return fma_f32(w.w_a, o_a, w.w_b * o_b);
+}
+
+/// Merges state b into state a in place: a ← merge(a, b) (design §3). A state with lse = -inf
+/// is the identity and leaves the other state's bits untouched (so skipping a fully masked
+/// block and merging it are the same bits). Non-finite l (only from NaN/inf inputs) gives zero
+/// weights, as the contract says; the lse carries the failure.
+CPD_HD void merge_state_row(float* o_a, float* l_a, const float* o_b, float l_b, int dim) {
+  const MergeWeights w = merge_weights(*l_a, l_b);
+  for (int d = 0; d < dim; ++d) o_a[d] = merge_value(w, o_a[d], o_b[d]);
+  *l_a = w.lse;
 }
 
 }  // namespace cpd

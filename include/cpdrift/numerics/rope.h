@@ -22,16 +22,18 @@ CPD_HD void rope_cos_sin(std::int64_t position, float inv_freq, float& c, float&
   sincos_f32(angle, s, c);
 }
 
+/// Rotates one (x[i], x[i + half]) pair by the angle with cos c and sin s.
+CPD_HD void rope_rotate_pair(float& x1, float& x2, float c, float s) {
+  const float a = x1 * c, b = x2 * s;
+  const float e = x2 * c, f = x1 * s;
+  x1 = a - b;
+  x2 = e + f;
+}
+
 /// Rotates one row in place given its per-frequency cos/sin (`half` entries each). Elements
 /// at or beyond 2·half (none for Qwen3, whose rotary dim equals the head dim) are untouched.
 CPD_HD void rope_rotate_row(float* x, const float* cos_row, const float* sin_row, int half) {
-  for (int i = 0; i < half; ++i) {
-    const float x1 = x[i], x2 = x[i + half];
-    const float a = x1 * cos_row[i], b = x2 * sin_row[i];
-    const float c = x2 * cos_row[i], d = x1 * sin_row[i];
-    x[i] = a - b;
-    x[i + half] = c + d;
-  }
+  for (int i = 0; i < half; ++i) rope_rotate_pair(x[i], x[i + half], cos_row[i], sin_row[i]);
 }
 
 }  // namespace cpd

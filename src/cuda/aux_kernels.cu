@@ -1,0 +1,71 @@
+// Input generation and the dlogp projection on the device, with the shared arithmetic of
+// numerics/ (philox.h, rope.h, logprob_math.h): the same bits as the CPU.
+#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/numerics/philox.h"
+#include "cpdrift/numerics/rope.h"
+#include "cuda_check.cuh"
+#include "kernels.cuh"
+
+namespace cpd::cuda {
+namespace {
+
+// One thread per (b, h, row, i < dim/2): the pair (i, i + dim/2) of one row, generated at its
+// global coordinates, rotated when the tensor takes RoPE, rounded when BF16 is asked for.
+__global__ void generate_kernel(GenerateParams p) {
+  const long long half = p.dim / 2;
+  const long long id = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long total = static_cast<long long>(p.batch) * p.head_count * p.rows * half;
+  if (id >= total) return;
+  const long long i = id % half;
+  const long long row = id / half % p.rows;
+  const long long hl = id / (half * p.rows) % p.head_count;
+  const long long b = id / (half * p.rows * p.head_count);
+  const long long pos = p.row_positions[row];
+  const unsigned long long first =
+      static_cast<unsigned long long>(((b * p.num_heads + p.head_begin + hl) * p.seq_len + pos) * p.dim);
+  const TensorId tensor = static_cast<TensorId>(p.tensor);
+  float x1 = normal_at(p.seed, tensor, first + i);
+  float x2 = normal_at(p.seed, tensor, first + i + half);
+  if (p.rotate) {
+    float c, s;
+    rope_cos_sin(pos, p.inv_freq[i], c, s);
+    rope_rotate_pair(x1, x2, c, s);
+  }
+  if (p.bf16) {
+    x1 = round_bf16(x1);
+    x2 = round_bf16(x2);
+  }
+  float* out = p.out + ((b * p.head_count + hl) * p.rows + row) * p.dim;
+  out[i] = x1;
+  out[i + half] = x2;
+}
+
+// One block per (job, token row), one thread per vocabulary entry.
+__global__ void project_kernel(const ProjectionJob* jobs, const Task* tasks, int dim, int vocab) {
+  const Task task = tasks[blockIdx.x];
+  const ProjectionJob& job = jobs[task.job];
+  const long long row = task.item;
+  const int v = threadIdx.x;
+  if (v >= vocab) return;
+  job.z[row * vocab + v] = dot_seq(job.hidden + row * dim, job.w + v * job.ldw, dim);
+}
+
+}  // namespace
+
+void generate(const GenerateParams& p, cudaStream_t stream) {
+  const long long total = static_cast<long long>(p.batch) * p.head_count * p.rows * (p.dim / 2);
+  if (total == 0) return;
+  constexpr int kBlock = 256;
+  generate_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p);
+  CPD_CUDA_CHECK_LAUNCH();
+}
+
+void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab, cudaStream_t stream) {
+  if (ntasks == 0) return;
+  const unsigned threads = static_cast<unsigned>((vocab + 31) / 32 * 32);
+  project_kernel<<<static_cast<unsigned>(ntasks), threads, 0, stream>>>(jobs, tasks, dim, vocab);
+  CPD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cpd::cuda
