@@ -92,6 +92,17 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--seq-len", "missing value");
   expect_usage_error("--device cuda", "built without CUDA");
   expect_usage_error("--cp-layouts spiral", "unknown layout");
+  expect_usage_error("--kv-chunk-sizes none,full", "listed twice");
+  expect_usage_error("--cp-world-sizes 2,2", "listed twice");
+  expect_usage_error("--output /nonexistent-dir/r.json", "--output: cannot write");
+}
+
+TEST_CASE("a split larger than any owner range is one block per range") {
+  const Result r = run("--seq-len 8 --cp-world-sizes 2 --kv-chunk-sizes 9223372036854775807 --json --quiet");
+  REQUIRE(r.status == 0);
+  const cpd::json::Value report = cpd::json::parse(r.out);
+  CHECK(cpd::json::to_string(report.at("cases").at(0).at("topology").at("kv_block_bounds"), false) ==
+        "[[0,4],[4,8]]");
 }
 
 TEST_CASE("--help prints usage and exits 0") {

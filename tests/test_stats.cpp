@@ -53,6 +53,16 @@ TEST_CASE("stats: hand-computed small cases") {
   CHECK(zeros.max_abs == 0.0);
 }
 
+TEST_CASE("stats: the sum behind mean_abs is exact, rounded once") {
+  // 1 + 2^-53 + 2^-54 lies past the midpoint between 1 and the next double: rounded once it is
+  // that next double, while adding in FP64 from the largest term (1 + 2^-53 = 1, …) gives 1.
+  const std::vector<float> d{1.0f, std::ldexp(1.0f, -53), std::ldexp(1.0f, -54)};
+  CHECK(of_diffs(d).mean_abs * 3 == std::nextafter(1.0, 2.0));
+  // Tiny and huge together: the denormal bin and the top bin in one sum.
+  const std::vector<float> e{std::ldexp(1.0f, -149), 3.0e38f};
+  CHECK(of_diffs(e).mean_abs == (static_cast<double>(3.0e38f) + std::ldexp(1.0, -149)) / 2);
+}
+
 TEST_CASE("stats: candidate vs reference semantics") {
   const float inf = INFINITY;
   const std::vector<float> c{1.0f, -inf, 0.0f, 2.0f, -0.0f};

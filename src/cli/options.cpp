@@ -262,6 +262,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   });
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
   r.toggle("--include-backward", [&] { o.include_backward = true; });
+  r.toggle("--no-cpu-check", [&] { o.cpu_check = false; });
   r.toggle("--include-dlogp", [&] { o.include_dlogp = true; });
   r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
     o.vocab_size = parse_int<int>(f, v, 2);
@@ -294,8 +295,14 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
         for (CpLayout layout : o.layouts) {
           for (Protocol protocol : o.protocols) {
             CaseSpec spec{tp, cp, split, layout, protocol};
+            const std::string name = case_name(spec, o.problem.dtype);
             if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
-              throw UsageError(case_name(spec, o.problem.dtype) + ": " + why);
+              throw UsageError(name + ": " + why);
+            }
+            for (const CaseSpec& c : cases) {
+              if (case_name(c, o.problem.dtype) == name) {
+                throw UsageError(name + " is listed twice (a repeated size, or none/full/no_split together)");
+              }
             }
             cases.push_back(spec);
           }
@@ -333,6 +340,7 @@ Execution and output
   --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
   --transport auto|mpi         how partial states move between processes (default auto: mpi)
   --threads N                  CPU threads per process (default: cores / processes per node)
+  --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
   --output PATH                write the JSON report (atomically)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)

@@ -1,7 +1,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -39,6 +41,24 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
   error = comm.agree(error);
   if (!error.empty()) throw UsageError(error);
   return dump;
+}
+
+// Rank 0 makes sure the report can be written before any work: a long run must not end in an
+// unwritable path.
+void check_output_path(const std::string& path, const CommContext& comm) {
+  if (path.empty()) return;
+  std::string error;
+  if (comm.rank() == 0) {
+    const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
+    if (FILE* f = std::fopen(probe.c_str(), "w")) {
+      std::fclose(f);
+      std::remove(probe.c_str());
+    } else {
+      error = "--output: cannot write next to \"" + path + "\": " + std::strerror(errno);
+    }
+  }
+  error = comm.agree(error);
+  if (!error.empty()) throw UsageError(error);
 }
 
 // q, k, v after RoPE (FP32) written by rank 0 itself, a block of positions at a time: the
@@ -118,6 +138,7 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   const std::vector<CaseSpec> specs = expand_cases(options);
+  check_output_path(options.output, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   const std::unique_ptr<Transport> transport = make_mpi_transport(comm);
   const bool root = comm.rank() == 0;
@@ -148,6 +169,14 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   ctx.dump = dump.get();
   ctx.cp1_backward = options.include_backward ? &cp1_backward : nullptr;
   ctx.vocab_size = options.include_dlogp ? options.vocab_size : 0;
+  // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.
+  std::unique_ptr<AttentionBackend> cpu_backend;
+  std::unique_ptr<InputStore> cpu_inputs;
+  if (std::string(backend->name()) != "cpu" && options.cpu_check) {
+    cpu_backend = make_cpu_backend(pool);
+    cpu_inputs = std::make_unique<InputStore>(options.problem, pool, *cpu_backend);
+    ctx.cpu_check = cpu_inputs.get();
+  }
   report.vocab_size = ctx.vocab_size;
 
   report.merge_oracle_self_test = merge_oracle_self_test();
@@ -161,7 +190,15 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
     report.cases.push_back(run_case(ctx, specs[i]));
     if (verbose) print_case_row(table, report.cases.back());
   }
+  // Rank 0 holds the digests, so its verdict is the job's: every process returns the same.
   report.failed_checks = evaluate_checks(report);
+  std::string verdict;
+  for (const std::string& f : report.failed_checks) verdict += f + '\n';
+  verdict = comm.broadcast(verdict, 0);
+  report.failed_checks.clear();
+  for (std::size_t at = 0, nl; (nl = verdict.find('\n', at)) != std::string::npos; at = nl + 1) {
+    report.failed_checks.push_back(verdict.substr(at, nl - at));
+  }
   report.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 

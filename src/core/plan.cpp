@@ -35,8 +35,10 @@ std::vector<Range> cp_owner_ranges(CpLayout layout, int cp, int cp_rank, std::in
 std::vector<Range> split_range(Range owner, std::optional<std::int64_t> split) {
   if (!split) return {owner};
   std::vector<Range> blocks;
-  for (std::int64_t s = owner.begin; s < owner.end; s += *split) {
-    blocks.push_back(Range{s, std::min(s + *split, owner.end)});
+  for (std::int64_t s = owner.begin; s < owner.end;) {
+    const std::int64_t e = s + std::min(*split, owner.end - s);  // no overflow for any split
+    blocks.push_back(Range{s, e});
+    s = e;
   }
   return blocks;
 }

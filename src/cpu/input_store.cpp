@@ -29,10 +29,17 @@ InputStore::Plane& InputStore::plane(TensorId tensor, int b, std::int64_t h) {
 }
 
 void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
-  // Missing blocks, grouped into runs of positions so one generate_shard call fills them.
-  std::vector<Range> missing;
+  // Missing blocks, in position order and grouped into runs of positions so one
+  // generate_shard call fills them.
+  std::vector<std::int64_t> wanted;
   for (const Range& t : shape.tokens) {
-    for (std::int64_t blk = t.begin / kBlockRows; blk * kBlockRows < t.end; ++blk) {
+    for (std::int64_t blk = t.begin / kBlockRows; blk * kBlockRows < t.end; ++blk) wanted.push_back(blk);
+  }
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  std::vector<Range> missing;
+  {
+    for (const std::int64_t blk : wanted) {
       bool absent = false;
       for (int b = 0; b < shape.batch && !absent; ++b) {
         for (std::int64_t h = shape.heads.begin; h < shape.heads.end && !absent; ++h) {
@@ -43,7 +50,7 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
       const Range r{blk * kBlockRows, std::min((blk + 1) * kBlockRows, problem_.seq_len)};
       if (!missing.empty() && missing.back().end == r.begin) {
         missing.back().end = r.end;
-      } else if (missing.empty() || missing.back().end < r.begin) {
+      } else {
         missing.push_back(r);
       }
     }

@@ -14,6 +14,7 @@ namespace {
 constexpr PathSpec kFp32Path{InputPrecision::fp32, ProbRounding::none};
 constexpr PathSpec kBf16InputsPath{InputPrecision::bf16, ProbRounding::none};
 constexpr PathSpec kBf16KernelPath{InputPrecision::bf16, ProbRounding::bf16};
+constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none, BlockKernel::cublas_unfused};
 
 // The BF16 final write: the output rounded once to BF16; lse stays FP32, as flash kernels
 // keep it.

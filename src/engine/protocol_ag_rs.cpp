@@ -45,7 +45,7 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
           states.push_back(state_message(grid, q, block, in.k, in.v, jobs));
       }
     }
-    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
+    run_state_jobs(grid, path, jobs, store.backend());
     jobs.clear();
   }
   std::map<int, Inbox> state_inboxes =

@@ -37,7 +37,7 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
       gathered.push_back(kv_piece_of(m, grid));
     for (const KvPiece& piece : gathered)
       own_states(grid, owner, own_rows.data(), piece.k, piece.v, states, jobs);
-    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
+    run_state_jobs(grid, path, jobs, store.backend());
     jobs.clear();
   }
   // The states were computed here, but they are checked against the same manifest.

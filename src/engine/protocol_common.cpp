@@ -101,6 +101,17 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
   return m;
 }
 
+void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
+                    AttentionBackend& backend) {
+  const int dim = grid.problem.dims.head_dim;
+  const float scale = grid.problem.dims.softmax_scale();
+  if (path.kernel == BlockKernel::cublas_unfused) {
+    backend.run_unfused_jobs(jobs, dim, scale);
+  } else {
+    backend.run_block_jobs(jobs, dim, scale, path.rounding);
+  }
+}
+
 void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
                 const Shard& k, const Shard& v, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs) {

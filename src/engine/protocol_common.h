@@ -51,6 +51,10 @@ void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vecto
                 const Shard& k, const Shard& v, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs);
 
+/// Partial states of `jobs` with the path's kernel.
+void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
+                    AttentionBackend& backend);
+
 /// Completes the superstep in flight, routes what arrived into the inboxes of their
 /// destinations and checks every inbox is complete; then all processes agree, so a bad
 /// message fails every rank with the same ProtocolError (never a hang, never a partial merge).

@@ -43,7 +43,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
         own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, states, jobs);
       }
     }
-    store.backend().run_block_jobs(jobs, grid.problem.dims.head_dim, grid.problem.dims.softmax_scale(), path.rounding);
+    run_state_jobs(grid, path, jobs, store.backend());
     jobs.clear();
     if (forward) {
       std::map<int, Inbox> kv_inboxes = inboxes_for(

@@ -1,4 +1,6 @@
 #include <cstdio>
+#include <optional>
+#include <utility>
 
 #include "cpdrift/report/run_report.h"
 
@@ -21,6 +23,44 @@ void check_max(std::vector<std::string>& failed, const std::string& where, const
   check_finite(failed, where, s);
   if (s.finite() && s.max_abs > limit) {
     failed.push_back(where + " max_abs " + fmt(s.max_abs) + " > " + fmt(limit));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Cases that share their block grid must share every tensor's bits (design §1), whatever
+// their CP, layout, protocol or TP: compared by digest, so only where digests were taken.
+void check_same_grid_digests(const RunReport& report, std::vector<std::string>& failed) {
+  const auto digests = [](const CaseResult& c) {
+    std::vector<std::pair<const char*, std::optional<std::string>>> d = {
+        {"cp_merge_fp32.out", c.cp_merge_fp32.out.digest}, {"cp_merge_fp32.lse", c.cp_merge_fp32.lse.digest},
+        {"dtype_path_vs_fp32.out", c.dtype_path.out.digest}, {"bf16_kernel.out", c.bf16_kernel.out.digest},
+        {"bf16_kernel.lse", c.bf16_kernel.lse.digest}};
+    if (c.backward.available) {
+      d.push_back({"backward.dq", c.backward.dq.digest});
+      d.push_back({"backward.dk", c.backward.dk.digest});
+      d.push_back({"backward.dv", c.backward.dv.digest});
+    }
+    if (c.dlogp.available) d.push_back({"dlogp", c.dlogp.drift.digest});
+    return d;
+  };
+  const std::int64_t seq = report.problem.seq_len;
+  for (std::size_t i = 0; i < report.cases.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      const CaseResult &a = report.cases[j], &b = report.cases[i];
+      if (kv_block_bounds(a.spec, seq) != kv_block_bounds(b.spec, seq)) continue;
+      const auto da = digests(a), db = digests(b);
+      for (const auto& [name, x] : da) {
+        for (const auto& [other, y] : db) {
+          if (std::string(name) == other && x && y && *x != *y) {
+            failed.push_back(b.name + ": shares the block grid of " + a.name + " but its " + name + " bits differ");
+          }
+        }
+      }
+      break;  // the first earlier case of the grid is the reference for the rest
+    }
   }
 }
 
@@ -62,6 +102,14 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
         check_finite(failed, n + ": backward.bf16_final_write", *s);
       }
     }
+    if (c.cuda_vs_cpu_fp32 && !(c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal())) {
+      failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +
+                       std::to_string(c.cuda_vs_cpu_fp32->out.mismatch_count) + " out elements");
+    }
+    if (c.cublas_unfused) {
+      check_finite(failed, n + ": cublas_unfused.out", c.cublas_unfused->out);
+      check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
+    }
     if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
     if (c.topology_required &&
         !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
@@ -70,6 +118,7 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
                        std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");
     }
   }
+  check_same_grid_digests(report, failed);
   return failed;
 }
 

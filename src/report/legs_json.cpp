@@ -104,6 +104,7 @@ Value dlogp_root_json(const RunReport& r) {
     return v;
   }
   v["status"] = "requested";
+  v["reason"] = "requested with --include-dlogp";
   v["vocab_size"] = r.vocab_size;
   v["lm_head"] = "W[v, c] = normal(seed, lm_head, v*Hq*D + c) * fp32(1/sqrt(Hq*D)), FP32";
   v["hidden_layout"] = "[B, S, Hq*D] from out[B, Hq, S, D]";

@@ -128,6 +128,17 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   drift["dtype_path_vs_fp32"] = out_lse(c.dtype_path, "arithmetic_schedule_drift");
   drift["rope"] = rope_drift_json(report);
   drift["bf16_kernel"] = out_lse(c.bf16_kernel, "kernel_arithmetic_drift");
+  if (c.cublas_unfused) {
+    Value u = out_lse(*c.cublas_unfused, "unfused_gemm_drift");
+    u["status"] = "available";
+    u["kernel"] = "cublasGemmStridedBatchedEx bf16 in, fp32 compute; softmax kernel; atomics not allowed";
+    drift["cublas_unfused"] = std::move(u);
+  } else {
+    Value u = Value::object();
+    u["status"] = "unavailable";
+    u["reason"] = "cuBLAS runs on the CUDA backend only (--device cuda)";
+    drift["cublas_unfused"] = std::move(u);
+  }
   Value topo = out_lse(c.topology);
   topo["reference_case"] = c.topology_reference;
   topo["bitwise_equal"] = c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal();
@@ -140,6 +151,22 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   v["drift"] = std::move(drift);
 
   v["merge_order_probe"] = merge_probe_json(c.merge_probe);
+  Value gpu_cpu = Value::object();
+  if (c.cuda_vs_cpu_fp32) {
+    gpu_cpu["status"] = "available";
+    gpu_cpu["bitwise_equal"] = c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal();
+    gpu_cpu["cuda_out_digest"] = c.cp_merge_fp32.out.digest ? Value(*c.cp_merge_fp32.out.digest) : Value(nullptr);
+    gpu_cpu["cpu_out_digest"] = c.cuda_vs_cpu_fp32->out.digest ? Value(*c.cuda_vs_cpu_fp32->out.digest) : Value(nullptr);
+    gpu_cpu["cuda_lse_digest"] = c.cp_merge_fp32.lse.digest ? Value(*c.cp_merge_fp32.lse.digest) : Value(nullptr);
+    gpu_cpu["cpu_lse_digest"] = c.cuda_vs_cpu_fp32->lse.digest ? Value(*c.cuda_vs_cpu_fp32->lse.digest) : Value(nullptr);
+    gpu_cpu["out"] = stats_json(c.cuda_vs_cpu_fp32->out);
+    gpu_cpu["lse"] = stats_json(c.cuda_vs_cpu_fp32->lse);
+  } else {
+    gpu_cpu["status"] = "not_applicable";
+    gpu_cpu["reason"] = report.provenance.device == "cpu" ? "the case ran on the CPU backend"
+                                                          : "the CPU comparison was switched off (--no-cpu-check)";
+  }
+  v["cuda_vs_cpu_fp32"] = std::move(gpu_cpu);
   Value te = Value::object();
   te["status"] = "unavailable";
   te["te_module"] = nullptr;

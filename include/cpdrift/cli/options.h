@@ -27,6 +27,7 @@ struct RunOptions {
   std::string output;  // JSON report path; empty: none
   std::string dump;    // HDF5 tensor dump path; empty: none
   bool include_backward = false;
+  bool cpu_check = true;  // GPU runs also run the FP32 path on the CPU and compare the bits
   bool include_dlogp = false;
   int vocab_size = 17;
   bool dump_inputs = false;

@@ -2,6 +2,7 @@
 // reference and topology counterpart, the merge checks, and every drift statistic.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct RunContext {
   bool dump_requested = false;               // every process streams the dumped tensors to rank 0
   TensorDump* dump = nullptr;                // rank 0's writer when dumping
   LocalCp1Backward* cp1_backward = nullptr;  // set: run the backward leg (--include-backward)
+  InputStore* cpu_check = nullptr;  // set (GPU runs): the FP32 path again on the CPU backend
   int vocab_size = 0;                        // > 0: run the dlogp leg (--include-dlogp)
 };
 
@@ -84,6 +86,10 @@ struct CaseResult {
   std::vector<std::vector<int>> merged_block_indices;
   BackwardDrift backward;
   DlogpDrift dlogp;
+  /// GPU runs: the cuBLAS unfused path's drift, and the FP32 path on the GPU vs on the CPU
+  /// (must be bitwise equal: the canonical order is the same on both).
+  std::optional<OutLseStats> cublas_unfused;
+  std::optional<OutLseStats> cuda_vs_cpu_fp32;
 };
 
 /// Runs one case. Collective over the transport's processes; every process returns the

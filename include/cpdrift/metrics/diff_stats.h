@@ -3,7 +3,8 @@
 // gathering the tensors and without depending on how the tensor was cut.
 //
 //   diff_i  = 0 if c_i == r_i (so -inf vs -inf is 0), else |c_i - r_i| in FP32
-//   max_abs, mean_abs (exact sum of the FP32 diffs, one final rounding), p95/p99 (linear
+//   max_abs, mean_abs (the exact sum of the FP32 diffs rounded once to FP64, then divided
+//   by n in FP64), p95/p99 (linear
 //   interpolation at q·(n-1) of the sorted diffs, as torch.quantile), active_count = n,
 //   mismatch_count (bit patterns differ), max_ulp (distance in FP32 representation order).
 //

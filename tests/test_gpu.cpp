@@ -1,0 +1,236 @@
+// The CUDA backend against the CPU backend: bitwise where the contract says bitwise (inputs,
+// the FP32 forward, fold, merge, backward, projection), a stated tolerance for the tensor-core
+// and cuBLAS paths, and topology invariance on the GPU with a negative control.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "case_digests.h"
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/engine/backward.h"
+#include "cpdrift/engine/case_runner.h"
+
+using namespace cpd;
+
+namespace {
+
+constexpr int kDim = 128;
+
+struct Backends {
+  ThreadPool pool{2};
+  std::unique_ptr<AttentionBackend> cpu = make_cpu_backend(pool);
+  std::unique_ptr<AttentionBackend> gpu = make_cuda_backend(0);
+};
+
+Backends& backends() {
+  static Backends b;
+  return b;
+}
+
+std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int dim = kDim, bool bf16 = false) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(static_cast<std::size_t>(rows) * dim);
+  for (float& x : v) x = bf16 ? round_bf16(normal(rng)) : normal(rng);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (bits_of(a[i]) != bits_of(b[i])) return false;
+  }
+  return true;
+}
+
+const float kScale = ModelDims{}.softmax_scale();
+
+}  // namespace
+
+TEST_CASE("inputs: generated on the GPU, bit for bit the CPU's") {
+  Problem p;
+  p.seq_len = 96;
+  p.batch = 2;
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
+    for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16}) {
+      const int heads = t == TensorId::k || t == TensorId::v ? 8 : 32;
+      const ShardShape shape{2, Range{1, heads}, {Range{3, 40}, Range{70, 96}}, kDim};
+      CHECK(same_bits(backends().gpu->generate_shard(p, t, shape, prec).data,
+                      backends().cpu->generate_shard(p, t, shape, prec).data));
+    }
+  }
+}
+
+TEST_CASE("FP32 partial states and folds: bit for bit the CPU's") {
+  const std::vector<float> q = random_rows(45, 1), k = random_rows(200, 2), v = random_rows(200, 3);
+  for (const int dim : {128, 64}) {
+    std::vector<BlockJob> jobs;
+    std::vector<std::vector<float>> outs[2];
+    for (int side = 0; side < 2; ++side) outs[side].assign(12, std::vector<float>(45 * (dim + 1)));
+    for (int side = 0; side < 2; ++side) {
+      jobs.clear();
+      std::size_t o = 0;
+      for (const Range keys : {Range{100, 101}, Range{100, 164}, Range{0, 37}, Range{120, 200}}) {
+        for (const std::int64_t first : {90LL, 130LL, 180LL}) {
+          float* out = outs[side][o++].data();
+          jobs.push_back(BlockJob{q.data(), first, 45, k.data() + keys.begin * dim, v.data() + keys.begin * dim, keys, out,
+                                  out + 45 * dim});
+        }
+      }
+      (side == 0 ? backends().cpu : backends().gpu)->run_block_jobs(jobs, dim, kScale, ProbRounding::none);
+    }
+    for (std::size_t i = 0; i < outs[0].size(); ++i) CHECK(same_bits(outs[0][i], outs[1][i]));
+    // A fold over three blocks.
+    const std::vector<Range> grid{Range{0, 50}, Range{50, 51}, Range{51, 200}};
+    std::vector<float> fold[2] = {std::vector<float>(45 * (dim + 1)), std::vector<float>(45 * (dim + 1))};
+    for (int side = 0; side < 2; ++side) {
+      const FoldJob job{q.data(), 140, 45, k.data(), v.data(), 0, grid, fold[side].data(), fold[side].data() + 45 * dim};
+      (side == 0 ? backends().cpu : backends().gpu)
+          ->run_fold_jobs(std::span<const FoldJob>(&job, 1), dim, kScale, ProbRounding::none);
+    }
+    CHECK(same_bits(fold[0], fold[1]));
+  }
+}
+
+TEST_CASE("the ordered merge on the GPU: bit for bit, in any given order") {
+  const int rows = 7, n = 9;
+  std::vector<std::vector<float>> outs, lses;
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  for (int s = 0; s < n; ++s) {
+    outs.push_back(random_rows(rows, 10 + s));
+    lses.emplace_back(rows);
+    for (float& x : lses.back()) x = 4 * normal(rng);
+  }
+  lses[3][2] = -INFINITY;
+  std::vector<float> result[2] = {std::vector<float>(rows * kDim), std::vector<float>(rows * kDim)};
+  std::vector<float> lse[2] = {std::vector<float>(rows), std::vector<float>(rows)};
+  for (int side = 0; side < 2; ++side) {
+    MergeJob job;
+    for (int s = n - 1; s >= 0; --s) job.states.push_back(StateRef{s, outs[s].data(), lses[s].data()});
+    job.rows = rows;
+    job.out = result[side].data();
+    job.lse = lse[side].data();
+    (side == 0 ? backends().cpu : backends().gpu)->merge_states(std::span<const MergeJob>(&job, 1), kDim);
+  }
+  CHECK(same_bits(result[0], result[1]));
+  CHECK(same_bits(lse[0], lse[1]));
+}
+
+TEST_CASE("backward units and the logit projection: bit for bit the CPU's") {
+  // A real case's backward on both backends: dq, dk, dv digests must match.
+  Problem p = testing::small_problem();
+  for (const CaseSpec spec : {CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs},
+                              CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}}) {
+    std::vector<float> grads[2];
+    for (int side = 0; side < 2; ++side) {
+      AttentionBackend& b = side == 0 ? *backends().cpu : *backends().gpu;
+      InputStore inputs(p, backends().pool, b);
+      InProcessTransport transport;
+      const CaseGrid grid(p, spec);
+      const std::vector<RankOutput> fwd = run_protocol(grid, testing::kFp32, transport, inputs, false);
+      for (const RankGradients& g : run_backward(grid, fwd, transport, inputs)) {
+        for (const Shard* s : {&g.dq, &g.dk, &g.dv}) grads[side].insert(grads[side].end(), s->data.begin(), s->data.end());
+      }
+    }
+    CHECK(same_bits(grads[0], grads[1]));
+  }
+  const std::vector<float> hidden = random_rows(5, 7), w = random_rows(17, 8, 4096);
+  std::vector<float> z[2] = {std::vector<float>(5 * 17), std::vector<float>(5 * 17)};
+  for (int side = 0; side < 2; ++side) {
+    const ProjectionJob job{hidden.data(), 5, w.data() + 256, 4096, z[side].data()};
+    (side == 0 ? backends().cpu : backends().gpu)->project_heads(std::span<const ProjectionJob>(&job, 1), kDim, 17);
+  }
+  CHECK(same_bits(z[0], z[1]));
+}
+
+namespace {
+
+// FP64 attention of one row over keys [0, n).
+void attention64(const float* q, const float* k, const float* v, int n, std::vector<double>& out) {
+  std::vector<double> s(n);
+  double m = -INFINITY, l = 0;
+  for (int j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int d = 0; d < kDim; ++d) dot += static_cast<double>(q[d]) * k[j * kDim + d];
+    s[j] = dot * kScale;
+    m = std::max(m, s[j]);
+  }
+  out.assign(kDim, 0.0);
+  for (int j = 0; j < n; ++j) {
+    const double p = std::exp(s[j] - m);
+    l += p;
+    for (int d = 0; d < kDim; ++d) out[d] += p * v[j * kDim + d];
+  }
+  for (double& o : out) o /= l;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 tolerance") {
+  // BF16-exact inputs; both paths round P to BF16 (relative error ≤ 2^-9) with FP32
+  // accumulation, so |out - out64| ≤ 2^-8·max|v|, the bound the CPU emulation meets too.
+  const int rows = 70, keys = 300;
+  const std::vector<float> q = random_rows(rows, 21, kDim, true), k = random_rows(keys, 22, kDim, true),
+                           v = random_rows(keys, 23, kDim, true);
+  double max_v = 0;
+  for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+  for (int path = 0; path < 2; ++path) {
+    std::vector<float> out(rows * kDim), lse(rows);
+    const BlockJob job{q.data(), 250, rows, k.data(), v.data(), Range{0, keys}, out.data(), lse.data()};
+    if (path == 0) {
+      backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale, ProbRounding::bf16);
+    } else {
+      backends().gpu->run_unfused_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale);
+    }
+    CAPTURE(path);
+    for (int r = 0; r < rows; ++r) {
+      const int n = std::min(keys, 250 + r + 1);
+      std::vector<double> ref;
+      attention64(&q[r * kDim], k.data(), v.data(), n, ref);
+      for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
+    }
+  }
+}
+
+TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a negative control") {
+  const Problem p = testing::small_problem();
+  const auto digests = [&](const CaseSpec& spec, const PathSpec& path) {
+    InputStore inputs(p, backends().pool, *backends().gpu);
+    InProcessTransport transport;
+    const CaseGrid grid(p, spec);
+    return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false), LocalCollectives(), 1, 0);
+  };
+  for (const PathSpec& path : {testing::kFp32, testing::kBf16Kernel}) {
+    const testing::Digests ref = digests(CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, path);
+    for (int cp : {2, 4}) {
+      for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+        const testing::Digests d = digests(CaseSpec{2, cp, 8, layout, Protocol::ring_kv}, path);
+        CHECK(d.out == ref.out);
+        CHECK(d.lse == ref.lse);
+      }
+    }
+  }
+  CHECK(digests(CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32).out !=
+        digests(CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32).out);
+}
+
+TEST_CASE("a whole case on the GPU: its FP32 path equals the CPU's, cuBLAS drift is reported") {
+  const Problem p = testing::small_problem();
+  InputStore gpu_inputs(p, backends().pool, *backends().gpu);
+  InputStore cpu_inputs(p, backends().pool, *backends().cpu);
+  InProcessTransport transport;
+  LocalCp1Results cp1;
+  const LocalCollectives one;
+  RunContext ctx{p, backends().pool, gpu_inputs, transport, one, cp1};
+  ctx.cpu_check = &cpu_inputs;
+  const CaseResult r = run_case(ctx, CaseSpec{2, 2, 8, CpLayout::contiguous, Protocol::ag_rs});
+  REQUIRE(r.cuda_vs_cpu_fp32.has_value());
+  CHECK(r.cuda_vs_cpu_fp32->out.bitwise_equal());
+  CHECK(r.cuda_vs_cpu_fp32->lse.bitwise_equal());
+  REQUIRE(r.cublas_unfused.has_value());
+  CHECK(r.cublas_unfused->out.finite());
+  CHECK(r.cublas_unfused->out.max_abs < 2e-2);
+}
