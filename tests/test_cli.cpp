@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/report/json.h"
 
 #if defined(CPD_HAVE_HDF5)
@@ -90,7 +91,12 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--cp-layouts zigzag --seq-len 6 --cp-world-sizes 2", "divisible by 4");
   expect_usage_error("--model llama", "unknown model");
   expect_usage_error("--seq-len", "missing value");
-  expect_usage_error("--device cuda", "built without CUDA");
+  // --device cuda without a device is an error whose words depend on the build.
+  if (!cpd::cuda_backend_built()) {
+    expect_usage_error("--device cuda", "built without CUDA");
+  } else if (cpd::cuda_device_count() == 0) {
+    expect_usage_error("--device cuda", "no CUDA device");
+  }
   expect_usage_error("--cp-layouts spiral", "unknown layout");
   expect_usage_error("--kv-chunk-sizes none,full", "listed twice");
   expect_usage_error("--cp-world-sizes 2,2", "listed twice");
@@ -98,11 +104,12 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
 }
 
 TEST_CASE("a split larger than any owner range is one block per range") {
-  const Result r = run("--seq-len 8 --cp-world-sizes 2 --kv-chunk-sizes 9223372036854775807 --json --quiet");
+  const Result r =
+      run("--seq-len 8 --cp-world-sizes 2 --kv-chunk-sizes 9223372036854775807 --json --quiet");
   REQUIRE(r.status == 0);
   const cpd::json::Value report = cpd::json::parse(r.out);
-  CHECK(cpd::json::to_string(report.at("cases").at(0).at("topology").at("kv_block_bounds"), false) ==
-        "[[0,4],[4,8]]");
+  CHECK(cpd::json::to_string(report.at("cases").at(0).at("topology").at("kv_block_bounds"),
+                             false) == "[[0,4],[4,8]]");
 }
 
 TEST_CASE("--help prints usage and exits 0") {
@@ -195,8 +202,8 @@ TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
   const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
   const std::string h5 = dir + "/cpdrift_cli_dump_" + std::to_string(::getpid()) + ".h5";
   const std::string js = h5 + ".json";
-const std::string args =
-      "--seq-len 16 --cp-world-sizes 2 --kv-chunk-sizes 4 --dump " + h5 + " --dump-inputs --output " + js + " --quiet";
+  const std::string args = "--seq-len 16 --cp-world-sizes 2 --kv-chunk-sizes 4 --dump " + h5 +
+                           " --dump-inputs --output " + js + " --quiet";
 #if defined(CPD_HAVE_MPI)
   const Result r = run_mpi(2, args);  // rank 0 receives the other process's pieces
 #else

@@ -8,6 +8,10 @@ std::unique_ptr<AttentionBackend> make_cuda_backend(int) {
   throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
 }
 
+std::vector<DeviceBenchFigure> cuda_bench(const Problem&, int, int) {
+  throw UsageError("bench --device cuda: built without CUDA (configure with -Dcuda=enabled)");
+}
+
 bool cuda_backend_built() { return false; }
 int cuda_device_count() { return 0; }
 

@@ -1,4 +1,5 @@
-// `cpdrift bench`: forward throughput of the CPU kernels on the causal Qwen3 problem.
+// `cpdrift bench`: forward throughput of the CPU kernels (or, with --device cuda, of the GPU
+// paths against PyTorch's SDPA) on the causal Qwen3 problem.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "simd_info.h"
+#include "torch_sdpa.h"
 
 namespace cpd {
 namespace {
@@ -97,6 +99,46 @@ double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
   return seconds_since(t);
 }
 
+double forward_flops(const Problem& p) {
+  return 2.0 * 2.0 * p.batch * p.dims.num_q_heads * p.dims.head_dim *
+         static_cast<double>(p.seq_len) * static_cast<double>(p.seq_len) / 2.0;
+}
+
+// The GPU paths at each sequence length, with PyTorch's fastest SDPA backend as the yardstick.
+int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens) {
+  std::printf(
+      "# cpdrift bench --device cuda: causal forward, B=%d Hq=%d Hkv=%d D=%d, cuda:0; median of %d "
+      "runs\n",
+      o.problem.batch, o.problem.dims.num_q_heads, o.problem.dims.num_kv_heads,
+      o.problem.dims.head_dim, o.repeats);
+  std::printf("# %-8s %-34s %12s %12s\n", "S", "path", "median (ms)", "TFLOP/s");
+  for (const std::int64_t s : seq_lens) {
+    Problem p = o.problem;
+    p.seq_len = s;
+    const double flops = forward_flops(p);
+    double bf16_seconds = 0;
+    for (const DeviceBenchFigure& f : cuda_bench(p, o.repeats, 0)) {
+      std::printf("  %-8lld %-34s %12.3f %12.2f\n", static_cast<long long>(s), f.name.c_str(),
+                  f.seconds * 1e3, flops / f.seconds * 1e-12);
+      if (f.name == "bf16_kernel") bf16_seconds = f.seconds;
+      std::fflush(stdout);
+    }
+    std::string why;
+    if (const auto torch = time_torch_sdpa(p, o.repeats, 0, why)) {
+      const std::string name = "torch_sdpa " + torch->backend + " (" + torch->torch_version + ")";
+      std::printf("  %-8lld %-34s %12.3f %12.2f\n", static_cast<long long>(s), name.c_str(),
+                  torch->seconds * 1e3, flops / torch->seconds * 1e-12);
+      std::printf("  %-8lld %-34s %12s %12.2f\n", static_cast<long long>(s),
+                  "bf16_kernel / torch_sdpa", "", torch->seconds / bf16_seconds);
+    } else {
+      std::printf("  %-8lld %-34s not measured: %s\n", static_cast<long long>(s), "torch_sdpa",
+                  why.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
@@ -104,11 +146,16 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
   }
   if (comm.rank() != 0) return kExitOk;  // a single-process benchmark; other ranks idle
+  if (o.device == Device::cuda || (o.device == Device::auto_select && cuda_device_count() > 0)) {
+    if (cuda_device_count() == 0)
+      throw UsageError("--device cuda: no CUDA device visible to this process");
+    return bench_cuda(o, o.seq_len_given ? std::vector<std::int64_t>{o.problem.seq_len}
+                                         : std::vector<std::int64_t>{4096, 16384});
+  }
   const Problem& p = o.problem;
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   ThreadPool pool(threads);
-  const double flops = 2.0 * 2.0 * p.batch * p.dims.num_q_heads * p.dims.head_dim *
-                       static_cast<double>(p.seq_len) * static_cast<double>(p.seq_len) / 2.0;
+  const double flops = forward_flops(p);
   std::printf("# cpdrift bench: causal forward, B=%d S=%lld Hq=%d Hkv=%d D=%d, %d thread%s (%s)\n",
               p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
               p.dims.head_dim, threads, threads == 1 ? "" : "s", cpu_simd_isa());

@@ -209,6 +209,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     r.value("--device",
             [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
     r.read(args, first);
+    b.seq_len_given = seq_len_given;
     return cl;
   }
   if (cl.command == CommandLine::Command::accept) {
@@ -301,7 +302,8 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
             }
             for (const CaseSpec& c : cases) {
               if (case_name(c, o.problem.dtype) == name) {
-                throw UsageError(name + " is listed twice (a repeated size, or none/full/no_split together)");
+                throw UsageError(
+                    name + " is listed twice (a repeated size, or none/full/no_split together)");
               }
             }
             cases.push_back(spec);
@@ -315,7 +317,8 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
 
 std::string usage_text() {
   return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
-       cpdrift bench [options]        FP32 reference and BF16-emulated kernel throughput
+       cpdrift bench [options]        kernel throughput: CPU FP32 and BF16-emulated, or with
+                                      --device cuda the GPU paths vs PyTorch SDPA
        cpdrift accept --mode manifest|run --output DIR/acceptance.json
                                       the fail-closed acceptance matrix (design section 7)
 
@@ -324,7 +327,8 @@ Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 Problem
   --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
   --batch N                    sequences (default 1)
-  --seq-len N                  tokens per sequence (default 16; 4096 for bench)
+  --seq-len N                  tokens per sequence (default 16; bench: 4096, or 4096 and
+                               16384 on CUDA)
   --seed N                     input seed (default 2355)
   --dtype bf16|fp32            candidate dtype (default bf16)
   --no-rope                    attention only, no RoPE on q/k

@@ -44,4 +44,25 @@ __device__ inline float max_first(float value, int index, float* scratch) {
   return result;
 }
 
+/// The block's sum in a fixed tree (lane shuffles, then the warps' partials in warp order): the
+/// same bits on every run for a given blockDim. `scratch` needs blockDim.x/32 words. Every
+/// thread gets the result.
+__device__ inline float sum_fixed(float value, float* scratch) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < warps ? scratch[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2)
+      value += __shfl_down_sync(0xffffffffu, value, offset);
+    if (lane == 0) scratch[0] = value;
+  }
+  __syncthreads();
+  const float result = scratch[0];
+  __syncthreads();
+  return result;
+}
+
 }  // namespace cpd::cuda

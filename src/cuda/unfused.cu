@@ -3,6 +3,7 @@
 #include <map>
 #include <vector>
 
+#include "block_reduce.cuh"
 #include "cpdrift/numerics/attention_math.h"
 #include "cpdrift/numerics/bf16.h"
 #include "cuda_check.cuh"
@@ -12,28 +13,35 @@
 namespace cpd::cuda {
 namespace {
 
-// One block per (job, row): scale, causal mask, max, P = exp(S - m) (FP32 sum, BF16 P for the
-// second GEMM), lse. Sums run in one thread in key order: this path only has to be
-// deterministic, and it is.
-__global__ void softmax_kernel(const float* s, std::uint16_t* p, float* l, float* lse, const long long* first_pos,
-                               const long long* key_begin, const long long* key_end, long long rows, long long keys,
+constexpr int kSoftmaxThreads = 256;
+
+// One block per (job, row): scale, causal mask, max, P = exp(S - m) (BF16 P for the second GEMM),
+// the FP32 row sum l and lse. Thread t takes keys t, t + 256, …; the sum is a fixed tree
+// (block_reduce.cuh), so this path is deterministic, which is all it has to be.
+__global__ void softmax_kernel(const float* s, std::uint16_t* p, float* l, float* lse,
+                               const long long* first_pos, const long long* key_begin,
+                               const long long* key_end, long long rows, long long keys,
                                float scale) {
+  __shared__ float scratch[2 * kSoftmaxThreads / 32];
   const long long job = blockIdx.y, row = blockIdx.x;
   const long long pos = first_pos[job] + row;
   const float* sr = s + (job * rows + row) * keys;
   std::uint16_t* pr = p + (job * rows + row) * keys;
   const long long visible = min(key_end[job], pos + 1) - key_begin[job];
-  if (threadIdx.x != 0) return;
   float m = neg_inf_f32();
-  for (long long j = 0; j < visible; ++j) m = fmaxf(m, sr[j] * scale);
+  for (long long j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, sr[j] * scale);
+  m = max_first(m, static_cast<int>(threadIdx.x), scratch);
   float sum = 0.0f;
-  for (long long j = 0; j < keys; ++j) {
+  for (long long j = threadIdx.x; j < keys; j += blockDim.x) {
     const float e = j < visible ? exp_f32(sr[j] * scale - m) : 0.0f;
     sum = sum + e;
     pr[j] = bf16_bits_rn(e);
   }
-  l[job * rows + row] = sum;
-  lse[job * rows + row] = visible > 0 ? m + log_f32(sum) : neg_inf_f32();
+  sum = sum_fixed(sum, scratch);
+  if (threadIdx.x == 0) {
+    l[job * rows + row] = sum;
+    lse[job * rows + row] = visible > 0 ? m + log_f32(sum) : neg_inf_f32();
+  }
 }
 
 __global__ void normalize_kernel(float* o, const float* l, long long n_rows, int dim) {
@@ -49,8 +57,8 @@ struct Group {
   std::vector<std::size_t> jobs;
 };
 
-void run_group(cublasHandle_t handle, cudaStream_t stream, std::span<const BlockJob> all, const Group& g, int dim,
-               float scale) {
+void run_group(cublasHandle_t handle, cudaStream_t stream, std::span<const BlockJob> all,
+               const Group& g, int dim, float scale) {
   const long long n = static_cast<long long>(g.jobs.size());
   const long long rows = all[g.jobs[0]].rows, keys = all[g.jobs[0]].keys.size();
   std::vector<std::uint16_t> q(n * rows * dim), k(n * keys * dim), v(n * keys * dim);
@@ -74,21 +82,21 @@ void run_group(cublasHandle_t handle, cudaStream_t stream, std::span<const Block
   DeviceBuffer<std::uint16_t> p(n * rows * keys);
   const float one = 1.0f, zero = 0.0f;
   // Row-major S[rows][keys] is column-major Sᵀ = K · Qᵀ.
-  CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys),
-                                              static_cast<int>(rows), dim, &one, dk.data(), CUDA_R_16BF, dim,
-                                              keys * dim, dq.data(), CUDA_R_16BF, dim, rows * dim, &zero, s.data(),
-                                              CUDA_R_32F, static_cast<int>(keys), rows * keys, static_cast<int>(n),
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  softmax_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n)), 32, 0, stream>>>(
-      s.data(), p.data(), l.data(), lse.data(), dfirst.data(), dkb.data(), dke.data(), rows, keys, scale);
-  CPD_CUDA_CHECK_LAUNCH();
+  CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys), static_cast<int>(rows), dim, &one,
+      dk.data(), CUDA_R_16BF, dim, keys * dim, dq.data(), CUDA_R_16BF, dim, rows * dim, &zero,
+      s.data(), CUDA_R_32F, static_cast<int>(keys), rows * keys, static_cast<int>(n),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  softmax_rows(s.data(), p.data(), l.data(), lse.data(), dfirst.data(), dkb.data(), dke.data(), n,
+               rows, keys, scale, stream);
   // Row-major O[rows][dim] is column-major Oᵀ = Vᵀ · Pᵀ.
-  CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, dim, static_cast<int>(rows),
-                                              static_cast<int>(keys), &one, dv.data(), CUDA_R_16BF, dim, keys * dim,
-                                              p.data(), CUDA_R_16BF, static_cast<int>(keys), rows * keys, &zero,
-                                              o.data(), CUDA_R_32F, dim, rows * dim, static_cast<int>(n),
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  normalize_kernel<<<static_cast<unsigned>(n * rows), 128, 0, stream>>>(o.data(), l.data(), n * rows, dim);
+  CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, dim, static_cast<int>(rows), static_cast<int>(keys), &one,
+      dv.data(), CUDA_R_16BF, dim, keys * dim, p.data(), CUDA_R_16BF, static_cast<int>(keys),
+      rows * keys, &zero, o.data(), CUDA_R_32F, dim, rows * dim, static_cast<int>(n),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  normalize_kernel<<<static_cast<unsigned>(n * rows), 128, 0, stream>>>(o.data(), l.data(),
+                                                                        n * rows, dim);
   CPD_CUDA_CHECK_LAUNCH();
   CPD_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> host_o(n * rows * dim), host_lse(n * rows);
@@ -103,9 +111,20 @@ void run_group(cublasHandle_t handle, cudaStream_t stream, std::span<const Block
 
 }  // namespace
 
-void run_unfused(cublasHandle_t handle, cudaStream_t stream, std::span<const BlockJob> jobs, int dim, float scale) {
+void softmax_rows(const float* s, std::uint16_t* p, float* l, float* lse,
+                  const long long* first_pos, const long long* key_begin, const long long* key_end,
+                  long long jobs, long long rows, long long keys, float scale,
+                  cudaStream_t stream) {
+  softmax_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(jobs)), kSoftmaxThreads,
+                   0, stream>>>(s, p, l, lse, first_pos, key_begin, key_end, rows, keys, scale);
+  CPD_CUDA_CHECK_LAUNCH();
+}
+
+void run_unfused(cublasHandle_t handle, cudaStream_t stream, std::span<const BlockJob> jobs,
+                 int dim, float scale) {
   std::map<std::pair<std::int64_t, std::int64_t>, Group> groups;
-  for (std::size_t i = 0; i < jobs.size(); ++i) groups[{jobs[i].rows, jobs[i].keys.size()}].jobs.push_back(i);
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    groups[{jobs[i].rows, jobs[i].keys.size()}].jobs.push_back(i);
   for (const auto& [shape, g] : groups) run_group(handle, stream, jobs, g, dim, scale);
 }
 

@@ -46,8 +46,10 @@ class AttentionBackend {
   virtual Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                                InputPrecision precision) = 0;
   /// attention.h's jobs: partial states of rows against blocks, and whole CP=1 folds.
-  virtual void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding) = 0;
-  virtual void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding) = 0;
+  virtual void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale,
+                              ProbRounding rounding) = 0;
+  virtual void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
+                             ProbRounding rounding) = 0;
   /// The ordered merge of each job's states.
   virtual void merge_states(std::span<const MergeJob> jobs, int dim) = 0;
   /// attention_backward.h's units.
@@ -67,6 +69,17 @@ std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool);
 /// The CUDA backend on `device` (0-based). Throws UsageError("… built without CUDA …") in a
 /// build without the CUDA backend, and UsageError when there is no such device.
 std::unique_ptr<AttentionBackend> make_cuda_backend(int device);
+
+/// One timed figure of `cpdrift bench --device cuda`: the median seconds of one causal CP=1
+/// forward over the whole problem.
+struct DeviceBenchFigure {
+  std::string name;  // fp32_reference, bf16_kernel, cublas_unfused
+  double seconds = 0;
+};
+
+/// Times the CUDA paths on `device` with device-resident inputs (CUDA events, median of
+/// `repeats` after one warm-up). Throws UsageError in a build without the CUDA backend.
+std::vector<DeviceBenchFigure> cuda_bench(const Problem& problem, int repeats, int device);
 
 /// Whether this build has the CUDA backend, and how many CUDA devices this process sees (0
 /// without the backend or without devices).

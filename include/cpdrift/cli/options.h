@@ -37,7 +37,8 @@ struct RunOptions {
 };
 
 struct BenchOptions {
-  Problem problem;  // seq_len defaults to 4096 for the benchmark
+  Problem problem;  // seq_len defaults to 4096 for the benchmark (4096 and 16384 on CUDA)
+  bool seq_len_given = false;
   int repeats = 3;
   int threads = 0;
   Device device = Device::auto_select;

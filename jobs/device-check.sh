@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with an NVIDIA GPU, nvcc, meson and ninja but no Open MPI, no
+# HDF5 and no network (docs/device.md). Builds the one-process CUDA configuration, runs the
+# unit and GPU test suites, a --device cuda smoke, a TP=2 x CP=2 run whose FP32 path must match
+# the CPU backend's bits, and the benchmark; prints a pass/fail table and exits non-zero on any
+# failure. Logs and reports go to $OUT (or build-device-logs/).
+#   jobs/device-check.sh [--no-bench]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build=${CPDRIFT_DEVICE_BUILD:-build-device}
+logdir=${OUT:-$build-logs}
+mkdir -p "$logdir"
+log=$logdir/device-check.log
+: >"$log"
+bench=1
+[[ ${1:-} == --no-bench ]] && bench=0
+
+names=() results=() seconds=()
+step() {  # step NAME COMMAND...: runs it, appends its output to the log, records the verdict
+  local name=$1 start end rc
+  shift
+  echo "=== $name: $*" >>"$log"
+  start=$(date +%s.%N)
+  "$@" >>"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  names+=("$name")
+  results+=("$([[ $rc == 0 ]] && echo pass || echo "FAIL (rc $rc)")")
+  seconds+=("$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')")
+  echo "device-check: $name: ${results[-1]} (${seconds[-1]} s)"
+  return $rc
+}
+
+extra=()
+[[ -d .device/include ]] && extra=(-Dextra_include_dir=.device/include)
+configure() {
+  rm -rf "$build"
+  meson setup "$build" -Dmpi=disabled -Dhdf5=disabled -Dcuda=enabled -Dgpu_arch=90 "${extra[@]}"
+}
+# A device present means the GPU suite must run, not skip: exit 77 fails here.
+gpu_tests() { "$build/tests/test_gpu"; }
+json_check() {  # json_check FILE: every case has cuda_vs_cpu_fp32 available and bitwise equal
+  python3 - "$1" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+assert report["runtime"]["device"].startswith("cuda"), report["runtime"]["device"]
+cases = report["cases"]
+for c in cases:
+    g = c["cuda_vs_cpu_fp32"]
+    assert g["status"] == "available" and g["bitwise_equal"], (c["case_name"], g)
+print(f"{len(cases)} cases: cuda_vs_cpu_fp32 bitwise equal in every one")
+PY
+}
+smoke() { "$build/cpdrift" --device cuda --smoke --json >"$logdir/smoke.json" && json_check "$logdir/smoke.json"; }
+tp2cp2() {
+  "$build/cpdrift" --device cuda --seq-len 2048 --tp-world-sizes 1,2 --cp-world-sizes 1,2 --kv-chunk-sizes none,256 \
+    --include-backward --include-dlogp --output "$logdir/tp2cp2.json" && json_check "$logdir/tp2cp2.json"
+}
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
+step configure configure && step build ninja -C "$build" &&
+  {
+    step unit_tests meson test -C "$build" --suite unit --suite cli --print-errorlogs
+    step gpu_tests gpu_tests
+    step smoke smoke
+    step tp2cp2_vs_cpu tp2cp2
+    [[ $bench == 1 ]] && step bench "$build/cpdrift" bench --device cuda --repeats 5
+  }
+
+echo
+printf '| %-16s | %-12s | %9s |\n' step result seconds
+printf '|%s|%s|%s|\n' ------------------ -------------- -----------
+failed=0
+for i in "${!names[@]}"; do
+  printf '| %-16s | %-12s | %9s |\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
+  [[ ${results[$i]} == pass ]] || failed=1
+done
+if [[ $bench == 1 ]]; then
+  echo
+  sed -n '/=== bench/,$p' "$log" | grep -v '^===' || true
+fi
+echo "device-check: log in $log"
+exit $failed
