@@ -29,7 +29,8 @@ Backends& backends() {
   return b;
 }
 
-std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int dim = kDim, bool bf16 = false) {
+std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int dim = kDim,
+                               bool bf16 = false) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   std::vector<float> v(static_cast<std::size_t>(rows) * dim);
@@ -75,18 +76,28 @@ TEST_CASE("FP32 partial states and folds: bit for bit the CPU's") {
       for (const Range keys : {Range{100, 101}, Range{100, 164}, Range{0, 37}, Range{120, 200}}) {
         for (const std::int64_t first : {90LL, 130LL, 180LL}) {
           float* out = outs[side][o++].data();
-          jobs.push_back(BlockJob{q.data(), first, 45, k.data() + keys.begin * dim, v.data() + keys.begin * dim, keys, out,
-                                  out + 45 * dim});
+          jobs.push_back(BlockJob{q.data(), first, 45, k.data() + keys.begin * dim,
+                                  v.data() + keys.begin * dim, keys, out, out + 45 * dim});
         }
       }
-      (side == 0 ? backends().cpu : backends().gpu)->run_block_jobs(jobs, dim, kScale, ProbRounding::none);
+      (side == 0 ? backends().cpu : backends().gpu)
+          ->run_block_jobs(jobs, dim, kScale, ProbRounding::none);
     }
     for (std::size_t i = 0; i < outs[0].size(); ++i) CHECK(same_bits(outs[0][i], outs[1][i]));
     // A fold over three blocks.
     const std::vector<Range> grid{Range{0, 50}, Range{50, 51}, Range{51, 200}};
-    std::vector<float> fold[2] = {std::vector<float>(45 * (dim + 1)), std::vector<float>(45 * (dim + 1))};
+    std::vector<float> fold[2] = {std::vector<float>(45 * (dim + 1)),
+                                  std::vector<float>(45 * (dim + 1))};
     for (int side = 0; side < 2; ++side) {
-      const FoldJob job{q.data(), 140, 45, k.data(), v.data(), 0, grid, fold[side].data(), fold[side].data() + 45 * dim};
+      const FoldJob job{q.data(),
+                        140,
+                        45,
+                        k.data(),
+                        v.data(),
+                        0,
+                        grid,
+                        fold[side].data(),
+                        fold[side].data() + 45 * dim};
       (side == 0 ? backends().cpu : backends().gpu)
           ->run_fold_jobs(std::span<const FoldJob>(&job, 1), dim, kScale, ProbRounding::none);
     }
@@ -109,11 +120,13 @@ TEST_CASE("the ordered merge on the GPU: bit for bit, in any given order") {
   std::vector<float> lse[2] = {std::vector<float>(rows), std::vector<float>(rows)};
   for (int side = 0; side < 2; ++side) {
     MergeJob job;
-    for (int s = n - 1; s >= 0; --s) job.states.push_back(StateRef{s, outs[s].data(), lses[s].data()});
+    for (int s = n - 1; s >= 0; --s)
+      job.states.push_back(StateRef{s, outs[s].data(), lses[s].data()});
     job.rows = rows;
     job.out = result[side].data();
     job.lse = lse[side].data();
-    (side == 0 ? backends().cpu : backends().gpu)->merge_states(std::span<const MergeJob>(&job, 1), kDim);
+    (side == 0 ? backends().cpu : backends().gpu)
+        ->merge_states(std::span<const MergeJob>(&job, 1), kDim);
   }
   CHECK(same_bits(result[0], result[1]));
   CHECK(same_bits(lse[0], lse[1]));
@@ -122,17 +135,20 @@ TEST_CASE("the ordered merge on the GPU: bit for bit, in any given order") {
 TEST_CASE("backward units and the logit projection: bit for bit the CPU's") {
   // A real case's backward on both backends: dq, dk, dv digests must match.
   Problem p = testing::small_problem();
-  for (const CaseSpec spec : {CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs},
-                              CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}}) {
+  for (const CaseSpec spec :
+       {CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs},
+        CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}}) {
     std::vector<float> grads[2];
     for (int side = 0; side < 2; ++side) {
       AttentionBackend& b = side == 0 ? *backends().cpu : *backends().gpu;
       InputStore inputs(p, backends().pool, b);
       InProcessTransport transport;
       const CaseGrid grid(p, spec);
-      const std::vector<RankOutput> fwd = run_protocol(grid, testing::kFp32, transport, inputs, false);
+      const std::vector<RankOutput> fwd =
+          run_protocol(grid, testing::kFp32, transport, inputs, false);
       for (const RankGradients& g : run_backward(grid, fwd, transport, inputs)) {
-        for (const Shard* s : {&g.dq, &g.dk, &g.dv}) grads[side].insert(grads[side].end(), s->data.begin(), s->data.end());
+        for (const Shard* s : {&g.dq, &g.dk, &g.dv})
+          grads[side].insert(grads[side].end(), s->data.begin(), s->data.end());
       }
     }
     CHECK(same_bits(grads[0], grads[1]));
@@ -141,7 +157,8 @@ TEST_CASE("backward units and the logit projection: bit for bit the CPU's") {
   std::vector<float> z[2] = {std::vector<float>(5 * 17), std::vector<float>(5 * 17)};
   for (int side = 0; side < 2; ++side) {
     const ProjectionJob job{hidden.data(), 5, w.data() + 256, 4096, z[side].data()};
-    (side == 0 ? backends().cpu : backends().gpu)->project_heads(std::span<const ProjectionJob>(&job, 1), kDim, 17);
+    (side == 0 ? backends().cpu : backends().gpu)
+        ->project_heads(std::span<const ProjectionJob>(&job, 1), kDim, 17);
   }
   CHECK(same_bits(z[0], z[1]));
 }
@@ -173,15 +190,18 @@ TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 
   // BF16-exact inputs; both paths round P to BF16 (relative error ≤ 2^-9) with FP32
   // accumulation, so |out - out64| ≤ 2^-8·max|v|, the bound the CPU emulation meets too.
   const int rows = 70, keys = 300;
-  const std::vector<float> q = random_rows(rows, 21, kDim, true), k = random_rows(keys, 22, kDim, true),
+  const std::vector<float> q = random_rows(rows, 21, kDim, true),
+                           k = random_rows(keys, 22, kDim, true),
                            v = random_rows(keys, 23, kDim, true);
   double max_v = 0;
   for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
   for (int path = 0; path < 2; ++path) {
     std::vector<float> out(rows * kDim), lse(rows);
-    const BlockJob job{q.data(), 250, rows, k.data(), v.data(), Range{0, keys}, out.data(), lse.data()};
+    const BlockJob job{q.data(),       250,        rows,      k.data(), v.data(),
+                       Range{0, keys}, out.data(), lse.data()};
     if (path == 0) {
-      backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale, ProbRounding::bf16);
+      backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale,
+                                     ProbRounding::bf16);
     } else {
       backends().gpu->run_unfused_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale);
     }
@@ -190,7 +210,8 @@ TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 
       const int n = std::min(keys, 250 + r + 1);
       std::vector<double> ref;
       attention64(&q[r * kDim], k.data(), v.data(), n, ref);
-      for (int d = 0; d < kDim; ++d) CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
+      for (int d = 0; d < kDim; ++d)
+        CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
     }
   }
 }
@@ -201,10 +222,12 @@ TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a ne
     InputStore inputs(p, backends().pool, *backends().gpu);
     InProcessTransport transport;
     const CaseGrid grid(p, spec);
-    return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false), LocalCollectives(), 1, 0);
+    return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
+                               LocalCollectives(), 1, 0);
   };
   for (const PathSpec& path : {testing::kFp32, testing::kBf16Kernel}) {
-    const testing::Digests ref = digests(CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, path);
+    const testing::Digests ref =
+        digests(CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, path);
     for (int cp : {2, 4}) {
       for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
         const testing::Digests d = digests(CaseSpec{2, cp, 8, layout, Protocol::ring_kv}, path);
@@ -213,8 +236,10 @@ TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a ne
       }
     }
   }
-  CHECK(digests(CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32).out !=
-        digests(CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32).out);
+  CHECK(digests(CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32)
+            .out !=
+        digests(CaseSpec{1, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, testing::kFp32)
+            .out);
 }
 
 TEST_CASE("a whole case on the GPU: its FP32 path equals the CPU's, cuBLAS drift is reported") {

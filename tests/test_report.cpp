@@ -219,8 +219,9 @@ TEST_CASE("every compatible field of the contract is present") {
     const Value& d = at_path(c, "backward.report.drifts").at(0);
     for (const char* k : {"dq", "dk", "dv", "out", "lse"}) require_stats(at_path(d, k), k);
     CHECK(at_path(d, "per_rank").size() == 2u);
-    for (const char* k : {"attention_mode", "gradient_mode", "saved_forward_state", "merge_order", "accum_dtype",
-                          "downcast_at", "dtypes", "decode_backward", "actual_split_kv_plans"}) {
+    for (const char* k :
+         {"attention_mode", "gradient_mode", "saved_forward_state", "merge_order", "accum_dtype",
+          "downcast_at", "dtypes", "decode_backward", "actual_split_kv_plans"}) {
       CAPTURE(k);
       at_path(d, std::string("provenance.") + k);
     }
@@ -236,7 +237,8 @@ TEST_CASE("every compatible field of the contract is present") {
     CHECK(at_path(c, "dlogp.active_token_count").as_int64() == 15);
     require_stats(at_path(c, "dlogp.drift"), "dlogp.drift");
   }
-  CHECK(at_path(at_path(cases[0], "backward.report.drifts").at(0), "candidate_name").as_string() == "cp2_backward");
+  CHECK(at_path(at_path(cases[0], "backward.report.drifts").at(0), "candidate_name").as_string() ==
+        "cp2_backward");
   CHECK(at_path(at_path(cases[1], "backward.report.drifts").at(0), "candidate_name").as_string() ==
         "cp2_chunked_backward");
   CHECK(at_path(v, "dlogp.status").as_string() == "requested");

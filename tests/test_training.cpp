@@ -103,7 +103,8 @@ std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
   const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
-  const std::vector<TokenLogprobs> lp = run_dlogp(grid, outs, outs, vocab, transport, inputs.backend());
+  const std::vector<TokenLogprobs> lp =
+      run_dlogp(grid, outs, outs, vocab, transport, inputs.backend());
   std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
   for (const TokenLogprobs& t : lp) {
     for (int b = 0; b < p.batch; ++b) {

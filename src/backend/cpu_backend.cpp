@@ -1,9 +1,9 @@
 // The CPU backend: the tiled SIMD kernels over the thread pool.
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/numerics/logprob_math.h"
-
 #include <stdexcept>
 #include <string>
+
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/numerics/logprob_math.h"
 
 namespace cpd {
 
@@ -23,10 +23,12 @@ class CpuBackend final : public AttentionBackend {
                        InputPrecision precision) override {
     return cpd::generate_shard(problem, tensor, shape, precision, pool_);
   }
-  void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding) override {
+  void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale,
+                      ProbRounding rounding) override {
     cpd::run_block_jobs(jobs, dim, scale, rounding, pool_);
   }
-  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding) override {
+  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
+                     ProbRounding rounding) override {
     cpd::run_fold_jobs(jobs, dim, scale, rounding, pool_);
   }
   void merge_states(std::span<const MergeJob> jobs, int dim) override {
@@ -41,7 +43,8 @@ class CpuBackend final : public AttentionBackend {
   void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) override {
     pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
       const ProjectionJob& j = jobs[static_cast<std::size_t>(i)];
-      for (std::int64_t r = 0; r < j.rows; ++r) head_partial_logits(j.hidden + r * dim, j.w, j.ldw, dim, vocab, j.z + r * vocab);
+      for (std::int64_t r = 0; r < j.rows; ++r)
+        head_partial_logits(j.hidden + r * dim, j.w, j.ldw, dim, vocab, j.z + r * vocab);
     });
   }
 
@@ -51,6 +54,8 @@ class CpuBackend final : public AttentionBackend {
 
 }  // namespace
 
-std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool) { return std::make_unique<CpuBackend>(pool); }
+std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool) {
+  return std::make_unique<CpuBackend>(pool);
+}
 
 }  // namespace cpd

@@ -40,9 +40,10 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count) {
                case_count);
   std::fprintf(out, "#\n");
   std::fprintf(out, "# %-46s %-19s %-19s %-19s %-10s %-6s %-9s %-9s %8s\n", "", "cp_merge_fp32",
-               "dtype_path_vs_fp32", "bf16_kernel", "topology", "probe", "backward", "dlogp", "time");
-  std::fprintf(out, "# %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-6s %-9s %-9s %8s\n", "case", "out",
-               "lse", "out", "lse", "out", "lse", "", "", "dq/dk/dv", "", "(s)");
+               "dtype_path_vs_fp32", "bf16_kernel", "topology", "probe", "backward", "dlogp",
+               "time");
+  std::fprintf(out, "# %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-6s %-9s %-9s %8s\n", "case",
+               "out", "lse", "out", "lse", "out", "lse", "", "", "dq/dk/dv", "", "(s)");
 }
 
 void print_case_row(std::FILE* out, const CaseResult& c) {
@@ -57,10 +58,12 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
     grads = sci(*worst);
   }
   const std::string dlogp = c.dlogp.available ? sci(c.dlogp.drift) : "-";
-  std::fprintf(out, "  %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-6s %-9s %-9s %8.2f\n", c.name.c_str(),
-               sci(c.cp_merge_fp32.out).c_str(), sci(c.cp_merge_fp32.lse).c_str(), sci(c.dtype_path.out).c_str(),
-               sci(c.dtype_path.lse).c_str(), sci(c.bf16_kernel.out).c_str(), sci(c.bf16_kernel.lse).c_str(),
-               topology_cell(c).c_str(), probe_ok ? "0" : "FAILED", grads.c_str(), dlogp.c_str(), c.seconds);
+  std::fprintf(out, "  %-46s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-6s %-9s %-9s %8.2f\n",
+               c.name.c_str(), sci(c.cp_merge_fp32.out).c_str(), sci(c.cp_merge_fp32.lse).c_str(),
+               sci(c.dtype_path.out).c_str(), sci(c.dtype_path.lse).c_str(),
+               sci(c.bf16_kernel.out).c_str(), sci(c.bf16_kernel.lse).c_str(),
+               topology_cell(c).c_str(), probe_ok ? "0" : "FAILED", grads.c_str(), dlogp.c_str(),
+               c.seconds);
   std::fflush(out);
 }
 

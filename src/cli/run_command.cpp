@@ -3,9 +3,9 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "cpdrift/backend/attention_backend.h"
@@ -115,9 +115,11 @@ void maybe_die_for_test(const CommContext& comm) {
 
 }  // namespace
 
-std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool, const CommContext& comm) {
-  const bool want_cuda = device == Device::cuda || (device == Device::auto_select && cuda_backend_built() &&
-                                                    cuda_device_count() > 0);
+std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool,
+                                                 const CommContext& comm) {
+  const bool want_cuda =
+      device == Device::cuda ||
+      (device == Device::auto_select && cuda_backend_built() && cuda_device_count() > 0);
   if (!want_cuda) return make_cpu_backend(pool);
   // One GPU per process of the node: the node-local rank picks it. Every process agrees on
   // failure (a process without a usable device fails the job before any work).

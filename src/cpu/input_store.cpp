@@ -33,7 +33,8 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
   // generate_shard call fills them.
   std::vector<std::int64_t> wanted;
   for (const Range& t : shape.tokens) {
-    for (std::int64_t blk = t.begin / kBlockRows; blk * kBlockRows < t.end; ++blk) wanted.push_back(blk);
+    for (std::int64_t blk = t.begin / kBlockRows; blk * kBlockRows < t.end; ++blk)
+      wanted.push_back(blk);
   }
   std::sort(wanted.begin(), wanted.end());
   wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());

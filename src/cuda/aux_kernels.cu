@@ -22,8 +22,8 @@ __global__ void generate_kernel(GenerateParams p) {
   const long long hl = id / (half * p.rows) % p.head_count;
   const long long b = id / (half * p.rows * p.head_count);
   const long long pos = p.row_positions[row];
-  const unsigned long long first =
-      static_cast<unsigned long long>(((b * p.num_heads + p.head_begin + hl) * p.seq_len + pos) * p.dim);
+  const unsigned long long first = static_cast<unsigned long long>(
+      ((b * p.num_heads + p.head_begin + hl) * p.seq_len + pos) * p.dim);
   const TensorId tensor = static_cast<TensorId>(p.tensor);
   float x1 = normal_at(p.seed, tensor, first + i);
   float x2 = normal_at(p.seed, tensor, first + i + half);
@@ -41,14 +41,17 @@ __global__ void generate_kernel(GenerateParams p) {
   out[i + half] = x2;
 }
 
-// One block per (job, token row), one thread per vocabulary entry.
+constexpr int kProjectThreads = 256;
+
+// One block per (job, token row); thread t takes vocabulary entries t, t + 256, …, each one
+// sequential dot_seq.
 __global__ void project_kernel(const ProjectionJob* jobs, const Task* tasks, int dim, int vocab) {
   const Task task = tasks[blockIdx.x];
   const ProjectionJob& job = jobs[task.job];
   const long long row = task.item;
-  const int v = threadIdx.x;
-  if (v >= vocab) return;
-  job.z[row * vocab + v] = dot_seq(job.hidden + row * dim, job.w + v * job.ldw, dim);
+  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+    job.z[row * vocab + v] = dot_seq(job.hidden + row * dim, job.w + v * job.ldw, dim);
+  }
 }
 
 }  // namespace
@@ -57,14 +60,14 @@ void generate(const GenerateParams& p, cudaStream_t stream) {
   const long long total = static_cast<long long>(p.batch) * p.head_count * p.rows * (p.dim / 2);
   if (total == 0) return;
   constexpr int kBlock = 256;
-  generate_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p);
+  generate_kernel<<<grid_blocks((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab, cudaStream_t stream) {
+void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab,
+             cudaStream_t stream) {
   if (ntasks == 0) return;
-  const unsigned threads = static_cast<unsigned>((vocab + 31) / 32 * 32);
-  project_kernel<<<static_cast<unsigned>(ntasks), threads, 0, stream>>>(jobs, tasks, dim, vocab);
+  project_kernel<<<grid_blocks(ntasks), kProjectThreads, 0, stream>>>(jobs, tasks, dim, vocab);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,8 +35,8 @@ __global__ void dq_kernel(const BackwardUnit* units, const Task* tasks, int dim,
     const int j = c + t;
     if (j < n) {
       float p;
-      backward_pair(q, u.k + static_cast<long long>(j) * dim, d_out, u.v + static_cast<long long>(j) * dim, scale,
-                    lse, delta, dim, &p, &ds[t]);
+      backward_pair(q, u.k + static_cast<long long>(j) * dim, d_out,
+                    u.v + static_cast<long long>(j) * dim, scale, lse, delta, dim, &p, &ds[t]);
     }
     __syncthreads();
     const int count = min(kThreads, n - c);
@@ -70,7 +70,8 @@ __global__ void dkdv_kernel(const BackwardUnit* units, const Task* tasks, int di
     for (long long c = first; c < n; c += kThreads) {
       const long long i = c + t;
       if (i < n) {
-        backward_pair(qb.q + i * dim, k, qb.d_out + i * dim, v, scale, qb.lse[i], qb.delta[i], dim, &pr[t], &ds[t]);
+        backward_pair(qb.q + i * dim, k, qb.d_out + i * dim, v, scale, qb.lse[i], qb.delta[i], dim,
+                      &pr[t], &ds[t]);
       }
       __syncthreads();
       const int count = static_cast<int>(min(static_cast<long long>(kThreads), n - c));
@@ -107,17 +108,17 @@ __global__ void dkdv_kernel(const BackwardUnit* units, const Task* tasks, int di
 
 }  // namespace
 
-void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim, float scale,
-                 cudaStream_t stream) {
+void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+                 float scale, cudaStream_t stream) {
   if (ntasks == 0) return;
-  dq_kernel<<<static_cast<unsigned>(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);
+  dq_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim, float scale,
-                   cudaStream_t stream) {
+void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+                   float scale, cudaStream_t stream) {
   if (ntasks == 0) return;
-  dkdv_kernel<<<static_cast<unsigned>(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);
+  dkdv_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

@@ -22,12 +22,28 @@ __global__ void to_bf16_kernel(const float* in, std::uint16_t* out, long long n)
   if (i < n) out[i] = bf16_bits_rn(in[i]);
 }
 
+// Owners of the handles the bench creates, released on every exit path.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CPD_CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { CPD_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~Event() { cudaEventDestroy(e); }
+};
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  Cublas() { CPD_CUBLAS_CHECK(cublasCreate(&h)); }
+  ~Cublas() { cublasDestroy(h); }
+};
+
 // Median of `repeats` runs of `work`, in seconds, by CUDA events.
 template <class Work>
 double time_median(int repeats, cudaStream_t stream, Work&& work) {
-  cudaEvent_t start, stop;
-  CPD_CUDA_CHECK(cudaEventCreate(&start));
-  CPD_CUDA_CHECK(cudaEventCreate(&stop));
+  Event start_event, stop_event;
+  cudaEvent_t start = start_event.e, stop = stop_event.e;
   work();  // warm-up
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
@@ -39,8 +55,6 @@ double time_median(int repeats, cudaStream_t stream, Work&& work) {
     CPD_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     times.push_back(ms * 1e-3);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -100,8 +114,8 @@ void for_each_head(const Problem& p, Visit&& visit) {
 
 std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int device) {
   CPD_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t stream;
-  CPD_CUDA_CHECK(cudaStreamCreate(&stream));
+  const Stream owned_stream;
+  const cudaStream_t stream = owned_stream.s;
   const int d = p.dims.head_dim, hq = p.dims.num_q_heads, hkv = p.dims.num_kv_heads,
             group = p.dims.group_size();
   const long long s = p.seq_len;
@@ -157,10 +171,11 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int dev
                                           static_cast<long long>(tiles.size()), scale, stream);
                        })});
   }
-  // cuBLAS unfused, one GQA group (4 query heads) at a time: S = Q Kᵀ, softmax, O = P V.
+  // cuBLAS unfused, one GQA group (4 query heads) at a time: S = Q Kᵀ, softmax, O = P V (the
+  // path's final O / l pass, one read and write of O, is left out of the timing).
   {
-    cublasHandle_t handle;
-    CPD_CUBLAS_CHECK(cublasCreate(&handle));
+    const Cublas owned_handle;
+    const cublasHandle_t handle = owned_handle.h;
     CPD_CUBLAS_CHECK(cublasSetStream(handle, stream));
     CPD_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
     DeviceBuffer<float> scores(static_cast<std::size_t>(group) * s * s);
@@ -193,10 +208,8 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int dev
       }
     };
     figures.push_back({"cublas_unfused", time_median(repeats, stream, work)});
-    cublasDestroy(handle);
   }
   CPD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaStreamDestroy(stream);
   return figures;
 }
 

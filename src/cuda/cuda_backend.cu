@@ -23,8 +23,8 @@ void throw_cuda_error(const char* call, const char* what, const char* file, int 
   gethostname(host, sizeof host - 1);
   int device = -1;
   cudaGetDevice(&device);
-  throw CudaError(std::string(host) + " cuda:" + std::to_string(device) + " " + file + ":" + std::to_string(line) +
-                  ": " + call + " failed: " + what);
+  throw CudaError(std::string(host) + " cuda:" + std::to_string(device) + " " + file + ":" +
+                  std::to_string(line) + ": " + call + " failed: " + what);
 }
 
 namespace {
@@ -34,7 +34,8 @@ using cuda::Task;
 std::vector<Task> row_tasks(std::size_t jobs, const std::function<long long(std::size_t)>& rows) {
   std::vector<Task> tasks;
   for (std::size_t j = 0; j < jobs; ++j) {
-    for (long long r = 0; r < rows(j); ++r) tasks.push_back(Task{static_cast<int>(j), static_cast<int>(r)});
+    for (long long r = 0; r < rows(j); ++r)
+      tasks.push_back(Task{static_cast<int>(j), static_cast<int>(r)});
   }
   return tasks;
 }
@@ -61,7 +62,8 @@ class CudaBackend final : public AttentionBackend {
                        InputPrecision precision) override {
     const ModelDims& dims = problem.dims;
     if (shape.width != dims.head_dim || dims.rotary_dim != dims.head_dim) {
-      throw std::invalid_argument("cuda generate_shard: width and rotary dim must equal the head dim");
+      throw std::invalid_argument(
+          "cuda generate_shard: width and rotary dim must equal the head dim");
     }
     std::vector<long long> positions;
     for (const Range& t : shape.tokens) {
@@ -75,7 +77,8 @@ class CudaBackend final : public AttentionBackend {
     cuda::GenerateParams g{};
     g.seed = problem.seed;
     g.tensor = static_cast<unsigned>(tensor);
-    g.num_heads = tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
+    g.num_heads =
+        tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
     g.seq_len = problem.seq_len;
     g.dim = dims.head_dim;
     g.batch = shape.batch;
@@ -93,7 +96,8 @@ class CudaBackend final : public AttentionBackend {
     return shard;
   }
 
-  void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding) override {
+  void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale,
+                      ProbRounding rounding) override {
     if (jobs.empty()) return;
     if (rounding == ProbRounding::bf16) return run_flash(jobs, dim, scale);
     cuda::InputPack<float> in;
@@ -103,28 +107,32 @@ class CudaBackend final : public AttentionBackend {
     };
     std::vector<Offsets> at;
     for (const BlockJob& j : jobs) {
-      const std::size_t keys = static_cast<std::size_t>(j.keys.size()) * dim, rows = static_cast<std::size_t>(j.rows);
-      at.push_back(Offsets{in.add(j.q, rows * dim), in.add(j.k, keys), in.add(j.v, keys), out.add(j.out, rows * dim),
-                           out.add(j.lse, rows)});
+      const std::size_t keys = static_cast<std::size_t>(j.keys.size()) * dim,
+                        rows = static_cast<std::size_t>(j.rows);
+      at.push_back(Offsets{in.add(j.q, rows * dim), in.add(j.k, keys), in.add(j.v, keys),
+                           out.add(j.out, rows * dim), out.add(j.lse, rows)});
     }
     in.upload();
     out.allocate();
     std::vector<cuda::RowsJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const BlockJob& j = jobs[i];
-      dev.push_back(cuda::RowsJob{in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k), in.at(at[i].v), j.keys.begin,
-                                  j.keys.end, out.at(at[i].out), out.at(at[i].lse)});
+      dev.push_back(cuda::RowsJob{in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k),
+                                  in.at(at[i].v), j.keys.begin, j.keys.end, out.at(at[i].out),
+                                  out.at(at[i].lse)});
     }
-    const std::vector<Task> tasks = row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
+    const std::vector<Task> tasks =
+        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tasks = cuda::to_device(tasks);
-    cuda::forward_rows(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim, scale, false,
-                       stream_);
+    cuda::forward_rows(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
+                       scale, false, stream_);
     sync();
     out.download();
   }
 
-  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding) override {
+  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
+                     ProbRounding rounding) override {
     if (jobs.empty()) return;
     if (rounding == ProbRounding::bf16) return fold_via_blocks(jobs, dim, scale);
     cuda::InputPack<float> in;
@@ -137,10 +145,13 @@ class CudaBackend final : public AttentionBackend {
     std::vector<Offsets> at;
     for (const FoldJob& j : jobs) {
       std::int64_t kv_end = j.kv_begin;
-      for (const Range& b : j.blocks) kv_end = std::max(kv_end, std::min(b.end, j.first_pos + j.rows));
-      const std::size_t kv = static_cast<std::size_t>(kv_end - j.kv_begin) * dim, rows = static_cast<std::size_t>(j.rows);
-      Offsets o{in.add(j.q, rows * dim), in.add(j.k, kv), in.add(j.v, kv), out.add(j.out, rows * dim),
-                out.add(j.lse, rows), blocks.size(), static_cast<int>(j.blocks.size())};
+      for (const Range& b : j.blocks)
+        kv_end = std::max(kv_end, std::min(b.end, j.first_pos + j.rows));
+      const std::size_t kv = static_cast<std::size_t>(kv_end - j.kv_begin) * dim,
+                        rows = static_cast<std::size_t>(j.rows);
+      Offsets o{in.add(j.q, rows * dim),          in.add(j.k, kv),      in.add(j.v, kv),
+                out.add(j.out, rows * dim),       out.add(j.lse, rows), blocks.size(),
+                static_cast<int>(j.blocks.size())};
       for (const Range& b : j.blocks) {
         blocks.push_back(b.begin);
         blocks.push_back(b.end);
@@ -153,14 +164,16 @@ class CudaBackend final : public AttentionBackend {
     std::vector<cuda::FoldJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const FoldJob& j = jobs[i];
-      dev.push_back(cuda::FoldJob{in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k), in.at(at[i].v), j.kv_begin,
-                                  dev_blocks.data() + at[i].blocks, at[i].nblocks, out.at(at[i].out),
-                                  out.at(at[i].lse)});
+      dev.push_back(cuda::FoldJob{in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k),
+                                  in.at(at[i].v), j.kv_begin, dev_blocks.data() + at[i].blocks,
+                                  at[i].nblocks, out.at(at[i].out), out.at(at[i].lse)});
     }
-    const std::vector<Task> tasks = row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
+    const std::vector<Task> tasks =
+        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tasks = cuda::to_device(tasks);
-    cuda::forward_fold(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim, scale, stream_);
+    cuda::forward_fold(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
+                       scale, stream_);
     sync();
     out.download();
   }
@@ -173,8 +186,9 @@ class CudaBackend final : public AttentionBackend {
     std::vector<std::size_t> out_at, lse_at;
     for (const MergeJob& j : jobs) {
       std::vector<StateRef> s = j.states;
-      std::stable_sort(s.begin(), s.end(),
-                       [](const StateRef& a, const StateRef& b) { return a.block_index < b.block_index; });
+      std::stable_sort(s.begin(), s.end(), [](const StateRef& a, const StateRef& b) {
+        return a.block_index < b.block_index;
+      });
       for (const StateRef& r : s) {
         in.add(r.out, static_cast<std::size_t>(j.rows) * dim);
         in.add(r.lse, static_cast<std::size_t>(j.rows));
@@ -189,20 +203,24 @@ class CudaBackend final : public AttentionBackend {
     std::vector<std::size_t> first;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       first.push_back(ptrs.size());
-      for (const StateRef& r : sorted[i]) ptrs.push_back(in.at(in.add(r.out, static_cast<std::size_t>(jobs[i].rows) * dim)));
-      for (const StateRef& r : sorted[i]) ptrs.push_back(in.at(in.add(r.lse, static_cast<std::size_t>(jobs[i].rows))));
+      for (const StateRef& r : sorted[i])
+        ptrs.push_back(in.at(in.add(r.out, static_cast<std::size_t>(jobs[i].rows) * dim)));
+      for (const StateRef& r : sorted[i])
+        ptrs.push_back(in.at(in.add(r.lse, static_cast<std::size_t>(jobs[i].rows))));
     }
     const auto dev_ptrs = cuda::to_device(ptrs);
     std::vector<cuda::MergeJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const int n = static_cast<int>(sorted[i].size());
-      dev.push_back(cuda::MergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n, n, jobs[i].rows,
-                                   out.at(out_at[i]), out.at(lse_at[i])});
+      dev.push_back(cuda::MergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n, n,
+                                   jobs[i].rows, out.at(out_at[i]), out.at(lse_at[i])});
     }
-    const std::vector<Task> tasks = row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
+    const std::vector<Task> tasks =
+        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tasks = cuda::to_device(tasks);
-    cuda::merge(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim, stream_);
+    cuda::merge(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
+                stream_);
     sync();
     out.download();
   }
@@ -225,8 +243,9 @@ class CudaBackend final : public AttentionBackend {
       dv_at.push_back(out.add(unit.dv_total, keys));
       for (const QueryBlockRows& b : unit.blocks) {
         const std::size_t rows = static_cast<std::size_t>(b.tokens.size());
-        block_at[u].push_back(BlockAt{in.add(b.q, rows * dim), in.add(b.d_out, rows * dim), in.add(b.lse, rows),
-                                      in.add(b.delta, rows), out.add(b.dq_partial, rows * dim)});
+        block_at[u].push_back(BlockAt{in.add(b.q, rows * dim), in.add(b.d_out, rows * dim),
+                                      in.add(b.lse, rows), in.add(b.delta, rows),
+                                      out.add(b.dq_partial, rows * dim)});
       }
     }
     in.upload();
@@ -238,8 +257,9 @@ class CudaBackend final : public AttentionBackend {
       for (std::size_t b = 0; b < units[u].blocks.size(); ++b) {
         const QueryBlockRows& qb = units[u].blocks[b];
         const BlockAt& a = block_at[u][b];
-        blocks.push_back(cuda::BackwardBlock{qb.tokens.begin, qb.tokens.end, in.at(a.q), in.at(a.d_out), in.at(a.lse),
-                                             in.at(a.delta), out.at(a.dq)});
+        blocks.push_back(cuda::BackwardBlock{qb.tokens.begin, qb.tokens.end, in.at(a.q),
+                                             in.at(a.d_out), in.at(a.lse), in.at(a.delta),
+                                             out.at(a.dq)});
       }
     }
     const auto dev_blocks = cuda::to_device(blocks);
@@ -247,20 +267,23 @@ class CudaBackend final : public AttentionBackend {
     std::vector<Task> dq_tasks, key_tasks;
     for (std::size_t u = 0; u < units.size(); ++u) {
       const BackwardUnit& unit = units[u];
-      dev.push_back(cuda::BackwardUnit{dev_blocks.data() + first_block[u], static_cast<int>(unit.blocks.size()),
-                                       in.at(k_at[u]), in.at(v_at[u]), unit.keys.begin, unit.keys.end,
-                                       out.at(dk_at[u]), out.at(dv_at[u])});
+      dev.push_back(cuda::BackwardUnit{
+          dev_blocks.data() + first_block[u], static_cast<int>(unit.blocks.size()), in.at(k_at[u]),
+          in.at(v_at[u]), unit.keys.begin, unit.keys.end, out.at(dk_at[u]), out.at(dv_at[u])});
       long long rows = 0;
       for (const QueryBlockRows& b : unit.blocks) rows += b.tokens.size();
-      for (long long r = 0; r < rows; ++r) dq_tasks.push_back(Task{static_cast<int>(u), static_cast<int>(r)});
-      for (long long j = 0; j < unit.keys.size(); ++j) key_tasks.push_back(Task{static_cast<int>(u), static_cast<int>(j)});
+      for (long long r = 0; r < rows; ++r)
+        dq_tasks.push_back(Task{static_cast<int>(u), static_cast<int>(r)});
+      for (long long j = 0; j < unit.keys.size(); ++j)
+        key_tasks.push_back(Task{static_cast<int>(u), static_cast<int>(j)});
     }
     const auto dev_units = cuda::to_device(dev);
     const auto dev_dq = cuda::to_device(dq_tasks);
     const auto dev_keys = cuda::to_device(key_tasks);
-    cuda::backward_dq(dev_units.data(), dev_dq.data(), static_cast<long long>(dq_tasks.size()), dim, scale, stream_);
-    cuda::backward_dkdv(dev_units.data(), dev_keys.data(), static_cast<long long>(key_tasks.size()), dim, scale,
-                        stream_);
+    cuda::backward_dq(dev_units.data(), dev_dq.data(), static_cast<long long>(dq_tasks.size()), dim,
+                      scale, stream_);
+    cuda::backward_dkdv(dev_units.data(), dev_keys.data(), static_cast<long long>(key_tasks.size()),
+                        dim, scale, stream_);
     sync();
     out.download();
   }
@@ -272,19 +295,23 @@ class CudaBackend final : public AttentionBackend {
     std::vector<std::array<std::size_t, 3>> at;
     for (const ProjectionJob& j : jobs) {
       const std::size_t rows = static_cast<std::size_t>(j.rows);
-      at.push_back({in.add(j.hidden, rows * dim), in.add(j.w, static_cast<std::size_t>((vocab - 1) * j.ldw + dim)),
+      at.push_back({in.add(j.hidden, rows * dim),
+                    in.add(j.w, static_cast<std::size_t>((vocab - 1) * j.ldw + dim)),
                     out.add(j.z, rows * vocab)});
     }
     in.upload();
     out.allocate();
     std::vector<cuda::ProjectionJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
-      dev.push_back(cuda::ProjectionJob{in.at(at[i][0]), jobs[i].rows, in.at(at[i][1]), jobs[i].ldw, out.at(at[i][2])});
+      dev.push_back(cuda::ProjectionJob{in.at(at[i][0]), jobs[i].rows, in.at(at[i][1]), jobs[i].ldw,
+                                        out.at(at[i][2])});
     }
-    const std::vector<Task> tasks = row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
+    const std::vector<Task> tasks =
+        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tasks = cuda::to_device(tasks);
-    cuda::project(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim, vocab, stream_);
+    cuda::project(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
+                  vocab, stream_);
     sync();
     out.download();
   }
@@ -303,9 +330,10 @@ class CudaBackend final : public AttentionBackend {
     cuda::OutputPack out;
     std::vector<std::array<std::size_t, 5>> at;
     for (const BlockJob& j : jobs) {
-      const std::size_t keys = static_cast<std::size_t>(j.keys.size()) * dim, rows = static_cast<std::size_t>(j.rows);
-      at.push_back({in.add(j.q, rows * dim), in.add(j.k, keys), in.add(j.v, keys), out.add(j.out, rows * dim),
-                    out.add(j.lse, rows)});
+      const std::size_t keys = static_cast<std::size_t>(j.keys.size()) * dim,
+                        rows = static_cast<std::size_t>(j.rows);
+      at.push_back({in.add(j.q, rows * dim), in.add(j.k, keys), in.add(j.v, keys),
+                    out.add(j.out, rows * dim), out.add(j.lse, rows)});
     }
     in.upload();
     out.allocate();
@@ -313,13 +341,16 @@ class CudaBackend final : public AttentionBackend {
     std::vector<Task> tiles;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const BlockJob& j = jobs[i];
-      dev.push_back(cuda::FlashJob{in.at(at[i][0]), j.first_pos, j.rows, in.at(at[i][1]), in.at(at[i][2]),
-                                   j.keys.begin, j.keys.end, out.at(at[i][3]), out.at(at[i][4])});
-      for (long long t = 0; t * cuda::kFlashRows < j.rows; ++t) tiles.push_back(Task{static_cast<int>(i), static_cast<int>(t)});
+      dev.push_back(cuda::FlashJob{in.at(at[i][0]), j.first_pos, j.rows, in.at(at[i][1]),
+                                   in.at(at[i][2]), j.keys.begin, j.keys.end, out.at(at[i][3]),
+                                   out.at(at[i][4])});
+      for (long long t = 0; t * cuda::kFlashRows < j.rows; ++t)
+        tiles.push_back(Task{static_cast<int>(i), static_cast<int>(t)});
     }
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tiles = cuda::to_device(tiles);
-    cuda::flash_bf16(dev_jobs.data(), dev_tiles.data(), static_cast<long long>(tiles.size()), scale, stream_);
+    cuda::flash_bf16(dev_jobs.data(), dev_tiles.data(), static_cast<long long>(tiles.size()), scale,
+                     stream_);
     sync();
     out.download();
   }
@@ -363,8 +394,8 @@ std::unique_ptr<AttentionBackend> make_cuda_backend(int device) {
     throw UsageError("--device cuda: no CUDA device is visible to this process");
   }
   if (device < 0 || device >= count) {
-    throw UsageError("--device cuda: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-                     " visible)");
+    throw UsageError("--device cuda: device " + std::to_string(device) + " does not exist (" +
+                     std::to_string(count) + " visible)");
   }
   return std::make_unique<CudaBackend>(device);
 }

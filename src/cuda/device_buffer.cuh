@@ -41,10 +41,12 @@ class DeviceBuffer {
   std::size_t size() const { return size_; }
 
   void upload(const T* host, std::size_t n, std::size_t offset = 0) {
-    if (n > 0) CPD_CUDA_CHECK(cudaMemcpy(ptr_ + offset, host, n * sizeof(T), cudaMemcpyHostToDevice));
+    if (n > 0)
+      CPD_CUDA_CHECK(cudaMemcpy(ptr_ + offset, host, n * sizeof(T), cudaMemcpyHostToDevice));
   }
   void download(T* host, std::size_t n, std::size_t offset = 0) const {
-    if (n > 0) CPD_CUDA_CHECK(cudaMemcpy(host, ptr_ + offset, n * sizeof(T), cudaMemcpyDeviceToHost));
+    if (n > 0)
+      CPD_CUDA_CHECK(cudaMemcpy(host, ptr_ + offset, n * sizeof(T), cudaMemcpyDeviceToHost));
   }
   static DeviceBuffer from(const std::vector<T>& host) {
     DeviceBuffer b(host.size());

@@ -18,13 +18,14 @@
 namespace cpd::cuda {
 namespace {
 
-constexpr int kD = 128;          // head dim
+constexpr int kD = 128;            // head dim
 constexpr int kRows = kFlashRows;  // query rows per block: 4 warps × 16
-constexpr int kKeys = 64;        // keys per tile
-constexpr int kKStride = kD + 8;     // padded shared row (bf16), no bank conflicts on B loads
+constexpr int kKeys = 64;          // keys per tile
+constexpr int kKStride = kD + 8;   // padded shared row (bf16), no bank conflicts on B loads
 constexpr int kVtStride = kKeys + 8;
 
-__device__ __forceinline__ void mma_bf16(float c[4], const std::uint32_t a[4], std::uint32_t b0, std::uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float c[4], const std::uint32_t a[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -33,7 +34,8 @@ __device__ __forceinline__ void mma_bf16(float c[4], const std::uint32_t a[4], s
 }
 
 __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-  return static_cast<std::uint32_t>(bf16_bits_rn(lo)) | (static_cast<std::uint32_t>(bf16_bits_rn(hi)) << 16);
+  return static_cast<std::uint32_t>(bf16_bits_rn(lo)) |
+         (static_cast<std::uint32_t>(bf16_bits_rn(hi)) << 16);
 }
 
 __device__ __forceinline__ std::uint32_t load_pair(const std::uint16_t* p) {
@@ -50,14 +52,16 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-__global__ void __launch_bounds__(128) flash_kernel(const FlashJob* jobs, const Task* tiles, float scale) {
+__global__ void __launch_bounds__(128)
+    flash_kernel(const FlashJob* jobs, const Task* tiles, float scale) {
   __shared__ __align__(16) std::uint16_t sk[kKeys * kKStride];
   __shared__ __align__(16) std::uint16_t svt[kD * kVtStride];
   const Task task = tiles[blockIdx.x];
   const FlashJob& job = jobs[task.job];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const long long tile_row = static_cast<long long>(task.item) * kRows;
-  const long long row0 = tile_row + warp * 16 + g, row1 = row0 + 8;  // the two rows this thread holds
+  const long long row0 = tile_row + warp * 16 + g,
+                  row1 = row0 + 8;  // the two rows this thread holds
   const long long pos0 = job.first_pos + row0, pos1 = job.first_pos + row1;
   const bool has0 = row0 < job.rows, has1 = row1 < job.rows;
 
@@ -98,7 +102,8 @@ __global__ void __launch_bounds__(128) flash_kernel(const FlashJob* jobs, const 
     for (int nt = 0; nt < 8; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
       const std::uint16_t* kr = sk + (nt * 8 + g) * kKStride + t4 * 2;
-      for (int ks = 0; ks < 8; ++ks) mma_bf16(s[nt], qa[ks], load_pair(kr + ks * 16), load_pair(kr + ks * 16 + 8));
+      for (int ks = 0; ks < 8; ++ks)
+        mma_bf16(s[nt], qa[ks], load_pair(kr + ks * 16), load_pair(kr + ks * 16 + 8));
     }
     // Scale, causal mask by global position, the block's end; this tile's row max.
     float tmax[2] = {neg_inf_f32(), neg_inf_f32()};
@@ -139,11 +144,14 @@ __global__ void __launch_bounds__(128) flash_kernel(const FlashJob* jobs, const 
     for (int dt = 0; dt < 16; ++dt) {
       pv[dt][0] = pv[dt][1] = pv[dt][2] = pv[dt][3] = 0.0f;
       const std::uint16_t* vr = svt + (dt * 8 + g) * kVtStride + t4 * 2;
-      for (int ks = 0; ks < 4; ++ks) mma_bf16(pv[dt], pa[ks], load_pair(vr + ks * 16), load_pair(vr + ks * 16 + 8));
+      for (int ks = 0; ks < 4; ++ks)
+        mma_bf16(pv[dt], pa[ks], load_pair(vr + ks * 16), load_pair(vr + ks * 16 + 8));
     }
+    // Every lane of the quad takes part in the shuffles, whether or not its rows see the tile.
+    const float row_sum[2] = {quad_sum(psum[0]), quad_sum(psum[1])};
     for (int r = 0; r < 2; ++r) {
       if (!sees[r]) continue;  // untouched, as if the tile had not run
-      l[r] = l[r] * factor[r] + quad_sum(psum[r]);
+      l[r] = l[r] * factor[r] + row_sum[r];
       m[r] = mnew[r];
       for (int dt = 0; dt < 16; ++dt) {
         o[dt][2 * r] = o[dt][2 * r] * factor[r] + pv[dt][2 * r];
@@ -170,9 +178,10 @@ __global__ void __launch_bounds__(128) flash_kernel(const FlashJob* jobs, const 
 
 }  // namespace
 
-void flash_bf16(const FlashJob* jobs, const Task* tiles, long long ntiles, float scale, cudaStream_t stream) {
+void flash_bf16(const FlashJob* jobs, const Task* tiles, long long ntiles, float scale,
+                cudaStream_t stream) {
   if (ntiles == 0) return;
-  flash_kernel<<<static_cast<unsigned>(ntiles), 128, 0, stream>>>(jobs, tiles, scale);
+  flash_kernel<<<grid_blocks(ntiles), 128, 0, stream>>>(jobs, tiles, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,8 +13,9 @@ constexpr int kThreads = 128;  // one thread per output column (two when dim = 2
 
 // The canonical partial state of one row (q in shared memory) against `n` visible keys:
 // each thread's columns of out in o[], the row's max and sum returned through m and l.
-__device__ void row_state(const float* q, const float* k, const float* v, int n, int dim, float scale,
-                          bool bf16_probs, float* p, float* scratch, float o[2], float& m, float& l) {
+__device__ void row_state(const float* q, const float* k, const float* v, int n, int dim,
+                          float scale, bool bf16_probs, float* p, float* scratch, float o[2],
+                          float& m, float& l) {
   const int t = threadIdx.x;
   float local = neg_inf_f32();
   int first = 0x7fffffff;
@@ -55,7 +56,8 @@ __device__ void load_row(const float* src, int dim, float* q) {
   __syncthreads();
 }
 
-__global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int dim, float scale, bool bf16_probs) {
+__global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int dim, float scale,
+                                    bool bf16_probs) {
   extern __shared__ float shared[];
   float* q = shared;
   float* p = q + dim;
@@ -130,27 +132,32 @@ __global__ void merge_kernel(const MergeJob* jobs, const Task* tasks, int dim) {
   if (t == 0) job.lse[row] = acc_lse;
 }
 
-std::size_t shared_bytes(int dim) { return (static_cast<std::size_t>(dim) + kThreads + 2 * (kThreads / 32)) * 4; }
+std::size_t shared_bytes(int dim) {
+  return (static_cast<std::size_t>(dim) + kThreads + 2 * (kThreads / 32)) * 4;
+}
 
 }  // namespace
 
-void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale, bool bf16_probs,
+void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
+                  bool bf16_probs, cudaStream_t stream) {
+  if (ntasks == 0) return;
+  forward_rows_kernel<<<grid_blocks(ntasks), kThreads, shared_bytes(dim), stream>>>(
+      jobs, tasks, dim, scale, bf16_probs);
+  CPD_CUDA_CHECK_LAUNCH();
+}
+
+void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
                   cudaStream_t stream) {
   if (ntasks == 0) return;
-  forward_rows_kernel<<<static_cast<unsigned>(ntasks), kThreads, shared_bytes(dim), stream>>>(jobs, tasks, dim, scale,
-                                                                                            bf16_probs);
+  forward_fold_kernel<<<grid_blocks(ntasks), kThreads, shared_bytes(dim), stream>>>(jobs, tasks,
+                                                                                    dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale, cudaStream_t stream) {
+void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim,
+           cudaStream_t stream) {
   if (ntasks == 0) return;
-  forward_fold_kernel<<<static_cast<unsigned>(ntasks), kThreads, shared_bytes(dim), stream>>>(jobs, tasks, dim, scale);
-  CPD_CUDA_CHECK_LAUNCH();
-}
-
-void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim, cudaStream_t stream) {
-  if (ntasks == 0) return;
-  merge_kernel<<<static_cast<unsigned>(ntasks), kThreads, 0, stream>>>(jobs, tasks, dim);
+  merge_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(jobs, tasks, dim);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

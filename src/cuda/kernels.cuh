@@ -107,17 +107,20 @@ struct Task {
 };
 
 void generate(const GenerateParams& p, cudaStream_t stream);
-void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale, bool bf16_probs,
+void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
+                  bool bf16_probs, cudaStream_t stream);
+void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
                   cudaStream_t stream);
-void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale, cudaStream_t stream);
 void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim, cudaStream_t stream);
-void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim, float scale,
-                 cudaStream_t stream);
-void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim, float scale,
-                   cudaStream_t stream);
-void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab, cudaStream_t stream);
+void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+                 float scale, cudaStream_t stream);
+void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+                   float scale, cudaStream_t stream);
+void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab,
+             cudaStream_t stream);
 /// Tensor-core FlashAttention forward (head dim 128): one CUDA block per (job, 64-row tile).
-void flash_bf16(const FlashJob* jobs, const Task* tiles, long long ntiles, float scale, cudaStream_t stream);
+void flash_bf16(const FlashJob* jobs, const Task* tiles, long long ntiles, float scale,
+                cudaStream_t stream);
 
 /// Rows per tile of flash_bf16.
 inline constexpr int kFlashRows = 64;

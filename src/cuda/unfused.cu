@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -23,7 +24,7 @@ __global__ void softmax_kernel(const float* s, std::uint16_t* p, float* l, float
                                const long long* key_end, long long rows, long long keys,
                                float scale) {
   __shared__ float scratch[2 * kSoftmaxThreads / 32];
-  const long long job = blockIdx.y, row = blockIdx.x;
+  const long long job = blockIdx.x / rows, row = blockIdx.x % rows;
   const long long pos = first_pos[job] + row;
   const float* sr = s + (job * rows + row) * keys;
   std::uint16_t* pr = p + (job * rows + row) * keys;
@@ -95,8 +96,7 @@ void run_group(cublasHandle_t handle, cudaStream_t stream, std::span<const Block
       dv.data(), CUDA_R_16BF, dim, keys * dim, p.data(), CUDA_R_16BF, static_cast<int>(keys),
       rows * keys, &zero, o.data(), CUDA_R_32F, dim, rows * dim, static_cast<int>(n),
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  normalize_kernel<<<static_cast<unsigned>(n * rows), 128, 0, stream>>>(o.data(), l.data(),
-                                                                        n * rows, dim);
+  normalize_kernel<<<grid_blocks(n * rows), 128, 0, stream>>>(o.data(), l.data(), n * rows, dim);
   CPD_CUDA_CHECK_LAUNCH();
   CPD_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> host_o(n * rows * dim), host_lse(n * rows);
@@ -115,8 +115,8 @@ void softmax_rows(const float* s, std::uint16_t* p, float* l, float* lse,
                   const long long* first_pos, const long long* key_begin, const long long* key_end,
                   long long jobs, long long rows, long long keys, float scale,
                   cudaStream_t stream) {
-  softmax_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(jobs)), kSoftmaxThreads,
-                   0, stream>>>(s, p, l, lse, first_pos, key_begin, key_end, rows, keys, scale);
+  softmax_kernel<<<grid_blocks(jobs * rows), kSoftmaxThreads, 0, stream>>>(
+      s, p, l, lse, first_pos, key_begin, key_end, rows, keys, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
@@ -125,7 +125,23 @@ void run_unfused(cublasHandle_t handle, cudaStream_t stream, std::span<const Blo
   std::map<std::pair<std::int64_t, std::int64_t>, Group> groups;
   for (std::size_t i = 0; i < jobs.size(); ++i)
     groups[{jobs[i].rows, jobs[i].keys.size()}].jobs.push_back(i);
-  for (const auto& [shape, g] : groups) run_group(handle, stream, jobs, g, dim, scale);
+  // Jobs of a shape run in batches of at most kBatchBytes of device memory (scores, P, Q, K,
+  // V, O and the row scalars), so fine splits of long sequences fit.
+  constexpr std::size_t kBatchBytes = std::size_t{2} << 30;
+  for (const auto& [shape, g] : groups) {
+    const auto [rows, keys] = shape;
+    const std::size_t per_job =
+        static_cast<std::size_t>(rows) * keys * 6 + static_cast<std::size_t>(rows) * dim * 6 +
+        static_cast<std::size_t>(keys) * dim * 4 + static_cast<std::size_t>(rows) * 8 + 24;
+    const std::size_t batch = std::max<std::size_t>(1, kBatchBytes / per_job);
+    for (std::size_t at = 0; at < g.jobs.size(); at += batch) {
+      Group part;
+      part.jobs.assign(
+          g.jobs.begin() + static_cast<std::ptrdiff_t>(at),
+          g.jobs.begin() + static_cast<std::ptrdiff_t>(std::min(g.jobs.size(), at + batch)));
+      run_group(handle, stream, jobs, part, dim, scale);
+    }
+  }
 }
 
 }  // namespace cpd::cuda

@@ -14,7 +14,8 @@ namespace {
 constexpr PathSpec kFp32Path{InputPrecision::fp32, ProbRounding::none};
 constexpr PathSpec kBf16InputsPath{InputPrecision::bf16, ProbRounding::none};
 constexpr PathSpec kBf16KernelPath{InputPrecision::bf16, ProbRounding::bf16};
-constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none, BlockKernel::cublas_unfused};
+constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none,
+                                BlockKernel::cublas_unfused};
 
 // The BF16 final write: the output rounded once to BF16; lse stays FP32, as flash kernels
 // keep it.
@@ -99,7 +100,8 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
         RankTensors{ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows),
                     ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
                     final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
-                    merge_reversed_arrivals(fp32[i], dim, ctx.inputs.backend()), merge_oracle_diffs(fp32[i], dim)});
+                    merge_reversed_arrivals(fp32[i], dim, ctx.inputs.backend()),
+                    merge_oracle_diffs(fp32[i], dim)});
   }
 
   Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle;

@@ -14,7 +14,8 @@ namespace {
 // Per-head partial logits of one rank's token range: [2][B][heads][rows][vocab] for the
 // candidate then the reference.
 std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
-                                  const AttnShard& cand, const AttnShard& ref, const std::vector<float>& w, int vocab,
+                                  const AttnShard& cand, const AttnShard& ref,
+                                  const std::vector<float>& w, int vocab,
                                   AttentionBackend& backend) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const std::int64_t heads = r.q_heads.size(), rows = tokens.size(), ldw = heads * dim;
@@ -25,7 +26,8 @@ std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, co
     const AttnShard& src = which == 0 ? cand : ref;
     for (int b = 0; b < batch; ++b) {
       for (std::int64_t hl = 0; hl < heads; ++hl) {
-        jobs.push_back(ProjectionJob{src.out.at(b, r.q_heads.begin + hl, first), rows, w.data() + hl * dim, ldw,
+        jobs.push_back(ProjectionJob{src.out.at(b, r.q_heads.begin + hl, first), rows,
+                                     w.data() + hl * dim, ldw,
                                      z.data() + ((which * batch + b) * heads + hl) * rows * vocab});
       }
     }

@@ -41,8 +41,9 @@ void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::
 AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim, AttentionBackend& backend) {
   AttnShard probe{Shard(rank.merged.out.shape), Shard(rank.merged.lse.shape)};
   const std::vector<std::size_t> reversed(rank.arrival_order.rbegin(), rank.arrival_order.rend());
-  backend.merge_states(
-      protocol::state_merge_jobs(probe, rank.rank, rank.states, reversed, rank.merged.out.shape.batch, dim), dim);
+  backend.merge_states(protocol::state_merge_jobs(probe, rank.rank, rank.states, reversed,
+                                                  rank.merged.out.shape.batch, dim),
+                       dim);
   return probe;
 }
 

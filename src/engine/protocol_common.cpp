@@ -159,7 +159,8 @@ void check_local(Transport& transport, std::vector<Message> states, std::map<int
       transport, [&] { return std::move(states); }, inboxes);
 }
 
-std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r, const std::vector<Message>& states,
+std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
+                                       const std::vector<Message>& states,
                                        const std::vector<std::size_t>& order, int batch, int dim) {
   std::vector<MergeJob> jobs;
   const std::int64_t heads = r.q_heads.size();
@@ -173,8 +174,8 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
           const Message& m = states[i];
           if (m.header.tokens() != t) continue;
           const float* out = m.payload.data();
-          job.states.push_back(
-              StateRef{m.header.block_index, out + slot * rows * dim, out + batch * heads * rows * dim + slot * rows});
+          job.states.push_back(StateRef{m.header.block_index, out + slot * rows * dim,
+                                        out + batch * heads * rows * dim + slot * rows});
         }
         job.rows = rows;
         job.out = const_cast<float*>(into.out.at(b, h, row));
@@ -186,17 +187,20 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
   return jobs;
 }
 
-std::vector<RankOutput> merge_owned_states(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
+                                           const std::vector<LogicalRank>& hosted,
                                            std::map<int, Inbox>& inboxes, AttentionBackend& backend,
                                            bool keep_states) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
-    RankOutput o{r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
+    RankOutput o{
+        r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
     Inbox& inbox = inboxes.at(r.id);
     std::vector<std::size_t> manifest_order(inbox.messages().size());
     for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-    backend.merge_states(state_merge_jobs(o.merged, r, inbox.messages(), manifest_order, batch, dim), dim);
+    backend.merge_states(
+        state_merge_jobs(o.merged, r, inbox.messages(), manifest_order, batch, dim), dim);
     if (keep_states) {
       o.arrival_order = inbox.arrival_order();
       o.states = inbox.take_messages();

@@ -80,7 +80,8 @@ std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
 
 /// Merge jobs for a rank's query shard `into` from `states` (taken in `order`, indices into
 /// `states`; the merge sorts them by block index anyway).
-std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r, const std::vector<Message>& states,
+std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
+                                       const std::vector<Message>& states,
                                        const std::vector<std::size_t>& order, int batch, int dim);
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,

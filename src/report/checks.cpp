@@ -35,8 +35,10 @@ namespace {
 void check_same_grid_digests(const RunReport& report, std::vector<std::string>& failed) {
   const auto digests = [](const CaseResult& c) {
     std::vector<std::pair<const char*, std::optional<std::string>>> d = {
-        {"cp_merge_fp32.out", c.cp_merge_fp32.out.digest}, {"cp_merge_fp32.lse", c.cp_merge_fp32.lse.digest},
-        {"dtype_path_vs_fp32.out", c.dtype_path.out.digest}, {"bf16_kernel.out", c.bf16_kernel.out.digest},
+        {"cp_merge_fp32.out", c.cp_merge_fp32.out.digest},
+        {"cp_merge_fp32.lse", c.cp_merge_fp32.lse.digest},
+        {"dtype_path_vs_fp32.out", c.dtype_path.out.digest},
+        {"bf16_kernel.out", c.bf16_kernel.out.digest},
         {"bf16_kernel.lse", c.bf16_kernel.lse.digest}};
     if (c.backward.available) {
       d.push_back({"backward.dq", c.backward.dq.digest});
@@ -55,7 +57,8 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
       for (const auto& [name, x] : da) {
         for (const auto& [other, y] : db) {
           if (std::string(name) == other && x && y && *x != *y) {
-            failed.push_back(b.name + ": shares the block grid of " + a.name + " but its " + name + " bits differ");
+            failed.push_back(b.name + ": shares the block grid of " + a.name + " but its " + name +
+                             " bits differ");
           }
         }
       }
@@ -102,7 +105,8 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
         check_finite(failed, n + ": backward.bf16_final_write", *s);
       }
     }
-    if (c.cuda_vs_cpu_fp32 && !(c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal())) {
+    if (c.cuda_vs_cpu_fp32 &&
+        !(c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal())) {
       failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +
                        std::to_string(c.cuda_vs_cpu_fp32->out.mismatch_count) + " out elements");
     }

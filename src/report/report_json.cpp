@@ -131,7 +131,8 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   if (c.cublas_unfused) {
     Value u = out_lse(*c.cublas_unfused, "unfused_gemm_drift");
     u["status"] = "available";
-    u["kernel"] = "cublasGemmStridedBatchedEx bf16 in, fp32 compute; softmax kernel; atomics not allowed";
+    u["kernel"] =
+        "cublasGemmStridedBatchedEx bf16 in, fp32 compute; softmax kernel; atomics not allowed";
     drift["cublas_unfused"] = std::move(u);
   } else {
     Value u = Value::object();
@@ -154,17 +155,23 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   Value gpu_cpu = Value::object();
   if (c.cuda_vs_cpu_fp32) {
     gpu_cpu["status"] = "available";
-    gpu_cpu["bitwise_equal"] = c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal();
-    gpu_cpu["cuda_out_digest"] = c.cp_merge_fp32.out.digest ? Value(*c.cp_merge_fp32.out.digest) : Value(nullptr);
-    gpu_cpu["cpu_out_digest"] = c.cuda_vs_cpu_fp32->out.digest ? Value(*c.cuda_vs_cpu_fp32->out.digest) : Value(nullptr);
-    gpu_cpu["cuda_lse_digest"] = c.cp_merge_fp32.lse.digest ? Value(*c.cp_merge_fp32.lse.digest) : Value(nullptr);
-    gpu_cpu["cpu_lse_digest"] = c.cuda_vs_cpu_fp32->lse.digest ? Value(*c.cuda_vs_cpu_fp32->lse.digest) : Value(nullptr);
+    gpu_cpu["bitwise_equal"] =
+        c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal();
+    gpu_cpu["cuda_out_digest"] =
+        c.cp_merge_fp32.out.digest ? Value(*c.cp_merge_fp32.out.digest) : Value(nullptr);
+    gpu_cpu["cpu_out_digest"] =
+        c.cuda_vs_cpu_fp32->out.digest ? Value(*c.cuda_vs_cpu_fp32->out.digest) : Value(nullptr);
+    gpu_cpu["cuda_lse_digest"] =
+        c.cp_merge_fp32.lse.digest ? Value(*c.cp_merge_fp32.lse.digest) : Value(nullptr);
+    gpu_cpu["cpu_lse_digest"] =
+        c.cuda_vs_cpu_fp32->lse.digest ? Value(*c.cuda_vs_cpu_fp32->lse.digest) : Value(nullptr);
     gpu_cpu["out"] = stats_json(c.cuda_vs_cpu_fp32->out);
     gpu_cpu["lse"] = stats_json(c.cuda_vs_cpu_fp32->lse);
   } else {
     gpu_cpu["status"] = "not_applicable";
-    gpu_cpu["reason"] = report.provenance.device == "cpu" ? "the case ran on the CPU backend"
-                                                          : "the CPU comparison was switched off (--no-cpu-check)";
+    gpu_cpu["reason"] = report.provenance.device == "cpu"
+                            ? "the case ran on the CPU backend"
+                            : "the CPU comparison was switched off (--no-cpu-check)";
   }
   v["cuda_vs_cpu_fp32"] = std::move(gpu_cpu);
   Value te = Value::object();

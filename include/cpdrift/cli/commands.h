@@ -27,7 +27,8 @@ int bench_command(const BenchOptions& options, const CommContext& comm);
 
 /// The compute backend `device` asks for (auto: CUDA when built and a device is present).
 /// Collective: a process that cannot have it fails every process with one UsageError.
-std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool, const CommContext& comm);
+std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool,
+                                                 const CommContext& comm);
 
 /// Threads per process when not given: the cores of the node shared among its processes.
 int default_threads(const CommContext& comm);

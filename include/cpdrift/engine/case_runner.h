@@ -29,7 +29,7 @@ struct RunContext {
   TensorDump* dump = nullptr;                // rank 0's writer when dumping
   LocalCp1Backward* cp1_backward = nullptr;  // set: run the backward leg (--include-backward)
   InputStore* cpu_check = nullptr;  // set (GPU runs): the FP32 path again on the CPU backend
-  int vocab_size = 0;                        // > 0: run the dlogp leg (--include-dlogp)
+  int vocab_size = 0;               // > 0: run the dlogp leg (--include-dlogp)
 };
 
 /// Drift of one candidate tensor pair against its reference.

@@ -87,7 +87,8 @@ CPD_HD MergeWeights merge_weights(float l_a, float l_b) {
   if (l_a == neg_inf_f32()) return MergeWeights{MergeWeights::take_b, l_b, 0.0f, 1.0f};
   const float l = logaddexp_f32(l_a, l_b);
   const bool finite = is_finite_f32(l);
-  return MergeWeights{MergeWeights::combine, l, finite ? exp_f32(l_a - l) : 0.0f, finite ? exp_f32(l_b - l) : 0.0f};
+  return MergeWeights{MergeWeights::combine, l, finite ? exp_f32(l_a - l) : 0.0f,
+                      finite ? exp_f32(l_b - l) : 0.0f};
 }
 
 /// One output element of a merge step: o_a untouched, o_b copied, or fma(w_a, o_a, w_b · o_b).
