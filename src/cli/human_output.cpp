@@ -67,6 +67,44 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
   std::fflush(out);
 }
 
+void print_paged_rows(std::FILE* out, const RunReport& r) {
+  if (r.paged_cases.empty()) return;
+  const PagedWorkload& w = r.paged_cases.front().workload;
+  std::fprintf(
+      out,
+      "#\n# paged (rollout side, TP=1): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
+      "shared prompt %lld tokens\n",
+      w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
+      static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
+      static_cast<long long>(w.prefix_len));
+  std::fprintf(out, "# %-46s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
+               "fp32 split/merge", "", "time");
+  std::fprintf(out, "# %-46s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
+               "out", "lse", "invariances", "(s)");
+  for (const PagedCaseResult& c : r.paged_cases) {
+    int applicable = 0, equal = 0;
+    std::string first_failure;
+    for (const Invariance& inv : c.invariances) {
+      if (!inv.applicable) continue;
+      ++applicable;
+      if (inv.bitwise_equal()) {
+        ++equal;
+      } else if (first_failure.empty()) {
+        first_failure = inv.name;
+      }
+    }
+    std::string cell = std::to_string(equal) + "/" + std::to_string(applicable) + " bitwise";
+    if (!c.invariances_required())
+      cell = "diagnostic " + std::to_string(equal) + "/" + std::to_string(applicable);
+    else if (!first_failure.empty())
+      cell = "FAILED " + first_failure;
+    std::fprintf(out, "  %-46s %-9s %-9s %-9s %-9s %-9s %-22s %8.2f\n", c.name.c_str(),
+                 sci(c.candidate.out).c_str(), sci(c.candidate.lse).c_str(), sci(c.dlogp).c_str(),
+                 sci(c.fp32.out).c_str(), sci(c.fp32.lse).c_str(), cell.c_str(), c.seconds);
+  }
+  std::fflush(out);
+}
+
 void print_footer(std::FILE* out, const RunReport& r) {
   std::fprintf(out, "#\n");
   std::fprintf(out,

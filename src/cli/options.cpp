@@ -106,6 +106,25 @@ std::vector<Protocol> parse_protocols(const std::string& flag, const std::string
                                 {"allgather_kv", Protocol::allgather_kv}});
 }
 
+std::vector<RunMode> parse_modes(const std::string& flag, const std::string& text) {
+  return parse_names<RunMode>(flag, text, "mode",
+                              {{"prefill", RunMode::prefill},
+                               {"chunked_prefill", RunMode::chunked_prefill},
+                               {"paged_prefill", RunMode::paged_prefill},
+                               {"decode", RunMode::decode}});
+}
+
+std::vector<SplitPolicy> parse_split_policies(const std::string& flag, const std::string& text) {
+  return parse_names<SplitPolicy>(flag, text, "split-KV policy",
+                                  {{"disabled", SplitPolicy::disabled},
+                                   {"fixed", SplitPolicy::fixed},
+                                   {"auto", SplitPolicy::auto_select}});
+}
+
+bool has(const std::vector<RunMode>& modes, RunMode m) {
+  return std::find(modes.begin(), modes.end(), m) != modes.end();
+}
+
 TransportChoice parse_transport(const std::string& flag, const std::string& text) {
   if (text == "auto") return TransportChoice::auto_select;
   if (text == "mpi") return TransportChoice::mpi;
@@ -257,6 +276,25 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
           [&](const std::string& f, const std::string& v) { o.protocols = parse_protocols(f, v); });
   r.value("--transport",
           [&](const std::string& f, const std::string& v) { o.transport = parse_transport(f, v); });
+  r.value("--modes",
+          [&](const std::string& f, const std::string& v) { o.modes = parse_modes(f, v); });
+  std::vector<std::string> paged_flags;
+  r.value("--page-size", [&](const std::string& f, const std::string& v) {
+    o.page_size = parse_int<int>(f, v, 1);
+    paged_flags.push_back(f);
+  });
+  r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
+    o.split_policies = parse_split_policies(f, v);
+    paged_flags.push_back(f);
+  });
+  r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
+    o.fixed_split_size = parse_int<std::int64_t>(f, v, 1);
+    paged_flags.push_back(f);
+  });
+  r.value("--q-len", [&](const std::string& f, const std::string& v) {
+    o.q_len = parse_int<std::int64_t>(f, v, 1);
+    paged_flags.push_back(f);
+  });
   r.value("--dump", [&](const std::string& f, const std::string& v) {
     if (v.empty()) bad(f + ": empty path");
     o.dump = v;
@@ -281,6 +319,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   r.toggle("--smoke", [&] { o.smoke = true; });
   r.read(args, first);
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
+  if (!paged_flags.empty() && !has(o.modes, RunMode::paged_prefill) &&
+      !has(o.modes, RunMode::decode)) {
+    bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
+  }
   if (o.smoke) {
     if (!seq_len_given) o.problem.seq_len = 4;
     if (!splits_given) o.splits = {std::nullopt, 1};
@@ -293,6 +335,7 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
   for (int tp : o.tp_sizes) {
     for (int cp : o.cp_sizes) {
       for (const auto& split : o.splits) {
+        if (!has(o.modes, split ? RunMode::chunked_prefill : RunMode::prefill)) continue;
         for (CpLayout layout : o.layouts) {
           for (Protocol protocol : o.protocols) {
             CaseSpec spec{tp, cp, split, layout, protocol};
@@ -310,6 +353,38 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
           }
         }
       }
+    }
+  }
+  return cases;
+}
+
+PagedOptions paged_options(const RunOptions& o) {
+  return PagedOptions{o.page_size, o.q_len, o.vocab_size};
+}
+
+std::vector<PagedCaseSpec> expand_paged_cases(const RunOptions& o) {
+  std::vector<PagedCaseSpec> cases;
+  if (!has(o.modes, RunMode::paged_prefill) && !has(o.modes, RunMode::decode)) return cases;
+  make_paged_workload(o.problem, o.page_size,
+                      o.q_len);  // throws UsageError when it cannot be built
+  const std::int64_t fixed = o.fixed_split_size.value_or(4 * std::int64_t{o.page_size});
+  if (fixed % o.page_size != 0) {
+    bad("--fixed-split-size " + std::to_string(fixed) + ": must be a multiple of --page-size " +
+        std::to_string(o.page_size));
+  }
+  std::vector<SplitPolicy> policies;
+  for (const SplitPolicy p : o.split_policies) {
+    if (std::find(policies.begin(), policies.end(), p) != policies.end()) {
+      bad(std::string("--split-kv-policies: ") + to_string(p) + " is listed twice");
+    }
+    policies.push_back(p);
+  }
+  // Plan-major, so each plan's lanes run once for both modes.
+  for (const SplitPolicy p : policies) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
+      if (!has(o.modes, m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill))
+        continue;
+      cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}});
     }
   }
   return cases;
@@ -340,6 +415,17 @@ Cases (every combination runs, in this order)
   --cp-layouts LIST            contiguous,zigzag (default contiguous)
   --protocols LIST             ag_rs,ring_kv,allgather_kv (default ag_rs); all give the same bits
   --smoke                      seq-len 4 and chunks none,1 unless given explicitly
+  --modes LIST                 prefill,chunked_prefill (the CP cases above, split none / sized)
+                               and the rollout side's paged_prefill,decode (default
+                               prefill,chunked_prefill)
+Paged cases (--modes paged_prefill,decode; TP=1, sequence b holds S - b*(S/4B) - b tokens,
+the first pages a prompt shared by all, q-len query tokens at each end)
+  --page-size N                KV cache page size in tokens (default 16)
+  --split-kv-policies LIST     disabled,fixed,auto (default disabled,fixed); auto is a
+                               diagnostic and never passes an invariance check
+  --fixed-split-size N         the fixed policy's split in tokens, a multiple of the page
+                               size (default 4 pages)
+  --q-len N                    query tokens per sequence (default min(16, room / 2))
 Execution and output
   --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
   --transport auto|mpi         how partial states move between processes (default auto: mpi)

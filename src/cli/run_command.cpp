@@ -140,6 +140,8 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   const std::vector<CaseSpec> specs = expand_cases(options);
+  const std::vector<PagedCaseSpec> paged_specs = expand_paged_cases(options);
+  if (specs.empty() && paged_specs.empty()) throw UsageError("--modes: nothing to run");
   check_output_path(options.output, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   const std::unique_ptr<Transport> transport = make_mpi_transport(comm);
@@ -191,6 +193,12 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
     if (i == 0) maybe_die_for_test(comm);
     report.cases.push_back(run_case(ctx, specs[i]));
     if (verbose) print_case_row(table, report.cases.back());
+  }
+  if (!paged_specs.empty()) {
+    if (progress) std::fprintf(stderr, "cpdrift: %zu paged cases ...\n", paged_specs.size());
+    if (specs.empty()) maybe_die_for_test(comm);
+    report.paged_cases = run_paged_cases(ctx, paged_options(options), paged_specs);
+    if (verbose) print_paged_rows(table, report);
   }
   // Rank 0 holds the digests, so its verdict is the job's: every process returns the same.
   report.failed_checks = evaluate_checks(report);

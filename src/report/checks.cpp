@@ -123,6 +123,23 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
     }
   }
   check_same_grid_digests(report, failed);
+  for (const PagedCaseResult& c : report.paged_cases) {
+    const std::string& n = c.name;
+    for (const std::string& e : c.coverage_errors) failed.push_back(n + ": split plan: " + e);
+    check_max(failed, n + ": candidate.out", c.candidate.out, t.paged_out_max_abs);
+    check_max(failed, n + ": candidate.lse", c.candidate.lse, t.paged_lse_max_abs);
+    check_max(failed, n + ": dlogp", c.dlogp, t.paged_dlogp_max_abs);
+    check_max(failed, n + ": fp32_split_merge.out", c.fp32.out, t.out_max_abs);
+    check_max(failed, n + ": fp32_split_merge.lse", c.fp32.lse, t.lse_max_abs);
+    if (!c.invariances_required()) continue;  // auto: a diagnostic
+    for (const Invariance& inv : c.invariances) {
+      if (inv.applicable && !inv.bitwise_equal()) {
+        failed.push_back(n + ": invariance " + inv.name + " not bitwise equal (" +
+                         std::to_string(inv.stats.out.mismatch_count) + " out, " +
+                         std::to_string(inv.stats.lse.mismatch_count) + " lse elements differ)");
+      }
+    }
+  }
   return failed;
 }
 

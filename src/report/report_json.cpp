@@ -258,11 +258,17 @@ Value report_json(const RunReport& r) {
   thresholds["bf16_final_write_out_max_abs"] = r.thresholds.bf16_write_max_abs;
   thresholds["dlogp_max_abs"] = r.thresholds.dlogp_max_abs;
   thresholds["gradient_max_abs"] = r.thresholds.gradient_max_abs;
+  thresholds["paged_out_max_abs"] = r.thresholds.paged_out_max_abs;
+  thresholds["paged_lse_max_abs"] = r.thresholds.paged_lse_max_abs;
+  thresholds["paged_dlogp_max_abs"] = r.thresholds.paged_dlogp_max_abs;
   v["thresholds"] = std::move(thresholds);
 
   Value cases = Value::array();
   for (const CaseResult& c : r.cases) cases.push_back(case_json(r, c));
   v["cases"] = std::move(cases);
+  Value paged = Value::array();
+  for (const PagedCaseResult& c : r.paged_cases) paged.push_back(paged_case_json(r, c));
+  v["paged_cases"] = std::move(paged);
 
   Value summary = Value::object();
   summary["passed"] = r.passed();
@@ -271,6 +277,7 @@ Value report_json(const RunReport& r) {
   summary["failed_checks"] = std::move(failed);
   summary["wall_seconds"] = r.wall_seconds;
   summary["case_count"] = r.cases.size();
+  summary["paged_case_count"] = r.paged_cases.size();
   v["summary"] = std::move(summary);
   return v;
 }

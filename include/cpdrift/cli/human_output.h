@@ -11,6 +11,8 @@ namespace cpd {
 void print_header(std::FILE* out, const RunReport& report, std::size_t case_count);
 void print_case_row(std::FILE* out, const CaseResult& c);
 /// The failed checks, then `# Drift check : OK` or `FAILED`.
+/// The paged cases' section: a header, then one row per case.
+void print_paged_rows(std::FILE* out, const RunReport& report);
 void print_footer(std::FILE* out, const RunReport& report);
 
 }  // namespace cpd

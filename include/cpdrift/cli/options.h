@@ -8,11 +8,15 @@
 
 #include "cpdrift/accept/acceptance.h"
 #include "cpdrift/core/plan.h"
+#include "cpdrift/paged/paged_case.h"
 
 namespace cpd {
 
 enum class Device { auto_select, cpu, cuda };
 enum class TransportChoice { auto_select, mpi };
+/// What a run measures: the trainer's CP prefill (split disabled / fixed) and the rollout
+/// side's paged prefill and decode.
+enum class RunMode { prefill, chunked_prefill, paged_prefill, decode };
 
 struct RunOptions {
   Problem problem;
@@ -21,6 +25,13 @@ struct RunOptions {
   std::vector<std::optional<std::int64_t>> splits{std::nullopt, 4};
   std::vector<CpLayout> layouts{CpLayout::contiguous};
   std::vector<Protocol> protocols{Protocol::ag_rs};
+  std::vector<RunMode> modes{RunMode::prefill, RunMode::chunked_prefill};
+  // The paged modes: page size, split-KV policies (fixed at fixed_split_size, default four
+  // pages), query tokens per sequence (default: make_paged_workload's).
+  int page_size = 16;
+  std::vector<SplitPolicy> split_policies{SplitPolicy::disabled, SplitPolicy::fixed};
+  std::optional<std::int64_t> fixed_split_size;
+  std::optional<std::int64_t> q_len;
   Device device = Device::auto_select;
   TransportChoice transport = TransportChoice::auto_select;
   int threads = 0;     // 0: the machine's cores shared among this node's processes
@@ -65,6 +76,14 @@ CommandLine parse_command_line(const std::vector<std::string>& args);
 /// The cases of a run in report order: tp → cp → split → layout → protocol. Throws UsageError when
 /// one of them cannot run on the problem (e.g. CP larger than the sequence allows).
 std::vector<CaseSpec> expand_cases(const RunOptions& options);
+
+/// The paged cases of a run: mode → split policy. Throws UsageError when the paged workload
+/// cannot be built on the problem (too short, q_len too large, a fixed split that is not a
+/// multiple of the page size).
+std::vector<PagedCaseSpec> expand_paged_cases(const RunOptions& options);
+
+/// The paged options of a run.
+PagedOptions paged_options(const RunOptions& options);
 
 /// `cpdrift --help`.
 std::string usage_text();

@@ -7,6 +7,7 @@
 
 #include "cpdrift/core/model.h"
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/json.h"
 
 namespace cpd {
@@ -18,6 +19,9 @@ struct Thresholds {
   double bf16_write_max_abs = 2.0e-2;  // dtype_path_vs_fp32 out under a BF16 final write
   double dlogp_max_abs = 5.0e-2;       // selected-token logprobs
   double gradient_max_abs = 5.0e-2;    // dq, dk, dv
+  double paged_out_max_abs = 1.0e-2;   // paged lanes (rollout side): out as written
+  double paged_lse_max_abs = 2.0e-3;
+  double paged_dlogp_max_abs = 2.0e-3;
 };
 
 /// Where and how the run happened: the report's launch and runtime blocks.
@@ -48,6 +52,7 @@ struct RunReport {
   RopeDrift rope;
   std::string merge_oracle_self_test;  // "" when it passed
   std::vector<CaseResult> cases;
+  std::vector<PagedCaseResult> paged_cases;
   std::vector<std::string> failed_checks;
   double wall_seconds = 0.0;
 
@@ -62,6 +67,9 @@ json::Value report_json(const RunReport& report);
 
 /// One case's JSON object (the `cases[]` element).
 json::Value case_json(const RunReport& report, const CaseResult& c);
+
+/// One paged case's JSON object (the `paged_cases[]` element).
+json::Value paged_case_json(const RunReport& report, const PagedCaseResult& c);
 
 /// The report's `launch` and `runtime` blocks.
 json::Value launch_json(const Provenance& pv);

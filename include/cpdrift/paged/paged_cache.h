@@ -1,0 +1,40 @@
+// K and V stored by physical page, read only through the block table (the rollout engine's
+// KV cache).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpdrift/core/range.h"
+#include "cpdrift/paged/page_table.h"
+
+namespace cpd {
+
+class PagedKvCache {
+ public:
+  /// A pool for KV heads `heads`, laid out [page][head][slot][dim]. Throws UsageError naming
+  /// the problem when the table is invalid (validate()).
+  PagedKvCache(PageTable table, Range heads, int dim);
+
+  /// Stores positions [0, kv_len) of sequence `seq`, KV head h, from k and v ([kv_len][dim]).
+  /// A shared prefix page receives the same rows from every sequence that maps it.
+  void write_sequence(int seq, std::int64_t h, const float* k, const float* v);
+
+  /// Reads positions [0, len) of sequence `seq`, KV head h, through the block table into k
+  /// and v ([len][dim]): exact copies, so what a kernel computes from them cannot depend on
+  /// which physical pages hold them.
+  void gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const;
+
+  const PageTable& table() const { return table_; }
+  const Range& heads() const { return heads_; }
+
+ private:
+  std::size_t slot_offset(int page, std::int64_t h, std::int64_t slot) const;
+
+  PageTable table_;
+  Range heads_;
+  int dim_;
+  std::vector<float> k_, v_;
+};
+
+}  // namespace cpd

@@ -1,0 +1,70 @@
+// A paged (rollout-side) case end to end: decode or paged prefill through the paged KV cache
+// with a split-KV plan, against the FP32 full-logical-KV reference, plus the bitwise
+// invariances that make rollout logprobs equal training logprobs (design §1, §7).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/paged/paged_workload.h"
+#include "cpdrift/paged/split_plan.h"
+
+namespace cpd {
+
+enum class PagedMode { paged_prefill, decode };
+const char* to_string(PagedMode);
+
+struct PagedCaseSpec {
+  PagedMode mode = PagedMode::decode;
+  SplitKv split;
+};
+
+/// qwen3_8b_tp1_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
+std::string paged_case_name(const PagedCaseSpec& spec, DType dtype);
+
+/// One bitwise invariance: a lane's FP32-merged outputs against the same rows computed another
+/// way.
+struct Invariance {
+  std::string name;      // batch_composition, page_layout, prefix_cache, decode_vs_prefill, …
+  std::string compares;  // the two computations, in words
+  bool applicable = true;
+  std::string reason;  // why not applicable
+  OutLseStats stats;
+
+  bool bitwise_equal() const { return stats.out.bitwise_equal() && stats.lse.bitwise_equal(); }
+};
+
+struct PagedCaseResult {
+  PagedCaseSpec spec;
+  std::string name;
+  PagedWorkload workload;
+  int physical_pages = 0;
+  std::string block_tables_digest;
+  std::vector<std::vector<Range>> plans;  // per sequence, at its full context
+  std::vector<std::string> coverage_errors;
+  OutLseStats candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
+  OutLseStats fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
+  DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
+  int vocab_size = 0;
+  std::vector<Invariance> invariances;
+  int processes_used = 1;
+  double seconds = 0.0;
+
+  /// Invariances must hold bitwise, except under the auto policy (a diagnostic).
+  bool invariances_required() const { return spec.split.policy != SplitPolicy::auto_select; }
+};
+
+struct PagedOptions {
+  int page_size = 16;
+  std::optional<std::int64_t> q_len;
+  int vocab_size = 17;
+};
+
+/// Runs the paged cases; the lanes of one split plan are computed once for all its modes.
+/// Work is spread over the processes by KV head; statistics combine exactly. Collective.
+std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedOptions& options,
+                                             const std::vector<PagedCaseSpec>& specs);
+
+}  // namespace cpd

@@ -1,0 +1,97 @@
+#include "cpdrift/paged/paged_attention.h"
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+
+namespace cpd {
+namespace {
+
+// One call of a lane on one sequence: query rows [first, first + rows) against context [0, ctx).
+struct Call {
+  std::int64_t first, rows, ctx;
+};
+
+std::vector<Call> calls_of(PagedCall call, std::int64_t kv_len, std::int64_t q_len) {
+  switch (call) {
+    case PagedCall::decode: {
+      std::vector<Call> steps;
+      for (std::int64_t t = kv_len - q_len; t < kv_len; ++t) steps.push_back(Call{t, 1, t + 1});
+      return steps;
+    }
+    case PagedCall::paged_prefill:
+      return {Call{kv_len - q_len, q_len, kv_len}};
+    case PagedCall::full_prefill:
+      return {Call{0, kv_len, kv_len}};
+  }
+  return {};
+}
+
+// K and V rows [0, len) of (sequence, KV head), valid until the lane's jobs have run.
+using KvSource =
+    std::function<std::pair<const float*, const float*>(int seq, std::int64_t h, std::int64_t len)>;
+
+AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std::int64_t q_len,
+                   int page_size, const Shard& q, std::span<const int> q_batch, Range kv_heads,
+                   int group, float scale, const KvSource& source, AttentionBackend& backend) {
+  const int dim = q.shape.width, seqs = static_cast<int>(kv_lens.size());
+  const bool full = lane.call == PagedCall::full_prefill;
+  const std::int64_t rows = full ? *std::max_element(kv_lens.begin(), kv_lens.end()) : q_len;
+  const Range q_heads{kv_heads.begin * group, kv_heads.end * group};
+  AttnShard out{Shard(ShardShape{seqs, q_heads, {Range{0, rows}}, dim}),
+                Shard(ShardShape{seqs, q_heads, {Range{0, rows}}, 1})};
+  std::deque<std::vector<Range>> plans;  // stable addresses for the jobs' spans
+  std::vector<FoldJob> jobs;
+  for (int s = 0; s < seqs; ++s) {
+    const std::int64_t len = kv_lens[static_cast<std::size_t>(s)];
+    const std::int64_t row0 = full ? 0 : len - q_len;
+    for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) {
+      const auto [k, v] = source(s, g, len);
+      for (const Call& c : calls_of(lane.call, len, q_len)) {
+        plans.push_back(split_blocks(lane.split, c.ctx, seqs, page_size));
+        for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+          jobs.push_back(FoldJob{q.at(q_batch[static_cast<std::size_t>(s)], h, c.first), c.first,
+                                 c.rows, k, v, 0, plans.back(), out.out.at(s, h, c.first - row0),
+                                 out.lse.at(s, h, c.first - row0)});
+        }
+      }
+    }
+  }
+  backend.run_fold_jobs(jobs, dim, scale, lane.rounding);
+  return out;
+}
+
+}  // namespace
+
+AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64_t q_len,
+                         const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
+                         float scale, AttentionBackend& backend) {
+  const int dim = q.shape.width;
+  std::deque<std::vector<float>> gathered;  // K then V per (sequence, head)
+  const KvSource source = [&](int seq, std::int64_t h, std::int64_t len) {
+    gathered.emplace_back(static_cast<std::size_t>(len) * dim);
+    float* k = gathered.back().data();
+    gathered.emplace_back(static_cast<std::size_t>(len) * dim);
+    float* v = gathered.back().data();
+    cache.gather(seq, h, len, k, v);
+    return std::pair<const float*, const float*>{k, v};
+  };
+  return run_lane(lane, cache.table().kv_lens, q_len, cache.table().page_size, q, q_batch, kv_heads,
+                  group, scale, source, backend);
+}
+
+AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Shard& k,
+                              const Shard& v, const Shard& q, Range kv_heads, int group,
+                              float scale, AttentionBackend& backend) {
+  std::vector<int> identity(static_cast<std::size_t>(w.sequences()));
+  for (int s = 0; s < w.sequences(); ++s) identity[static_cast<std::size_t>(s)] = s;
+  const KvSource source = [&](int seq, std::int64_t h, std::int64_t) {
+    return std::pair<const float*, const float*>{k.at(seq, h, 0), v.at(seq, h, 0)};
+  };
+  Lane rows = lane;
+  rows.call = PagedCall::paged_prefill;
+  return run_lane(rows, w.kv_lens, w.q_len, w.page_size, q, identity, kv_heads, group, scale,
+                  source, backend);
+}
+
+}  // namespace cpd

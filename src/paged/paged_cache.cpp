@@ -1,0 +1,48 @@
+#include "cpdrift/paged/paged_cache.h"
+
+#include <algorithm>
+
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+
+PagedKvCache::PagedKvCache(PageTable table, Range heads, int dim)
+    : table_(std::move(table)), heads_(heads), dim_(dim) {
+  if (const std::string error = validate(table_); !error.empty())
+    throw UsageError("paged KV cache: " + error);
+  const std::size_t floats = static_cast<std::size_t>(table_.num_pages) * heads_.size() *
+                             table_.page_size * static_cast<std::size_t>(dim_);
+  k_.assign(floats, 0.0f);
+  v_.assign(floats, 0.0f);
+}
+
+std::size_t PagedKvCache::slot_offset(int page, std::int64_t h, std::int64_t slot) const {
+  return ((static_cast<std::size_t>(page) * heads_.size() +
+           static_cast<std::size_t>(h - heads_.begin)) *
+              table_.page_size +
+          static_cast<std::size_t>(slot)) *
+         dim_;
+}
+
+void PagedKvCache::write_sequence(int seq, std::int64_t h, const float* k, const float* v) {
+  const std::int64_t len = table_.kv_lens[static_cast<std::size_t>(seq)];
+  for (std::int64_t pos = 0; pos < len; ++pos) {
+    const std::size_t at = slot_offset(table_.page_of(seq, pos), h, pos % table_.page_size);
+    std::copy_n(k + pos * dim_, dim_, k_.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy_n(v + pos * dim_, dim_, v_.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+}
+
+void PagedKvCache::gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const {
+  // Whole page runs at a time: a page's slots for one head are contiguous.
+  for (std::int64_t pos = 0; pos < len;) {
+    const std::int64_t slot = pos % table_.page_size;
+    const std::int64_t run = std::min<std::int64_t>(table_.page_size - slot, len - pos);
+    const std::size_t at = slot_offset(table_.page_of(seq, pos), h, slot);
+    std::copy_n(k_.begin() + static_cast<std::ptrdiff_t>(at), run * dim_, k + pos * dim_);
+    std::copy_n(v_.begin() + static_cast<std::ptrdiff_t>(at), run * dim_, v + pos * dim_);
+    pos += run;
+  }
+}
+
+}  // namespace cpd

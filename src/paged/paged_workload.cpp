@@ -1,0 +1,53 @@
+#include "cpdrift/paged/paged_workload.h"
+
+#include <algorithm>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/cpu/input_store.h"
+
+namespace cpd {
+
+PagedWorkload make_paged_workload(const Problem& p, int page_size,
+                                  std::optional<std::int64_t> q_len) {
+  if (page_size < 1) throw UsageError("--page-size: must be at least 1");
+  PagedWorkload w;
+  w.page_size = page_size;
+  const std::int64_t step = p.seq_len / (4 * p.batch);
+  for (int b = 0; b < p.batch; ++b) w.kv_lens.push_back(p.seq_len - b * step - b);
+  const std::int64_t shortest = w.kv_lens.back();
+  if (shortest < 2) {
+    throw UsageError("paged modes: --seq-len " + std::to_string(p.seq_len) +
+                     " is too short for --batch " + std::to_string(p.batch) +
+                     " (the shortest sequence would hold " + std::to_string(shortest) + " tokens)");
+  }
+  if (p.batch > 1 && shortest >= 2 * page_size) {
+    w.prefix_len = std::max<std::int64_t>(1, shortest / (4 * page_size)) * page_size;
+  }
+  const std::int64_t room = shortest - w.prefix_len;
+  w.q_len = q_len.value_or(std::clamp<std::int64_t>(room / 2, 1, 16));
+  if (w.q_len < 1 || w.q_len > room) {
+    throw UsageError("--q-len " + std::to_string(w.q_len) + ": the shortest sequence (" +
+                     std::to_string(shortest) + " tokens, " + std::to_string(w.prefix_len) +
+                     " of them the shared prompt) has room for 1 to " + std::to_string(room) +
+                     " query tokens");
+  }
+  return w;
+}
+
+LogicalKv logical_kv(const PagedWorkload& w, InputStore& inputs, Range heads,
+                     InputPrecision precision) {
+  const Problem& p = inputs.problem();
+  const ShardShape shape{p.batch, heads, {Range{0, p.seq_len}}, p.dims.head_dim};
+  LogicalKv kv{inputs.shard(TensorId::k, shape, precision),
+               inputs.shard(TensorId::v, shape, precision)};
+  const std::size_t prompt = static_cast<std::size_t>(w.prefix_len) * p.dims.head_dim;
+  for (Shard* s : {&kv.k, &kv.v}) {
+    for (int b = 1; b < p.batch; ++b) {
+      for (std::int64_t h = heads.begin; h < heads.end; ++h)
+        std::copy_n(s->at(0, h, 0), prompt, s->at(b, h, 0));
+    }
+  }
+  return kv;
+}
+
+}  // namespace cpd
