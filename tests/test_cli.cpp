@@ -101,6 +101,14 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--kv-chunk-sizes none,full", "listed twice");
   expect_usage_error("--cp-world-sizes 2,2", "listed twice");
   expect_usage_error("--output /nonexistent-dir/r.json", "--output: cannot write");
+  expect_usage_error("--modes sideways", "unknown mode 'sideways'");
+  expect_usage_error("--page-size 4", "applies to the paged modes");
+  expect_usage_error("--modes decode --seq-len 32 --page-size 4 --fixed-split-size 6",
+                     "must be a multiple of --page-size 4");
+  expect_usage_error("--modes decode --seq-len 32 --q-len 40", "room for 1 to");
+  expect_usage_error("--modes decode --split-kv-policies fixed,fixed", "fixed is listed twice");
+  expect_usage_error("--modes decode --split-kv-policies sometimes", "unknown split-KV policy");
+  expect_usage_error("--modes decode --seq-len 4 --batch 8", "too short for --batch 8");
 }
 
 TEST_CASE("a split larger than any owner range is one block per range") {
@@ -110,6 +118,30 @@ TEST_CASE("a split larger than any owner range is one block per range") {
   const cpd::json::Value report = cpd::json::parse(r.out);
   CHECK(cpd::json::to_string(report.at("cases").at(0).at("topology").at("kv_block_bounds"),
                              false) == "[[0,4],[4,8]]");
+}
+
+TEST_CASE("paged modes alone: a report of paged cases, every invariance passed, no CP cases") {
+  const Result r =
+      run("--modes paged_prefill,decode --page-size 4 --fixed-split-size 8 --seq-len 32 --batch 3 "
+          "--split-kv-policies disabled,fixed,auto --json --threads 1");
+  REQUIRE(r.status == 0);
+  CHECK(r.err.find("paged (rollout side, TP=1)") != std::string::npos);  // the table on stderr
+  const cpd::json::Value report = cpd::json::parse(r.out);
+  CHECK(report.at("cases").as_array().empty());
+  const cpd::json::Array& paged = report.at("paged_cases").as_array();
+  REQUIRE(paged.size() == 6);
+  CHECK(paged[3].at("case_name").as_string() == "qwen3_8b_tp1_decode_split_kv_fixed8_bf16");
+  CHECK(paged[3].at("attention_mode").as_string() == "decode");
+  CHECK(paged[3].at("paged").at("split_kv").at("coverage_complete").as_bool());
+  for (std::size_t i = 0; i < 4; ++i) {
+    for (const auto& [name, inv] : paged[i].at("paged").at("invariance").as_object()) {
+      CAPTURE(name);
+      CHECK(inv.at("passed").as_bool());
+    }
+  }
+  CHECK_FALSE(paged[5].at("paged").at("invariance").at("decode_vs_prefill").at("passed").as_bool());
+  CHECK(report.at("thresholds").at("paged_lse_max_abs").as_double() == 2.0e-3);
+  CHECK(report.at("summary").at("passed").as_bool());
 }
 
 TEST_CASE("--help prints usage and exits 0") {
@@ -253,7 +285,8 @@ TEST_CASE("--dump without HDF5 is refused up front") {
 #endif
 
 #if defined(CPD_HAVE_MPI)
-TEST_CASE("accept --mode run under mpirun -np 4: CPU rows pass, the rest fail closed, exit 1") {
+TEST_CASE(
+    "accept --mode run under mpirun -np 4: CPU and paged rows pass, the rest fail closed, exit 1") {
   const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                           "/cpdrift_accept_" + std::to_string(::getpid());
   const Result r = run_mpi(4, "accept --mode run --threads 1 --output " + dir + "/acceptance.json");
@@ -276,7 +309,7 @@ TEST_CASE("accept --mode run under mpirun -np 4: CPU rows pass, the rest fail cl
     CHECK((c.at("passed").as_bool() ||
            !c.at("errors").as_array().empty()));  // every failure says why
   }
-  CHECK(passed == 3);
+  CHECK(passed == 3 + 6);
   FILE* report = std::fopen((dir + "/report.json").c_str(), "r");
   CHECK(report != nullptr);  // the evidence the rows point at
   if (report != nullptr) std::fclose(report);

@@ -18,6 +18,7 @@
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
 #include "fault_transport.h"
 #include "mpi_support.h"
@@ -230,6 +231,53 @@ TEST_CASE("reports are identical for one process and for all of them") {
   CHECK(together[0].at("dlogp").at("status").as_string() == "available");
 }
 
+TEST_CASE("paged cases: the report section is the same for one process and for all of them") {
+  Problem p = small_problem();
+  p.seq_len = 40;
+  p.batch = 3;
+  std::vector<PagedCaseSpec> specs;
+  for (const SplitKv split : {SplitKv{SplitPolicy::disabled, 0}, SplitKv{SplitPolicy::fixed, 8}}) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
+      specs.push_back(PagedCaseSpec{m, split});
+  }
+  const PagedOptions options{4, std::nullopt, 17};
+  const auto section = [&](const RunContext& ctx) {
+    RunReport r;
+    r.problem = p;
+    std::vector<std::string> out;
+    for (const PagedCaseResult& c : run_paged_cases(ctx, options, specs)) {
+      json::Value v = paged_case_json(r, c);
+      v.as_object().erase("execution");  // time and process count
+      out.push_back(json::to_string(v));
+    }
+    return out;
+  };
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  LocalCp1Results cp1;
+  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+  const std::vector<std::string> together =
+      section(RunContext{p, pool, inputs, *mpi, comm().collectives(), cp1});
+  if (comm().rank() != 0) return;
+  ThreadPool pool1(1);
+  InputStore inputs1(p, pool1);
+  LocalCp1Results cp1_alone;
+  InProcessTransport in_process;
+  const LocalCollectives one;
+  const std::vector<std::string> alone =
+      section(RunContext{p, pool1, inputs1, in_process, one, cp1_alone});
+  REQUIRE(alone.size() == together.size());
+  for (std::size_t i = 0; i < alone.size(); ++i) {
+    CAPTURE(i);
+    CHECK(together[i] == alone[i]);
+    const json::Value v = json::parse(together[i]);
+    for (const auto& [name, inv] : v.at("paged").at("invariance").as_object()) {
+      CAPTURE(name);
+      CHECK(inv.at("passed").as_bool());
+    }
+  }
+}
+
 #if defined(CPD_HAVE_HDF5)
 namespace {
 
@@ -309,6 +357,7 @@ namespace {
 json::Value evidence_report() {
   Problem p;
   p.seq_len = 16;
+  p.batch = 2;
   ThreadPool pool(1);
   InputStore inputs(p, pool);
   LocalCp1Results cp1;
@@ -328,6 +377,13 @@ json::Value evidence_report() {
       r.cases.push_back(run_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
     }
   }
+  std::vector<PagedCaseSpec> paged;
+  for (const SplitKv split :
+       {SplitKv{SplitPolicy::disabled, 0}, SplitKv{SplitPolicy::fixed, kAcceptFixedSplit}}) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
+      paged.push_back(PagedCaseSpec{m, split});
+  }
+  r.paged_cases = run_paged_cases(ctx, PagedOptions{kAcceptPageSize, std::nullopt, 17}, paged);
   return report_json(r);
 }
 
@@ -363,6 +419,59 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
     // With fewer processes than logical ranks the row is unavailable, never passed.
     CHECK(v.status == (world >= 4 ? "passed" : "unavailable"));
   }
+  // The paged rows run at any job size.
+  const char* paged_rows[] = {"paged_prefill_split_kv_disabled", "paged_prefill_split_kv_fixed",
+                              "paged_decode_split_kv_disabled",  "paged_decode_split_kv_fixed",
+                              "batch_invariance_paged",          "page_layout_invariance"};
+  for (const char* name : paged_rows) {
+    const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
+    CAPTURE(name);
+    CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+    CHECK(v.status == "passed");
+  }
+  struct PagedFault {
+    const char* row;
+    const char* expect;
+    std::function<void(json::Value&)> apply;
+  };
+  const std::string fixed_decode = "qwen3_8b_tp1_decode_split_kv_fixed8_bf16";
+  const std::vector<PagedFault> paged_faults = {
+      {"paged_decode_split_kv_fixed", "passed is not true",
+       [](json::Value& c) { c["paged"]["invariance"]["prefix_cache"]["passed"] = false; }},
+      {"paged_decode_split_kv_fixed", "exceeds",
+       [](json::Value& c) { c["paged"]["drift"]["candidate"]["lse"]["max_abs"] = 3e-3; }},
+      {"paged_decode_split_kv_fixed", "exceeds",
+       [](json::Value& c) {
+         c["paged"]["invariance"]["decode_vs_prefill"]["out"]["max_abs"] = 1e-9;
+       }},
+      {"paged_decode_split_kv_fixed", "not run as requested",
+       [](json::Value& c) { c["paged"]["split_kv"]["plans"].at(1)["actual_split_size"] = 4; }},
+      {"paged_decode_split_kv_fixed", "do not cover",
+       [](json::Value& c) { c["paged"]["split_kv"]["coverage_complete"] = false; }},
+      {"paged_decode_split_kv_fixed", "fewer than 2 sequences",
+       [](json::Value& c) { c["paged"]["shape"]["batch"] = 1; }},
+      {"batch_invariance_paged", "applicable is not true",
+       [](json::Value& c) { c["paged"]["invariance"]["batch_composition"]["applicable"] = false; }},
+      {"page_layout_invariance", "missing invariance",
+       [](json::Value& c) { c["paged"]["invariance"].as_object().erase("page_layout"); }},
+  };
+  for (const PagedFault& f : paged_faults) {
+    json::Value bad = report;
+    for (json::Value& c : bad.at("paged_cases").as_array()) {
+      if (c.at("case_name").as_string() == fixed_decode) f.apply(c);
+    }
+    const RowVerdict v = evaluate_row(row_named(f.row), bad, t, world, "report.json");
+    CAPTURE(std::string(f.row));
+    CAPTURE(std::string(f.expect));
+    CHECK(v.status == "failed");
+    bool named = false;
+    for (const std::string& e : v.errors) named = named || e.find(f.expect) != std::string::npos;
+    CHECK(named);
+  }
+  json::Value no_paged = report;
+  no_paged["paged_cases"] = json::Value::array();
+  CHECK(evaluate_row(row_named("page_layout_invariance"), no_paged, t, world, "r").status ==
+        "not_run");
   if (world < 4) return;
   struct Fault {
     const char* expect;
@@ -415,6 +524,6 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
   for (const AcceptanceRow& r : required_matrix())
     all.push_back(evaluate_row(r, report, t, world, "r"));
   const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
-  CHECK_FALSE(doc.at("passed").as_bool());  // the GPU and paged rows are required and unavailable
-  CHECK(doc.at("failed_required_cases").size() == all.size() - 3);
+  CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
+  CHECK(doc.at("failed_required_cases").size() == all.size() - 9);
 }

@@ -13,68 +13,59 @@ using json::Value;
 std::vector<AcceptanceRow> required_matrix() {
   using K = AcceptanceRow::Kind;
   std::vector<AcceptanceRow> rows;
-  rows.push_back({"qwen3_8b_tp2_cp2_prefill_bf16",
-                  K::distributed_case,
-                  true,
-                  4,
-                  {"qwen3_8b_tp2_cp2_prefill_bf16"},
-                  true,
-                  false,
-                  ""});
-  rows.push_back({"qwen3_8b_tp2_cp2_chunk4_bf16",
-                  K::distributed_case,
-                  true,
-                  4,
-                  {"qwen3_8b_tp2_cp2_chunk4_bf16"},
-                  true,
-                  true,
-                  ""});
-  rows.push_back({"cp_protocol_equivalence_tp2_cp2_chunk4",
-                  K::protocol_equivalence,
-                  true,
-                  4,
-                  {"qwen3_8b_tp2_cp2_chunk4_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16_ring_kv",
-                   "qwen3_8b_tp2_cp2_chunk4_bf16_allgather_kv"},
-                  false,
-                  true,
-                  ""});
-  const std::string paged =
-      "paged KV-cache prefill and decode are not implemented yet (the rollout side)";
-  for (const char* mode : {"paged_prefill", "paged_decode"}) {
-    for (const char* split : {"split_kv_disabled", "split_kv_fixed"}) {
-      rows.push_back({std::string(mode) + "_" + split,
-                      K::not_yet_available,
-                      true,
-                      0,
-                      {},
-                      false,
-                      false,
-                      paged});
+  rows.push_back({.name = "qwen3_8b_tp2_cp2_prefill_bf16",
+                  .kind = K::distributed_case,
+                  .processes = 4,
+                  .cases = {"qwen3_8b_tp2_cp2_prefill_bf16"},
+                  .backward_and_dlogp = true});
+  rows.push_back({.name = "qwen3_8b_tp2_cp2_chunk4_bf16",
+                  .kind = K::distributed_case,
+                  .processes = 4,
+                  .cases = {"qwen3_8b_tp2_cp2_chunk4_bf16"},
+                  .backward_and_dlogp = true,
+                  .bitwise_topology = true});
+  rows.push_back({.name = "cp_protocol_equivalence_tp2_cp2_chunk4",
+                  .kind = K::protocol_equivalence,
+                  .processes = 4,
+                  .cases = {"qwen3_8b_tp2_cp2_chunk4_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16_ring_kv",
+                            "qwen3_8b_tp2_cp2_chunk4_bf16_allgather_kv"},
+                  .bitwise_topology = true});
+  // Paged rows read the paged cases of the acceptance run (kAcceptPageSize, kAcceptFixedSplit);
+  // any job size runs them.
+  std::vector<std::string> paged_cases;
+  for (const std::string mode : {"paged_prefill", "decode"}) {
+    for (const std::string split : {"disabled", "fixed"}) {
+      const std::string name = "qwen3_8b_tp1_" + mode + "_split_kv_" + split +
+                               (split == "fixed" ? std::to_string(kAcceptFixedSplit) : "") +
+                               "_bf16";
+      paged_cases.push_back(name);
+      rows.push_back({.name = (mode == "decode" ? "paged_decode" : "paged_prefill") +
+                              std::string("_split_kv_") + split,
+                      .kind = K::paged_case,
+                      .processes = 1,
+                      .cases = {name}});
     }
   }
-  rows.push_back(
-      {"batch_invariance_paged", K::not_yet_available, true, 0, {}, false, false, paged});
-  rows.push_back(
-      {"page_layout_invariance", K::not_yet_available, true, 0, {}, false, false, paged});
-  const std::string cuda =
-      "needs the CUDA backend and a GPU per process; this build has no CUDA backend yet";
+  rows.push_back({.name = "batch_invariance_paged",
+                  .kind = K::paged_invariance,
+                  .processes = 1,
+                  .cases = paged_cases,
+                  .invariance = "batch_composition"});
+  rows.push_back({.name = "page_layout_invariance",
+                  .kind = K::paged_invariance,
+                  .processes = 1,
+                  .cases = paged_cases,
+                  .invariance = "page_layout"});
   for (int np : {2, 4, 8}) {
-    rows.push_back({"p2p_nccl_reference_np" + std::to_string(np),
-                    K::not_yet_available,
-                    true,
-                    np,
-                    {},
-                    false,
-                    false,
-                    "NCCL transport: " + cuda});
-    rows.push_back({"custom_cuda_ag_rs_np" + std::to_string(np),
-                    K::not_yet_available,
-                    true,
-                    np,
-                    {},
-                    false,
-                    false,
-                    "CUDA-IPC all-gather/reduce-scatter: " + cuda});
+    const std::string why = "not implemented yet (GPU transports, one GPU per process)";
+    rows.push_back({.name = "p2p_nccl_reference_np" + std::to_string(np),
+                    .kind = K::not_yet_available,
+                    .processes = np,
+                    .unavailable_reason = "NCCL transport: " + why});
+    rows.push_back({.name = "custom_cuda_ag_rs_np" + std::to_string(np),
+                    .kind = K::not_yet_available,
+                    .processes = np,
+                    .unavailable_reason = "CUDA-IPC all-gather/reduce-scatter: " + why});
   }
   return rows;
 }
@@ -269,6 +260,72 @@ void evaluate_case(const AcceptanceRow& row, const Value& c, const AcceptanceThr
   check_transport(c, row.processes, v);
 }
 
+const Value* find_paged_case(const Value& report, const std::string& name) {
+  const Value* cases = at_path(report, "paged_cases");
+  if (cases == nullptr || !cases->is_array()) return nullptr;
+  for (const Value& c : cases->as_array()) {
+    const Value* n = at_path(c, "case_name");
+    if (n != nullptr && n->is_string() && n->as_string() == name) return &c;
+  }
+  return nullptr;
+}
+
+// One invariance of a paged case: applicable, required, passed, and exactly 0 drift.
+void check_paged_invariance(const Value& c, const std::string& name, RowVerdict& v,
+                            const std::string& label) {
+  const std::string base = "paged.invariance." + name;
+  const Value* inv = at_path(c, base);
+  if (inv == nullptr) {
+    v.errors.push_back(label + "missing invariance " + name);
+    return;
+  }
+  for (const char* flag : {"applicable", "required", "passed"}) {
+    const Value* f = at_path(*inv, flag);
+    if (f == nullptr || !f->is_bool() || !f->as_bool())
+      v.errors.push_back(label + name + "." + flag + " is not true");
+  }
+  check_metric(c, base + ".out.max_abs", 0.0, v, label);
+  check_metric(c, base + ".lse.max_abs", 0.0, v, label);
+}
+
+void evaluate_paged_case(const Value& c, const AcceptanceThresholds& t, RowVerdict& v) {
+  check_metric(c, "paged.drift.candidate.out.max_abs", t.paged_out_max_abs, v, "");
+  check_metric(c, "paged.drift.candidate.lse.max_abs", t.paged_lse_max_abs, v, "");
+  check_metric(c, "paged.drift.dlogp.max_abs", t.paged_dlogp_max_abs, v, "");
+  const Value* invariances = at_path(c, "paged.invariance");
+  if (invariances == nullptr || !invariances->is_object() || invariances->size() == 0) {
+    v.errors.push_back("no invariances");
+  } else {
+    for (const auto& [name, inv] : invariances->as_object()) check_paged_invariance(c, name, v, "");
+  }
+  const Value* batch = at_path(c, "paged.shape.batch");
+  if (batch == nullptr || !batch->is_integer() || batch->as_int64() < 2) {
+    v.errors.push_back("fewer than 2 sequences: batch composition is no evidence");
+  }
+  const Value* complete = at_path(c, "paged.split_kv.coverage_complete");
+  if (complete == nullptr || !complete->is_bool() || !complete->as_bool()) {
+    v.errors.push_back("split plans do not cover every sequence's KV");
+  }
+  const Value* policy = at_path(c, "paged.split_kv.requested.policy");
+  const Value* size = at_path(c, "paged.split_kv.requested.split_size");
+  const Value* plans = at_path(c, "paged.split_kv.plans");
+  if (policy == nullptr || size == nullptr || plans == nullptr || !plans->is_array() ||
+      plans->size() == 0) {
+    v.errors.push_back("missing split plans");
+    return;
+  }
+  for (const Value& p : plans->as_array()) {
+    const Value* actual = at_path(p, "actual_policy");
+    const Value* actual_size = at_path(p, "actual_split_size");
+    if (actual == nullptr || *actual != *policy || actual_size == nullptr ||
+        *actual_size != *size) {
+      v.errors.push_back("split plan requested (" + json::to_string(*policy, false) + ", " +
+                         json::to_string(*size, false) + ") but not run as requested");
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report,
@@ -299,9 +356,11 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report,
     v.errors.push_back("nothing was executed");
     return v;
   }
+  const bool paged = row.kind == AcceptanceRow::Kind::paged_case ||
+                     row.kind == AcceptanceRow::Kind::paged_invariance;
   std::vector<const Value*> found;
   for (const std::string& name : row.cases) {
-    const Value* c = find_case(report, name);
+    const Value* c = paged ? find_paged_case(report, name) : find_case(report, name);
     if (c == nullptr) {
       v.status = "not_run";
       v.errors.push_back("case " + name + " is not in the report");
@@ -310,7 +369,14 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report,
     found.push_back(c);
   }
   for (std::size_t i = 0; i < found.size(); ++i) {
-    evaluate_case(row, *found[i], t, v, found.size() > 1 ? row.cases[i] + ": " : "");
+    const std::string label = found.size() > 1 ? row.cases[i] + ": " : "";
+    if (row.kind == AcceptanceRow::Kind::paged_case) {
+      evaluate_paged_case(*found[i], t, v);
+    } else if (row.kind == AcceptanceRow::Kind::paged_invariance) {
+      check_paged_invariance(*found[i], row.invariance, v, label);
+    } else {
+      evaluate_case(row, *found[i], t, v, label);
+    }
   }
   if (row.kind == AcceptanceRow::Kind::protocol_equivalence) {
     v.evidence["digests"] = Value::object();

@@ -1,5 +1,5 @@
-// `cpdrift accept`: runs the required matrix's CPU rows in this MPI job (no nested mpirun),
-// evaluates every row from the executed report only, and writes the acceptance document.
+// `cpdrift accept`: runs the required matrix's CPU and paged rows in this MPI job (no nested
+// mpirun), evaluates every row from the executed report only, and writes the acceptance document.
 #include <cstdio>
 #include <filesystem>
 
@@ -18,8 +18,9 @@ std::string directory_of(const std::string& path) {
 }
 
 // The CPU rows' evidence: TP=2 CP=2 BF16, full and chunked (split 4) prefill, backward and
-// dlogp, every CP protocol.
-RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path) {
+// dlogp, every CP protocol (when the job has the 4 processes those rows need); and the paged
+// rows' cases, paged prefill and decode with split-KV disabled and fixed, at any job size.
+RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path, bool with_cp) {
   RunOptions r;
   r.problem = o.problem;
   r.problem.dtype = DType::bf16;
@@ -27,6 +28,11 @@ RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path) 
   r.cp_sizes = {2};
   r.splits = {std::nullopt, 4};
   r.protocols = {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv};
+  r.modes = {RunMode::paged_prefill, RunMode::decode};
+  if (with_cp) r.modes.insert(r.modes.begin(), {RunMode::prefill, RunMode::chunked_prefill});
+  r.page_size = kAcceptPageSize;
+  r.split_policies = {SplitPolicy::disabled, SplitPolicy::fixed};
+  r.fixed_split_size = kAcceptFixedSplit;
   r.include_backward = true;
   r.include_dlogp = true;
   r.threads = o.threads;
@@ -67,8 +73,9 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
 
   const std::vector<AcceptanceRow> rows = required_matrix();
   json::Value report;  // null: nothing executed
-  if (o.mode == "run" && comm.size() >= 4) {
-    const RunReport run = execute_run(evidence_run(o, report_path), comm, command_line);
+  if (o.mode == "run") {
+    const RunReport run =
+        execute_run(evidence_run(o, report_path, comm.size() >= 4), comm, command_line);
     if (root) report = report_json(run);
   }
   int status = kExitChecksFailed;

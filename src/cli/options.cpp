@@ -233,6 +233,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
   if (cl.command == CommandLine::Command::accept) {
     AcceptOptions& a = cl.accept;
+    a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
     add_problem_flags(r, a.problem, seq_len_given);
     r.value("--mode", [&](const std::string& f, const std::string& v) {
       if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
@@ -401,7 +402,7 @@ Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
 Problem
   --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
-  --batch N                    sequences (default 1)
+  --batch N                    sequences (default 1; accept: 2)
   --seq-len N                  tokens per sequence (default 16; bench: 4096, or 4096 and
                                16384 on CUDA)
   --seed N                     input seed (default 2355)

@@ -138,11 +138,13 @@ double sorted_quantile(std::span<const float> sorted, double q) {
 
 namespace {
 
-// A contiguous piece of one part: the unit of parallel work.
-struct Chunk {
+// The unit of parallel work: consecutive pieces of parts, about `size` elements in all, so
+// that many small parts share one set of histograms.
+struct Piece {
   const DiffPart* part;
   std::size_t begin, end;
 };
+using Chunk = std::vector<Piece>;
 
 std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
   std::size_t total = 0;
@@ -150,9 +152,18 @@ std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
   const std::size_t size = std::max<std::size_t>(
       std::size_t{1} << 18, total / (4 * static_cast<std::size_t>(workers)) + 1);
   std::vector<Chunk> chunks;
+  std::size_t filled = size;  // the first piece opens a chunk
   for (const DiffPart& p : parts) {
-    for (std::size_t b = 0; b < p.count; b += size)
-      chunks.push_back(Chunk{&p, b, std::min(p.count, b + size)});
+    for (std::size_t b = 0; b < p.count;) {
+      if (filled == size) {
+        chunks.emplace_back();
+        filled = 0;
+      }
+      const std::size_t e = std::min(p.count, b + (size - filled));
+      chunks.back().push_back(Piece{&p, b, e});
+      filled += e - b;
+      b = e;
+    }
   }
   return chunks;
 }
@@ -173,7 +184,7 @@ struct LocalFirst {
   std::uint64_t max_bits = 0, max_ulp = 0;
 };
 
-void first_pass(const Chunk& c, LocalFirst& acc) {
+void first_pass(const Piece& c, LocalFirst& acc) {
   const DiffPart& p = *c.part;
   for (std::size_t i = c.begin; i < c.end; ++i) {
     const float d = diff_at(p, i);
@@ -199,7 +210,9 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
                              ThreadPool* pool) {
   const std::vector<Chunk> chunks = chunks_of(parts, pool != nullptr ? pool->size() : 1);
   std::vector<LocalFirst> locals(chunks.size());
-  for_each_chunk(chunks.size(), pool, [&](std::size_t i) { first_pass(chunks[i], locals[i]); });
+  for_each_chunk(chunks.size(), pool, [&](std::size_t i) {
+    for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
+  });
   FirstPass first;
   std::uint64_t max_bits = 0, max_ulp = 0;
   for (const LocalFirst& l : locals) {
@@ -240,11 +253,13 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
   for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
     std::vector<std::uint64_t>& h = partial[c];
     h.assign(4 * kBins, 0);
-    const DiffPart& p = *chunks[c].part;
-    for (std::size_t i = chunks[c].begin; i < chunks[c].end; ++i) {
-      const std::uint32_t u = bits(diff_at(p, i));
-      for (int w = 0; w < 4; ++w) {
-        if ((u >> 16) == where[w].bin) ++h[w * kBins + (u & 0xffffu)];
+    for (const Piece& piece : chunks[c]) {
+      const DiffPart& p = *piece.part;
+      for (std::size_t i = piece.begin; i < piece.end; ++i) {
+        const std::uint32_t u = bits(diff_at(p, i));
+        for (int w = 0; w < 4; ++w) {
+          if ((u >> 16) == where[w].bin) ++h[w * kBins + (u & 0xffffu)];
+        }
       }
     }
   });

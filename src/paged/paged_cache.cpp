@@ -16,6 +16,17 @@ PagedKvCache::PagedKvCache(PageTable table, Range heads, int dim)
   v_.assign(floats, 0.0f);
 }
 
+void PagedKvCache::retable(PageTable table) {
+  if (const std::string error = validate(table); !error.empty())
+    throw UsageError("paged KV cache: " + error);
+  if (table.num_pages != table_.num_pages || table.page_size != table_.page_size) {
+    throw UsageError("paged KV cache: a new block table must address the same pool (" +
+                     std::to_string(table_.num_pages) + " pages of " +
+                     std::to_string(table_.page_size) + ")");
+  }
+  table_ = std::move(table);
+}
+
 std::size_t PagedKvCache::slot_offset(int page, std::int64_t h, std::int64_t slot) const {
   return ((static_cast<std::size_t>(page) * heads_.size() +
            static_cast<std::size_t>(h - heads_.begin)) *

@@ -25,17 +25,24 @@ struct AcceptanceRow {
   enum class Kind {
     distributed_case,      // one drift-report case: thresholds, plans, coverage, real transport
     protocol_equivalence,  // the same case under every CP protocol: bitwise equal digests
+    paged_case,            // one paged case: paged thresholds, plans as requested, invariances 0
+    paged_invariance,      // one invariance across the paged cases: applicable and bitwise
     not_yet_available,     // delivered by a later part of cpdrift: fails closed
   };
-  std::string name;
+  std::string name{};
   Kind kind = Kind::not_yet_available;
   bool required = true;
-  int processes = 0;                // the job size the evidence needs
-  std::vector<std::string> cases;   // report case names the row reads
-  bool backward_and_dlogp = false;  // the row's case must carry both legs
-  bool bitwise_topology = false;    // topology invariance must hold bitwise
-  std::string unavailable_reason;
+  int processes = 0;                 // the job size the evidence needs
+  std::vector<std::string> cases{};  // report case names the row reads
+  bool backward_and_dlogp = false;   // the row's case must carry both legs
+  bool bitwise_topology = false;     // topology invariance must hold bitwise
+  std::string unavailable_reason{};
+  std::string invariance{};  // paged_invariance: the report's invariance name
 };
+
+/// The paged evidence the acceptance run executes: pages of 4 tokens, a fixed split of 8.
+inline constexpr int kAcceptPageSize = 4;
+inline constexpr int kAcceptFixedSplit = 8;
 
 /// The required matrix: Qwen3-8B TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
 /// CP protocol equivalence, paged prefill/decode with split-KV disabled and fixed,

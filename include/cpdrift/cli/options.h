@@ -58,7 +58,7 @@ struct BenchOptions {
 struct AcceptOptions {
   std::string mode;    // "manifest" or "run"
   std::string output;  // DIR/acceptance.json; the drift report goes beside it
-  Problem problem;     // seq_len defaults to 16
+  Problem problem;     // seq_len defaults to 16, batch to 2
   int threads = 0;
   AcceptanceThresholds thresholds;
 };

@@ -25,6 +25,11 @@ class PagedKvCache {
   /// which physical pages hold them.
   void gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const;
 
+  /// Reads the same pool through `table` from now on (what an engine does after moving
+  /// pages: the block tables must follow). Throws UsageError when `table` is invalid or
+  /// addresses a different pool size.
+  void retable(PageTable table);
+
   const PageTable& table() const { return table_; }
   const Range& heads() const { return heads_; }
 

@@ -1,0 +1,407 @@
+// The rollout side: page tables (validation, layouts), the paged cache, split plans, the paged
+// lanes against an FP64 oracle, and the invariances — each bitwise, each with a negative
+// control that shows the comparison can fail.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/cpu/input_store.h"
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/paged/paged_attention.h"
+#include "cpdrift/paged/paged_case.h"
+#include "cpdrift/report/run_report.h"
+
+using namespace cpd;
+
+namespace {
+
+// Three sequences of 10, 7 and 5 tokens, pages of 4, the first page a shared prompt.
+PageTable small_table() { return make_page_table({10, 7, 5}, 4, 1, PageLayout::interleaved, 7); }
+
+void expect_invalid(const PageTable& t, const std::string& fragment) {
+  const std::string error = validate(t);
+  CAPTURE(error);
+  CHECK(error.find(fragment) != std::string::npos);
+  CHECK_THROWS_AS(PagedKvCache(t, Range{0, 1}, 64), UsageError);
+}
+
+// S = 48, B = 3: kv_lens 48, 43, 38; pages of 4; shared prompt of 8 tokens; q_len 6.
+Problem paged_problem() {
+  Problem p;
+  p.seq_len = 48;
+  p.batch = 3;
+  return p;
+}
+
+std::size_t mismatches(const Shard& a, const Shard& b) {
+  REQUIRE(a.data.size() == b.data.size());
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.data.size(); ++i)
+    n += std::memcmp(&a.data[i], &b.data[i], sizeof(float)) != 0;
+  return n;
+}
+
+// Everything one lane needs on KV heads [0, 2) (query heads 0–7).
+struct Fixture {
+  Problem p = paged_problem();
+  ThreadPool pool{2};
+  InputStore inputs{p, pool};
+  PagedWorkload w = make_paged_workload(p, 4, std::nullopt);
+  Range heads{0, 2};
+  int group = p.dims.group_size();
+  float scale = p.dims.softmax_scale();
+  std::vector<int> rows{0, 1, 2};
+
+  Shard q(InputPrecision precision) {
+    return inputs.shard(TensorId::q, ShardShape{p.batch, Range{0, 8}, {Range{0, p.seq_len}}, 128},
+                        precision);
+  }
+  PagedKvCache cache(PageLayout layout, const LogicalKv& kv, std::uint64_t seed = 11) {
+    PagedKvCache c(make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), layout, seed), heads,
+                   128);
+    for (int s = 0; s < 3; ++s) {
+      for (std::int64_t h = heads.begin; h < heads.end; ++h)
+        c.write_sequence(s, h, kv.k.at(s, h, 0), kv.v.at(s, h, 0));
+    }
+    return c;
+  }
+  AttnShard lane(const Lane& l, const PagedKvCache& c, const Shard& queries) {
+    return run_paged_lane(l, c, w.q_len, queries, rows, heads, group, scale, inputs.backend());
+  }
+};
+
+const SplitKv kFixed8{SplitPolicy::fixed, 8};
+
+}  // namespace
+
+TEST_CASE("page tables: every malformed table is refused with one line naming the problem") {
+  REQUIRE(validate(small_table()).empty());
+  PageTable t = small_table();
+  t.page_size = 0;
+  expect_invalid(t, "page size");
+  t = small_table();
+  t.tables.pop_back();
+  expect_invalid(t, "3 sequences but 2 block tables");
+  t = small_table();
+  t.tables[0].resize(2);
+  expect_invalid(t, "needs 3 pages, the block table has 2");
+  t = small_table();
+  t.tables[1][1] = -1;
+  expect_invalid(t, "padding inside the sequence");
+  t = small_table();
+  t.tables[2][2] = t.num_pages - 1;  // past the 2 pages 5 tokens need
+  expect_invalid(t, "only trailing -1 padding");
+  t = small_table();
+  t.tables[0][1] = t.num_pages;
+  expect_invalid(t, "outside the pool");
+  t = small_table();
+  t.tables[0][2] = t.tables[0][1];
+  expect_invalid(t, "appears twice");
+  t = small_table();
+  t.tables[1][1] = t.tables[0][1];  // a private page shared
+  expect_invalid(t, "shared only as the same page of the declared shared prefix");
+  t = small_table();
+  t.tables[1][1] = t.tables[0][0];  // the prompt page, at another logical index
+  expect_invalid(t, "shared only as the same page");
+  t = small_table();
+  t.kv_lens[2] = -1;
+  expect_invalid(t, "negative KV length");
+}
+
+TEST_CASE(
+    "page layouts: the prompt is shared or copied, the shuffle moves pages, the digest tells them "
+    "apart") {
+  const PageTable shared = make_page_table({10, 7, 5}, 4, 1, PageLayout::interleaved, 7);
+  const PageTable shuffled = make_page_table({10, 7, 5}, 4, 1, PageLayout::permuted, 7);
+  const PageTable copied = make_page_table({10, 7, 5}, 4, 1, PageLayout::private_prefix, 7);
+  for (const PageTable* t : {&shared, &shuffled, &copied}) CHECK(validate(*t).empty());
+  CHECK(shared.num_pages == 1 + 2 + 1 + 1);  // the prompt, then 2, 1 and 1 private pages
+  CHECK(shared.tables[0][0] == shared.tables[2][0]);
+  CHECK(copied.num_pages == 3 + 2 + 2);
+  CHECK(copied.tables[0][0] != copied.tables[1][0]);
+  CHECK(shuffled.tables != shared.tables);
+  CHECK(shuffled.num_pages == shared.num_pages);
+  CHECK(page_table_digest(shared) != page_table_digest(shuffled));
+  CHECK(page_table_digest(shared) ==
+        page_table_digest(make_page_table({10, 7, 5}, 4, 1, PageLayout::interleaved, 7)));
+}
+
+TEST_CASE(
+    "the cache reads back the logical rows bit for bit through any layout; a stale table does "
+    "not") {
+  Fixture f;
+  const LogicalKv kv = logical_kv(f.w, f.inputs, f.heads, InputPrecision::fp32);
+  // Sequences 1 and 2 hold sequence 0's rows over the shared prompt, their own after it.
+  CHECK(std::memcmp(kv.k.at(2, 1, 0), kv.k.at(0, 1, 0), f.w.prefix_len * 128 * sizeof(float)) == 0);
+  CHECK(std::memcmp(kv.k.at(2, 1, f.w.prefix_len), kv.k.at(0, 1, f.w.prefix_len),
+                    128 * sizeof(float)) != 0);
+  for (const PageLayout layout :
+       {PageLayout::interleaved, PageLayout::permuted, PageLayout::private_prefix}) {
+    const PagedKvCache c = f.cache(layout, kv);
+    for (int s = 0; s < 3; ++s) {
+      const std::int64_t len = f.w.kv_lens[static_cast<std::size_t>(s)];
+      std::vector<float> k(static_cast<std::size_t>(len) * 128), v(k.size());
+      c.gather(s, 1, len, k.data(), v.data());
+      CHECK(std::memcmp(k.data(), kv.k.at(s, 1, 0), k.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(v.data(), kv.v.at(s, 1, 0), v.size() * sizeof(float)) == 0);
+    }
+  }
+  // Negative control: pages written through the shuffled table, read through the unshuffled
+  // one (a block table that did not follow its pages).
+  PagedKvCache stale = f.cache(PageLayout::permuted, kv);
+  stale.retable(make_page_table(f.w.kv_lens, 4, f.w.prefix_pages(), PageLayout::interleaved, 11));
+  std::vector<float> k(static_cast<std::size_t>(f.w.kv_lens[0]) * 128), v(k.size());
+  stale.gather(0, 0, f.w.kv_lens[0], k.data(), v.data());
+  CHECK(std::memcmp(k.data(), kv.k.at(0, 0, 0), k.size() * sizeof(float)) != 0);
+  CHECK_THROWS_AS(stale.retable(small_table()), UsageError);  // another pool's table
+}
+
+TEST_CASE("split plans tile the context; fixed decode grids are the prefill grid cut at the step") {
+  for (const std::int64_t len : {1, 5, 8, 9, 43}) {
+    for (const SplitKv s :
+         {SplitKv{SplitPolicy::disabled, 0}, kFixed8, SplitKv{SplitPolicy::auto_select, 0}}) {
+      CAPTURE(len);
+      CHECK(coverage_error(split_blocks(s, len, 3, 4), len).empty());
+    }
+  }
+  const std::vector<Range> full = split_blocks(kFixed8, 43, 3, 4);
+  const std::vector<Range> step = split_blocks(kFixed8, 21, 3, 4);
+  REQUIRE(step.size() == 3);
+  CHECK(step[0] == full[0]);
+  CHECK(step[1] == full[1]);
+  CHECK(step[2] == Range{16, 21});
+  // auto depends on the batch and the length: the reason it is only a diagnostic.
+  CHECK(split_blocks(SplitKv{SplitPolicy::auto_select, 0}, 43, 1, 4) !=
+        split_blocks(SplitKv{SplitPolicy::auto_select, 0}, 43, 4, 4));
+  CHECK(split_blocks(SplitKv{SplitPolicy::auto_select, 0}, 43, 1, 4)[0] !=
+        split_blocks(SplitKv{SplitPolicy::auto_select, 0}, 21, 1, 4)[0]);
+  // The coverage check catches a gap, an overlap, a short plan and an empty block.
+  CHECK_FALSE(coverage_error({{0, 4}, {5, 8}}, 8).empty());
+  CHECK_FALSE(coverage_error({{0, 5}, {4, 8}}, 8).empty());
+  CHECK_FALSE(coverage_error({{0, 4}}, 8).empty());
+  CHECK_FALSE(coverage_error({{0, 4}, {4, 4}, {4, 8}}, 8).empty());
+}
+
+TEST_CASE(
+    "paged workloads: lengths, the shared prompt and q_len; impossible ones are usage errors") {
+  const PagedWorkload w = make_paged_workload(paged_problem(), 4, std::nullopt);
+  CHECK(w.kv_lens == std::vector<std::int64_t>{48, 43, 38});
+  CHECK(w.prefix_len == 8);
+  CHECK(w.q_len == 15);
+  CHECK(w.queries(1) == Range{28, 43});
+  Problem one = paged_problem();
+  one.batch = 1;
+  CHECK(make_paged_workload(one, 4, std::nullopt).prefix_len == 0);
+  CHECK_THROWS_WITH_AS(make_paged_workload(paged_problem(), 4, 31),
+                       doctest::Contains("room for 1 to 30"), UsageError);
+  Problem tiny = paged_problem();
+  tiny.seq_len = 4;
+  tiny.batch = 8;
+  CHECK_THROWS_AS(make_paged_workload(tiny, 4, std::nullopt), UsageError);
+}
+
+TEST_CASE("paged lanes against an FP64 oracle of the full logical KV") {
+  // The FP32 lanes (every call kind, every split) within 2e-5 of FP64 attention: 128-term FP32
+  // dot products of O(1) normals and sums of at most 48 weights lose ~1e-6; 2e-5 leaves room
+  // and is still 500x below the BF16 effects the paged thresholds are for. The BF16 lane
+  // (BF16 inputs, BF16 P) against FP64 on the same BF16 inputs: P's rounding moves each
+  // weight by ≤ 2^-9 relative, so out by ≤ 2^-9 · max|v| ≲ 1e-2; lse keeps FP32 P (≤ 2e-5).
+  Fixture f;
+  for (const bool bf16 : {false, true}) {
+    const InputPrecision precision = bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
+    const Shard q = f.q(precision);
+    const LogicalKv kv = logical_kv(f.w, f.inputs, f.heads, precision);
+    const PagedKvCache c = f.cache(PageLayout::permuted, kv);
+    for (const PagedCall call :
+         {PagedCall::decode, PagedCall::paged_prefill, PagedCall::full_prefill}) {
+      for (const SplitKv split : {SplitKv{SplitPolicy::disabled, 0}, kFixed8}) {
+        const AttnShard a =
+            f.lane(Lane{call, split, bf16 ? ProbRounding::bf16 : ProbRounding::none}, c, q);
+        double worst_out = 0, worst_lse = 0;
+        for (int s = 0; s < 3; ++s) {
+          const std::int64_t len = f.w.kv_lens[static_cast<std::size_t>(s)];
+          const Range rows = call == PagedCall::full_prefill ? Range{0, len} : f.w.queries(s);
+          for (std::int64_t h = 0; h < 8; ++h) {
+            for (std::int64_t pos = rows.begin; pos < rows.end; ++pos) {
+              const std::int64_t row = call == PagedCall::full_prefill ? pos : pos - rows.begin;
+              const float* qr = q.at(s, h, pos);
+              std::vector<double> score(static_cast<std::size_t>(pos + 1));
+              double m = -INFINITY;
+              for (std::int64_t j = 0; j <= pos; ++j) {
+                double dot = 0;
+                for (int d = 0; d < 128; ++d) dot += double(qr[d]) * kv.k.at(s, h / 4, j)[d];
+                score[static_cast<std::size_t>(j)] = dot * f.scale;
+                m = std::max(m, score[static_cast<std::size_t>(j)]);
+              }
+              double l = 0;
+              std::vector<double> acc(128, 0.0);
+              for (std::int64_t j = 0; j <= pos; ++j) {
+                const double p = std::exp(score[static_cast<std::size_t>(j)] - m);
+                l += p;
+                for (int d = 0; d < 128; ++d) acc[d] += p * kv.v.at(s, h / 4, j)[d];
+              }
+              for (int d = 0; d < 128; ++d) {
+                worst_out = std::max(worst_out, std::abs(a.out.at(s, h, row)[d] - acc[d] / l));
+              }
+              worst_lse = std::max(worst_lse, std::abs(a.lse.at(s, h, row)[0] - (m + std::log(l))));
+            }
+          }
+        }
+        CAPTURE(bf16);
+        CAPTURE(static_cast<int>(call));
+        CHECK(worst_out <= (bf16 ? 1e-2 : 2e-5));
+        CHECK(worst_lse <= 2e-5);
+        CHECK(worst_out > 0);  // the oracle is independent: FP32 never matches it exactly
+      }
+    }
+  }
+}
+
+TEST_CASE("the rollout invariances hold bitwise, and each negative control breaks its comparison") {
+  Fixture f;
+  const Shard q = f.q(InputPrecision::bf16);
+  const LogicalKv kv = logical_kv(f.w, f.inputs, f.heads, InputPrecision::bf16);
+  const PagedKvCache main = f.cache(PageLayout::interleaved, kv);
+  const Lane decode{PagedCall::decode, kFixed8, ProbRounding::bf16};
+  const Lane prefill{PagedCall::paged_prefill, kFixed8, ProbRounding::bf16};
+  const AttnShard d = f.lane(decode, main, q);
+
+  SUBCASE("page layout: shuffled pages give the same bits; a stale block table does not") {
+    CHECK(mismatches(d.out, f.lane(decode, f.cache(PageLayout::permuted, kv), q).out) == 0);
+    PagedKvCache stale = f.cache(PageLayout::permuted, kv);
+    stale.retable(main.table());
+    CHECK(mismatches(d.out, f.lane(decode, stale, q).out) > 0);
+  }
+
+  SUBCASE(
+      "prefix cache: private copies of the prompt give the same bits; a different prompt does "
+      "not") {
+    CHECK(mismatches(d.out, f.lane(decode, f.cache(PageLayout::private_prefix, kv), q).out) == 0);
+    const LogicalKv own = [&] {  // each sequence's own rows over the prompt positions
+      const ShardShape shape{3, f.heads, {Range{0, 48}}, 128};
+      return LogicalKv{f.inputs.shard(TensorId::k, shape, InputPrecision::bf16),
+                       f.inputs.shard(TensorId::v, shape, InputPrecision::bf16)};
+    }();
+    const AttnShard other = f.lane(decode, f.cache(PageLayout::private_prefix, own), q);
+    CHECK(mismatches(d.out, other.out) > 0);
+  }
+
+  SUBCASE(
+      "batch composition: each sequence alone gives its batch rows; a batch-sized plan does not") {
+    const Lane auto_decode{PagedCall::decode, SplitKv{SplitPolicy::auto_select, 0},
+                           ProbRounding::bf16};
+    const AttnShard batched = f.lane(auto_decode, main, q);
+    for (int s = 0; s < 3; ++s) {
+      PagedKvCache alone(make_page_table({f.w.kv_lens[static_cast<std::size_t>(s)]}, 4, 0,
+                                         PageLayout::interleaved, 3),
+                         f.heads, 128);
+      for (std::int64_t h = 0; h < 2; ++h)
+        alone.write_sequence(0, h, kv.k.at(s, h, 0), kv.v.at(s, h, 0));
+      const std::vector<int> only{s};
+      const AttnShard a = run_paged_lane(decode, alone, f.w.q_len, q, only, f.heads, f.group,
+                                         f.scale, f.inputs.backend());
+      const std::size_t n = static_cast<std::size_t>(f.w.q_len) * 128;
+      for (std::int64_t h = 0; h < 8; ++h) {
+        CHECK(std::memcmp(a.out.at(0, h, 0), d.out.at(s, h, 0), n * sizeof(float)) == 0);
+      }
+      // auto picks its split from the batch size: alone (batch 1) it cuts differently.
+      const AttnShard a_auto = run_paged_lane(auto_decode, alone, f.w.q_len, q, only, f.heads,
+                                              f.group, f.scale, f.inputs.backend());
+      bool differs = false;
+      for (std::int64_t h = 0; h < 8; ++h) {
+        differs |=
+            std::memcmp(a_auto.out.at(0, h, 0), batched.out.at(s, h, 0), n * sizeof(float)) != 0;
+      }
+      CHECK(differs);
+    }
+  }
+
+  SUBCASE(
+      "decode vs prefill and query position: one grid gives one set of bits; another grid does "
+      "not") {
+    const AttnShard full =
+        f.lane(Lane{PagedCall::full_prefill, kFixed8, ProbRounding::bf16}, main, q);
+    const AttnShard pre = f.lane(prefill, main, q);
+    const AttnShard chunked = run_contiguous_lane(prefill, f.w, kv.k, kv.v, q, f.heads, f.group,
+                                                  f.scale, f.inputs.backend());
+    const std::size_t n = static_cast<std::size_t>(f.w.q_len) * 128;
+    for (int s = 0; s < 3; ++s) {
+      for (std::int64_t h = 0; h < 8; ++h) {
+        CHECK(std::memcmp(d.out.at(s, h, 0), full.out.at(s, h, f.w.queries(s).begin),
+                          n * sizeof(float)) == 0);
+        CHECK(std::memcmp(d.lse.at(s, h, 0), full.lse.at(s, h, f.w.queries(s).begin),
+                          static_cast<std::size_t>(f.w.q_len) * sizeof(float)) == 0);
+      }
+    }
+    CHECK(mismatches(d.out, pre.out) == 0);
+    CHECK(mismatches(d.out, chunked.out) == 0);
+    // The same rows from a prefill on a grid of 16: the merge differs, so do the bits.
+    const AttnShard coarse =
+        f.lane(Lane{PagedCall::paged_prefill, SplitKv{SplitPolicy::fixed, 16}, ProbRounding::bf16},
+               main, q);
+    CHECK(mismatches(d.out, coarse.out) > 0);
+    const AttnShard chunked16 = run_contiguous_lane(
+        Lane{PagedCall::paged_prefill, SplitKv{SplitPolicy::fixed, 16}, ProbRounding::bf16}, f.w,
+        kv.k, kv.v, q, f.heads, f.group, f.scale, f.inputs.backend());
+    CHECK(mismatches(d.out, chunked16.out) > 0);
+  }
+}
+
+TEST_CASE(
+    "paged cases end to end: within the paged thresholds, every invariance bitwise, auto "
+    "diagnostic") {
+  const Problem p = paged_problem();
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  LocalCp1Results cp1;
+  const LocalCollectives local;
+  const RunContext ctx{p, pool, inputs, transport, local, cp1};
+  std::vector<PagedCaseSpec> specs;
+  for (const SplitKv split :
+       {SplitKv{SplitPolicy::disabled, 0}, kFixed8, SplitKv{SplitPolicy::auto_select, 0}}) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
+      specs.push_back(PagedCaseSpec{m, split});
+  }
+  RunReport report;
+  report.problem = p;
+  report.paged_cases = run_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
+  REQUIRE(report.paged_cases.size() == 6);
+  for (const PagedCaseResult& c : report.paged_cases) {
+    CAPTURE(c.name);
+    CHECK(c.coverage_errors.empty());
+    CHECK(c.candidate.out.max_abs <= report.thresholds.paged_out_max_abs);
+    CHECK(c.candidate.lse.max_abs <= report.thresholds.paged_lse_max_abs);
+    CHECK(c.dlogp.max_abs <= report.thresholds.paged_dlogp_max_abs);
+    CHECK(c.dlogp.active_count == 3 * 15);
+    CHECK(c.candidate.out.digest.has_value());
+    REQUIRE(c.invariances.size() == 6);
+    for (const Invariance& inv : c.invariances) {
+      CAPTURE(inv.name);
+      CHECK(inv.applicable);
+      if (c.invariances_required()) CHECK(inv.bitwise_equal());
+    }
+  }
+  // Decode and paged prefill of one plan write the same bits.
+  CHECK(report.paged_cases[2].candidate.out.digest == report.paged_cases[3].candidate.out.digest);
+  CHECK(report.paged_cases[0].candidate.out.digest != report.paged_cases[2].candidate.out.digest);
+  // auto: batch composition and decode vs prefill break (its split follows batch and length).
+  const PagedCaseResult& a = report.paged_cases[5];
+  CHECK_FALSE(a.invariances[0].bitwise_equal());
+  CHECK_FALSE(a.invariances[3].bitwise_equal());
+  CHECK(evaluate_checks(report).empty());
+  const json::Value v = paged_case_json(report, a);
+  CHECK(v.at("paged").at("invariance").at("decode_vs_prefill").at("passed").as_bool() == false);
+  CHECK(v.at("paged").at("split_kv").at("requested").at("policy").as_string() == "auto");
+  const json::Value fixed = paged_case_json(report, report.paged_cases[3]);
+  CHECK(fixed.at("paged").at("invariance").at("page_layout").at("passed").as_bool());
+  CHECK(fixed.at("paged").at("split_kv").at("plans").at(1).at("actual_split_size").as_int64() == 8);
+  // A failed required invariance fails the run.
+  report.paged_cases[3].invariances[1].stats.out.mismatch_count = 1;
+  const std::vector<std::string> failed = evaluate_checks(report);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].find("invariance page_layout") != std::string::npos);
+}
