@@ -2,7 +2,8 @@
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, meson and ninja but no Open MPI, no
 # HDF5 and no network (docs/device.md). Builds the one-process CUDA configuration, runs the
 # unit and GPU test suites, a --device cuda smoke, a TP=2 x CP=2 run whose FP32 path must match
-# the CPU backend's bits, and the benchmark; prints a pass/fail table and exits non-zero on any
+# the CPU backend's bits, the paged (rollout) cases with every invariance bitwise, and the
+# benchmark; prints a pass/fail table and exits non-zero on any
 # failure. Logs and reports go to $OUT (or build-device-logs/).
 #   jobs/device-check.sh [--no-bench]
 set -uo pipefail
@@ -57,6 +58,19 @@ tp2cp2() {
   "$build/cpdrift" --device cuda --seq-len 2048 --tp-world-sizes 1,2 --cp-world-sizes 1,2 --kv-chunk-sizes none,256 \
     --include-backward --include-dlogp --output "$logdir/tp2cp2.json" && json_check "$logdir/tp2cp2.json"
 }
+paged() {  # the rollout side on the GPU: every invariance bitwise, paged drift within thresholds
+  "$build/cpdrift" --device cuda --modes paged_prefill,decode --fixed-split-size 64 --seq-len 1024 --batch 4 \
+    --output "$logdir/paged.json" &&
+    python3 - "$logdir/paged.json" <<'PY'
+import json, sys
+cases = json.load(open(sys.argv[1]))["paged_cases"]
+assert len(cases) == 4, len(cases)
+for c in cases:
+    for name, inv in c["paged"]["invariance"].items():
+        assert inv["passed"], (c["case_name"], name)
+print(f"{len(cases)} paged cases: every invariance bitwise")
+PY
+}
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
 step configure configure && step build ninja -C "$build" &&
@@ -65,6 +79,7 @@ step configure configure && step build ninja -C "$build" &&
     step gpu_tests gpu_tests
     step smoke smoke
     step tp2cp2_vs_cpu tp2cp2
+    step paged paged
     [[ $bench == 1 ]] && step bench "$build/cpdrift" bench --device cuda --repeats 5
   }
 

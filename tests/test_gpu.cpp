@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU backend: bitwise where the contract says bitwise (inputs,
 // the FP32 forward, fold, merge, backward, projection), a stated tolerance for the tensor-core
-// and cuBLAS paths, and topology invariance on the GPU with a negative control.
+// and cuBLAS paths, topology invariance on the GPU with a negative control, and the paged
+// (rollout) lanes and their invariances.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/paged/paged_case.h"
 
 using namespace cpd;
 
@@ -258,4 +260,45 @@ TEST_CASE("a whole case on the GPU: its FP32 path equals the CPU's, cuBLAS drift
   REQUIRE(r.cublas_unfused.has_value());
   CHECK(r.cublas_unfused->out.finite());
   CHECK(r.cublas_unfused->out.max_abs < 2e-2);
+}
+
+TEST_CASE(
+    "paged cases on the GPU: FP32 lanes bit for bit the CPU's, invariances bitwise on the "
+    "tensor-core path") {
+  Problem p;
+  p.seq_len = 96;
+  p.batch = 3;
+  std::vector<PagedCaseSpec> specs;
+  for (const SplitKv split : {SplitKv{SplitPolicy::disabled, 0}, SplitKv{SplitPolicy::fixed, 16}}) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
+      specs.push_back(PagedCaseSpec{m, split});
+  }
+  const auto run = [&](AttentionBackend& backend, DType dtype) {
+    Problem q = p;
+    q.dtype = dtype;
+    InputStore inputs(q, backends().pool, backend);
+    InProcessTransport transport;
+    LocalCp1Results cp1;
+    const LocalCollectives one;
+    const RunContext ctx{q, backends().pool, inputs, transport, one, cp1};
+    return run_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
+  };
+  // --dtype fp32: the candidate is the FP32 path, whose bits the contract fixes on both devices.
+  const std::vector<PagedCaseResult> cpu = run(*backends().cpu, DType::fp32);
+  const std::vector<PagedCaseResult> gpu = run(*backends().gpu, DType::fp32);
+  REQUIRE(cpu.size() == gpu.size());
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    CAPTURE(cpu[i].name);
+    CHECK(gpu[i].candidate.out.digest == cpu[i].candidate.out.digest);
+    CHECK(gpu[i].candidate.lse.digest == cpu[i].candidate.lse.digest);
+  }
+  // BF16 on the GPU is the tensor-core kernel: its own bits, but every invariance must hold.
+  for (const PagedCaseResult& c : run(*backends().gpu, DType::bf16)) {
+    CAPTURE(c.name);
+    CHECK(c.candidate.out.max_abs <= 1e-2);
+    for (const Invariance& inv : c.invariances) {
+      CAPTURE(inv.name);
+      CHECK(inv.bitwise_equal());
+    }
+  }
 }

@@ -19,7 +19,8 @@ std::string topology_cell(const CaseResult& c) {
 
 }  // namespace
 
-void print_header(std::FILE* out, const RunReport& r, std::size_t case_count) {
+void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
+                  std::size_t paged_count) {
   const Provenance& pv = r.provenance;
   const Problem& p = r.problem;
   std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (ws2_cp_attention_drift/v2)\n",
@@ -34,6 +35,10 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count) {
       pv.transport.c_str(), pv.threads, pv.threads == 1 ? "" : "s", pv.simd.c_str());
   std::fprintf(out, "# build   : %s, %s%s%s\n", pv.compiler.c_str(), pv.mpi_version.c_str(),
                pv.hdf5_version.empty() ? "" : ", HDF5 ", pv.hdf5_version.c_str());
+  if (paged_count > 0)
+    std::fprintf(out, "# paged   : %zu case%s (the rollout side)\n", paged_count,
+                 paged_count == 1 ? "" : "s");
+  if (case_count == 0) return;
   std::fprintf(out,
                "# cases   : %zu (max |diff| vs the FP32 CP=1 reference; topology vs CP=1 with the "
                "same split)\n",
@@ -107,9 +112,18 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
 
 void print_footer(std::FILE* out, const RunReport& r) {
   std::fprintf(out, "#\n");
-  std::fprintf(out,
-               "# topology: bitwise = required and equal; bitwise* = equal though not required;\n");
-  std::fprintf(out, "#           ~x = drift x reported (the block grid differs from CP=1's)\n");
+  if (!r.cases.empty()) {
+    std::fprintf(
+        out, "# topology: bitwise = required and equal; bitwise* = equal though not required;\n");
+    std::fprintf(out, "#           ~x = drift x reported (the block grid differs from CP=1's)\n");
+  }
+  if (!r.paged_cases.empty()) {
+    std::fprintf(out,
+                 "# paged: candidate = the rollout lane as written vs FP32 on the same inputs; "
+                 "invariances\n");
+    std::fprintf(
+        out, "#        = batch, page layout, prefix cache, decode vs prefill, query position x2\n");
+  }
   for (const std::string& f : r.failed_checks) std::fprintf(out, "# FAILED: %s\n", f.c_str());
   std::fprintf(out, "# Wall time : %.2f s\n", r.wall_seconds);
   std::fprintf(out, "# Drift check : %s\n", r.passed() ? "OK" : "FAILED");

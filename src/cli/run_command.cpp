@@ -163,7 +163,7 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   std::FILE* table = options.json ? stderr : stdout;
   const bool verbose = root && !options.quiet;
   const bool progress = verbose && (isatty(STDERR_FILENO) != 0 || options.problem.seq_len >= 1024);
-  if (verbose) print_header(table, report, specs.size());
+  if (verbose) print_header(table, report, specs.size(), paged_specs.size());
 
   InputStore inputs(options.problem, pool, *backend);
   LocalCp1Results cp1_results;

@@ -79,6 +79,15 @@ Published publish_rows(const RunContext& ctx, const PagedWorkload& w, const std:
   const int dim = ctx.problem.dims.head_dim;
   const bool local = !kv_heads.empty();
   const std::string base = "/paged_cases/" + case_name + "/";
+  if (ctx.dump != nullptr) {
+    std::string lens;
+    for (const std::int64_t len : w.kv_lens)
+      lens += (lens.empty() ? "" : ",") + std::to_string(len);
+    ctx.dump->annotate("/paged_cases/" + case_name, {{"kv_lens", lens},
+                                                     {"q_len", w.q_len},
+                                                     {"page_size", std::int64_t{w.page_size}},
+                                                     {"shared_prefix_tokens", w.prefix_len}});
+  }
   Published pub;
   pub.candidate_out = stream(ctx, query_rows(ctx, w, local ? &candidate.out : nullptr, dim), bf16,
                              base + "candidate/out", &pub.candidate_hidden);

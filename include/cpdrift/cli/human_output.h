@@ -8,7 +8,8 @@
 
 namespace cpd {
 
-void print_header(std::FILE* out, const RunReport& report, std::size_t case_count);
+void print_header(std::FILE* out, const RunReport& report, std::size_t case_count,
+                  std::size_t paged_count);
 void print_case_row(std::FILE* out, const CaseResult& c);
 /// The failed checks, then `# Drift check : OK` or `FAILED`.
 /// The paged cases' section: a header, then one row per case.
