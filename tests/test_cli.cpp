@@ -108,7 +108,13 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--modes decode --seq-len 32 --q-len 40", "room for 1 to");
   expect_usage_error("--modes decode --split-kv-policies fixed,fixed", "fixed is listed twice");
   expect_usage_error("--modes decode --split-kv-policies sometimes", "unknown split-KV policy");
-  expect_usage_error("--modes decode --seq-len 4 --batch 8", "too short for --batch 8");
+  expect_usage_error("--modes decode --seq-len 16 --batch 16 --page-size 4",
+                     "too short for --batch 16");
+  expect_usage_error("--modes decode --seq-len 32 --page-size 1073741824",
+                     "larger than --seq-len 32");
+  expect_usage_error("--modes chunked_prefill --kv-chunk-sizes none", "lists no split size");
+  expect_usage_error("--modes decode --split-kv-policies disabled --fixed-split-size 8",
+                     "needs the fixed policy");
 }
 
 TEST_CASE("a split larger than any owner range is one block per range") {

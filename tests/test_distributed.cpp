@@ -450,6 +450,12 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
        [](json::Value& c) { c["paged"]["split_kv"]["coverage_complete"] = false; }},
       {"paged_decode_split_kv_fixed", "fewer than 2 sequences",
        [](json::Value& c) { c["paged"]["shape"]["batch"] = 1; }},
+      {"paged_decode_split_kv_fixed", "never cut",
+       [](json::Value& c) {
+         for (json::Value& plan : c["paged"]["split_kv"]["plans"].as_array()) {
+           plan["blocks"] = json::parse("[[0, 1]]");
+         }
+       }},
       {"batch_invariance_paged", "applicable is not true",
        [](json::Value& c) { c["paged"]["invariance"]["batch_composition"]["applicable"] = false; }},
       {"page_layout_invariance", "missing invariance",

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cpdrift/core/errors.h"
+#include "cpdrift/cpu/attention.h"
 #include "cpdrift/cpu/input_store.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/paged/paged_attention.h"
@@ -127,6 +128,22 @@ TEST_CASE(
   CHECK(page_table_digest(shared) != page_table_digest(shuffled));
   CHECK(page_table_digest(shared) ==
         page_table_digest(make_page_table({10, 7, 5}, 4, 1, PageLayout::interleaved, 7)));
+}
+
+TEST_CASE("a shuffle always moves pages, and shared pages are read-only") {
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    CAPTURE(seed);
+    CHECK(make_page_table({3}, 2, 0, PageLayout::permuted, seed).tables !=
+          make_page_table({3}, 2, 0, PageLayout::interleaved, seed).tables);
+  }
+  // Two sequences sharing their first page must agree on its rows.
+  PagedKvCache c(make_page_table({6, 5}, 4, 1, PageLayout::interleaved, 1), Range{0, 1}, 64);
+  std::vector<float> a(6 * 64, 1.0f), b(5 * 64, 1.0f);
+  c.write_sequence(0, 0, a.data(), a.data());
+  c.write_sequence(1, 0, b.data(), b.data());  // the same prompt rows: fine
+  b[64 + 5] = 2.0f;                            // position 1, inside the shared page
+  CHECK_THROWS_WITH_AS(c.write_sequence(1, 0, b.data(), b.data()), doctest::Contains("read-only"),
+                       UsageError);
 }
 
 TEST_CASE(
@@ -276,6 +293,50 @@ TEST_CASE("the rollout invariances hold bitwise, and each negative control break
     CHECK(mismatches(d.out, f.lane(decode, stale, q).out) > 0);
   }
 
+  SUBCASE("page layout: a kernel that merges pages in physical order is caught") {
+    // A deliberately layout-dependent decode: one block per page, merged in physical page id
+    // order instead of position order. The comparison the report makes must tell the layouts
+    // apart for it, while the real lanes agree.
+    const auto physical_order = [&](const PagedKvCache& c) {
+      std::vector<float> out;
+      for (int s = 0; s < 3; ++s) {
+        const std::int64_t t =
+            f.w.kv_lens[static_cast<std::size_t>(s)] - 1;  // the last decode step
+        std::vector<float> k(static_cast<std::size_t>(t + 1) * 128), v(k.size());
+        c.gather(s, 0, t + 1, k.data(), v.data());
+        std::vector<std::vector<float>> outs, lses;
+        std::vector<StateRef> states;
+        for (std::int64_t p0 = 0; p0 <= t; p0 += 4) {
+          const Range keys{p0, std::min(p0 + 4, t + 1)};
+          outs.emplace_back(128);
+          lses.emplace_back(1);
+          const BlockJob job{q.at(s, 0, t),
+                             t,
+                             1,
+                             k.data() + p0 * 128,
+                             v.data() + p0 * 128,
+                             keys,
+                             outs.back().data(),
+                             lses.back().data()};
+          f.inputs.backend().run_block_jobs(std::span<const BlockJob>(&job, 1), 128, f.scale,
+                                            ProbRounding::bf16);
+          states.push_back(StateRef{c.table().page_of(s, p0), nullptr, nullptr});
+        }
+        for (std::size_t i = 0; i < states.size(); ++i) {
+          states[i].out = outs[i].data();
+          states[i].lse = lses[i].data();
+        }
+        std::vector<float> o(128), l(1);
+        merge_in_block_order(states, 1, 128, o.data(), l.data());  // "block index" = physical id
+        out.insert(out.end(), o.begin(), o.end());
+      }
+      return out;
+    };
+    const PagedKvCache shuffled = f.cache(PageLayout::permuted, kv);
+    CHECK(physical_order(main) != physical_order(shuffled));
+    CHECK(mismatches(d.out, f.lane(decode, shuffled, q).out) == 0);
+  }
+
   SUBCASE(
       "prefix cache: private copies of the prompt give the same bits; a different prompt does "
       "not") {
@@ -338,6 +399,12 @@ TEST_CASE("the rollout invariances hold bitwise, and each negative control break
     }
     CHECK(mismatches(d.out, pre.out) == 0);
     CHECK(mismatches(d.out, chunked.out) == 0);
+    // The trainer's chunked prefill: query chunks of 3 pages, each attending [0, chunk end).
+    const AttnShard trainer =
+        run_contiguous_lane(Lane{PagedCall::chunked_prefill, kFixed8, ProbRounding::bf16}, f.w,
+                            kv.k, kv.v, q, f.heads, f.group, f.scale, f.inputs.backend());
+    CHECK(mismatches(d.out, trainer.out) == 0);
+    CHECK(mismatches(d.lse, trainer.lse) == 0);
     // The same rows from a prefill on a grid of 16: the merge differs, so do the bits.
     const AttnShard coarse =
         f.lane(Lane{PagedCall::paged_prefill, SplitKv{SplitPolicy::fixed, 16}, ProbRounding::bf16},

@@ -314,15 +314,22 @@ void evaluate_paged_case(const Value& c, const AcceptanceThresholds& t, RowVerdi
     v.errors.push_back("missing split plans");
     return;
   }
+  bool split_somewhere = false;
   for (const Value& p : plans->as_array()) {
     const Value* actual = at_path(p, "actual_policy");
     const Value* actual_size = at_path(p, "actual_split_size");
+    const Value* blocks = at_path(p, "blocks");
     if (actual == nullptr || *actual != *policy || actual_size == nullptr ||
-        *actual_size != *size) {
+        *actual_size != *size || blocks == nullptr || !blocks->is_array()) {
       v.errors.push_back("split plan requested (" + json::to_string(*policy, false) + ", " +
                          json::to_string(*size, false) + ") but not run as requested");
       return;
     }
+    split_somewhere = split_somewhere || blocks->size() > 1;
+  }
+  // A fixed split no sequence is long enough to cut computes what `disabled` does: no evidence.
+  if (policy->is_string() && policy->as_string() == "fixed" && !split_somewhere) {
+    v.errors.push_back("the fixed split never cut a sequence (every plan is one block)");
   }
 }
 

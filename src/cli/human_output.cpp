@@ -82,9 +82,9 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
       w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
       static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
       static_cast<long long>(w.prefix_len));
-  std::fprintf(out, "# %-46s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
+  std::fprintf(out, "# %-52s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
                "fp32 split/merge", "", "time");
-  std::fprintf(out, "# %-46s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
+  std::fprintf(out, "# %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
                "out", "lse", "invariances", "(s)");
   for (const PagedCaseResult& c : r.paged_cases) {
     int applicable = 0, equal = 0;
@@ -103,7 +103,7 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
       cell = "diagnostic " + std::to_string(equal) + "/" + std::to_string(applicable);
     else if (!first_failure.empty())
       cell = "FAILED " + first_failure;
-    std::fprintf(out, "  %-46s %-9s %-9s %-9s %-9s %-9s %-22s %8.2f\n", c.name.c_str(),
+    std::fprintf(out, "  %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8.2f\n", c.name.c_str(),
                  sci(c.candidate.out).c_str(), sci(c.candidate.lse).c_str(), sci(c.dlogp).c_str(),
                  sci(c.fp32.out).c_str(), sci(c.fp32.lse).c_str(), cell.c_str(), c.seconds);
   }

@@ -277,8 +277,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
           [&](const std::string& f, const std::string& v) { o.protocols = parse_protocols(f, v); });
   r.value("--transport",
           [&](const std::string& f, const std::string& v) { o.transport = parse_transport(f, v); });
-  r.value("--modes",
-          [&](const std::string& f, const std::string& v) { o.modes = parse_modes(f, v); });
+  bool modes_given = false;
+  r.value("--modes", [&](const std::string& f, const std::string& v) {
+    o.modes = parse_modes(f, v);
+    modes_given = true;
+  });
   std::vector<std::string> paged_flags;
   r.value("--page-size", [&](const std::string& f, const std::string& v) {
     o.page_size = parse_int<int>(f, v, 1);
@@ -323,6 +326,21 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   if (!paged_flags.empty() && !has(o.modes, RunMode::paged_prefill) &&
       !has(o.modes, RunMode::decode)) {
     bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
+  }
+  const auto lists_split = [&](bool sized) {
+    return std::any_of(o.splits.begin(), o.splits.end(),
+                       [&](const auto& s) { return s.has_value() == sized; });
+  };
+  if (modes_given && has(o.modes, RunMode::prefill) && !lists_split(false)) {
+    bad("--modes prefill: --kv-chunk-sizes lists no 'none' (split disabled)");
+  }
+  if (modes_given && has(o.modes, RunMode::chunked_prefill) && !lists_split(true)) {
+    bad("--modes chunked_prefill: --kv-chunk-sizes lists no split size");
+  }
+  const bool fixed_requested = std::find(o.split_policies.begin(), o.split_policies.end(),
+                                         SplitPolicy::fixed) != o.split_policies.end();
+  if (o.fixed_split_size && !fixed_requested) {
+    bad("--fixed-split-size needs the fixed policy in --split-kv-policies");
   }
   if (o.smoke) {
     if (!seq_len_given) o.problem.seq_len = 4;

@@ -96,6 +96,11 @@ PageTable make_page_table(const std::vector<std::int64_t>& kv_lens, int page_siz
       std::swap(perm[static_cast<std::size_t>(i)],
                 perm[r.v[0] % static_cast<std::uint32_t>(i + 1)]);
     }
+    // A shuffle that happens to move nothing (likely in small pools) swaps two pages instead:
+    // the layout the invariance compares against must differ.
+    bool identity = true;
+    for (int i = 0; i < next; ++i) identity = identity && perm[static_cast<std::size_t>(i)] == i;
+    if (identity && next >= 2) std::swap(perm[0], perm[1]);
     for (std::vector<int>& row : t.tables) {
       for (int& id : row) id = id < 0 ? id : perm[static_cast<std::size_t>(id)];
     }

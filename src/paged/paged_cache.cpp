@@ -1,6 +1,7 @@
 #include "cpdrift/paged/paged_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpdrift/core/errors.h"
 
@@ -14,6 +15,7 @@ PagedKvCache::PagedKvCache(PageTable table, Range heads, int dim)
                              table_.page_size * static_cast<std::size_t>(dim_);
   k_.assign(floats, 0.0f);
   v_.assign(floats, 0.0f);
+  owner_.assign(static_cast<std::size_t>(table_.num_pages) * heads_.size(), -1);
 }
 
 void PagedKvCache::retable(PageTable table) {
@@ -37,10 +39,29 @@ std::size_t PagedKvCache::slot_offset(int page, std::int64_t h, std::int64_t slo
 
 void PagedKvCache::write_sequence(int seq, std::int64_t h, const float* k, const float* v) {
   const std::int64_t len = table_.kv_lens[static_cast<std::size_t>(seq)];
+  const auto bytes = static_cast<std::size_t>(dim_) * sizeof(float);
   for (std::int64_t pos = 0; pos < len; ++pos) {
-    const std::size_t at = slot_offset(table_.page_of(seq, pos), h, pos % table_.page_size);
-    std::copy_n(k + pos * dim_, dim_, k_.begin() + static_cast<std::ptrdiff_t>(at));
-    std::copy_n(v + pos * dim_, dim_, v_.begin() + static_cast<std::ptrdiff_t>(at));
+    const int page = table_.page_of(seq, pos);
+    const std::size_t at = slot_offset(page, h, pos % table_.page_size);
+    float* kd = k_.data() + at;
+    float* vd = v_.data() + at;
+    // A page another sequence already filled is shared and read-only: it must already hold
+    // exactly these rows.
+    const std::size_t mark =
+        static_cast<std::size_t>(page) * heads_.size() + static_cast<std::size_t>(h - heads_.begin);
+    if (owner_[mark] >= 0 && owner_[mark] != seq) {
+      if (std::memcmp(kd, k + pos * dim_, bytes) != 0 ||
+          std::memcmp(vd, v + pos * dim_, bytes) != 0) {
+        throw UsageError("paged KV cache: sequence " + std::to_string(seq) + " position " +
+                         std::to_string(pos) + " differs from shared page " + std::to_string(page) +
+                         " (written by sequence " + std::to_string(owner_[mark]) +
+                         "; shared pages are read-only)");
+      }
+      continue;
+    }
+    owner_[mark] = seq;
+    std::copy_n(k + pos * dim_, dim_, kd);
+    std::copy_n(v + pos * dim_, dim_, vd);
   }
 }
 

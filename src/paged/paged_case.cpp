@@ -93,9 +93,11 @@ std::vector<Invariance> invariances_of(const RunContext& ctx, const PagedCaseSpe
       invariance(ctx, "query_position_paged_prefill",
                  "decode step t vs row t of the paged prefill of the last q_len positions",
                  same_rows(l.decode, l.paged_prefill, w.q_len)));
-  out.push_back(invariance(ctx, "query_position_chunked_prefill",
-                           "decode step t vs row t of the contiguous chunked prefill (no cache)",
-                           same_rows(l.decode, l.chunked, w.q_len)));
+  out.push_back(invariance(
+      ctx, "query_position_chunked_prefill",
+      "decode step t vs row t of the contiguous chunked prefill (query chunks of 3 pages, each "
+      "attending [0, chunk end), no cache)",
+      same_rows(l.decode, l.chunked, w.q_len)));
   return out;
 }
 

@@ -74,7 +74,7 @@ PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, cons
     l.full_prefill = run_paged_lane(lane(PagedCall::full_prefill, rounding), main, w.q_len, q, rows,
                                     l.heads, group, scale, backend);
   }
-  l.chunked = run_contiguous_lane(lane(PagedCall::paged_prefill, rounding), w, kv.k, kv.v, q,
+  l.chunked = run_contiguous_lane(lane(PagedCall::chunked_prefill, rounding), w, kv.k, kv.v, q,
                                   l.heads, group, scale, backend);
   const Lane reference{PagedCall::paged_prefill, SplitKv{SplitPolicy::disabled, 0},
                        ProbRounding::none};

@@ -10,6 +10,11 @@ namespace cpd {
 PagedWorkload make_paged_workload(const Problem& p, int page_size,
                                   std::optional<std::int64_t> q_len) {
   if (page_size < 1) throw UsageError("--page-size: must be at least 1");
+  if (page_size > p.seq_len) {
+    throw UsageError("--page-size " + std::to_string(page_size) + ": larger than --seq-len " +
+                     std::to_string(p.seq_len));
+  }
+  const std::int64_t page = page_size;
   PagedWorkload w;
   w.page_size = page_size;
   const std::int64_t step = p.seq_len / (4 * p.batch);
@@ -20,9 +25,8 @@ PagedWorkload make_paged_workload(const Problem& p, int page_size,
                      " is too short for --batch " + std::to_string(p.batch) +
                      " (the shortest sequence would hold " + std::to_string(shortest) + " tokens)");
   }
-  if (p.batch > 1 && shortest >= 2 * page_size) {
-    w.prefix_len = std::max<std::int64_t>(1, shortest / (4 * page_size)) * page_size;
-  }
+  if (p.batch > 1 && shortest >= 2 * page)
+    w.prefix_len = std::max<std::int64_t>(1, shortest / (4 * page)) * page;
   const std::int64_t room = shortest - w.prefix_len;
   w.q_len = q_len.value_or(std::clamp<std::int64_t>(room / 2, 1, 16));
   if (w.q_len < 1 || w.q_len > room) {

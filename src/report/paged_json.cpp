@@ -36,6 +36,9 @@ Value plans_json(const PagedCaseResult& c) {
                                  ? Value(c.spec.split.size)
                                  : Value(blocks.front().size());
     p["blocks"] = ranges_json(blocks);
+    if (c.spec.split.policy == SplitPolicy::auto_select) {
+      p["note"] = "auto: the size at the full context; each decode step picks its own";
+    }
     plans.push_back(std::move(p));
   }
   return plans;
@@ -110,7 +113,7 @@ Value paged_case_json(const RunReport& r, const PagedCaseResult& c) {
     // auto is a diagnostic: its equal bits are not evidence (they depend on batch and length).
     i["passed"] = c.invariances_required() && inv.applicable && inv.bitwise_equal();
     if (!c.invariances_required())
-      i["reason"] = "split-KV auto depends on batch and length: a diagnostic";
+      i["diagnostic"] = "split-KV auto depends on batch and length: never evidence";
     invariance[inv.name] = std::move(i);
   }
   paged["invariance"] = std::move(invariance);

@@ -13,9 +13,10 @@
 namespace cpd {
 
 enum class PagedCall {
-  decode,         // one call per query position t, one row, context [0, t+1)
-  paged_prefill,  // one call: the q_len query rows at the end of the context
-  full_prefill,   // one call: every position of the sequence (the trainer's prefill)
+  decode,           // one call per query position t, one row, context [0, t+1)
+  paged_prefill,    // one call: the q_len query rows at the end of the context
+  full_prefill,     // one call: every position of the sequence (the trainer's prefill)
+  chunked_prefill,  // contiguous only: query chunks of 3 pages, chunk [a, e) with context [0, e)
 };
 
 /// What one lane computes: the call, the split plan, and the arithmetic of P·V.
@@ -35,8 +36,10 @@ AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64
                          const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
                          float scale, AttentionBackend& backend);
 
-/// The same query rows as a paged_prefill lane, computed the trainer's way: from contiguous K
-/// and V ([B][kv heads][S][D]), no cache, with the lane's plan at each full context.
+/// The query rows ([seqs][q heads][q_len], like a paged_prefill lane) computed from contiguous
+/// K and V ([B][kv heads][S][D]), no cache: `lane.call` paged_prefill is one call of the q_len
+/// rows; chunked_prefill is the trainer's chunked prefill — every chunk that holds a query row,
+/// each attending [0, chunk end) with the lane's plan at that context.
 AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Shard& k,
                               const Shard& v, const Shard& q, Range kv_heads, int group,
                               float scale, AttentionBackend& backend);

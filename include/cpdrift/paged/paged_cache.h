@@ -17,7 +17,8 @@ class PagedKvCache {
   PagedKvCache(PageTable table, Range heads, int dim);
 
   /// Stores positions [0, kv_len) of sequence `seq`, KV head h, from k and v ([kv_len][dim]).
-  /// A shared prefix page receives the same rows from every sequence that maps it.
+  /// A page another sequence filled first is shared and read-only: the rows must match it bit
+  /// for bit (UsageError otherwise) and are not written again.
   void write_sequence(int seq, std::int64_t h, const float* k, const float* v);
 
   /// Reads positions [0, len) of sequence `seq`, KV head h, through the block table into k
@@ -40,6 +41,7 @@ class PagedKvCache {
   Range heads_;
   int dim_;
   std::vector<float> k_, v_;
+  std::vector<int> owner_;  // per (page, head): the sequence that filled it, -1 before
 };
 
 }  // namespace cpd
