@@ -72,6 +72,23 @@ print(f"{len(cases)} paged cases: every invariance bitwise")
 PY
 }
 
+transports() {  # one process: nccl and cuda_ipc give the in-process run's bits
+  for t in auto nccl cuda_ipc; do
+    "$build/cpdrift" --device cuda --transport "$t" --smoke --json >"$logdir/smoke_$t.json" || return 1
+  done
+  python3 - "$logdir"/smoke_auto.json "$logdir"/smoke_nccl.json "$logdir"/smoke_cuda_ipc.json <<'PY'
+import json, sys
+runs = [json.load(open(f)) for f in sys.argv[1:]]
+def digests(r):
+    return [(c["case_name"], c["drift"]["cp_merge_fp32"]["out"]["digest"], c["drift"]["bf16_kernel"]["out"]["digest"])
+            for c in r["cases"]]
+for r, name in zip(runs[1:], ["nccl", "cuda_ipc"]):
+    assert r["cases"][0]["topology"]["transport"] == name, r["cases"][0]["topology"]["transport"]
+    assert digests(r) == digests(runs[0]), name
+print("nccl and cuda_ipc: the same digests as the in-process run in every case")
+PY
+}
+
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
 step configure configure && step build ninja -C "$build" &&
   {
@@ -80,6 +97,7 @@ step configure configure && step build ninja -C "$build" &&
     step smoke smoke
     step tp2cp2_vs_cpu tp2cp2
     step paged paged
+    step transports transports
     [[ $bench == 1 ]] && step bench "$build/cpdrift" bench --device cuda --repeats 5
   }
 

@@ -10,6 +10,10 @@
 
 #include "mpi_support.h"
 
+#if defined(CPD_SKIP_WITHOUT_GPU)
+#include "cpdrift/backend/attention_backend.h"
+#endif
+
 namespace {
 std::unique_ptr<cpd::CommContext> g_comm;
 }
@@ -18,6 +22,15 @@ const cpd::CommContext& cpd::testing::comm() { return *g_comm; }
 
 int main(int argc, char** argv) {
   g_comm = std::make_unique<cpd::CommContext>(&argc, &argv);
+#if defined(CPD_SKIP_WITHOUT_GPU)
+  // GPU tests: skipped (77, on every process alike) unless every process sees a device.
+  if (g_comm->any(cpd::cuda_device_count() == 0)) {
+    if (g_comm->rank() == 0)
+      std::puts("[mpi] a process sees no CUDA device: the GPU tests are skipped (exit 77)");
+    g_comm.reset();
+    return 77;
+  }
+#endif
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   std::ostringstream captured;

@@ -91,7 +91,15 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--cp-layouts zigzag --seq-len 6 --cp-world-sizes 2", "divisible by 4");
   expect_usage_error("--model llama", "unknown model");
   expect_usage_error("--seq-len", "missing value");
-  // --device cuda without a device is an error whose words depend on the build.
+  expect_usage_error("--comm-timeout 0", "must be more than 0 seconds");
+  expect_usage_error("--transport ucx", "unknown transport 'ucx'");
+  // The GPU transports and --device cuda without a device: errors whose words depend on the build.
+  if (!cpd::cuda_backend_built()) {
+    expect_usage_error("--transport nccl", "built without CUDA");
+    expect_usage_error("--transport cuda_ipc", "built without CUDA");
+  } else if (cpd::cuda_device_count() == 0) {
+    expect_usage_error("--transport nccl", "needs the CUDA backend");
+  }
   if (!cpd::cuda_backend_built()) {
     expect_usage_error("--device cuda", "built without CUDA");
   } else if (cpd::cuda_device_count() == 0) {

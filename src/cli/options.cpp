@@ -128,9 +128,9 @@ bool has(const std::vector<RunMode>& modes, RunMode m) {
 TransportChoice parse_transport(const std::string& flag, const std::string& text) {
   if (text == "auto") return TransportChoice::auto_select;
   if (text == "mpi") return TransportChoice::mpi;
-  if (text == "nccl" || text == "cuda_ipc")
-    bad(flag + ": '" + text + "' needs the CUDA backend: built without CUDA");
-  bad(flag + ": unknown transport '" + text + "' (auto, mpi)");
+  if (text == "nccl") return TransportChoice::nccl;
+  if (text == "cuda_ipc") return TransportChoice::cuda_ipc;
+  bad(flag + ": unknown transport '" + text + "' (auto, mpi, nccl, cuda_ipc)");
 }
 
 Device parse_device(const std::string& flag, const std::string& text) {
@@ -277,6 +277,13 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
           [&](const std::string& f, const std::string& v) { o.protocols = parse_protocols(f, v); });
   r.value("--transport",
           [&](const std::string& f, const std::string& v) { o.transport = parse_transport(f, v); });
+  r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
+    o.comm_timeout_seconds = parse_threshold(f, v);
+    if (o.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
+  });
+  r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
+    o.staging_mib = parse_int<int>(f, v, 1);
+  });
   bool modes_given = false;
   r.value("--modes", [&](const std::string& f, const std::string& v) {
     o.modes = parse_modes(f, v);
@@ -447,7 +454,12 @@ the first pages a prompt shared by all, q-len query tokens at each end)
   --q-len N                    query tokens per sequence (default min(16, room / 2))
 Execution and output
   --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
-  --transport auto|mpi         how partial states move between processes (default auto: mpi)
+  --transport auto|mpi|nccl|cuda_ipc
+                               how partial states move between processes (default auto: mpi);
+                               nccl and cuda_ipc stage through GPU memory (--device cuda)
+  --comm-timeout S             GPU transports: a wait longer than S seconds ends the job
+                               (default 300)
+  --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
   --threads N                  CPU threads per process (default: cores / processes per node)
   --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
   --output PATH                write the JSON report (atomically)

@@ -12,6 +12,7 @@
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/human_output.h"
 #include "cpdrift/cli/provenance.h"
+#include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "simd_info.h"
@@ -136,6 +137,29 @@ std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool
   return backend;
 }
 
+std::unique_ptr<Transport> select_transport(const RunOptions& options,
+                                            const AttentionBackend& backend,
+                                            const CommContext& comm) {
+  if (options.transport == TransportChoice::auto_select ||
+      options.transport == TransportChoice::mpi) {
+    return make_mpi_transport(comm);
+  }
+  const bool nccl = options.transport == TransportChoice::nccl;
+  if (!cuda_backend_built()) {
+    return nccl ? make_nccl_transport(comm, {})
+                : make_cuda_ipc_transport(comm, {});  // "built without CUDA"
+  }
+  if (std::string(backend.name()) != "cuda") {
+    throw UsageError(std::string("--transport ") + (nccl ? "nccl" : "cuda_ipc") +
+                     " moves GPU buffers: it needs the CUDA backend (--device cuda)");
+  }
+  GpuTransportOptions o;
+  o.device = comm.local_rank() % std::max(1, cuda_device_count());  // the backend's device
+  o.timeout_seconds = options.comm_timeout_seconds;
+  o.staging_bytes = static_cast<std::uint64_t>(options.staging_mib) << 20;
+  return nccl ? make_nccl_transport(comm, o) : make_cuda_ipc_transport(comm, o);
+}
+
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
@@ -144,18 +168,18 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   if (specs.empty() && paged_specs.empty()) throw UsageError("--modes: nothing to run");
   check_output_path(options.output, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
-  const std::unique_ptr<Transport> transport = make_mpi_transport(comm);
   const bool root = comm.rank() == 0;
 
   RunReport report;
   report.problem = options.problem;
   report.provenance = gather_provenance(comm, command_line);
-  report.provenance.transport = transport->name();
   report.provenance.threads = options.threads > 0 ? options.threads : default_threads(comm);
   report.provenance.simd = cpu_simd_isa();
 
   ThreadPool pool(report.provenance.threads);
   const std::unique_ptr<AttentionBackend> backend = select_backend(options.device, pool, comm);
+  const std::unique_ptr<Transport> transport = select_transport(options, *backend, comm);
+  report.provenance.transport = transport->name();
   report.provenance.device = backend->device();
   report.provenance.cuda_available = cuda_device_count() > 0;
 

@@ -155,6 +155,31 @@ std::string CommContext::agree(const std::string& local_error) const {
   return broadcast(local_error, first);
 }
 
+std::vector<std::string> CommContext::allgather(const std::string& bytes) const {
+  const auto n = static_cast<std::size_t>(size_);
+  std::vector<int> lengths(n), offsets(n);
+  const int mine = static_cast<int>(bytes.size());
+  CPD_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, impl_->world));
+  int total = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    offsets[p] = total;
+    total += lengths[p];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  CPD_MPI_CHECK(MPI_Allgatherv(bytes.data(), mine, MPI_CHAR, all.data(), lengths.data(),
+                               offsets.data(), MPI_CHAR, impl_->world));
+  std::vector<std::string> out;
+  for (std::size_t p = 0; p < n; ++p)
+    out.push_back(all.substr(static_cast<std::size_t>(offsets[p]), lengths[p]));
+  return out;
+}
+
+void CommContext::alltoall(std::span<const std::uint64_t> send,
+                           std::span<std::uint64_t> recv) const {
+  CPD_MPI_CHECK(
+      MPI_Alltoall(send.data(), 1, MPI_UINT64_T, recv.data(), 1, MPI_UINT64_T, impl_->world));
+}
+
 void CommContext::barrier() const { CPD_MPI_CHECK(MPI_Barrier(impl_->world)); }
 
 void CommContext::abort(int status) const {

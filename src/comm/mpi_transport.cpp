@@ -5,6 +5,7 @@
 
 #include "comm_impl.h"
 #include "cpdrift/comm/comm_context.h"
+#include "cpdrift/comm/packed_messages.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/core/plan.h"
 #include "mpi_check.h"
@@ -15,22 +16,17 @@ namespace {
 constexpr int kDataTag = 7000;
 constexpr std::size_t kMaxBytesPerMessage = std::size_t{1} << 30;  // MPI counts are int
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public PackedTransport {
  public:
-  explicit MpiTransport(const CommContext& comm) : comm_(comm) {}
+  explicit MpiTransport(const CommContext& comm) : PackedTransport(comm) {}
   const char* name() const override { return "mpi"; }
-  int world_size() const override { return comm_.size(); }
-  int process_index() const override { return comm_.rank(); }
   void start(std::vector<Message> outgoing) override;
   std::vector<Message> finish() override;
-  std::string agree(const std::string& local_error) override { return comm_.agree(local_error); }
 
  private:
   void post(std::vector<std::byte>& buffer, int peer, bool send);
 
-  const CommContext& comm_;
-  std::vector<Message> local_;
-  std::vector<std::vector<std::byte>> send_, recv_;
+  std::vector<std::vector<std::byte>> recv_;
   std::vector<MPI_Request> requests_;
 };
 
@@ -49,38 +45,13 @@ void MpiTransport::post(std::vector<std::byte>& buffer, int peer, bool send) {
 }
 
 void MpiTransport::start(std::vector<Message> outgoing) {
-  const int world = comm_.size(), me = comm_.rank();
-  send_.assign(static_cast<std::size_t>(world), {});
-  recv_.assign(static_cast<std::size_t>(world), {});
-  local_.clear();
-  for (Message& m : outgoing) {
-    const std::size_t payload = m.payload.size() * sizeof(float);
-    ++counters_.messages;
-    counters_.bytes += sizeof(MessageHeader) + payload;
-    const int peer = process_of(m.header.dst, world);
-    if (peer == me) {
-      local_.push_back(std::move(m));
-      continue;
-    }
-    counters_.remote_bytes += sizeof(MessageHeader) + payload;
-    std::vector<std::byte>& buf = send_[static_cast<std::size_t>(peer)];
-    const std::size_t at = buf.size();
-    buf.resize(at + sizeof(MessageHeader) + payload);
-    std::memcpy(buf.data() + at, &m.header, sizeof(MessageHeader));
-    std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
-  }
-  if (world == 1) return;
-  std::vector<std::uint64_t> send_sizes(static_cast<std::size_t>(world)),
-      recv_sizes(send_sizes.size());
-  for (int p = 0; p < world; ++p)
-    send_sizes[static_cast<std::size_t>(p)] = send_[static_cast<std::size_t>(p)].size();
-  CPD_MPI_CHECK(MPI_Alltoall(send_sizes.data(), 1, MPI_UINT64_T, recv_sizes.data(), 1, MPI_UINT64_T,
-                             comm_.impl().world));
-  for (int p = 0; p < world; ++p) {
-    const auto i = static_cast<std::size_t>(p);
-    recv_[i].resize(recv_sizes[i]);
-    if (!recv_[i].empty()) post(recv_[i], p, false);
-    if (!send_[i].empty()) post(send_[i], p, true);
+  pack_and_size(std::move(outgoing));
+  recv_.assign(send_.size(), {});
+  for (std::size_t p = 0; p < send_.size(); ++p) {
+    if (static_cast<int>(p) == comm_.rank()) continue;
+    recv_[p].resize(recv_sizes_[p]);
+    if (!recv_[p].empty()) post(recv_[p], static_cast<int>(p), false);
+    if (!send_[p].empty()) post(send_[p], static_cast<int>(p), true);
   }
 }
 
@@ -90,33 +61,9 @@ std::vector<Message> MpiTransport::finish() {
         MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
     requests_.clear();
   }
-  std::vector<Message> arrived = std::move(local_);
-  local_.clear();
-  for (std::size_t p = 0; p < recv_.size(); ++p) {
-    const std::vector<std::byte>& buf = recv_[p];
-    std::size_t at = 0;
-    while (at < buf.size()) {
-      Message m;
-      if (buf.size() - at < sizeof(MessageHeader)) {
-        throw ProtocolError("truncated message header from process " + std::to_string(p));
-      }
-      std::memcpy(&m.header, buf.data() + at, sizeof(MessageHeader));
-      at += sizeof(MessageHeader);
-      const std::int64_t floats = m.header.floats;
-      if (floats < 0 || static_cast<std::uint64_t>(floats) * sizeof(float) > buf.size() - at) {
-        throw ProtocolError("malformed " + describe(m.header) + " from process " +
-                            std::to_string(p) + ": payload of " + std::to_string(floats) +
-                            " floats overruns the buffer");
-      }
-      m.payload.resize(static_cast<std::size_t>(floats));
-      std::memcpy(m.payload.data(), buf.data() + at, m.payload.size() * sizeof(float));
-      at += m.payload.size() * sizeof(float);
-      arrived.push_back(std::move(m));
-    }
-  }
-  send_.clear();
+  std::vector<Message> out = arrived(recv_);
   recv_.clear();
-  return arrived;
+  return out;
 }
 
 }  // namespace

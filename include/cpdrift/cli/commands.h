@@ -30,6 +30,12 @@ int bench_command(const BenchOptions& options, const CommContext& comm);
 std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool,
                                                  const CommContext& comm);
 
+/// The transport `options.transport` asks for (auto: mpi). The GPU transports need the CUDA
+/// backend and use its device. Throws UsageError (on every process alike) when unavailable.
+std::unique_ptr<Transport> select_transport(const RunOptions& options,
+                                            const AttentionBackend& backend,
+                                            const CommContext& comm);
+
 /// Threads per process when not given: the cores of the node shared among its processes.
 int default_threads(const CommContext& comm);
 

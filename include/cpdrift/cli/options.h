@@ -13,7 +13,7 @@
 namespace cpd {
 
 enum class Device { auto_select, cpu, cuda };
-enum class TransportChoice { auto_select, mpi };
+enum class TransportChoice { auto_select, mpi, nccl, cuda_ipc };
 /// What a run measures: the trainer's CP prefill (split disabled / fixed) and the rollout
 /// side's paged prefill and decode.
 enum class RunMode { prefill, chunked_prefill, paged_prefill, decode };
@@ -34,9 +34,11 @@ struct RunOptions {
   std::optional<std::int64_t> q_len;
   Device device = Device::auto_select;
   TransportChoice transport = TransportChoice::auto_select;
-  int threads = 0;     // 0: the machine's cores shared among this node's processes
-  std::string output;  // JSON report path; empty: none
-  std::string dump;    // HDF5 tensor dump path; empty: none
+  double comm_timeout_seconds = 300.0;  // GPU transports: a wait longer than this is an error
+  int staging_mib = 64;                 // cuda_ipc: each process's receive window
+  int threads = 0;                      // 0: the machine's cores shared among this node's processes
+  std::string output;                   // JSON report path; empty: none
+  std::string dump;                     // HDF5 tensor dump path; empty: none
   bool include_backward = false;
   bool cpu_check = true;  // GPU runs also run the FP32 path on the CPU and compare the bits
   bool include_dlogp = false;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "cpdrift/engine/collectives.h"
 #include "cpdrift/engine/transport.h"
@@ -47,6 +48,10 @@ class CommContext {
   bool same_everywhere(const std::string& text) const;
   /// Collective agreement on failure: the error of the lowest process that has one, or "".
   std::string agree(const std::string& local_error) const;
+  /// Every process's bytes, in rank order (e.g. device UUIDs, IPC handles).
+  std::vector<std::string> allgather(const std::string& bytes) const;
+  /// recv[p] = what process p passed as send[me]; both spans hold size() values.
+  void alltoall(std::span<const std::uint64_t> send, std::span<std::uint64_t> recv) const;
 
   /// The implementation's communicator state (used by src/comm/ only).
   struct Impl;

@@ -1,0 +1,184 @@
+// `--transport nccl`: rank 0's ncclUniqueId travels by MPI broadcast, every process joins a
+// non-blocking communicator on its device, and a superstep is one NCCL group of ncclSend /
+// ncclRecv of the packed bytes (packed_messages.h) between device staging buffers. Nothing
+// is reduced by NCCL: the bits are the MPI transport's. Every wait polls the communicator's
+// async error under --comm-timeout and aborts it on error or timeout.
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cpdrift/comm/gpu_transports.h"
+#include "cpdrift/comm/packed_messages.h"
+#include "cpdrift/core/errors.h"
+#include "cuda_check.cuh"
+#include "device_buffer.cuh"
+
+namespace cpd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string nccl_text(ncclResult_t r) { return ncclGetErrorString(r); }
+
+class NcclTransport final : public PackedTransport {
+ public:
+  NcclTransport(const CommContext& comm, const GpuTransportOptions& o)
+      : PackedTransport(comm), options_(o) {
+    CPD_CUDA_CHECK(cudaSetDevice(o.device));
+    cudaDeviceProp prop{};
+    CPD_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    // NCCL refuses two ranks on one device: say so before it does, on every process.
+    const std::string error = comm.agree(
+        shared_device_error(comm.allgather(std::string(prop.uuid.bytes, sizeof prop.uuid.bytes))));
+    if (!error.empty())
+      throw UsageError("--transport nccl: " + error + "; use --transport cuda_ipc or mpi");
+    ncclUniqueId id{};
+    if (comm.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    const std::string bytes = comm.broadcast(std::string(id.internal, sizeof id.internal), 0);
+    std::copy(bytes.begin(), bytes.end(), id.internal);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that a stuck peer is a timeout, not a hang
+    const ncclResult_t r = ncclCommInitRankConfig(&nccl_, comm.size(), id, comm.rank(), &config);
+    if (r != ncclSuccess && r != ncclInProgress) check(r, "ncclCommInitRankConfig");
+    wait_for_comm("ncclCommInitRankConfig", "every process of the job");
+    CPD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  ~NcclTransport() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (nccl_ != nullptr) aborted_ ? ncclCommAbort(nccl_) : ncclCommDestroy(nccl_);
+  }
+
+  const char* name() const override { return "nccl"; }
+
+  void start(std::vector<Message> outgoing) override {
+    pack_and_size(std::move(outgoing));
+    const int world = comm_.size();
+    std::uint64_t send_total = 0, recv_total = 0;
+    for (int p = 0; p < world; ++p) {
+      send_total += send_sizes_[static_cast<std::size_t>(p)];
+      recv_total += recv_sizes_[static_cast<std::size_t>(p)];
+    }
+    if (dev_send_.size() < send_total) dev_send_.resize(send_total);
+    if (dev_recv_.size() < recv_total) dev_recv_.resize(recv_total);
+    std::uint64_t at = 0;
+    for (int p = 0; p < world; ++p) {
+      const auto& buf = send_[static_cast<std::size_t>(p)];
+      if (!buf.empty()) {
+        CPD_CUDA_CHECK(cudaMemcpyAsync(dev_send_.data() + at, buf.data(), buf.size(),
+                                       cudaMemcpyHostToDevice, stream_));
+      }
+      at += buf.size();
+    }
+    check(ncclGroupStart(), "ncclGroupStart");
+    std::uint64_t s = 0, r = 0;
+    for (int p = 0; p < world; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      if (send_sizes_[i] > 0) {
+        check_async(ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_),
+                    "ncclSend");
+      }
+      if (recv_sizes_[i] > 0) {
+        check_async(ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_),
+                    "ncclRecv");
+      }
+      s += send_sizes_[i];
+      r += recv_sizes_[i];
+    }
+    check_async(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  std::vector<Message> finish() override {
+    wait_for_stream("the superstep's grouped ncclSend/ncclRecv");
+    std::vector<std::vector<std::byte>> received(recv_sizes_.size());
+    std::uint64_t at = 0;
+    for (std::size_t p = 0; p < recv_sizes_.size(); ++p) {
+      received[p].resize(recv_sizes_[p]);
+      if (!received[p].empty()) dev_recv_.download(received[p].data(), received[p].size(), at);
+      at += recv_sizes_[p];
+    }
+    return arrived(received);
+  }
+
+ private:
+  void check(ncclResult_t r, const char* op) {
+    if (r == ncclSuccess) return;
+    fail(std::string(op) + ": " + nccl_text(r));
+  }
+  // Non-blocking communicators may answer "in progress": the wait that follows completes it.
+  void check_async(ncclResult_t r, const char* op) {
+    if (r != ncclInProgress) check(r, op);
+  }
+
+  [[noreturn]] void fail(const std::string& what) {
+    if (nccl_ != nullptr && !aborted_) {
+      ncclCommAbort(nccl_);
+      aborted_ = true;
+      nccl_ = nullptr;
+    }
+    throw std::runtime_error("NCCL on process " + std::to_string(comm_.rank()) + ": " + what);
+  }
+
+  std::string peers() const {
+    std::string list;
+    for (std::size_t p = 0; p < send_sizes_.size(); ++p) {
+      if (send_sizes_[p] > 0 || recv_sizes_[p] > 0)
+        list += (list.empty() ? "" : ", ") + std::to_string(p);
+    }
+    return list.empty() ? "none" : list;
+  }
+
+  // Until the communicator leaves "in progress", polling its async error under the timeout.
+  void wait_for_comm(const char* op, const std::string& who) {
+    const auto started = Clock::now();
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(nccl_, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(std::string(op) + " with " + who + ": " + nccl_text(state));
+      if (std::chrono::duration<double>(Clock::now() - started).count() >
+          options_.timeout_seconds) {
+        fail(std::string(op) + " with " + who + ": no progress in " +
+             std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // Until the stream drains, watching NCCL's async error and the timeout.
+  void wait_for_stream(const std::string& op) {
+    const auto started = Clock::now();
+    while (true) {
+      const cudaError_t s = cudaStreamQuery(stream_);
+      if (s == cudaSuccess) return;
+      if (s != cudaErrorNotReady) fail(op + ": " + cudaGetErrorString(s));
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(nccl_, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        fail(op + " with processes " + peers() + ": " + nccl_text(state));
+      }
+      if (std::chrono::duration<double>(Clock::now() - started).count() >
+          options_.timeout_seconds) {
+        fail(op + " with processes " + peers() + ": not complete after " +
+             std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  GpuTransportOptions options_;
+  ncclComm_t nccl_ = nullptr;
+  bool aborted_ = false;
+  cudaStream_t stream_ = nullptr;
+  DeviceBuffer<std::byte> dev_send_, dev_recv_;  // grow-only staging
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nccl_transport(const CommContext& comm,
+                                               const GpuTransportOptions& options) {
+  return std::make_unique<NcclTransport>(comm, options);
+}
+
+}  // namespace cpd
