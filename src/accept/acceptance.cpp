@@ -57,7 +57,9 @@ std::vector<AcceptanceRow> required_matrix() {
                   .cases = paged_cases,
                   .invariance = "page_layout"});
   for (int np : {2, 4, 8}) {
-    const std::string why = "not implemented yet (GPU transports, one GPU per process)";
+    const std::string why =
+        "accept does not run the GPU transports yet, so there is no executed evidence (one GPU per "
+        "process)";
     rows.push_back({.name = "p2p_nccl_reference_np" + std::to_string(np),
                     .kind = K::not_yet_available,
                     .processes = np,
