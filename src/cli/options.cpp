@@ -385,7 +385,7 @@ std::vector<CaseSpec> expand_cases(const RunOptions& o) {
 }
 
 PagedOptions paged_options(const RunOptions& o) {
-  return PagedOptions{o.page_size, o.q_len, o.vocab_size};
+  return PagedOptions{o.page_size, o.q_len, o.vocab_size, false};
 }
 
 std::vector<PagedCaseSpec> expand_paged_cases(const RunOptions& o) {

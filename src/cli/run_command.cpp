@@ -221,7 +221,9 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   if (!paged_specs.empty()) {
     if (progress) std::fprintf(stderr, "cpdrift: %zu paged cases ...\n", paged_specs.size());
     if (specs.empty()) maybe_die_for_test(comm);
-    report.paged_cases = run_paged_cases(ctx, paged_options(options), paged_specs);
+    PagedOptions paged = paged_options(options);
+    paged.progress = progress;
+    report.paged_cases = run_paged_cases(ctx, paged, paged_specs);
     if (verbose) print_paged_rows(table, report);
   }
   // Rank 0 holds the digests, so its verdict is the job's: every process returns the same.

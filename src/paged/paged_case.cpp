@@ -1,6 +1,7 @@
 #include "cpdrift/paged/paged_case.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "cpdrift/cpu/input_store.h"
 #include "cpdrift/numerics/bf16.h"
@@ -124,8 +125,17 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
     const auto started = std::chrono::steady_clock::now();
     if (!lanes_split || !(*lanes_split == spec.split)) {
       lanes.reset();
+      const bool say = o.progress && ctx.collectives.root();
+      if (say)
+        std::fprintf(stderr, "cpdrift: paged lanes, split-KV %s ...\n",
+                     to_string(spec.split.policy));
       lanes = paged::compute_plan_lanes(ctx, w, spec.split);
       lanes_split = spec.split;
+      if (say) {
+        std::fprintf(
+            stderr, "cpdrift: paged lanes, split-KV %s: %.1f s\n", to_string(spec.split.policy),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      }
     }
     const PlanLanes& l = *lanes;
     PagedCaseResult r;

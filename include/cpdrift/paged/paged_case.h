@@ -60,6 +60,7 @@ struct PagedOptions {
   int page_size = 16;
   std::optional<std::int64_t> q_len;
   int vocab_size = 17;
+  bool progress = false;  // rank 0 says on stderr when each plan's lanes start and end
 };
 
 /// Runs the paged cases; the lanes of one split plan are computed once for all its modes.
