@@ -11,28 +11,16 @@
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/numerics/attention_math.h"
 #include "cpdrift/numerics/bf16.h"
+#include "random_rows.h"
 
 using namespace cpd;
+using cpd::testing::random_rows;
+using cpd::testing::same_bits;
 
 namespace {
 
 constexpr int kDim = 128;
 constexpr double kU = 5.9604644775390625e-08;  // FP32 unit roundoff, 2^-24
-
-std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(static_cast<std::size_t>(rows) * kDim);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
-bool same_bits(const float* a, const float* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    if (bits_of(a[i]) != bits_of(b[i])) return false;
-  }
-  return true;
-}
 
 // Naive FP64 attention of one row over n visible keys.
 void attention_fp64(const float* q, const float* k, const float* v, int n, float scale,

@@ -4,35 +4,22 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "cpdrift/core/model.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
+#include "random_rows.h"
 
 using namespace cpd;
+using cpd::testing::random_rows;
+using cpd::testing::same_bits;
 
 namespace {
 
 constexpr int kDim = 128;
 constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 const float kScale = ModelDims{}.softmax_scale();
-
-std::vector<float> random_rows(int rows, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> v(static_cast<std::size_t>(rows) * kDim);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
-bool same_bits(const float* a, const float* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    if (bits_of(a[i]) != bits_of(b[i])) return false;
-  }
-  return true;
-}
 
 // A causal single-head problem of n positions, with its canonical FP32 forward (one block).
 struct Head {
@@ -56,6 +43,23 @@ struct Head {
   }
 };
 
+// Query block qb of `h` (its dq into `dq`) as a unit's row block, and the unit of KV block kb
+// with its totals in dk, dv.
+QueryBlockRows rows_of(const Head& h, Range qb, float* dq) {
+  return QueryBlockRows{
+      qb, &h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim], &h.lse[qb.begin], &h.delta[qb.begin],
+      dq};
+}
+BackwardUnit unit_of(const Head& h, Range kb, float* dk, float* dv) {
+  BackwardUnit unit;
+  unit.k = &h.k[kb.begin * kDim];
+  unit.v = &h.v[kb.begin * kDim];
+  unit.keys = kb;
+  unit.dk_total = dk;
+  unit.dv_total = dv;
+  return unit;
+}
+
 // One head over the whole sequence as one query block and one KV block (the CP=1 grid).
 struct Grads {
   std::vector<float> dq, dk, dv;
@@ -63,14 +67,8 @@ struct Grads {
 Grads kernel_grads(const Head& h, ThreadPool& pool) {
   Grads g{std::vector<float>(h.q.size()), std::vector<float>(h.k.size()),
           std::vector<float>(h.v.size())};
-  BackwardUnit unit;
-  unit.blocks.push_back(QueryBlockRows{Range{0, h.n}, h.q.data(), h.d_out.data(), h.lse.data(),
-                                       h.delta.data(), g.dq.data()});
-  unit.k = h.k.data();
-  unit.v = h.v.data();
-  unit.keys = Range{0, h.n};
-  unit.dk_total = g.dk.data();
-  unit.dv_total = g.dv.data();
+  BackwardUnit unit = unit_of(h, Range{0, h.n}, g.dk.data(), g.dv.data());
+  unit.blocks.push_back(rows_of(h, Range{0, h.n}, g.dq.data()));
   run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
   return g;
 }
@@ -89,14 +87,8 @@ TEST_CASE("tiled backward equals the canonical block-pair definition bit for bit
       CAPTURE(kb.begin);
       const int nq = static_cast<int>(qb.size()), nk = static_cast<int>(kb.size());
       std::vector<float> dq(nq * kDim), dk(nk * kDim), dv(nk * kDim);
-      BackwardUnit unit;
-      unit.blocks.push_back(QueryBlockRows{qb, &h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim],
-                                           &h.lse[qb.begin], &h.delta[qb.begin], dq.data()});
-      unit.k = &h.k[kb.begin * kDim];
-      unit.v = &h.v[kb.begin * kDim];
-      unit.keys = kb;
-      unit.dk_total = dk.data();
-      unit.dv_total = dv.data();
+      BackwardUnit unit = unit_of(h, kb, dk.data(), dv.data());
+      unit.blocks.push_back(rows_of(h, qb, dq.data()));
       run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
       std::vector<float> rdq(dq.size()), rdk(dk.size()), rdv(dv.size());
       backward_block_pair(&h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim], &h.lse[qb.begin],
@@ -117,17 +109,9 @@ TEST_CASE("query-block folds: the unit's totals are the ordered fold of per-bloc
   const std::vector<Range> qbs{{16, 32}, {32, 48}, {48, 64}};
   std::vector<std::vector<float>> dq(qbs.size(), std::vector<float>(16 * kDim));
   std::vector<float> dk(16 * kDim), dv(16 * kDim);
-  BackwardUnit unit;
-  for (std::size_t b = 0; b < qbs.size(); ++b) {
-    const Range& qb = qbs[b];
-    unit.blocks.push_back(QueryBlockRows{qb, &h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim],
-                                         &h.lse[qb.begin], &h.delta[qb.begin], dq[b].data()});
-  }
-  unit.k = &h.k[kb.begin * kDim];
-  unit.v = &h.v[kb.begin * kDim];
-  unit.keys = kb;
-  unit.dk_total = dk.data();
-  unit.dv_total = dv.data();
+  BackwardUnit unit = unit_of(h, kb, dk.data(), dv.data());
+  for (std::size_t b = 0; b < qbs.size(); ++b)
+    unit.blocks.push_back(rows_of(h, qbs[b], dq[b].data()));
   run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
   std::vector<std::vector<float>> pk(3, std::vector<float>(16 * kDim)),
       pv(3, std::vector<float>(16 * kDim));

@@ -169,6 +169,28 @@ TEST_CASE("distributed statistics equal the single-process ones bit for bit") {
 
 namespace {
 
+// Everything a RunContext points at, over MPI (every process) or in this process alone, with
+// the backward and dlogp legs on.
+struct RunEnv {
+  RunEnv(const Problem& p, bool over_mpi)
+      : problem(p),
+        inputs(problem, pool),
+        transport(over_mpi ? make_mpi_transport(comm())
+                           : std::unique_ptr<Transport>(std::make_unique<InProcessTransport>())),
+        ctx{problem, pool, inputs, *transport, over_mpi ? comm().collectives() : one, cp1} {
+    ctx.cp1_backward = &cp1_backward;
+    ctx.vocab_size = 17;
+  }
+  Problem problem;
+  ThreadPool pool{1};
+  InputStore inputs;
+  LocalCp1Results cp1;
+  LocalCp1Backward cp1_backward;
+  LocalCollectives one;
+  std::unique_ptr<Transport> transport;
+  RunContext ctx;
+};
+
 // The case JSON without what legitimately depends on placement and time.
 json::Value portable(json::Value c) {
   c.as_object().erase("execution");
@@ -198,26 +220,9 @@ TEST_CASE("reports are identical for one process and for all of them") {
     specs.push_back(CaseSpec{2, 2, 8, CpLayout::zigzag, protocol});
     specs.push_back(CaseSpec{1, 4, std::nullopt, CpLayout::contiguous, protocol});
   }
-  ThreadPool pool(1);
-  InputStore inputs(p, pool);
-  LocalCp1Results cp1;
-  LocalCp1Backward cp1_backward;
-  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
-  RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
-  ctx.cp1_backward = &cp1_backward;  // the backward and dlogp legs too
-  ctx.vocab_size = 17;
-  const std::vector<json::Value> together = report_cases(ctx, specs);
+  const std::vector<json::Value> together = report_cases(RunEnv(p, true).ctx, specs);
   if (comm().rank() != 0) return;
-  ThreadPool pool1(1);
-  InputStore inputs1(p, pool1);
-  LocalCp1Results cp1_alone;
-  LocalCp1Backward cp1_backward_alone;
-  InProcessTransport in_process;
-  const LocalCollectives one;
-  RunContext alone_ctx{p, pool1, inputs1, in_process, one, cp1_alone};
-  alone_ctx.cp1_backward = &cp1_backward_alone;
-  alone_ctx.vocab_size = 17;
-  const std::vector<json::Value> alone = report_cases(alone_ctx, specs);
+  const std::vector<json::Value> alone = report_cases(RunEnv(p, false).ctx, specs);
   REQUIRE(alone.size() == together.size());
   for (std::size_t i = 0; i < alone.size(); ++i) {
     CAPTURE(i);
@@ -252,20 +257,9 @@ TEST_CASE("paged cases: the report section is the same for one process and for a
     }
     return out;
   };
-  ThreadPool pool(1);
-  InputStore inputs(p, pool);
-  LocalCp1Results cp1;
-  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
-  const std::vector<std::string> together =
-      section(RunContext{p, pool, inputs, *mpi, comm().collectives(), cp1});
+  const std::vector<std::string> together = section(RunEnv(p, true).ctx);
   if (comm().rank() != 0) return;
-  ThreadPool pool1(1);
-  InputStore inputs1(p, pool1);
-  LocalCp1Results cp1_alone;
-  InProcessTransport in_process;
-  const LocalCollectives one;
-  const std::vector<std::string> alone =
-      section(RunContext{p, pool1, inputs1, in_process, one, cp1_alone});
+  const std::vector<std::string> alone = section(RunEnv(p, false).ctx);
   REQUIRE(alone.size() == together.size());
   for (std::size_t i = 0; i < alone.size(); ++i) {
     CAPTURE(i);
@@ -358,19 +352,13 @@ json::Value evidence_report() {
   Problem p;
   p.seq_len = 16;
   p.batch = 2;
-  ThreadPool pool(1);
-  InputStore inputs(p, pool);
-  LocalCp1Results cp1;
-  LocalCp1Backward cp1_backward;
-  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
-  RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
-  ctx.cp1_backward = &cp1_backward;
-  ctx.vocab_size = 17;
+  RunEnv env(p, true);
+  const RunContext& ctx = env.ctx;
   RunReport r;
   r.problem = p;
   r.vocab_size = 17;
   r.provenance.world_size = comm().size();
-  r.provenance.transport = mpi->name();
+  r.provenance.transport = env.transport->name();
   for (const std::optional<std::int64_t> split :
        {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
     for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
@@ -393,6 +381,17 @@ json::Value& case_named(json::Value& report, const std::string& name) {
   }
   FAIL("no case " << name);
   return report;
+}
+
+// The row fails on the doctored report, and one of its errors says `expect`.
+void expect_failure(const AcceptanceRow& row, const json::Value& report, int world,
+                    const char* expect) {
+  const RowVerdict v = evaluate_row(row, report, AcceptanceThresholds{}, world, "report.json");
+  CAPTURE(std::string(expect));
+  CHECK(v.status == "failed");
+  bool named = false;
+  for (const std::string& e : v.errors) named = named || e.find(expect) != std::string::npos;
+  CHECK(named);
 }
 
 AcceptanceRow row_named(const std::string& name) {
@@ -466,13 +465,8 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
     for (json::Value& c : bad.at("paged_cases").as_array()) {
       if (c.at("case_name").as_string() == fixed_decode) f.apply(c);
     }
-    const RowVerdict v = evaluate_row(row_named(f.row), bad, t, world, "report.json");
     CAPTURE(std::string(f.row));
-    CAPTURE(std::string(f.expect));
-    CHECK(v.status == "failed");
-    bool named = false;
-    for (const std::string& e : v.errors) named = named || e.find(f.expect) != std::string::npos;
-    CHECK(named);
+    expect_failure(row_named(f.row), bad, world, f.expect);
   }
   json::Value no_paged = report;
   no_paged["paged_cases"] = json::Value::array();
@@ -508,12 +502,7 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
   for (const Fault& f : faults) {
     json::Value bad = report;
     f.apply(case_named(bad, chunked));
-    const RowVerdict v = evaluate_row(row_named(chunked), bad, t, world, "report.json");
-    CAPTURE(std::string(f.expect));
-    CHECK(v.status == "failed");
-    bool named = false;
-    for (const std::string& e : v.errors) named = named || e.find(f.expect) != std::string::npos;
-    CHECK(named);
+    expect_failure(row_named(chunked), bad, world, f.expect);
   }
   // A protocol that disagrees breaks the equivalence row.
   json::Value bad = report;

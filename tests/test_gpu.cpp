@@ -13,8 +13,11 @@
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/paged/paged_case.h"
+#include "random_rows.h"
 
 using namespace cpd;
+using cpd::testing::random_rows;
+using cpd::testing::same_bits;
 
 namespace {
 
@@ -29,23 +32,6 @@ struct Backends {
 Backends& backends() {
   static Backends b;
   return b;
-}
-
-std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int dim = kDim,
-                               bool bf16 = false) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> v(static_cast<std::size_t>(rows) * dim);
-  for (float& x : v) x = bf16 ? round_bf16(normal(rng)) : normal(rng);
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (bits_of(a[i]) != bits_of(b[i])) return false;
-  }
-  return true;
 }
 
 const float kScale = ModelDims{}.softmax_scale();

@@ -66,7 +66,8 @@ TEST_CASE("cuda_ipc and nccl move the same bits as mpi, for every protocol, thre
 }
 
 TEST_CASE("NCCL refuses processes that share a GPU, on every process, before it starts") {
-  if (!devices_shared()) return;  // one GPU per process here: nothing to refuse
-  CHECK_THROWS_WITH_AS(make_nccl_transport(comm(), gpu_options()),
-                       doctest::Contains("share one GPU"), UsageError);
+  GpuTransportOptions shared = gpu_options();
+  shared.device = 0;  // every process on device 0
+  CHECK_THROWS_WITH_AS(make_nccl_transport(comm(), shared), doctest::Contains("share one GPU"),
+                       UsageError);
 }

@@ -36,9 +36,11 @@ Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool)
                 generate_shard(p, TensorId::v, kvs, precision, pool)};
 }
 
-// One CP=1 prefill forward (a single KV block [0, S)): the FP32 reference's work.
-double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool) {
-  const int dim = p.dims.head_dim, group = p.dims.group_size();
+// One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
+// gets its time.
+AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
+                  double& seconds) {
+  const int group = p.dims.group_size();
   AttnShard out{Shard(in.q.shape),
                 Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
   const std::vector<Range> grid{Range{0, p.seq_len}};
@@ -51,8 +53,15 @@ double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, T
     }
   }
   const auto t = Clock::now();
-  run_fold_jobs(jobs, dim, p.dims.softmax_scale(), rounding, pool);
-  return seconds_since(t);
+  run_fold_jobs(jobs, p.dims.head_dim, p.dims.softmax_scale(), rounding, pool);
+  seconds = seconds_since(t);
+  return out;
+}
+
+double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool) {
+  double seconds = 0;
+  forward(p, in, rounding, pool, seconds);
+  return seconds;
 }
 
 // One CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out and lse:
@@ -60,18 +69,8 @@ double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, T
 double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
   const int dim = p.dims.head_dim, group = p.dims.group_size();
   const Range all{0, p.seq_len};
-  AttnShard fwd{Shard(in.q.shape),
-                Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
-  const std::vector<Range> grid{all};
-  std::vector<FoldJob> jobs;
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.dims.num_q_heads; ++h) {
-      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, in.k.at(b, h / group, 0),
-                             in.v.at(b, h / group, 0), 0, grid, fwd.out.at(b, h, 0),
-                             fwd.lse.at(b, h, 0)});
-    }
-  }
-  run_fold_jobs(jobs, dim, p.dims.softmax_scale(), ProbRounding::none, pool);
+  double forward_seconds = 0;
+  const AttnShard fwd = forward(p, in, ProbRounding::none, pool, forward_seconds);
   const Shard d_out = generate_shard(p, TensorId::d_out, in.q.shape, InputPrecision::fp32, pool);
   Shard delta(fwd.lse.shape), dq(in.q.shape);
   for (std::size_t r = 0; r < delta.data.size(); ++r) {

@@ -1,13 +1,10 @@
 // The MPI transport: one superstep = an all-to-all of byte counts, then nonblocking sends and
 // receives of one packed buffer per peer process, completed by finish().
-#include <cstring>
 #include <vector>
 
 #include "comm_impl.h"
 #include "cpdrift/comm/comm_context.h"
 #include "cpdrift/comm/packed_messages.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/core/plan.h"
 #include "mpi_check.h"
 
 namespace cpd {

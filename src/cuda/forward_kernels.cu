@@ -51,6 +51,14 @@ __device__ void row_state(const float* q, const float* k, const float* v, int n,
   __syncthreads();
 }
 
+// A row block's dynamic shared memory (shared_bytes(dim)): the query row, the block's
+// probabilities, the reductions' scratch.
+struct RowShared {
+  float *q, *p, *scratch;
+  __device__ RowShared(float* shared, int dim)
+      : q(shared), p(shared + dim), scratch(shared + dim + kThreads) {}
+};
+
 __device__ void load_row(const float* src, int dim, float* q) {
   for (int d = threadIdx.x; d < dim; d += kThreads) q[d] = src[d];
   __syncthreads();
@@ -59,9 +67,8 @@ __device__ void load_row(const float* src, int dim, float* q) {
 __global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int dim, float scale,
                                     bool bf16_probs) {
   extern __shared__ float shared[];
-  float* q = shared;
-  float* p = q + dim;
-  float* scratch = p + kThreads;
+  const RowShared sh(shared, dim);
+  float *q = sh.q, *p = sh.p, *scratch = sh.scratch;
   const Task task = tasks[blockIdx.x];
   const RowsJob& job = jobs[task.job];
   const long long row = task.item, pos = job.first_pos + row;
@@ -84,9 +91,8 @@ __global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int 
 
 __global__ void forward_fold_kernel(const FoldJob* jobs, const Task* tasks, int dim, float scale) {
   extern __shared__ float shared[];
-  float* q = shared;
-  float* p = q + dim;
-  float* scratch = p + kThreads;
+  const RowShared sh(shared, dim);
+  float *q = sh.q, *p = sh.p, *scratch = sh.scratch;
   const Task task = tasks[blockIdx.x];
   const FoldJob& job = jobs[task.job];
   const long long row = task.item, pos = job.first_pos + row;

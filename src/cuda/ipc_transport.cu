@@ -54,8 +54,8 @@ class CudaIpcTransport final : public PackedTransport {
 
   void start(std::vector<Message> outgoing) override {
     pack_and_size(std::move(outgoing));
-    std::uint64_t rounds[1] = {
-        std::max(exchange_rounds(send_sizes_, slot_), exchange_rounds(recv_sizes_, slot_))};
+    // Every byte count sent is one received: the largest send anywhere sets the rounds.
+    std::uint64_t rounds[1] = {exchange_rounds(send_sizes_, slot_)};
     comm_.allreduce_max(rounds);
     rounds_ = rounds[0];
   }

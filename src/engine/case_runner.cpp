@@ -17,16 +17,6 @@ constexpr PathSpec kBf16KernelPath{InputPrecision::bf16, ProbRounding::bf16};
 constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none,
                                 BlockKernel::cublas_unfused};
 
-// The BF16 final write: the output rounded once to BF16; lse stays FP32, as flash kernels
-// keep it.
-AttnShard final_write(const AttnShard& merged, bool bf16) {
-  AttnShard written = merged;
-  if (bf16) {
-    for (float& x : written.out.data) x = round_bf16(x);
-  }
-  return written;
-}
-
 using casework::stats_of;
 using casework::Tagged;
 
@@ -66,6 +56,14 @@ Published publish(const RunContext& ctx, const CaseGrid& grid, const std::string
 }
 
 }  // namespace
+
+AttnShard final_write(const AttnShard& merged, bool bf16) {
+  AttnShard written = merged;
+  if (bf16) {
+    for (float& x : written.out.data) x = round_bf16(x);
+  }
+  return written;
+}
 
 CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const auto started = std::chrono::steady_clock::now();

@@ -92,18 +92,18 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                 [](const Source& a, const Source& b) { return a.head_begin < b.head_begin; });
       const std::int64_t rows = t.size();
       std::vector<float> logits(static_cast<std::size_t>(vocab));
+      std::vector<const float*> heads;  // the token's partials, ascending head order
       for (int which = 0; which < 2; ++which) {
         Shard& out = which == 0 ? lp.candidate : lp.reference;
         for (int b = 0; b < batch; ++b) {
           for (std::int64_t i = 0; i < rows; ++i) {
-            bool first = true;
+            heads.clear();
             for (const Source& s : sources) {
               for (std::int64_t hl = 0; hl < s.heads; ++hl) {
-                const float* z = s.z + (((which * batch + b) * s.heads + hl) * rows + i) * vocab;
-                for (int v = 0; v < vocab; ++v) logits[v] = first ? z[v] : logits[v] + z[v];
-                first = false;
+                heads.push_back(s.z + (((which * batch + b) * s.heads + hl) * rows + i) * vocab);
               }
             }
+            fold_head_logits(heads.data(), static_cast<int>(heads.size()), vocab, logits.data());
             const std::int64_t pos = t.begin + i;
             out.at(b, 0, shape.local_row(pos))[0] =
                 log_softmax_at(logits.data(), vocab, logprob_target(b, pos, p.seq_len, vocab));

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "cpdrift/cpu/input_store.h"
-#include "cpdrift/numerics/bf16.h"
 #include "paged_lanes.h"
 #include "paged_publish.h"
 
@@ -27,14 +26,6 @@ Pairs same_rows(const AttnShard& c, const AttnShard& r, std::int64_t q_len) {
       p.add(c, b, 0, r, b, 0, h, q_len);
   }
   return p;
-}
-
-AttnShard written(const AttnShard& a, bool bf16) {
-  AttnShard w = a;
-  if (bf16) {
-    for (float& x : w.out.data) x = round_bf16(x);
-  }
-  return w;
 }
 
 Invariance invariance(const RunContext& ctx, std::string name, std::string compares, const Pairs& p,
@@ -118,6 +109,8 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
   const Problem& p = ctx.problem;
   const PagedWorkload w = make_paged_workload(p, o.page_size, o.q_len);
   const bool bf16 = p.dtype == DType::bf16;
+  const paged::PagedInputs in = paged::prepare_paged_inputs(ctx, w);
+  const AttnShard reference_cast = final_write(in.reference, bf16);
   std::vector<PagedCaseResult> results;
   std::optional<PlanLanes> lanes;
   std::optional<SplitKv> lanes_split;
@@ -125,11 +118,15 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
     const auto started = std::chrono::steady_clock::now();
     if (!lanes_split || !(*lanes_split == spec.split)) {
       lanes.reset();
+      std::vector<PagedMode> modes;  // the modes this plan's cases ask for
+      for (const PagedCaseSpec& other : specs) {
+        if (other.split == spec.split) modes.push_back(other.mode);
+      }
       const bool say = o.progress && ctx.collectives.root();
       if (say)
         std::fprintf(stderr, "cpdrift: paged lanes, split-KV %s ...\n",
                      to_string(spec.split.policy));
-      lanes = paged::compute_plan_lanes(ctx, w, spec.split);
+      lanes = paged::compute_plan_lanes(ctx, w, in, spec.split, modes);
       lanes_split = spec.split;
       if (say) {
         std::fprintf(
@@ -142,8 +139,8 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
     r.spec = spec;
     r.name = paged_case_name(spec, p.dtype);
     r.workload = w;
-    r.physical_pages = l.main_table.num_pages;
-    r.block_tables_digest = page_table_digest(l.main_table);
+    r.physical_pages = in.main_table.num_pages;
+    r.block_tables_digest = page_table_digest(in.main_table);
     for (int b = 0; b < w.sequences(); ++b) {
       const std::int64_t len = w.kv_lens[static_cast<std::size_t>(b)];
       r.plans.push_back(split_blocks(spec.split, len, w.sequences(), w.page_size));
@@ -152,12 +149,11 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
       }
     }
     const AttnShard& rows = l.mode_rows(spec.mode);
-    const AttnShard candidate = written(rows, bf16);
-    const AttnShard reference_cast = written(l.reference, bf16);
-    r.candidate = stats_of(ctx, same_rows(candidate, l.reference, w.q_len));
-    r.fp32 = stats_of(ctx, same_rows(l.fp32.at(spec.mode), l.reference_fp32, w.q_len));
+    const AttnShard candidate = final_write(rows, bf16);
+    r.candidate = stats_of(ctx, same_rows(candidate, in.reference, w.q_len));
+    r.fp32 = stats_of(ctx, same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len));
     const paged::Published pub =
-        paged::publish_rows(ctx, w, r.name, candidate, reference_cast, l.heads, bf16);
+        paged::publish_rows(ctx, w, r.name, candidate, reference_cast, in.heads, bf16);
     if (ctx.collectives.root()) {
       r.candidate.out.digest = pub.candidate_out;
       r.candidate.lse.digest = pub.candidate_lse;

@@ -19,6 +19,9 @@ PagedKvCache filled_cache(PageTable table, const LogicalKv& kv, Range heads,
   return cache;
 }
 
+// The seed of the page layouts (allocator order, shuffle): fixed by the problem's seed.
+std::uint64_t layout_seed(const Problem& p) { return p.seed ^ 0x5EEDBA5Eu; }
+
 }  // namespace
 
 Range kv_heads_of(const Problem& p, int world, int rank) {
@@ -28,75 +31,83 @@ Range kv_heads_of(const Problem& p, int world, int rank) {
                std::int64_t{p.dims.num_kv_heads} * (rank + 1) / n};
 }
 
-PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const SplitKv& split) {
+PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w) {
   const Problem& p = ctx.problem;
-  const int group = p.dims.group_size(), dim = p.dims.head_dim;
-  const float scale = p.dims.softmax_scale();
-  const bool bf16 = p.dtype == DType::bf16;
-  const InputPrecision precision = bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
-  const ProbRounding rounding = bf16 ? ProbRounding::bf16 : ProbRounding::none;
+  const int group = p.dims.group_size();
+  const InputPrecision precision =
+      p.dtype == DType::bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
+  PagedInputs in;
+  in.heads = kv_heads_of(p, ctx.collectives.size(), ctx.collectives.rank());
+  in.main_table = make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), PageLayout::interleaved,
+                                  layout_seed(p));
+  if (in.heads.empty()) return in;
+  const ShardShape q_shape{p.batch,
+                           Range{in.heads.begin * group, in.heads.end * group},
+                           {Range{0, p.seq_len}},
+                           p.dims.head_dim};
+  in.q = ctx.inputs.shard(TensorId::q, q_shape, precision);
+  in.q32 = ctx.inputs.shard(TensorId::q, q_shape, InputPrecision::fp32);
+  in.kv = logical_kv(w, ctx.inputs, in.heads, precision);
+  in.kv32 = logical_kv(w, ctx.inputs, in.heads, InputPrecision::fp32);
+  const Lane reference{PagedCall::paged_prefill, SplitKv{SplitPolicy::disabled, 0},
+                       ProbRounding::none};
   AttentionBackend& backend = ctx.inputs.backend();
+  const float scale = p.dims.softmax_scale();
+  in.reference =
+      run_contiguous_lane(reference, w, in.kv.k, in.kv.v, in.q, in.heads, group, scale, backend);
+  in.reference_fp32 = run_contiguous_lane(reference, w, in.kv32.k, in.kv32.v, in.q32, in.heads,
+                                          group, scale, backend);
+  return in;
+}
+
+PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
+                             const SplitKv& split, const std::vector<PagedMode>& modes) {
+  const Problem& p = ctx.problem;
+  const int group = p.dims.group_size();
+  const float scale = p.dims.softmax_scale();
+  const ProbRounding rounding = p.dtype == DType::bf16 ? ProbRounding::bf16 : ProbRounding::none;
+  AttentionBackend& backend = ctx.inputs.backend();
+  const Range heads = in.heads;
 
   PlanLanes l;
-  l.heads = kv_heads_of(p, ctx.collectives.size(), ctx.collectives.rank());
-  const std::uint64_t layout_seed = p.seed ^ 0x5EEDBA5Eu;
-  l.main_table = make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), PageLayout::interleaved,
-                                 layout_seed);
-  for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {  // present, if empty
+  for (const PagedMode m : modes) {  // present, if empty
     l.permuted[m];
     l.private_prefix[m];
     l.fp32[m];
     l.alone[m];
   }
-  if (l.heads.empty()) return l;
-
-  const Range q_heads{l.heads.begin * group, l.heads.end * group};
-  const ShardShape q_shape{p.batch, q_heads, {Range{0, p.seq_len}}, dim};
-  const Shard q = ctx.inputs.shard(TensorId::q, q_shape, precision);
-  const Shard q32 = ctx.inputs.shard(TensorId::q, q_shape, InputPrecision::fp32);
-  const LogicalKv kv = logical_kv(w, ctx.inputs, l.heads, precision);
-  const LogicalKv kv32 = logical_kv(w, ctx.inputs, l.heads, InputPrecision::fp32);
+  if (heads.empty()) return l;
   std::vector<int> rows(static_cast<std::size_t>(w.sequences()));
   for (int b = 0; b < w.sequences(); ++b) rows[static_cast<std::size_t>(b)] = b;
-
-  const auto lane = [&](PagedCall call, ProbRounding r = ProbRounding::none) {
-    return Lane{call, split, r};
-  };
+  const auto lane = [&](PagedCall call, ProbRounding r) { return Lane{call, split, r}; };
   const auto call_of = [](PagedMode m) {
     return m == PagedMode::decode ? PagedCall::decode : PagedCall::paged_prefill;
   };
+  const auto run = [&](const Lane& ln, const PagedKvCache& cache, const Shard& q,
+                       const std::vector<int>& batch_rows) {
+    return run_paged_lane(ln, cache, w.q_len, q, batch_rows, heads, group, scale, backend);
+  };
   {
-    const PagedKvCache main = filled_cache(l.main_table, kv, l.heads, rows);
-    l.decode = run_paged_lane(lane(PagedCall::decode, rounding), main, w.q_len, q, rows, l.heads,
-                              group, scale, backend);
-    l.paged_prefill = run_paged_lane(lane(PagedCall::paged_prefill, rounding), main, w.q_len, q,
-                                     rows, l.heads, group, scale, backend);
-    l.full_prefill = run_paged_lane(lane(PagedCall::full_prefill, rounding), main, w.q_len, q, rows,
-                                    l.heads, group, scale, backend);
+    const PagedKvCache main = filled_cache(in.main_table, in.kv, heads, rows);
+    l.decode = run(lane(PagedCall::decode, rounding), main, in.q, rows);
+    l.paged_prefill = run(lane(PagedCall::paged_prefill, rounding), main, in.q, rows);
+    l.full_prefill = run(lane(PagedCall::full_prefill, rounding), main, in.q, rows);
   }
-  l.chunked = run_contiguous_lane(lane(PagedCall::chunked_prefill, rounding), w, kv.k, kv.v, q,
-                                  l.heads, group, scale, backend);
-  const Lane reference{PagedCall::paged_prefill, SplitKv{SplitPolicy::disabled, 0},
-                       ProbRounding::none};
-  l.reference = run_contiguous_lane(reference, w, kv.k, kv.v, q, l.heads, group, scale, backend);
-  l.reference_fp32 =
-      run_contiguous_lane(reference, w, kv32.k, kv32.v, q32, l.heads, group, scale, backend);
-
+  l.chunked = run_contiguous_lane(lane(PagedCall::chunked_prefill, rounding), w, in.kv.k, in.kv.v,
+                                  in.q, heads, group, scale, backend);
   for (const PageLayout layout : {PageLayout::permuted, PageLayout::private_prefix}) {
-    const PagedKvCache cache =
-        filled_cache(make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), layout, layout_seed),
-                     kv, l.heads, rows);
-    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      AttnShard a = run_paged_lane(lane(call_of(m), rounding), cache, w.q_len, q, rows, l.heads,
-                                   group, scale, backend);
-      (layout == PageLayout::permuted ? l.permuted : l.private_prefix)[m] = std::move(a);
+    const PagedKvCache cache = filled_cache(
+        make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), layout, layout_seed(p)), in.kv,
+        heads, rows);
+    for (const PagedMode m : modes) {
+      (layout == PageLayout::permuted ? l.permuted : l.private_prefix)[m] =
+          run(lane(call_of(m), rounding), cache, in.q, rows);
     }
   }
   {
-    const PagedKvCache main32 = filled_cache(l.main_table, kv32, l.heads, rows);
-    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      l.fp32[m] = run_paged_lane(lane(call_of(m)), main32, w.q_len, q32, rows, l.heads, group,
-                                 scale, backend);
+    const PagedKvCache main32 = filled_cache(in.main_table, in.kv32, heads, rows);
+    for (const PagedMode m : modes) {
+      l.fp32[m] = run(lane(call_of(m), ProbRounding::none), main32, in.q32, rows);
     }
   }
   for (int b = 0; b < w.sequences(); ++b) {
@@ -104,11 +115,10 @@ PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, cons
     const std::vector<int> only{b};
     const PagedKvCache cache =
         filled_cache(make_page_table({w.kv_lens[static_cast<std::size_t>(b)]}, w.page_size, 0,
-                                     PageLayout::interleaved, layout_seed),
-                     kv, l.heads, only);
-    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      l.alone[m].push_back(run_paged_lane(lane(call_of(m), rounding), cache, w.q_len, q, only,
-                                          l.heads, group, scale, backend));
+                                     PageLayout::interleaved, layout_seed(p)),
+                     in.kv, heads, only);
+    for (const PagedMode m : modes) {
+      l.alone[m].push_back(run(lane(call_of(m), rounding), cache, in.q, only));
     }
   }
   return l;

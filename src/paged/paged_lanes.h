@@ -26,15 +26,23 @@ struct Pairs {
   }
 };
 
-struct PlanLanes {
+/// What every split plan shares on this process: its KV heads, the inputs, the allocator's
+/// page table, and the references (FP32, split disabled, contiguous), computed once per run.
+struct PagedInputs {
   Range heads;  // this process's KV heads (empty: it computes nothing)
   PageTable main_table;
+  Shard q, q32;              // the case dtype's queries, and FP32 ones
+  LogicalKv kv, kv32;        // likewise K and V
+  AttnShard reference;       // FP32 arithmetic on the candidate's inputs
+  AttnShard reference_fp32;  // FP32 arithmetic on FP32 inputs
+};
+
+/// The lanes of one split plan, shared by its decode and paged-prefill cases.
+struct PlanLanes {
   // The case dtype's arithmetic (BF16 inputs and P under --dtype bf16) on the main cache.
   AttnShard decode, paged_prefill, full_prefill;
   AttnShard chunked;  // the same query rows from contiguous K/V, no cache
-  // FP32 arithmetic, split disabled, contiguous: on the candidate's inputs, and on FP32 inputs.
-  AttnShard reference, reference_fp32;
-  // Per mode: the rows again on other layouts, alone, and in FP32.
+  // Per requested mode: the rows again on other layouts, alone, and in FP32.
   std::map<PagedMode, AttnShard> permuted, private_prefix, fp32;
   std::map<PagedMode, std::vector<AttnShard>> alone;  // per sequence
 
@@ -46,6 +54,10 @@ struct PlanLanes {
 /// KV heads [begin, end) process `rank` of `world` computes: contiguous, as even as can be.
 Range kv_heads_of(const Problem& p, int world, int rank);
 
-PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const SplitKv& split);
+PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w);
+
+/// The lanes of `split`; the per-mode ones only for `modes`.
+PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
+                             const SplitKv& split, const std::vector<PagedMode>& modes);
 
 }  // namespace cpd::paged

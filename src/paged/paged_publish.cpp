@@ -124,12 +124,14 @@ DiffStats dlogp_drift(const RunContext& ctx, const PagedWorkload& w, const Publi
       }
       ctx.inputs.backend().project_heads(jobs, dim, vocab);
       std::vector<float> logits(static_cast<std::size_t>(vocab));
+      std::vector<const float*> heads(static_cast<std::size_t>(hq));
       for (int b = 0; b < p.batch; ++b) {
         for (std::int64_t i = 0; i < q_len; ++i) {
-          for (int h = 0; h < hq; ++h) {  // ascending head order
-            const float* zh = z.data() + (static_cast<std::size_t>(b * hq + h) * q_len + i) * vocab;
-            for (int v = 0; v < vocab; ++v) logits[v] = h == 0 ? zh[v] : logits[v] + zh[v];
+          for (int h = 0; h < hq; ++h) {
+            heads[static_cast<std::size_t>(h)] =
+                z.data() + (static_cast<std::size_t>(b * hq + h) * q_len + i) * vocab;
           }
+          fold_head_logits(heads.data(), hq, vocab, logits.data());
           const std::int64_t pos = w.queries(b).begin + i;
           logp[which].push_back(
               log_softmax_at(logits.data(), vocab, logprob_target(b, pos, p.seq_len, vocab)));

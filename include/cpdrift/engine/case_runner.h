@@ -92,6 +92,10 @@ struct CaseResult {
   std::optional<OutLseStats> cuda_vs_cpu_fp32;
 };
 
+/// The final write of an attention output: `out` rounded once to BF16 when `bf16` (lse stays
+/// FP32, as flash kernels keep it); a copy otherwise.
+AttnShard final_write(const AttnShard& merged, bool bf16);
+
 /// Runs one case. Collective over the transport's processes; every process returns the
 /// same statistics (digests are filled in where this process can see whole tensors).
 CaseResult run_case(const RunContext& ctx, const CaseSpec& spec);

@@ -26,6 +26,14 @@ CPD_HD void head_partial_logits(const float* hidden, const float* w, std::int64_
   for (int v = 0; v < vocab; ++v) z[v] = dot_seq(hidden, w + v * ldw, dim);
 }
 
+/// logit[v] = ((z_0[v] + z_1[v]) + …) + z_{heads-1}[v]: the heads' partial logits folded in
+/// ascending head order (z[h] holds head h's `vocab` partials).
+CPD_HD void fold_head_logits(const float* const* z, int heads, int vocab, float* logits) {
+  for (int h = 0; h < heads; ++h) {
+    for (int v = 0; v < vocab; ++v) logits[v] = h == 0 ? z[h][v] : logits[v] + z[h][v];
+  }
+}
+
 /// log_softmax(logits)[target] in FP32.
 CPD_HD float log_softmax_at(const float* logits, int vocab, int target) {
   float m = neg_inf_f32();

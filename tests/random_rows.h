@@ -1,0 +1,35 @@
+// Test support for the kernel tests: seeded rows of standard normals, and bit-for-bit
+// comparison of float buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpdrift/numerics/bf16.h"
+
+namespace cpd::testing {
+
+/// rows × dim standard normals from `seed` (rounded to BF16 when asked).
+inline std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int dim = 128,
+                                      bool bf16 = false) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(static_cast<std::size_t>(rows) * dim);
+  for (float& x : v) x = bf16 ? round_bf16(normal(rng)) : normal(rng);
+  return v;
+}
+
+inline bool same_bits(const float* a, const float* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bits_of(a[i]) != bits_of(b[i])) return false;
+  }
+  return true;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
+}
+
+}  // namespace cpd::testing
