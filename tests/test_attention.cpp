@@ -81,6 +81,73 @@ TEST_CASE("tile kernel equals the canonical scalar definition bit for bit") {
   CHECK(checked == 2 * 6 * 7 * (1 + 3 + 4 + 5 + 15 + 16));
 }
 
+namespace {
+
+// K or V rows laid out in pages the way a rollout cache holds them: logical page i of `rows`
+// in physical page table[i] of a pool whose pages are 2·page_size rows apart (the gaps hold
+// NaN, so a read that misses its slot cannot go unnoticed).
+struct PagedCopy {
+  std::vector<float> pool;
+  std::vector<int> table;
+  int page_size;
+  KvRows view() const {
+    return KvRows::paged(pool.data(), table.data(), page_size, 2LL * page_size * kDim);
+  }
+};
+
+PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t seed) {
+  const auto n = static_cast<std::int64_t>(rows.size()) / kDim;
+  const auto pages = static_cast<int>((n + page_size - 1) / page_size);
+  PagedCopy c{std::vector<float>(static_cast<std::size_t>(pages) * 2 * page_size * kDim, NAN),
+              std::vector<int>(static_cast<std::size_t>(pages)), page_size};
+  for (int i = 0; i < pages; ++i) c.table[i] = i;
+  std::shuffle(c.table.begin(), c.table.end(), std::mt19937_64(seed));
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::copy_n(rows.data() + j * kDim, kDim,
+                c.pool.data() + (c.table[j / page_size] * 2LL * page_size + j % page_size) * kDim);
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("tile kernel reads paged K/V in place: the bits of contiguous rows, wherever pages lie") {
+  // Page sizes that divide the block, cut through it, and are one row; key blocks starting on
+  // and off a page boundary; both roundings. The negative control swaps two entries of the
+  // block table without moving the pages: the kernel must then see different keys.
+  const std::vector<float> q = random_rows(16, 21), k = random_rows(300, 22),
+                           v = random_rows(300, 23);
+  TileScratch scratch;
+  for (const int page_size : {1, 3, 4, 16}) {
+    const PagedCopy pk = page_out(k, page_size, 7 + page_size),
+                    pv = page_out(v, page_size, 7 + page_size);
+    for (const ProbRounding rounding : {ProbRounding::none, ProbRounding::bf16}) {
+      for (const Range keys : {Range{96, 300}, Range{101, 170}, Range{0, 17}}) {
+        for (const std::int64_t first : {100LL, 160LL, 299LL}) {
+          CAPTURE(page_size);
+          CAPTURE(keys.begin);
+          std::vector<float> a(16 * kDim), a_lse(16), b(16 * kDim), b_lse(16);
+          attend_tile(q.data(), first, 16, k.data() + keys.begin * kDim,
+                      v.data() + keys.begin * kDim, keys, kDim, kScale, rounding, scratch, a.data(),
+                      a_lse.data());
+          attend_tile(q.data(), first, 16, pk.view().from(keys.begin), pv.view().from(keys.begin),
+                      keys, kDim, kScale, rounding, scratch, b.data(), b_lse.data());
+          CHECK(same_bits(a, b));
+          CHECK(same_bits(a_lse, b_lse));
+        }
+      }
+    }
+    PagedCopy wrong = pk;
+    std::swap(wrong.table[0], wrong.table[1]);
+    std::vector<float> a(16 * kDim), a_lse(16), b(16 * kDim), b_lse(16);
+    attend_tile(q.data(), 299, 16, pk.view(), pv.view(), Range{0, 300}, kDim, kScale,
+                ProbRounding::none, scratch, a.data(), a_lse.data());
+    attend_tile(q.data(), 299, 16, wrong.view(), pv.view(), Range{0, 300}, kDim, kScale,
+                ProbRounding::none, scratch, b.data(), b_lse.data());
+    CHECK_FALSE(same_bits(a, b));  // the scores meet the wrong values
+  }
+}
+
 TEST_CASE("partial state and merged result against a naive FP64 attention") {
   // Error analysis (Higham, sequential sums): a score has |err| ≤ E_s = γ_D·scale·Σ|q_d k_d| +
   // u|s|; the softmax weights then carry relative error ≤ 2E_s + (n + 4)u (exp ≤ 1 ulp, the

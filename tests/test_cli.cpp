@@ -10,9 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/report/json.h"
 
 #if defined(CPD_HAVE_HDF5)
@@ -97,6 +100,8 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   if (!cpd::cuda_backend_built()) {
     expect_usage_error("--transport nccl", "built without CUDA");
     expect_usage_error("--transport cuda_ipc", "built without CUDA");
+  } else if (!cpd::nccl_transport_built()) {
+    expect_usage_error("--transport nccl", "built without NCCL");
   } else if (cpd::cuda_device_count() == 0) {
     expect_usage_error("--transport nccl", "needs the CUDA backend");
   }
@@ -290,6 +295,94 @@ TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
   std::remove(h5.c_str());
   std::remove(js.c_str());
 }
+
+#if defined(CPD_HAVE_MPI)
+namespace {
+
+// Every float dataset of an HDF5 file, by path.
+herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* data) {
+  auto& all = *static_cast<std::map<std::string, std::vector<float>>*>(data);
+  const hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+  if (obj < 0) return -1;
+  if (H5Iget_type(obj) == H5I_DATASET) {
+    const hid_t type = H5Dget_type(obj), space = H5Dget_space(obj);
+    if (H5Tget_class(type) == H5T_FLOAT) {
+      std::vector<float> values(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
+      // Case names carry a non-default protocol ("…_ring_kv"): compare across protocols.
+      std::string key = name;
+      for (const std::string suffix : {"_ring_kv/", "_allgather_kv/"}) {
+        if (const std::size_t at = key.find(suffix); at != std::string::npos)
+          key.erase(at, suffix.size() - 1);
+      }
+      if (H5Dread(obj, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0)
+        all[key] = std::move(values);
+    }
+    H5Sclose(space);
+    H5Tclose(type);
+  }
+  H5Oclose(obj);
+  return 0;
+}
+
+std::map<std::string, std::vector<float>> float_datasets(const std::string& path) {
+  std::map<std::string, std::vector<float>> all;
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &all);
+  H5Fclose(f);
+  return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol") {
+  // Every tensor of the file — inputs, references, FP32/BF16/bf16_kernel candidates, the
+  // gradients and the logprobs — bit for bit, whoever computed it and however states moved.
+  // Negative control: another seed changes the inputs, and the comparison says so.
+  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string base = dir + "/cpdrift_cli_same_" + std::to_string(::getpid());
+  const std::string args =
+      "--seq-len 32 --tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes none,8 "
+      "--include-backward "
+      "--include-dlogp --dump-inputs --quiet";
+  struct Run {
+    int processes;
+    std::string protocol, extra;
+  };
+  const std::vector<Run> runs = {{1, "ag_rs", ""},
+                                 {2, "ring_kv", ""},
+                                 {4, "allgather_kv", ""},
+                                 {4, "ag_rs", ""},
+                                 {4, "ag_rs", " --seed 7"}};
+  std::vector<std::map<std::string, std::vector<float>>> dumps;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const std::string h5 = base + "_" + std::to_string(i) + ".h5";
+    const Result r = run_mpi(runs[i].processes, args + " --protocols " + runs[i].protocol +
+                                                    runs[i].extra + " --dump " + h5);
+    REQUIRE(r.status == 0);
+    dumps.push_back(float_datasets(h5));
+    std::remove(h5.c_str());
+  }
+  const auto& first = dumps.front();
+  CHECK(first.size() == 3 + 2 * 16);  // q, k, v; per case 6 out/lse, 6 gradients, 2 logp
+  CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate/logp") == 1);
+  CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate_fp32/dk") == 1);
+  for (std::size_t i = 1; i + 1 < dumps.size(); ++i) {
+    CAPTURE(runs[i].processes);
+    CAPTURE(runs[i].protocol);
+    REQUIRE(dumps[i].size() == first.size());
+    for (const auto& [name, values] : first) {
+      CAPTURE(name);
+      CHECK(same_bits(dumps[i].at(name), values));
+    }
+  }
+  CHECK_FALSE(same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
+}
+#endif
 #else
 TEST_CASE("--dump without HDF5 is refused up front") {
   const Result r = run("--dump x.h5");

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/dlogp.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/tensor_stream.h"
 #include "cpdrift/paged/paged_case.h"
@@ -55,6 +57,16 @@ Digests distributed(const Problem& p, const CaseSpec& spec, const PathSpec& path
   const CaseGrid grid(p, spec);
   return digests_of(grid, run_protocol(grid, path, transport, inputs, false), comm().collectives(),
                     comm().size(), comm().rank());
+}
+
+// Whether `error` says one of the '|'-separated alternatives of `expect`, followed by `what`.
+bool says(const std::string& error, const std::string& expect, const std::string& what = "") {
+  for (std::size_t from = 0;;) {
+    const std::size_t bar = expect.find('|', from);
+    if (error.find(expect.substr(from, bar - from) + what) != std::string::npos) return true;
+    if (bar == std::string::npos) return false;
+    from = bar + 1;
+  }
 }
 
 const std::vector<CaseSpec> kSpecs = {
@@ -130,14 +142,93 @@ TEST_CASE("a bad message on one process fails every rank with the same error, wi
       error = e.what();
     }
     CAPTURE(error);
-    const std::string expect = f.expect;
-    const std::size_t bar = expect.find('|');
-    const bool found =
-        error.find(expect.substr(0, bar)) != std::string::npos ||
-        (bar != std::string::npos && error.find(expect.substr(bar + 1)) != std::string::npos);
-    CHECK(found);
+    CHECK(says(error, f.expect));
     CHECK(error.find("logical rank") != std::string::npos);
     CHECK(comm().same_everywhere(error));
+  }
+}
+
+TEST_CASE("a bad backward or dlogp message fails every rank with an error naming it, no hang") {
+  const Problem p = small_problem();
+  const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  const CaseGrid grid(p, CaseSpec{2, 4, 8, CpLayout::contiguous, Protocol::ag_rs});
+  const std::vector<RankOutput> forward = run_protocol(grid, kFp32, *mpi, inputs, false);
+  std::vector<const AttnShard*> hidden;
+  for (const RankOutput& o : forward) hidden.push_back(&o.merged);
+  // A fault damages message i and returns the header the error must then name.
+  using Messages = std::vector<Message>;
+  struct Fault {
+    const char* expect;
+    std::function<MessageHeader(Messages&, std::size_t)> tamper;
+  };
+  const std::vector<Fault> faults = {
+      {"missing",
+       [](Messages& m, std::size_t i) {
+         const MessageHeader h = m[i].header;
+         m.erase(m.begin() + static_cast<std::ptrdiff_t>(i));
+         return h;
+       }},
+      {"duplicated",
+       [](Messages& m, std::size_t i) {
+         m.push_back(m[i]);
+         return m[i].header;
+       }},
+      {"mis-shaped|malformed",
+       [](Messages& m, std::size_t i) {
+         m[i].payload.resize(m[i].payload.size() / 2);
+         return m[i].header;
+       }},
+      {"mis-shaped",
+       [](Messages& m, std::size_t i) {
+         m[i].header.head_end += 1;
+         return m[i].header;
+       }},
+      {"unexpected",
+       [](Messages& m, std::size_t i) {
+         m[i].header.token_begin += 1;
+         return m[i].header;
+       }},
+  };
+  const int world = comm().size(), me = comm().rank();
+  for (const MessageKind kind :
+       {MessageKind::backward_rows, MessageKind::dq_partial, MessageKind::logit_partial}) {
+    for (const Fault& f : faults) {
+      CAPTURE(std::string(to_string(kind)));
+      CAPTURE(std::string(f.expect));
+      // Only the last process tampers, with its last message bound for another process (so a
+      // short payload ends its buffer) or else its last message; everybody must hear about it.
+      std::string named, at;  // the damaged message, and "process P: " of its destination
+      testing::FaultInjectingTransport transport(*mpi, kind, [&](Messages& m) {
+        if (me != world - 1 || m.empty()) return;
+        std::size_t i = m.size() - 1;
+        for (std::size_t j = 0; j < m.size(); ++j) {
+          if (process_of(m[j].header.dst, world) != me) i = j;
+        }
+        const MessageHeader h = f.tamper(m, i);
+        named = describe(h);
+        at = "process " + std::to_string(process_of(h.dst, world)) + ": ";
+      });
+      std::string error;
+      try {
+        if (kind == MessageKind::logit_partial) {
+          run_dlogp(grid, hidden, hidden, 17, transport, inputs.backend());
+        } else {
+          run_backward(grid, forward, transport, inputs);
+        }
+      } catch (const ProtocolError& e) {
+        error = e.what();
+      }
+      named = comm().broadcast(named, world - 1);
+      at = comm().broadcast(at, world - 1);
+      CAPTURE(error);
+      CAPTURE(named);
+      CHECK(named.rfind(to_string(kind), 0) == 0);
+      CHECK(error.rfind(at, 0) == 0);
+      CHECK(says(error, f.expect, " " + named));
+      CHECK(comm().same_everywhere(error));
+    }
   }
 }
 
@@ -483,6 +574,15 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
       {"non-finite",
        [](json::Value& c) { c["backward"]["report"]["drifts"].at(0)["dk"]["max_abs"] = nullptr; }},
       {"negative metric", [](json::Value& c) { c["dlogp"]["drift"]["max_abs"] = -1.0; }},
+      // In memory a metric can be NaN or infinite (no comparison with the limit catches NaN).
+      {"non-finite metric",
+       [](json::Value& c) {
+         c["dlogp"]["drift"]["max_abs"] = std::numeric_limits<double>::quiet_NaN();
+       }},
+      {"non-finite metric",
+       [](json::Value& c) {
+         c["drift"]["cp_merge_fp32"]["out"]["max_abs"] = std::numeric_limits<double>::infinity();
+       }},
       {"exceeds", [](json::Value& c) { c["drift"]["cp_merge_fp32"]["lse"]["max_abs"] = 3e-4; }},
       {"not run as requested",
        [](json::Value& c) {

@@ -46,7 +46,12 @@ TEST_CASE("cuda_ipc and nccl move the same bits as mpi, for every protocol, thre
   const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
   std::vector<std::unique_ptr<Transport>> gpu;
   gpu.push_back(make_cuda_ipc_transport(comm(), gpu_options()));
-  if (!devices_shared()) gpu.push_back(make_nccl_transport(comm(), gpu_options()));
+  if (!nccl_transport_built())
+    MESSAGE("nccl not compared: this build has no NCCL transport (-Dnccl)");
+  else if (devices_shared())
+    MESSAGE("nccl not compared: processes share a GPU (NCCL refuses it; see the next test)");
+  else
+    gpu.push_back(make_nccl_transport(comm(), gpu_options()));
   for (const CaseSpec& spec : kSpecs) {
     for (const PathSpec& path : {testing::kFp32, testing::kBf16Kernel}) {
       const testing::Digests reference = run(spec, path, *mpi);
@@ -65,7 +70,8 @@ TEST_CASE("cuda_ipc and nccl move the same bits as mpi, for every protocol, thre
   CHECK(gpu.front()->counters().remote_bytes > 0);  // it did carry the traffic between processes
 }
 
-TEST_CASE("NCCL refuses processes that share a GPU, on every process, before it starts") {
+TEST_CASE("NCCL refuses processes that share a GPU, on every process, before it starts" *
+          doctest::skip(!nccl_transport_built())) {
   GpuTransportOptions shared = gpu_options();
   shared.device = 0;  // every process on device 0
   CHECK_THROWS_WITH_AS(make_nccl_transport(comm(), shared), doctest::Contains("share one GPU"),

@@ -14,6 +14,7 @@
 #include "cpdrift/paged/paged_attention.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
+#include "random_rows.h"
 
 using namespace cpd;
 
@@ -144,6 +145,51 @@ TEST_CASE("a shuffle always moves pages, and shared pages are read-only") {
   b[64 + 5] = 2.0f;                            // position 1, inside the shared page
   CHECK_THROWS_WITH_AS(c.write_sequence(1, 0, b.data(), b.data()), doctest::Contains("read-only"),
                        UsageError);
+  // A shorter sequence fills only the first slot of the second shared page; a longer one
+  // written after it fills the rest, and both read back their own rows.
+  PagedKvCache partial(make_page_table({5, 10}, 4, 2, PageLayout::interleaved, 1), Range{0, 1}, 64);
+  const std::vector<float> longer = testing::random_rows(10, 3, 64);
+  partial.write_sequence(0, 0, longer.data(), longer.data());  // its first 5 rows
+  partial.write_sequence(1, 0, longer.data(), longer.data());
+  std::vector<float> k(longer.size()), v(longer.size());
+  partial.gather(1, 0, 10, k.data(), v.data());
+  CHECK(testing::same_bits(k, longer));
+}
+
+TEST_CASE("a backend without a paged kernel reads the pages out first and gets the same bits") {
+  // The CUDA backend's adapter (contiguous_fold_jobs) against the CPU kernel reading the pages
+  // in place: every row of every sequence and head, FP32 and BF16 probabilities.
+  Fixture f;
+  const LogicalKv kv = logical_kv(f.w, f.inputs, f.heads, InputPrecision::fp32);
+  const PagedKvCache c = f.cache(PageLayout::permuted, kv);
+  const Shard q = f.q(InputPrecision::fp32);
+  std::vector<std::vector<Range>> blocks(3);
+  for (int s = 0; s < 3; ++s) {
+    const std::int64_t len = f.w.kv_lens[static_cast<std::size_t>(s)];
+    for (std::int64_t b = 0; b < len; b += 8) blocks[s].push_back(Range{b, std::min(b + 8, len)});
+  }
+  const auto jobs = [&](std::vector<float>& out) {
+    out.assign(3 * 8 * 48 * 129, NAN);
+    std::vector<FoldJob> js;
+    for (int s = 0; s < 3; ++s) {
+      const std::int64_t len = f.w.kv_lens[static_cast<std::size_t>(s)];
+      for (int h = 0; h < 8; ++h) {
+        const auto [k, v] = c.rows(s, h / f.group);
+        float* o = out.data() + (s * 8 + h) * 48 * 129;
+        js.push_back(FoldJob{q.at(s, h, 0), 0, len, k, v, 0, blocks[s], o, o + 48 * 128});
+      }
+    }
+    return js;
+  };
+  for (const ProbRounding rounding : {ProbRounding::none, ProbRounding::bf16}) {
+    std::vector<float> in_place, copied;
+    run_fold_jobs(jobs(in_place), 128, f.scale, rounding, f.pool);
+    std::deque<std::vector<float>> storage;
+    const std::vector<FoldJob> paged = jobs(copied);
+    run_fold_jobs(contiguous_fold_jobs(paged, 128, storage), 128, f.scale, rounding, f.pool);
+    CHECK(storage.size() == 2 * paged.size());  // it did read every job's pages out
+    CHECK(testing::same_bits(in_place, copied));
+  }
 }
 
 TEST_CASE(

@@ -23,5 +23,8 @@ std::unique_ptr<Transport> make_cuda_ipc_transport(const CommContext&, const Gpu
 
 bool cuda_backend_built() { return false; }
 int cuda_device_count() { return 0; }
+std::string cuda_runtime_version() { return ""; }
+bool nccl_transport_built() { return false; }
+std::string nccl_library_version() { return ""; }
 
 }  // namespace cpd

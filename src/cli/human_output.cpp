@@ -33,8 +33,10 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
       out, "# launch  : %d process%s (%s), device %s, transport %s, %d thread%s/process (%s)\n",
       pv.world_size, pv.world_size == 1 ? "" : "es", pv.launcher.c_str(), pv.device.c_str(),
       pv.transport.c_str(), pv.threads, pv.threads == 1 ? "" : "s", pv.simd.c_str());
-  std::fprintf(out, "# build   : %s, %s%s%s\n", pv.compiler.c_str(), pv.mpi_version.c_str(),
-               pv.hdf5_version.empty() ? "" : ", HDF5 ", pv.hdf5_version.c_str());
+  std::fprintf(out, "# build   : %s, %s%s%s%s%s%s%s\n", pv.compiler.c_str(), pv.mpi_version.c_str(),
+               pv.hdf5_version.empty() ? "" : ", HDF5 ", pv.hdf5_version.c_str(),
+               pv.cuda_version.empty() ? "" : ", CUDA ", pv.cuda_version.c_str(),
+               pv.nccl_version.empty() ? "" : ", NCCL ", pv.nccl_version.c_str());
   if (paged_count > 0)
     std::fprintf(out, "# paged   : %zu case%s (the rollout side)\n", paged_count,
                  paged_count == 1 ? "" : "s");

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/io/hdf5_info.h"
 #include "cpdrift_version.h"
 
@@ -57,6 +59,8 @@ Provenance gather_provenance(const CommContext& comm, const std::string& command
   pv.compiler = std::string("g++ ") + __VERSION__;
   pv.mpi_version = comm.library_version();
   pv.hdf5_version = hdf5_library_version();
+  pv.cuda_version = cuda_runtime_version();
+  pv.nccl_version = nccl_library_version();
   pv.git_describe = git_describe();
   pv.created_at_utc = utc_now();
   return pv;

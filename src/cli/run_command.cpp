@@ -145,9 +145,9 @@ std::unique_ptr<Transport> select_transport(const RunOptions& options,
     return make_mpi_transport(comm);
   }
   const bool nccl = options.transport == TransportChoice::nccl;
-  if (!cuda_backend_built()) {
+  if (!cuda_backend_built() || (nccl && !nccl_transport_built())) {
     return nccl ? make_nccl_transport(comm, {})
-                : make_cuda_ipc_transport(comm, {});  // "built without CUDA"
+                : make_cuda_ipc_transport(comm, {});  // "built without CUDA/NCCL"
   }
   if (std::string(backend.name()) != "cuda") {
     throw UsageError(std::string("--transport ") + (nccl ? "nccl" : "cuda_ipc") +

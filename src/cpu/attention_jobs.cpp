@@ -62,7 +62,7 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
     for (const Range& block : job.blocks) {
       if (block.begin > last) break;  // wholly in the future of every row: the identity
       const std::int64_t offset = block.begin - job.kv_begin;
-      attend_tile(job.q + tile.row * dim, first, rows, job.k + offset * dim, job.v + offset * dim,
+      attend_tile(job.q + tile.row * dim, first, rows, job.k.from(offset), job.v.from(offset),
                   block, dim, scale, rounding, thread_scratch(), block_out.data(),
                   block_lse.data());
       for (int r = 0; r < rows; ++r) {
@@ -70,6 +70,26 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
       }
     }
   });
+}
+
+std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim,
+                                          std::deque<std::vector<float>>& storage) {
+  std::vector<FoldJob> out(jobs.begin(), jobs.end());
+  for (FoldJob& j : out) {
+    if (!j.k.is_paged() && !j.v.is_paged()) continue;
+    std::int64_t kv_end = j.kv_begin;  // the end of the last block any row sees
+    for (const Range& b : j.blocks) {
+      if (b.begin < j.first_pos + j.rows) kv_end = std::max(kv_end, b.end);
+    }
+    for (KvRows* rows : {&j.k, &j.v}) {
+      std::vector<float>& copy =
+          storage.emplace_back(static_cast<std::size_t>(kv_end - j.kv_begin) * dim);
+      for (std::int64_t r = 0; r < kv_end - j.kv_begin; ++r)
+        std::copy_n(rows->row(r, dim), dim, copy.data() + r * dim);
+      *rows = KvRows(copy.data());
+    }
+  }
+  return out;
 }
 
 void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,

@@ -16,8 +16,8 @@ using simd::F16;
 
 // P·V for four rows of the tile and 64 columns starting at `col`, each row stopping exactly at
 // its last visible key, divided by the row sums: out = acc / l.
-void pv_rows4(const float* p, const float* v, int dim, int col, int r0, const std::int64_t* visible,
-              int nrows, float* out, const float* l) {
+void pv_rows4(const float* p, const KvRows& v, int dim, int col, int r0,
+              const std::int64_t* visible, int nrows, float* out, const float* l) {
   F16 acc[4][4];
   tile::rows4_times(p, v, dim, col, r0, visible, nrows, acc);
   for (int r = 0; r < nrows; ++r) {
@@ -30,7 +30,7 @@ void pv_rows4(const float* p, const float* v, int dim, int col, int r0, const st
 
 }  // namespace
 
-void attend_tile(const float* q, std::int64_t first_pos, int rows, const float* k, const float* v,
+void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows& k, const KvRows& v,
                  Range keys, int dim, float scale, ProbRounding rounding, TileScratch& scratch,
                  float* out, float* lse) {
   if (dim % 64 != 0 || dim > 256) throw std::invalid_argument("attend_tile: unsupported head dim");

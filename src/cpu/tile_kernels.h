@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpdrift/core/kv_rows.h"
 #include "cpdrift/cpu/attention.h"
 #include "simd16.h"
 
@@ -25,14 +26,17 @@ inline void transpose(const float* rows, int nrows, int dim, float* out) {
 /// fma chain over d each, times `scale`, stored as out[j][r]; lane r gets -inf for keys at or
 /// past visible[r] (counted from key 0 of `k`).
 template <int kKeys>
-inline void dot_keys(const float* qt, const float* k, std::int64_t j0, int dim, F16 scale,
+inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim, F16 scale,
                      F16 visible, float* out) {
   F16 acc[kKeys];
-  for (int x = 0; x < kKeys; ++x) acc[x] = simd::splat(0.0f);
-  const float* kj = k + j0 * dim;
+  const float* kj[kKeys];
+  for (int x = 0; x < kKeys; ++x) {
+    acc[x] = simd::splat(0.0f);
+    kj[x] = k.row(j0 + x, dim);
+  }
   for (int d = 0; d < dim; ++d) {
     const F16 qd = simd::load(qt + d * kTileRows);
-    for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x * dim + d]), acc[x]);
+    for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
   }
   const F16 neg_inf = simd::splat(neg_inf_f32());
   for (int x = 0; x < kKeys; ++x) {
@@ -43,7 +47,7 @@ inline void dot_keys(const float* qt, const float* k, std::int64_t j0, int dim, 
 }
 
 /// dot_keys over keys [0, n).
-inline void dot_all_keys(const float* qt, const float* k, std::int64_t n, int dim, F16 scale,
+inline void dot_all_keys(const float* qt, const KvRows& k, std::int64_t n, int dim, F16 scale,
                          F16 visible, float* out) {
   std::int64_t j = 0;
   for (; j + 8 <= n; j += 8) dot_keys<8>(qt, k, j, dim, scale, visible, out);
@@ -54,7 +58,7 @@ inline void dot_all_keys(const float* qt, const float* k, std::int64_t n, int di
 ///   acc[r] = sequential over j < limit[r0+r]:  fma(coef[j][r0+r], b[j][col…], acc[r])   (from +0)
 /// Rows share the loop up to their smallest limit, then each finishes on its own, so every
 /// row stops exactly at its limit.
-inline void rows4_times(const float* coef, const float* b, int dim, int col, int r0,
+inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, int r0,
                         const std::int64_t* limit, int nrows, F16 acc[4][4]) {
   std::int64_t common = limit[r0];
   for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
@@ -62,7 +66,7 @@ inline void rows4_times(const float* coef, const float* b, int dim, int col, int
     for (int x = 0; x < 4; ++x) acc[r][x] = simd::splat(0.0f);
   }
   for (std::int64_t j = 0; j < common; ++j) {
-    const float* bj = b + j * dim + col;
+    const float* bj = b.row(j, dim) + col;
     const F16 b0 = simd::load(bj), b1 = simd::load(bj + 16), b2 = simd::load(bj + 32),
               b3 = simd::load(bj + 48);
     const float* cj = coef + j * kTileRows + r0;
@@ -78,7 +82,7 @@ inline void rows4_times(const float* coef, const float* b, int dim, int col, int
     for (std::int64_t j = common; j < limit[r0 + r]; ++j) {
       const F16 c = simd::splat(coef[j * kTileRows + r0 + r]);
       for (int x = 0; x < 4; ++x)
-        acc[r][x] = simd::fma(c, simd::load(b + j * dim + col + 16 * x), acc[r][x]);
+        acc[r][x] = simd::fma(c, simd::load(b.row(j, dim) + col + 16 * x), acc[r][x]);
     }
   }
 }

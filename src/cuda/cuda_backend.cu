@@ -131,9 +131,13 @@ class CudaBackend final : public AttentionBackend {
     out.download();
   }
 
-  void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
+  void run_fold_jobs(std::span<const FoldJob> paged_or_not, int dim, float scale,
                      ProbRounding rounding) override {
-    if (jobs.empty()) return;
+    if (paged_or_not.empty()) return;
+    // No paged kernel on the device yet: paged jobs read their pages on the host first.
+    std::deque<std::vector<float>> gathered;
+    const std::vector<FoldJob> contiguous = contiguous_fold_jobs(paged_or_not, dim, gathered);
+    const std::span<const FoldJob> jobs = contiguous;
     if (rounding == ProbRounding::bf16) return fold_via_blocks(jobs, dim, scale);
     cuda::InputPack<float> in;
     cuda::OutputPack out;
@@ -149,8 +153,12 @@ class CudaBackend final : public AttentionBackend {
         kv_end = std::max(kv_end, std::min(b.end, j.first_pos + j.rows));
       const std::size_t kv = static_cast<std::size_t>(kv_end - j.kv_begin) * dim,
                         rows = static_cast<std::size_t>(j.rows);
-      Offsets o{in.add(j.q, rows * dim),          in.add(j.k, kv),      in.add(j.v, kv),
-                out.add(j.out, rows * dim),       out.add(j.lse, rows), blocks.size(),
+      Offsets o{in.add(j.q, rows * dim),
+                in.add(j.k.row(0, dim), kv),
+                in.add(j.v.row(0, dim), kv),
+                out.add(j.out, rows * dim),
+                out.add(j.lse, rows),
+                blocks.size(),
                 static_cast<int>(j.blocks.size())};
       for (const Range& b : j.blocks) {
         blocks.push_back(b.begin);
@@ -370,8 +378,8 @@ class CudaBackend final : public AttentionBackend {
         if (r.begin > j.first_pos + j.rows - 1) break;
         states.emplace_back(static_cast<std::size_t>(j.rows) * (dim + 1));
         float* s = states.back().data();
-        blocks.push_back(BlockJob{j.q, j.first_pos, j.rows, j.k + (r.begin - j.kv_begin) * dim,
-                                  j.v + (r.begin - j.kv_begin) * dim, r, s, s + j.rows * dim});
+        blocks.push_back(BlockJob{j.q, j.first_pos, j.rows, j.k.row(r.begin - j.kv_begin, dim),
+                                  j.v.row(r.begin - j.kv_begin, dim), r, s, s + j.rows * dim});
         m.states.push_back(StateRef{static_cast<int>(b), s, s + j.rows * dim});
       }
       merges.push_back(std::move(m));
@@ -401,6 +409,12 @@ std::unique_ptr<AttentionBackend> make_cuda_backend(int device) {
 }
 
 bool cuda_backend_built() { return true; }
+
+std::string cuda_runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) return "";
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
 
 int cuda_device_count() {
   int count = 0;

@@ -181,4 +181,14 @@ std::unique_ptr<Transport> make_nccl_transport(const CommContext& comm,
   return std::make_unique<NcclTransport>(comm, options);
 }
 
+bool nccl_transport_built() { return true; }
+
+std::string nccl_library_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "";
+  // NCCL ≥ 2.9 encodes major·10000 + minor·100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." +
+         std::to_string(v % 100);
+}
+
 }  // namespace cpd

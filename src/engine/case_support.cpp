@@ -23,9 +23,14 @@ std::string publish_tensor(const RunContext& ctx, const CaseGrid& grid,
   if (dumping) {
     std::vector<std::int64_t> dims{t.batch, t.heads, t.seq_len};
     if (width > 1) dims.push_back(width);
+    const bool per_token = heads == HeadKind::token;
     ctx.dump->begin(dump_path, dims,
-                    {{"shape", std::string(width > 1 ? "[B, H, S, D]" : "[B, H, S]")},
-                     {"heads", std::string(heads == HeadKind::kv ? "kv" : "query")},
+                    {{"shape", std::string(per_token   ? "[B, 1, S]"
+                                           : width > 1 ? "[B, H, S, D]"
+                                                       : "[B, H, S]")},
+                     {"heads", std::string(per_token               ? "none (one value per token)"
+                                           : heads == HeadKind::kv ? "kv"
+                                                                   : "query")},
                      {"original_dtype", std::string(bf16 ? "bfloat16" : "float32")},
                      {"stored_dtype", std::string("float32")}});
     sink = [&](const GlobalPiece& piece, const float* rows) { ctx.dump->write(piece, rows); };
@@ -145,9 +150,9 @@ DlogpDrift measure_dlogp(const RunContext& ctx, const CaseGrid& grid,
   for (LogicalRank& r : owner_grid.ranks) r.id = r.cp_rank * tp;  // their real logical ids
   const std::string base = "/cases/" + case_name + "/";
   const std::string digest =
-      publish_tensor(ctx, owner_grid, base + "candidate/logp", c_logp, 1, HeadKind::query, false);
+      publish_tensor(ctx, owner_grid, base + "candidate/logp", c_logp, 1, HeadKind::token, false);
   if (ctx.dump_requested)
-    publish_tensor(ctx, owner_grid, base + "reference/logp", r_logp, 1, HeadKind::query, false);
+    publish_tensor(ctx, owner_grid, base + "reference/logp", r_logp, 1, HeadKind::token, false);
   if (ctx.collectives.root()) d.drift.digest = digest;
   return d;
 }

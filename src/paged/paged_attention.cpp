@@ -45,8 +45,8 @@ std::int64_t first_row(PagedCall call, std::int64_t kv_len, std::int64_t q_len, 
 }
 
 // K and V rows [0, len) of (sequence, KV head), valid until the lane's jobs have run.
-using KvSource =
-    std::function<std::pair<const float*, const float*>(int seq, std::int64_t h, std::int64_t len)>;
+// Sequence seq's K and V rows of KV head h: paged (through the block table) or contiguous.
+using KvSource = std::function<std::pair<KvRows, KvRows>(int seq, std::int64_t h)>;
 
 AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std::int64_t q_len,
                    int page_size, const Shard& q, std::span<const int> q_batch, Range kv_heads,
@@ -65,7 +65,7 @@ AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std:
     const std::int64_t len = kv_lens[static_cast<std::size_t>(s)];
     const std::int64_t first_row = row0(len);
     for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) {
-      const auto [k, v] = source(s, g, len);
+      const auto [k, v] = source(s, g);
       for (const Call& c : calls_of(lane.call, len, q_len, chunk)) {
         plans.push_back(split_blocks(lane.split, c.ctx, seqs, page_size));
         for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -86,16 +86,8 @@ AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std:
 AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64_t q_len,
                          const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
                          float scale, AttentionBackend& backend) {
-  const int dim = q.shape.width;
-  std::deque<std::vector<float>> gathered;  // K then V per (sequence, head)
-  const KvSource source = [&](int seq, std::int64_t h, std::int64_t len) {
-    gathered.emplace_back(static_cast<std::size_t>(len) * dim);
-    float* k = gathered.back().data();
-    gathered.emplace_back(static_cast<std::size_t>(len) * dim);
-    float* v = gathered.back().data();
-    cache.gather(seq, h, len, k, v);
-    return std::pair<const float*, const float*>{k, v};
-  };
+  // The kernel reads the pages in place: nothing is copied out of the cache.
+  const KvSource source = [&](int seq, std::int64_t h) { return cache.rows(seq, h); };
   return run_lane(lane, cache.table().kv_lens, q_len, cache.table().page_size, q, q_batch, kv_heads,
                   group, scale, source, backend);
 }
@@ -105,8 +97,8 @@ AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Sh
                               float scale, AttentionBackend& backend) {
   std::vector<int> identity(static_cast<std::size_t>(w.sequences()));
   for (int s = 0; s < w.sequences(); ++s) identity[static_cast<std::size_t>(s)] = s;
-  const KvSource source = [&](int seq, std::int64_t h, std::int64_t) {
-    return std::pair<const float*, const float*>{k.at(seq, h, 0), v.at(seq, h, 0)};
+  const KvSource source = [&](int seq, std::int64_t h) {
+    return std::pair<KvRows, KvRows>{k.at(seq, h, 0), v.at(seq, h, 0)};
   };
   const AttnShard all = run_lane(lane, w.kv_lens, w.q_len, w.page_size, q, identity, kv_heads,
                                  group, scale, source, backend);

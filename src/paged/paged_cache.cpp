@@ -15,7 +15,7 @@ PagedKvCache::PagedKvCache(PageTable table, Range heads, int dim)
                              table_.page_size * static_cast<std::size_t>(dim_);
   k_.assign(floats, 0.0f);
   v_.assign(floats, 0.0f);
-  owner_.assign(static_cast<std::size_t>(table_.num_pages) * heads_.size(), -1);
+  owner_.assign(floats / static_cast<std::size_t>(dim_), -1);
 }
 
 void PagedKvCache::retable(PageTable table) {
@@ -45,10 +45,10 @@ void PagedKvCache::write_sequence(int seq, std::int64_t h, const float* k, const
     const std::size_t at = slot_offset(page, h, pos % table_.page_size);
     float* kd = k_.data() + at;
     float* vd = v_.data() + at;
-    // A page another sequence already filled is shared and read-only: it must already hold
-    // exactly these rows.
-    const std::size_t mark =
-        static_cast<std::size_t>(page) * heads_.size() + static_cast<std::size_t>(h - heads_.begin);
+    // A slot another sequence already filled is a shared page's, read-only: it must already
+    // hold exactly this row. (A shorter sequence may fill only the first slots of a shared
+    // page; a longer one fills the rest.)
+    const std::size_t mark = at / static_cast<std::size_t>(dim_);
     if (owner_[mark] >= 0 && owner_[mark] != seq) {
       if (std::memcmp(kd, k + pos * dim_, bytes) != 0 ||
           std::memcmp(vd, v + pos * dim_, bytes) != 0) {
@@ -63,6 +63,14 @@ void PagedKvCache::write_sequence(int seq, std::int64_t h, const float* k, const
     std::copy_n(k + pos * dim_, dim_, kd);
     std::copy_n(v + pos * dim_, dim_, vd);
   }
+}
+
+std::pair<KvRows, KvRows> PagedKvCache::rows(int seq, std::int64_t h) const {
+  const int* pages = table_.tables[static_cast<std::size_t>(seq)].data();
+  const std::size_t head = slot_offset(0, h, 0);
+  const auto stride = static_cast<std::int64_t>(slot_offset(1, h, 0) - head);
+  return {KvRows::paged(k_.data() + head, pages, table_.page_size, stride),
+          KvRows::paged(v_.data() + head, pages, table_.page_size, stride)};
 }
 
 void PagedKvCache::gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const {

@@ -214,8 +214,8 @@ Value runtime_json(const Provenance& pv) {
   v["rank_env"] = std::move(env);
   v["compiler"] = pv.compiler;
   v["mpi_version"] = pv.mpi_version;
-  v["nccl_version"] = nullptr;
-  v["cuda_version"] = nullptr;
+  v["nccl_version"] = pv.nccl_version.empty() ? Value(nullptr) : Value(pv.nccl_version);
+  v["cuda_version"] = pv.cuda_version.empty() ? Value(nullptr) : Value(pv.cuda_version);
   v["hdf5_version"] = pv.hdf5_version.empty() ? Value(nullptr) : Value(pv.hdf5_version);
   v["git_describe"] = pv.git_describe;
   v["threads"] = pv.threads;

@@ -85,5 +85,7 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& problem, int repeats, i
 /// without the backend or without devices).
 bool cuda_backend_built();
 int cuda_device_count();
+/// The CUDA runtime's version as "major.minor", or "" without the backend.
+std::string cuda_runtime_version();
 
 }  // namespace cpd

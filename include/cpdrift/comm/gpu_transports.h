@@ -25,6 +25,12 @@ struct GpuTransportOptions {
 std::unique_ptr<Transport> make_nccl_transport(const CommContext& comm,
                                                const GpuTransportOptions& options);
 
+/// Whether this build has the NCCL transport (a CUDA build finds NCCL beside the toolkit;
+/// -Dnccl=disabled or a toolkit without it builds the CUDA backend without it).
+bool nccl_transport_built();
+/// NCCL's version as "major.minor.patch", or "" when built without NCCL.
+std::string nccl_library_version();
+
 /// Throws UsageError when built without CUDA or when the processes are not all on one node.
 std::unique_ptr<Transport> make_cuda_ipc_transport(const CommContext& comm,
                                                    const GpuTransportOptions& options);

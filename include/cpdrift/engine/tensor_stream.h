@@ -33,8 +33,9 @@ struct GlobalTensor {
   std::vector<StreamSegment> segments;  // same order; data set where hosted here
 };
 
-/// Whose heads a tensor's shards are laid out over.
-enum class HeadKind { query, kv };
+/// Whose heads a tensor's shards are laid out over; `token` is a per-token tensor (one head,
+/// laid out like the query heads of a one-head grid).
+enum class HeadKind { query, kv, token };
 
 GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
                            const std::vector<const Shard*>& hosted,

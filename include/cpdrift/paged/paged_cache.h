@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "cpdrift/core/kv_rows.h"
 #include "cpdrift/core/range.h"
 #include "cpdrift/paged/page_table.h"
 
@@ -26,6 +28,10 @@ class PagedKvCache {
   /// which physical pages hold them.
   void gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const;
 
+  /// What a paged kernel reads: sequence `seq`'s K and V rows of KV head h in place, through
+  /// its block table (valid while the cache and its table live).
+  std::pair<KvRows, KvRows> rows(int seq, std::int64_t h) const;
+
   /// Reads the same pool through `table` from now on (what an engine does after moving
   /// pages: the block tables must follow). Throws UsageError when `table` is invalid or
   /// addresses a different pool size.
@@ -41,7 +47,7 @@ class PagedKvCache {
   Range heads_;
   int dim_;
   std::vector<float> k_, v_;
-  std::vector<int> owner_;  // per (page, head): the sequence that filled it, -1 before
+  std::vector<int> owner_;  // per (page, head, slot): the sequence that filled it, -1 before
 };
 
 }  // namespace cpd

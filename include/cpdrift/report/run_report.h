@@ -39,6 +39,8 @@ struct Provenance {
   std::string compiler;
   std::string mpi_version;
   std::string hdf5_version;  // empty when built without HDF5
+  std::string cuda_version;  // the CUDA runtime's; empty without the CUDA backend
+  std::string nccl_version;  // empty without the NCCL transport
   std::string git_describe;
   std::map<std::string, std::string> rank_env;
   std::string created_at_utc;

@@ -1,0 +1,48 @@
+// Where one KV head's rows live, as a kernel reads them: contiguous ([keys][dim]), or paged the
+// way a rollout engine's cache holds them (a pool of physical pages read through a block
+// table). The kernels ask for row j and never see which; the bits cannot depend on it.
+#pragma once
+
+#include <cstdint>
+
+namespace cpd {
+
+class KvRows {
+ public:
+  KvRows() = default;
+  /// Contiguous rows: row j at data + j·dim. Implicit: a plain pointer is the common case.
+  KvRows(const float* data) : base_(data) {}  // NOLINT(google-explicit-constructor)
+  /// Paged rows: row j is slot j % page_size of physical page pages[j / page_size], whose
+  /// first row sits at pool + page·page_stride (floats).
+  static KvRows paged(const float* pool, const int* pages, std::int64_t page_size,
+                      std::int64_t page_stride) {
+    KvRows r(pool);
+    r.pages_ = pages;
+    r.page_size_ = page_size;
+    r.page_stride_ = page_stride;
+    return r;
+  }
+
+  bool is_paged() const { return pages_ != nullptr; }
+  /// Row j (0-based from this view's first row) of a head of `dim` floats.
+  const float* row(std::int64_t j, int dim) const {
+    j += first_;
+    if (pages_ == nullptr) return base_ + j * dim;
+    return base_ + pages_[j / page_size_] * page_stride_ + (j % page_size_) * dim;
+  }
+  /// The same rows from row j on.
+  KvRows from(std::int64_t j) const {
+    KvRows r = *this;
+    r.first_ += j;
+    return r;
+  }
+
+ private:
+  const float* base_ = nullptr;
+  const int* pages_ = nullptr;  // null: contiguous
+  std::int64_t page_size_ = 0;
+  std::int64_t page_stride_ = 0;
+  std::int64_t first_ = 0;
+};
+
+}  // namespace cpd
