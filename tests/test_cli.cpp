@@ -427,9 +427,17 @@ TEST_CASE(
 TEST_CASE("accept --mode manifest executes nothing and fails") {
   const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                           "/cpdrift_manifest_" + std::to_string(::getpid());
-  const Result r = run("accept --mode manifest --output " + dir + "/acceptance.json");
+  const Result r = run("accept --mode manifest --output " + dir +
+                       "/acceptance.json --out-threshold 1e-3 --paged-lse-threshold 0.25");
   CHECK(r.status == 1);
   CHECK(r.out.find("not_run      manifest mode executes nothing") != std::string::npos);
+  // Every threshold of design §7 is a flag; the file records what the rows were held to.
+  const cpd::json::Value written =
+      cpd::json::parse(run_command("cat " + dir + "/acceptance.json").out);
+  const cpd::json::Value& th = written.at("thresholds");
+  CHECK(th.at("out_max_abs").as_double() == 1e-3);
+  CHECK(th.at("paged_lse_max_abs").as_double() == 0.25);
+  CHECK(th.at("paged_out_max_abs").as_double() == 1e-2);  // the default where no flag is given
   run_command("rm -rf " + dir);
   const Result bad = run("accept --mode maybe --output x.json");
   CHECK(bad.status == 2);

@@ -255,6 +255,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     threshold("--lse-threshold", a.thresholds.lse_max_abs);
     threshold("--dlogp-threshold", a.thresholds.dlogp_max_abs);
     threshold("--gradient-threshold", a.thresholds.gradient_max_abs);
+    threshold("--paged-out-threshold", a.thresholds.paged_out_max_abs);
+    threshold("--paged-lse-threshold", a.thresholds.paged_lse_max_abs);
+    threshold("--paged-dlogp-threshold", a.thresholds.paged_dlogp_max_abs);
     r.read(args, first);
     if (cl.command == CommandLine::Command::help) return cl;
     if (a.mode.empty()) bad("accept: --mode manifest|run is required");
@@ -474,6 +477,7 @@ Execution and output
 
 Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
   --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X
+  --paged-out-threshold X --paged-lse-threshold X --paged-dlogp-threshold X
                                override design section 7's thresholds
 
 Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
