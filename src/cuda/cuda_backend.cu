@@ -47,7 +47,9 @@ class CudaBackend final : public AttentionBackend {
     CPD_CUDA_CHECK(cudaStreamCreate(&stream_));
     CPD_CUBLAS_CHECK(cublasCreate(&cublas_));
     CPD_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    // Deterministic cuBLAS: no atomics, the default algorithm, its own workspace.
+    // Deterministic cuBLAS, run to run on one GPU architecture (cuBLAS's reproducibility
+    // rule): no atomics, CUBLAS_GEMM_DEFAULT for fixed shapes, one handle on one stream with
+    // the handle's default workspace. Not pinned across architectures or cuBLAS versions.
     CPD_CUBLAS_CHECK(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));
   }
   ~CudaBackend() override {
