@@ -44,8 +44,8 @@ std::int64_t first_row(PagedCall call, std::int64_t kv_len, std::int64_t q_len, 
   return calls_of(call, kv_len, q_len, kChunkPages * page_size).front().first;
 }
 
-// K and V rows [0, len) of (sequence, KV head), valid until the lane's jobs have run.
-// Sequence seq's K and V rows of KV head h: paged (through the block table) or contiguous.
+// Sequence seq's K and V rows of KV head h, paged (read in place through the block table) or
+// contiguous; valid until the lane's jobs have run.
 using KvSource = std::function<std::pair<KvRows, KvRows>(int seq, std::int64_t h)>;
 
 AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std::int64_t q_len,
