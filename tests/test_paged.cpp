@@ -512,6 +512,15 @@ TEST_CASE(
   const json::Value fixed = paged_case_json(report, report.paged_cases[3]);
   CHECK(fixed.at("paged").at("invariance").at("page_layout").at("passed").as_bool());
   CHECK(fixed.at("paged").at("split_kv").at("plans").at(1).at("actual_split_size").as_int64() == 8);
+  // The plans are the ones the lanes ran with, and the report reads the policy off them: an
+  // irregular cut is not the requested fixed one (negative control).
+  CHECK(report.paged_cases[3].plans[1] == split_blocks(kFixed8, 43, 3, 4));
+  CHECK(report.paged_cases[0].plans[1] == std::vector<Range>{Range{0, 43}});
+  PagedCaseResult irregular = report.paged_cases[3];
+  irregular.plans[1] = {Range{0, 8}, Range{8, 12}, Range{12, 43}};
+  const json::Value odd = paged_case_json(report, irregular).at("paged").at("split_kv");
+  CHECK(odd.at("plans").at(1).at("actual_policy").as_string() == "irregular");
+  CHECK(odd.at("plans").at(1).at("actual_split_size").is_null());
   // A failed required invariance fails the run.
   report.paged_cases[3].invariances[1].stats.out.mismatch_count = 1;
   const std::vector<std::string> failed = evaluate_checks(report);

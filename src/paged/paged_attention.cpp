@@ -50,8 +50,10 @@ using KvSource = std::function<std::pair<KvRows, KvRows>(int seq, std::int64_t h
 
 AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std::int64_t q_len,
                    int page_size, const Shard& q, std::span<const int> q_batch, Range kv_heads,
-                   int group, float scale, const KvSource& source, AttentionBackend& backend) {
+                   int group, float scale, const KvSource& source, AttentionBackend& backend,
+                   std::vector<std::vector<Range>>* plans_used = nullptr) {
   const int dim = q.shape.width, seqs = static_cast<int>(kv_lens.size());
+  if (plans_used != nullptr) plans_used->assign(static_cast<std::size_t>(seqs), {});
   const auto row0 = [&](std::int64_t len) { return first_row(lane.call, len, q_len, page_size); };
   const std::int64_t chunk = kChunkPages * page_size;
   std::int64_t rows = 0;
@@ -75,6 +77,7 @@ AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std:
                                  out.lse.at(s, h, c.first - first_row)});
         }
       }
+      if (plans_used != nullptr) (*plans_used)[static_cast<std::size_t>(s)] = plans.back();
     }
   }
   backend.run_fold_jobs(jobs, dim, scale, lane.rounding);
@@ -85,11 +88,12 @@ AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std:
 
 AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64_t q_len,
                          const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
-                         float scale, AttentionBackend& backend) {
+                         float scale, AttentionBackend& backend,
+                         std::vector<std::vector<Range>>* plans_used) {
   // The kernel reads the pages in place: nothing is copied out of the cache.
   const KvSource source = [&](int seq, std::int64_t h) { return cache.rows(seq, h); };
   return run_lane(lane, cache.table().kv_lens, q_len, cache.table().page_size, q, q_batch, kv_heads,
-                  group, scale, source, backend);
+                  group, scale, source, backend, plans_used);
 }
 
 AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Shard& k,

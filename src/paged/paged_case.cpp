@@ -141,10 +141,11 @@ std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedO
     r.workload = w;
     r.physical_pages = in.main_table.num_pages;
     r.block_tables_digest = page_table_digest(in.main_table);
-    for (int b = 0; b < w.sequences(); ++b) {
-      const std::int64_t len = w.kv_lens[static_cast<std::size_t>(b)];
-      r.plans.push_back(split_blocks(spec.split, len, w.sequences(), w.page_size));
-      if (std::string e = coverage_error(r.plans.back(), len); !e.empty()) {
+    // The plans the candidate lane ran with (rank 0 always computes KV heads, and its report
+    // is the job's).
+    r.plans = l.mode_plans(spec.mode);
+    for (std::size_t b = 0; b < r.plans.size(); ++b) {
+      if (std::string e = coverage_error(r.plans[b], w.kv_lens[b]); !e.empty()) {
         r.coverage_errors.push_back("sequence " + std::to_string(b) + ": " + e);
       }
     }

@@ -84,13 +84,16 @@ PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, cons
     return m == PagedMode::decode ? PagedCall::decode : PagedCall::paged_prefill;
   };
   const auto run = [&](const Lane& ln, const PagedKvCache& cache, const Shard& q,
-                       const std::vector<int>& batch_rows) {
-    return run_paged_lane(ln, cache, w.q_len, q, batch_rows, heads, group, scale, backend);
+                       const std::vector<int>& batch_rows,
+                       std::vector<std::vector<Range>>* plans_used = nullptr) {
+    return run_paged_lane(ln, cache, w.q_len, q, batch_rows, heads, group, scale, backend,
+                          plans_used);
   };
   {
     const PagedKvCache main = filled_cache(in.main_table, in.kv, heads, rows);
-    l.decode = run(lane(PagedCall::decode, rounding), main, in.q, rows);
-    l.paged_prefill = run(lane(PagedCall::paged_prefill, rounding), main, in.q, rows);
+    l.decode = run(lane(PagedCall::decode, rounding), main, in.q, rows, &l.decode_plans);
+    l.paged_prefill =
+        run(lane(PagedCall::paged_prefill, rounding), main, in.q, rows, &l.paged_prefill_plans);
     l.full_prefill = run(lane(PagedCall::full_prefill, rounding), main, in.q, rows);
   }
   l.chunked = run_contiguous_lane(lane(PagedCall::chunked_prefill, rounding), w, in.kv.k, in.kv.v,

@@ -41,6 +41,9 @@ struct PagedInputs {
 struct PlanLanes {
   // The case dtype's arithmetic (BF16 inputs and P under --dtype bf16) on the main cache.
   AttnShard decode, paged_prefill, full_prefill;
+  // Per sequence, the split plan the decode and paged-prefill lanes ran at its full context
+  // (recorded by the lanes; empty on a process that computes no KV head).
+  std::vector<std::vector<Range>> decode_plans, paged_prefill_plans;
   AttnShard chunked;  // the same query rows from contiguous K/V, no cache
   // Per requested mode: the rows again on other layouts, alone, and in FP32.
   std::map<PagedMode, AttnShard> permuted, private_prefix, fp32;
@@ -48,6 +51,9 @@ struct PlanLanes {
 
   const AttnShard& mode_rows(PagedMode m) const {
     return m == PagedMode::decode ? decode : paged_prefill;
+  }
+  const std::vector<std::vector<Range>>& mode_plans(PagedMode m) const {
+    return m == PagedMode::decode ? decode_plans : paged_prefill_plans;
   }
 };
 

@@ -28,13 +28,24 @@ Value plans_json(const PagedCaseResult& c) {
     Value p = Value::object();
     p["sequence"] = b;
     p["kv_len"] = c.workload.kv_lens[static_cast<std::size_t>(b)];
-    // Auto picks a size per sequence and batch: the plan as it ran is a fixed cut at that size.
-    const bool disabled = c.spec.split.policy == SplitPolicy::disabled;
-    p["actual_policy"] = disabled ? "disabled" : "fixed";
-    p["actual_split_size"] = disabled ? Value(nullptr)
-                             : c.spec.split.policy == SplitPolicy::fixed
-                                 ? Value(c.spec.split.size)
-                                 : Value(blocks.front().size());
+    // Read off the blocks the lane ran with: equal blocks (the last may be short) are a fixed
+    // cut at that size — what auto's choice is too; one block is a disabled split, or a fixed
+    // one longer than the context; anything else is irregular.
+    const SplitKv& asked = c.spec.split;
+    bool uniform = !blocks.empty();
+    for (std::size_t i = 0; i + 1 < blocks.size(); ++i)
+      uniform = uniform && blocks[i].size() == blocks.front().size();
+    if (blocks.size() > 1 && uniform) {
+      p["actual_policy"] = "fixed";
+      p["actual_split_size"] = blocks.front().size();
+    } else if (blocks.size() == 1 && asked.policy == SplitPolicy::fixed &&
+               blocks.front().size() <= asked.size) {
+      p["actual_policy"] = "fixed";
+      p["actual_split_size"] = asked.size;
+    } else {
+      p["actual_policy"] = blocks.size() == 1 ? "disabled" : "irregular";
+      p["actual_split_size"] = nullptr;
+    }
     p["blocks"] = ranges_json(blocks);
     if (c.spec.split.policy == SplitPolicy::auto_select) {
       p["note"] = "auto: the size at the full context; each decode step picks its own";

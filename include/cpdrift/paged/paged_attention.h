@@ -31,10 +31,12 @@ struct Lane {
 /// q_batch[s]. Auto plans see the cache's sequence count as the batch. Result: out
 /// [seqs][q heads][rows][D], lse [seqs][q heads][rows][1], where for decode and paged_prefill
 /// row i is position kv_len − q_len + i, and for full_prefill row i is position i (rows past a
-/// sequence's length stay 0).
+/// sequence's length stay 0). `plans_used`, when given and kv_heads is not empty, receives per
+/// sequence the split plan its last call ran with (the one at its full context).
 AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64_t q_len,
                          const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
-                         float scale, AttentionBackend& backend);
+                         float scale, AttentionBackend& backend,
+                         std::vector<std::vector<Range>>* plans_used = nullptr);
 
 /// The query rows ([seqs][q heads][q_len], like a paged_prefill lane) computed from contiguous
 /// K and V ([B][kv heads][S][D]), no cache: `lane.call` paged_prefill is one call of the q_len
