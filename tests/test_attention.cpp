@@ -90,8 +90,9 @@ struct PagedCopy {
   std::vector<float> pool;
   std::vector<int> table;
   int page_size;
+  std::int64_t rows;
   KvRows view() const {
-    return KvRows::paged(pool.data(), table.data(), page_size, 2LL * page_size * kDim);
+    return KvRows::paged(pool.data(), table.data(), page_size, 2LL * page_size * kDim, rows);
   }
 };
 
@@ -99,7 +100,7 @@ PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t 
   const auto n = static_cast<std::int64_t>(rows.size()) / kDim;
   const auto pages = static_cast<int>((n + page_size - 1) / page_size);
   PagedCopy c{std::vector<float>(static_cast<std::size_t>(pages) * 2 * page_size * kDim, NAN),
-              std::vector<int>(static_cast<std::size_t>(pages)), page_size};
+              std::vector<int>(static_cast<std::size_t>(pages)), page_size, n};
   for (int i = 0; i < pages; ++i) c.table[i] = i;
   std::shuffle(c.table.begin(), c.table.end(), std::mt19937_64(seed));
   for (std::int64_t j = 0; j < n; ++j) {

@@ -368,7 +368,7 @@ TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol"
     std::remove(h5.c_str());
   }
   const auto& first = dumps.front();
-  CHECK(first.size() == 3 + 2 * 16);  // q, k, v; per case 6 out/lse, 6 gradients, 2 logp
+  CHECK(first.size() == 3 + 2 * 16);  // q, k, v; per case 8 out/lse, 6 gradients, 2 logp
   CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate/logp") == 1);
   CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate_fp32/dk") == 1);
   for (std::size_t i = 1; i + 1 < dumps.size(); ++i) {

@@ -1,6 +1,7 @@
 // Spreading attention work over the thread pool, and the ordered merge.
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 #include "cpdrift/cpu/attention.h"
@@ -74,19 +75,45 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
 
 std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim,
                                           std::deque<std::vector<float>>& storage) {
+  // One copy per distinct paged view, as long as the longest reach of the jobs reading it:
+  // the query heads of a group and the steps of a decode share it (and the backend's upload).
+  struct Copy {
+    KvRows view;
+    std::int64_t rows = 0;
+    const float* data = nullptr;
+  };
+  std::vector<Copy> copies;
+  const auto reach = [](const FoldJob& j) {  // rows [0, n) of the views any row of j sees
+    std::int64_t end = j.kv_begin;
+    for (const Range& b : j.blocks) {
+      if (b.begin < j.first_pos + j.rows) end = std::max(end, b.end);
+    }
+    return end - j.kv_begin;
+  };
+  const auto copy_of = [&](const KvRows& view) {
+    return std::find_if(copies.begin(), copies.end(),
+                        [&](const Copy& c) { return c.view == view; });
+  };
+  for (const FoldJob& j : jobs) {
+    for (const KvRows& view : {j.k, j.v}) {
+      if (!view.is_paged()) continue;
+      if (!view.covers(reach(j)))
+        throw std::invalid_argument("contiguous_fold_jobs: a block reaches past the paged rows");
+      auto c = copy_of(view);
+      if (c == copies.end()) c = copies.insert(copies.end(), Copy{view});
+      c->rows = std::max(c->rows, reach(j));
+    }
+  }
+  for (Copy& c : copies) {
+    std::vector<float>& rows = storage.emplace_back(static_cast<std::size_t>(c.rows) * dim);
+    for (std::int64_t r = 0; r < c.rows; ++r)
+      std::copy_n(c.view.row(r, dim), dim, rows.data() + r * dim);
+    c.data = rows.data();
+  }
   std::vector<FoldJob> out(jobs.begin(), jobs.end());
   for (FoldJob& j : out) {
-    if (!j.k.is_paged() && !j.v.is_paged()) continue;
-    std::int64_t kv_end = j.kv_begin;  // the end of the last block any row sees
-    for (const Range& b : j.blocks) {
-      if (b.begin < j.first_pos + j.rows) kv_end = std::max(kv_end, b.end);
-    }
-    for (KvRows* rows : {&j.k, &j.v}) {
-      std::vector<float>& copy =
-          storage.emplace_back(static_cast<std::size_t>(kv_end - j.kv_begin) * dim);
-      for (std::int64_t r = 0; r < kv_end - j.kv_begin; ++r)
-        std::copy_n(rows->row(r, dim), dim, copy.data() + r * dim);
-      *rows = KvRows(copy.data());
+    for (KvRows* view : {&j.k, &j.v}) {
+      if (view->is_paged()) *view = KvRows(copy_of(*view)->data);
     }
   }
   return out;

@@ -81,8 +81,8 @@ inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, in
   for (int r = 0; r < nrows; ++r) {
     for (std::int64_t j = common; j < limit[r0 + r]; ++j) {
       const F16 c = simd::splat(coef[j * kTileRows + r0 + r]);
-      for (int x = 0; x < 4; ++x)
-        acc[r][x] = simd::fma(c, simd::load(b.row(j, dim) + col + 16 * x), acc[r][x]);
+      const float* bj = b.row(j, dim) + col;
+      for (int x = 0; x < 4; ++x) acc[r][x] = simd::fma(c, simd::load(bj + 16 * x), acc[r][x]);
     }
   }
 }

@@ -90,7 +90,7 @@ AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64
                          const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
                          float scale, AttentionBackend& backend,
                          std::vector<std::vector<Range>>* plans_used) {
-  // The kernel reads the pages in place: nothing is copied out of the cache.
+  // The CPU kernel reads the pages in place (a backend without a paged kernel copies them out).
   const KvSource source = [&](int seq, std::int64_t h) { return cache.rows(seq, h); };
   return run_lane(lane, cache.table().kv_lens, q_len, cache.table().page_size, q, q_batch, kv_heads,
                   group, scale, source, backend, plans_used);

@@ -69,8 +69,9 @@ std::pair<KvRows, KvRows> PagedKvCache::rows(int seq, std::int64_t h) const {
   const int* pages = table_.tables[static_cast<std::size_t>(seq)].data();
   const std::size_t head = slot_offset(0, h, 0);
   const auto stride = static_cast<std::int64_t>(slot_offset(1, h, 0) - head);
-  return {KvRows::paged(k_.data() + head, pages, table_.page_size, stride),
-          KvRows::paged(v_.data() + head, pages, table_.page_size, stride)};
+  const std::int64_t len = table_.kv_lens[static_cast<std::size_t>(seq)];
+  return {KvRows::paged(k_.data() + head, pages, table_.page_size, stride, len),
+          KvRows::paged(v_.data() + head, pages, table_.page_size, stride, len)};
 }
 
 void PagedKvCache::gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const {

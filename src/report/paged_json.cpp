@@ -32,7 +32,7 @@ Value plans_json(const PagedCaseResult& c) {
     // cut at that size — what auto's choice is too; one block is a disabled split, or a fixed
     // one longer than the context; anything else is irregular.
     const SplitKv& asked = c.spec.split;
-    bool uniform = !blocks.empty();
+    bool uniform = !blocks.empty() && blocks.back().size() <= blocks.front().size();
     for (std::size_t i = 0; i + 1 < blocks.size(); ++i)
       uniform = uniform && blocks[i].size() == blocks.front().size();
     if (blocks.size() > 1 && uniform) {

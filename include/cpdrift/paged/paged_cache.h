@@ -28,8 +28,8 @@ class PagedKvCache {
   /// which physical pages hold them.
   void gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const;
 
-  /// What a paged kernel reads: sequence `seq`'s K and V rows of KV head h in place, through
-  /// its block table (valid while the cache and its table live).
+  /// What a paged kernel reads: sequence `seq`'s K and V rows [0, kv_len) of KV head h in
+  /// place, through its block table (valid until the cache is destroyed or retabled).
   std::pair<KvRows, KvRows> rows(int seq, std::int64_t h) const;
 
   /// Reads the same pool through `table` from now on (what an engine does after moving
