@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
@@ -103,6 +104,16 @@ double forward_flops(const Problem& p) {
          static_cast<double>(p.seq_len) * static_cast<double>(p.seq_len) / 2.0;
 }
 
+// "123.4 GFLOP/s" for the FP32 reference (a one-thread-per-row canonical fold), TFLOP/s for
+// the tensor-core and cuBLAS paths.
+std::string throughput(const std::string& path, double flops, double seconds) {
+  const bool giga = path == "fp32_reference";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f %s", flops / seconds * (giga ? 1e-9 : 1e-12),
+                giga ? "GFLOP/s" : "TFLOP/s");
+  return text;
+}
+
 // The GPU paths at each sequence length, with PyTorch's fastest SDPA backend as the yardstick.
 int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens) {
   std::printf(
@@ -110,25 +121,25 @@ int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens)
       "runs\n",
       o.problem.batch, o.problem.dims.num_q_heads, o.problem.dims.num_kv_heads,
       o.problem.dims.head_dim, o.repeats);
-  std::printf("# %-8s %-34s %12s %12s\n", "S", "path", "median (ms)", "TFLOP/s");
+  std::printf("# %-8s %-34s %12s %16s\n", "S", "path", "median (ms)", "throughput");
   for (const std::int64_t s : seq_lens) {
     Problem p = o.problem;
     p.seq_len = s;
     const double flops = forward_flops(p);
     double bf16_seconds = 0;
     for (const DeviceBenchFigure& f : cuda_bench(p, o.repeats, 0)) {
-      std::printf("  %-8lld %-34s %12.3f %12.2f\n", static_cast<long long>(s), f.name.c_str(),
-                  f.seconds * 1e3, flops / f.seconds * 1e-12);
+      std::printf("  %-8lld %-34s %12.3f %16s\n", static_cast<long long>(s), f.name.c_str(),
+                  f.seconds * 1e3, throughput(f.name, flops, f.seconds).c_str());
       if (f.name == "bf16_kernel") bf16_seconds = f.seconds;
       std::fflush(stdout);
     }
     std::string why;
     if (const auto torch = time_torch_sdpa(p, o.repeats, 0, why)) {
       const std::string name = "torch_sdpa " + torch->backend + " (" + torch->torch_version + ")";
-      std::printf("  %-8lld %-34s %12.3f %12.2f\n", static_cast<long long>(s), name.c_str(),
-                  torch->seconds * 1e3, flops / torch->seconds * 1e-12);
-      std::printf("  %-8lld %-34s %12s %12.2f\n", static_cast<long long>(s),
-                  "bf16_kernel / torch_sdpa", "", torch->seconds / bf16_seconds);
+      std::printf("  %-8lld %-34s %12.3f %16s\n", static_cast<long long>(s), name.c_str(),
+                  torch->seconds * 1e3, throughput(name, flops, torch->seconds).c_str());
+      std::printf("  %-8lld %-34s %12s %15.2fx\n", static_cast<long long>(s),
+                  "bf16_kernel speed / torch_sdpa", "", torch->seconds / bf16_seconds);
     } else {
       std::printf("  %-8lld %-34s not measured: %s\n", static_cast<long long>(s), "torch_sdpa",
                   why.c_str());
