@@ -204,6 +204,43 @@ TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 
   }
 }
 
+TEST_CASE(
+    "tensor-core and cuBLAS paths: rows before a block are (0, -inf), the rest see its keys") {
+  // Rows 70..129 against keys [100, 200): rows before 100 see nothing (the masked-row branches
+  // of the flash kernel, the unfused softmax and its normalisation), later rows a prefix.
+  const int rows = 60, keys = 100;
+  const std::vector<float> q = random_rows(rows, 31, kDim, true),
+                           k = random_rows(keys, 32, kDim, true),
+                           v = random_rows(keys, 33, kDim, true);
+  double max_v = 0;
+  for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+  for (int path = 0; path < 2; ++path) {
+    std::vector<float> out(rows * kDim, NAN), lse(rows, NAN);
+    const BlockJob job{q.data(),        70,         rows,      k.data(), v.data(),
+                       Range{100, 200}, out.data(), lse.data()};
+    if (path == 0) {
+      backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale,
+                                     ProbRounding::bf16);
+    } else {
+      backends().gpu->run_unfused_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale);
+    }
+    CAPTURE(path);
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const int n = std::max(0, std::min(keys, 70 + r + 1 - 100));
+      if (n == 0) {
+        CHECK(lse[r] == -INFINITY);
+        for (int d = 0; d < kDim; ++d) CHECK(out[r * kDim + d] == 0.0f);
+        continue;
+      }
+      std::vector<double> ref;
+      attention64(&q[r * kDim], k.data(), v.data(), n, ref);
+      for (int d = 0; d < kDim; ++d)
+        CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
+    }
+  }
+}
+
 TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a negative control") {
   const Problem p = testing::small_problem();
   const auto digests = [&](const CaseSpec& spec, const PathSpec& path) {
