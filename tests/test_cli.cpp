@@ -163,6 +163,19 @@ TEST_CASE("paged modes alone: a report of paged cases, every invariance passed, 
   CHECK(report.at("summary").at("passed").as_bool());
 }
 
+TEST_CASE("bench prints a figure for every CPU path, and paged reads keep the bits") {
+  // Figures only (no timing is asserted): every path ran, and the paged forward's bits equal
+  // the contiguous one's.
+  const Result r = run("bench --seq-len 64 --repeats 1 --threads 1");
+  CHECK(r.status == 0);
+  for (const char* path :
+       {"fp32_reference ", "bf16_kernel_emulated ", "fp32_reference_paged16 ", "fp32_backward "}) {
+    CAPTURE(path);
+    CHECK(r.out.find(path) != std::string::npos);
+  }
+  CHECK(r.out.find("bits == contiguous") != std::string::npos);
+}
+
 TEST_CASE("--help prints usage and exits 0") {
   const Result r = run("--help");
   CHECK(r.status == 0);

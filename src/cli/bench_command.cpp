@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "cpdrift/backend/attention_backend.h"
@@ -12,6 +13,7 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/attention_backward_math.h"
+#include "cpdrift/paged/paged_cache.h"
 #include "simd_info.h"
 #include "torch_sdpa.h"
 
@@ -38,9 +40,9 @@ Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool)
 }
 
 // One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
-// gets its time.
+// gets its time. With `cache`, K and V are read in place from its (shuffled) pages.
 AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
-                  double& seconds) {
+                  double& seconds, const PagedKvCache* cache = nullptr) {
   const int group = p.dims.group_size();
   AttnShard out{Shard(in.q.shape),
                 Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
@@ -48,8 +50,10 @@ AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, Thr
   std::vector<FoldJob> jobs;
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.dims.num_q_heads; ++h) {
-      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, in.k.at(b, h / group, 0),
-                             in.v.at(b, h / group, 0), 0, grid, out.out.at(b, h, 0),
+      const auto [k, v] = cache != nullptr ? cache->rows(b, h / group)
+                                           : std::pair<KvRows, KvRows>{in.k.at(b, h / group, 0),
+                                                                       in.v.at(b, h / group, 0)};
+      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, k, v, 0, grid, out.out.at(b, h, 0),
                              out.lse.at(b, h, 0)});
     }
   }
@@ -59,10 +63,23 @@ AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, Thr
   return out;
 }
 
-double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool) {
+double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
+                    const PagedKvCache* cache = nullptr) {
   double seconds = 0;
-  forward(p, in, rounding, pool, seconds);
+  forward(p, in, rounding, pool, seconds, cache);
   return seconds;
+}
+
+// The inputs' K and V in a paged cache of `page_size`, physical pages shuffled.
+PagedKvCache paged_copy(const Problem& p, const Inputs& in, int page_size) {
+  const std::vector<std::int64_t> lens(static_cast<std::size_t>(p.batch), p.seq_len);
+  PagedKvCache cache(make_page_table(lens, page_size, 0, PageLayout::permuted, p.seed),
+                     Range{0, p.dims.num_kv_heads}, p.dims.head_dim);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.dims.num_kv_heads; ++h)
+      cache.write_sequence(b, h, in.k.at(b, h, 0), in.v.at(b, h, 0));
+  }
+  return cache;
 }
 
 // One CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out and lse:
@@ -190,6 +207,26 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     std::printf("  %-26s %10.3f %10.3f %12.1f\n", path.name, best, median, flops / best * 1e-9);
     std::printf("  %-26s %10.3f %10s %12s\n", "  (input generation)", gen, "", "");
     std::fflush(stdout);
+  }
+  {
+    // The same FP32 forward reading K/V in place from a paged cache (pages of 16, shuffled):
+    // what paging costs the kernel, and whether the bits moved (they must not).
+    const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
+    const PagedKvCache cache = paged_copy(p, in, 16);
+    std::vector<double> times;
+    for (int i = 0; i < o.repeats; ++i)
+      times.push_back(time_forward(p, in, ProbRounding::none, pool, &cache));
+    std::sort(times.begin(), times.end());
+    double s = 0;
+    const AttnShard paged = forward(p, in, ProbRounding::none, pool, s, &cache);
+    const AttnShard contiguous = forward(p, in, ProbRounding::none, pool, s);
+    const bool same = std::memcmp(paged.out.data.data(), contiguous.out.data.data(),
+                                  paged.out.data.size() * sizeof(float)) == 0 &&
+                      std::memcmp(paged.lse.data.data(), contiguous.lse.data.data(),
+                                  paged.lse.data.size() * sizeof(float)) == 0;
+    std::printf("  %-26s %10.3f %10.3f %12.1f   bits %s contiguous\n", "fp32_reference_paged16",
+                times.front(), times[times.size() / 2], flops / times.front() * 1e-9,
+                same ? "==" : "!=");
   }
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
