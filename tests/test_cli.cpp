@@ -309,6 +309,19 @@ TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
   std::remove(js.c_str());
 }
 
+TEST_CASE("a run killed while dumping leaves no temporary file behind") {
+  // SIGTERM (what mpirun sends when it ends a job) once the temporary exists: the process dies
+  // of the signal, and neither the temporary nor a partial dump remains. (Without the guard
+  // the temporary stays: checked by hand against the previous build.)
+  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string h5 = dir + "/cpdrift_cli_killed_" + std::to_string(::getpid()) + ".h5";
+  const Result r = run_command(
+      "( " + bin() + " --seq-len 4096 --kv-chunk-sizes 256 --quiet --dump " + h5 + " & p=$!; " +
+      "for i in $(seq 400); do ls " + h5 + ".tmp.* >/dev/null 2>&1 && break; sleep 0.05; done; " +
+      "kill -TERM $p; wait $p; echo status=$?; ls " + h5 + "* 2>/dev/null | wc -l )");
+  CHECK(r.out == "status=143\n0\n");  // 128 + SIGTERM; no file
+}
+
 #if defined(CPD_HAVE_MPI)
 namespace {
 

@@ -9,6 +9,7 @@
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/io/tensor_dump.h"
+#include "cpdrift/util/temp_file_guard.h"
 
 namespace cpd {
 
@@ -198,6 +199,7 @@ class Hdf5Dump final : public TensorDump {
   }
 
   std::string path_, temp_;
+  TempFileGuard guard_{temp_};  // an interrupted run leaves no temporary behind
   Handle file_, dataset_;
   std::vector<hsize_t> dims_;
   bool committed_ = false;
