@@ -176,6 +176,14 @@ TEST_CASE("bench prints a figure for every CPU path, and paged reads keep the bi
   CHECK(r.out.find("bits == contiguous") != std::string::npos);
 }
 
+TEST_CASE("a problem too large for the memory ends with a line saying so, not a stack trace") {
+  // 2 GB of address space for S=65536 (its queries alone take 1 GB per input dtype).
+  const Result r = run_command("ulimit -v 2000000; " + bin() + " --seq-len 65536 --quiet");
+  CHECK(r.status == 3);
+  CHECK(r.err.find("cpdrift: error: rank 0: out of memory") != std::string::npos);
+  CHECK(r.err.find("mpirun -np N") != std::string::npos);
+}
+
 TEST_CASE("--help prints usage and exits 0") {
   const Result r = run("--help");
   CHECK(r.status == 0);

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,14 @@ int main(int argc, char** argv) {
   } catch (const ProtocolError& e) {
     // Protocol violations are agreed across processes before they are thrown.
     if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    return kExitRuntime;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "cpdrift: error: rank %d: out of memory: this problem does not fit the process's "
+                 "memory; spread it over more processes (mpirun -np N), or lower --seq-len, "
+                 "--batch or the case list\n",
+                 comm->rank());
+    if (comm->size() > 1) comm->abort(kExitRuntime);
     return kExitRuntime;
   } catch (const std::exception& e) {
     // A failure on this process alone: say so and take the whole job down with it.
