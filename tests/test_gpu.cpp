@@ -175,50 +175,23 @@ void attention64(const float* q, const float* k, const float* v, int n, std::vec
 
 }  // namespace
 
-TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 tolerance") {
-  // BF16-exact inputs; both paths round P to BF16 (relative error ≤ 2^-9) with FP32
-  // accumulation, so |out - out64| ≤ 2^-8·max|v|, the bound the CPU emulation meets too.
-  const int rows = 70, keys = 300;
-  const std::vector<float> q = random_rows(rows, 21, kDim, true),
-                           k = random_rows(keys, 22, kDim, true),
-                           v = random_rows(keys, 23, kDim, true);
-  double max_v = 0;
-  for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
-  for (int path = 0; path < 2; ++path) {
-    std::vector<float> out(rows * kDim), lse(rows);
-    const BlockJob job{q.data(),       250,        rows,      k.data(), v.data(),
-                       Range{0, keys}, out.data(), lse.data()};
-    if (path == 0) {
-      backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale,
-                                     ProbRounding::bf16);
-    } else {
-      backends().gpu->run_unfused_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale);
-    }
-    CAPTURE(path);
-    for (int r = 0; r < rows; ++r) {
-      const int n = std::min(keys, 250 + r + 1);
-      std::vector<double> ref;
-      attention64(&q[r * kDim], k.data(), v.data(), n, ref);
-      for (int d = 0; d < kDim; ++d)
-        CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
-    }
-  }
-}
+namespace {
 
-TEST_CASE(
-    "tensor-core and cuBLAS paths: rows before a block are (0, -inf), the rest see its keys") {
-  // Rows 70..129 against keys [100, 200): rows before 100 see nothing (the masked-row branches
-  // of the flash kernel, the unfused softmax and its normalisation), later rows a prefix.
-  const int rows = 60, keys = 100;
-  const std::vector<float> q = random_rows(rows, 31, kDim, true),
-                           k = random_rows(keys, 32, kDim, true),
-                           v = random_rows(keys, 33, kDim, true);
+// Rows first … first+rows-1 against the keys `keys` on the tensor-core (path 0) and cuBLAS
+// (path 1) BF16 paths: rows that see no key are (0, -inf); the others are within the BF16
+// bound of an FP64 attention over their visible keys. BF16-exact inputs; both paths round P
+// to BF16 (relative error ≤ 2^-9) with FP32 accumulation, so |out - out64| ≤ 2^-8·max|v|, the
+// bound the CPU emulation meets too.
+void check_bf16_paths(std::int64_t first, int rows, Range keys, std::uint64_t seed) {
+  const auto n_keys = static_cast<int>(keys.size());
+  const std::vector<float> q = random_rows(rows, seed, kDim, true),
+                           k = random_rows(n_keys, seed + 1, kDim, true),
+                           v = random_rows(n_keys, seed + 2, kDim, true);
   double max_v = 0;
   for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
   for (int path = 0; path < 2; ++path) {
     std::vector<float> out(rows * kDim, NAN), lse(rows, NAN);
-    const BlockJob job{q.data(),        70,         rows,      k.data(), v.data(),
-                       Range{100, 200}, out.data(), lse.data()};
+    const BlockJob job{q.data(), first, rows, k.data(), v.data(), keys, out.data(), lse.data()};
     if (path == 0) {
       backends().gpu->run_block_jobs(std::span<const BlockJob>(&job, 1), kDim, kScale,
                                      ProbRounding::bf16);
@@ -228,7 +201,8 @@ TEST_CASE(
     CAPTURE(path);
     for (int r = 0; r < rows; ++r) {
       CAPTURE(r);
-      const int n = std::max(0, std::min(keys, 70 + r + 1 - 100));
+      const auto n =
+          static_cast<int>(std::clamp<std::int64_t>(first + r + 1 - keys.begin, 0, keys.size()));
       if (n == 0) {
         CHECK(lse[r] == -INFINITY);
         for (int d = 0; d < kDim; ++d) CHECK(out[r * kDim + d] == 0.0f);
@@ -240,6 +214,19 @@ TEST_CASE(
         CHECK(std::fabs(out[r * kDim + d] - ref[d]) <= std::ldexp(max_v, -8));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core bf16 kernel and cuBLAS unfused against FP64, within BF16 tolerance") {
+  check_bf16_paths(250, 70, Range{0, 300}, 21);
+}
+
+TEST_CASE(
+    "tensor-core and cuBLAS paths: rows before a block are (0, -inf), the rest see its keys") {
+  // Rows 70..129 against keys [100, 200): rows before 100 see nothing (the masked-row branches
+  // of the flash kernel, the unfused softmax and its normalisation), later rows a prefix.
+  check_bf16_paths(70, 60, Range{100, 200}, 31);
 }
 
 TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a negative control") {
