@@ -1,0 +1,205 @@
+// Under mpirun (2 and 4 processes): cpdrift accept's row evaluation on evidence executed in
+// this job — the CPU and paged rows pass, and every kind of bad evidence fails closed.
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <string>
+
+#include "cpdrift/accept/acceptance.h"
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/paged/paged_case.h"
+#include "cpdrift/report/run_report.h"
+#include "mpi_support.h"
+#include "run_env.h"
+
+using namespace cpd;
+using cpd::testing::comm;
+using cpd::testing::RunEnv;
+
+namespace {
+
+// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill, every
+// protocol, backward and dlogp.
+json::Value evidence_report() {
+  Problem p;
+  p.seq_len = 16;
+  p.batch = 2;
+  RunEnv env(p, true);
+  const RunContext& ctx = env.ctx;
+  RunReport r;
+  r.problem = p;
+  r.vocab_size = 17;
+  r.provenance.world_size = comm().size();
+  r.provenance.transport = env.transport->name();
+  for (const std::optional<std::int64_t> split :
+       {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
+    for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+      r.cases.push_back(run_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
+    }
+  }
+  std::vector<PagedCaseSpec> paged;
+  for (const SplitKv split :
+       {SplitKv{SplitPolicy::disabled, 0}, SplitKv{SplitPolicy::fixed, kAcceptFixedSplit}}) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
+      paged.push_back(PagedCaseSpec{m, split});
+  }
+  r.paged_cases = run_paged_cases(ctx, PagedOptions{kAcceptPageSize, std::nullopt, 17}, paged);
+  return report_json(r);
+}
+
+json::Value& case_named(json::Value& report, const std::string& name) {
+  for (json::Value& c : report.at("cases").as_array()) {
+    if (c.at("case_name").as_string() == name) return c;
+  }
+  FAIL("no case " << name);
+  return report;
+}
+
+// The row fails on the doctored report, and one of its errors says `expect`.
+void expect_failure(const AcceptanceRow& row, const json::Value& report, int world,
+                    const char* expect) {
+  const RowVerdict v = evaluate_row(row, report, AcceptanceThresholds{}, world, "report.json");
+  CAPTURE(std::string(expect));
+  CHECK(v.status == "failed");
+  bool named = false;
+  for (const std::string& e : v.errors) named = named || e.find(expect) != std::string::npos;
+  CHECK(named);
+}
+
+AcceptanceRow row_named(const std::string& name) {
+  for (const AcceptanceRow& r : required_matrix()) {
+    if (r.name == name) return r;
+  }
+  FAIL("no row " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fails closed") {
+  const json::Value report = evidence_report();
+  if (comm().rank() != 0) return;
+  const AcceptanceThresholds t;
+  const int world = comm().size();
+  const std::string chunked = "qwen3_8b_tp2_cp2_chunk4_bf16";
+  for (const char* name : {"qwen3_8b_tp2_cp2_prefill_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16",
+                           "cp_protocol_equivalence_tp2_cp2_chunk4"}) {
+    const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
+    CAPTURE(name);
+    CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+    // With fewer processes than logical ranks the row is unavailable, never passed.
+    CHECK(v.status == (world >= 4 ? "passed" : "unavailable"));
+  }
+  // The paged rows run at any job size.
+  const char* paged_rows[] = {"paged_prefill_split_kv_disabled", "paged_prefill_split_kv_fixed",
+                              "paged_decode_split_kv_disabled",  "paged_decode_split_kv_fixed",
+                              "batch_invariance_paged",          "page_layout_invariance"};
+  for (const char* name : paged_rows) {
+    const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
+    CAPTURE(name);
+    CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+    CHECK(v.status == "passed");
+  }
+  struct PagedFault {
+    const char* row;
+    const char* expect;
+    std::function<void(json::Value&)> apply;
+  };
+  const std::string fixed_decode = "qwen3_8b_tp1_decode_split_kv_fixed8_bf16";
+  const std::vector<PagedFault> paged_faults = {
+      {"paged_decode_split_kv_fixed", "passed is not true",
+       [](json::Value& c) { c["paged"]["invariance"]["prefix_cache"]["passed"] = false; }},
+      {"paged_decode_split_kv_fixed", "exceeds",
+       [](json::Value& c) { c["paged"]["drift"]["candidate"]["lse"]["max_abs"] = 3e-3; }},
+      {"paged_decode_split_kv_fixed", "exceeds",
+       [](json::Value& c) {
+         c["paged"]["invariance"]["decode_vs_prefill"]["out"]["max_abs"] = 1e-9;
+       }},
+      {"paged_decode_split_kv_fixed", "not run as requested",
+       [](json::Value& c) { c["paged"]["split_kv"]["plans"].at(1)["actual_split_size"] = 4; }},
+      {"paged_decode_split_kv_fixed", "do not cover",
+       [](json::Value& c) { c["paged"]["split_kv"]["coverage_complete"] = false; }},
+      {"paged_decode_split_kv_fixed", "fewer than 2 sequences",
+       [](json::Value& c) { c["paged"]["shape"]["batch"] = 1; }},
+      {"paged_decode_split_kv_fixed", "never cut",
+       [](json::Value& c) {
+         for (json::Value& plan : c["paged"]["split_kv"]["plans"].as_array()) {
+           plan["blocks"] = json::parse("[[0, 1]]");
+         }
+       }},
+      {"batch_invariance_paged", "applicable is not true",
+       [](json::Value& c) { c["paged"]["invariance"]["batch_composition"]["applicable"] = false; }},
+      {"page_layout_invariance", "missing invariance",
+       [](json::Value& c) { c["paged"]["invariance"].as_object().erase("page_layout"); }},
+  };
+  for (const PagedFault& f : paged_faults) {
+    json::Value bad = report;
+    for (json::Value& c : bad.at("paged_cases").as_array()) {
+      if (c.at("case_name").as_string() == fixed_decode) f.apply(c);
+    }
+    CAPTURE(std::string(f.row));
+    expect_failure(row_named(f.row), bad, world, f.expect);
+  }
+  json::Value no_paged = report;
+  no_paged["paged_cases"] = json::Value::array();
+  CHECK(evaluate_row(row_named("page_layout_invariance"), no_paged, t, world, "r").status ==
+        "not_run");
+  if (world < 4) return;
+  struct Fault {
+    const char* expect;
+    std::function<void(json::Value&)> apply;
+  };
+  const std::vector<Fault> faults = {
+      {"missing metric",
+       [](json::Value& c) { c["drift"]["cp_merge_fp32"]["out"].as_object().erase("max_abs"); }},
+      {"non-finite",
+       [](json::Value& c) { c["backward"]["report"]["drifts"].at(0)["dk"]["max_abs"] = nullptr; }},
+      {"negative metric", [](json::Value& c) { c["dlogp"]["drift"]["max_abs"] = -1.0; }},
+      // In memory a metric can be NaN or infinite (no comparison with the limit catches NaN).
+      {"non-finite metric",
+       [](json::Value& c) {
+         c["dlogp"]["drift"]["max_abs"] = std::numeric_limits<double>::quiet_NaN();
+       }},
+      {"non-finite metric",
+       [](json::Value& c) {
+         c["drift"]["cp_merge_fp32"]["out"]["max_abs"] = std::numeric_limits<double>::infinity();
+       }},
+      {"exceeds", [](json::Value& c) { c["drift"]["cp_merge_fp32"]["lse"]["max_abs"] = 3e-4; }},
+      {"not run as requested",
+       [](json::Value& c) {
+         c["provenance"]["actual_split_kv_plans"].at(1)["actual_split_kv_size"] = 8;
+       }},
+      {"incomplete plan-set coverage",
+       [](json::Value& c) {
+         c["provenance"]["actual_split_kv_plan_set"]["entries"].as_array().pop_back();
+       }},
+      {"emulated transport",
+       [](json::Value& c) { c["distributed_p2p_reference"]["status"] = "skipped"; }},
+      {"emulated transport",
+       [](json::Value& c) { c["distributed_p2p_reference"]["transport"] = "inprocess"; }},
+      {"bitwise",
+       [](json::Value& c) { c["drift"]["topology_invariance"]["bitwise_equal"] = false; }},
+  };
+  for (const Fault& f : faults) {
+    json::Value bad = report;
+    f.apply(case_named(bad, chunked));
+    expect_failure(row_named(chunked), bad, world, f.expect);
+  }
+  // A protocol that disagrees breaks the equivalence row.
+  json::Value bad = report;
+  case_named(bad, chunked + "_ring_kv")["drift"]["cp_merge_fp32"]["out"]["digest"] = "0000";
+  CHECK(evaluate_row(row_named("cp_protocol_equivalence_tp2_cp2_chunk4"), bad, t, world, "r")
+            .status == "failed");
+  // A case that never ran, and rows cpdrift cannot execute yet, fail closed too.
+  json::Value empty = report;
+  empty["cases"] = json::Value::array();
+  CHECK(evaluate_row(row_named(chunked), empty, t, world, "r").status == "not_run");
+  CHECK(evaluate_row(row_named("p2p_nccl_reference_np2"), report, t, world, "r").status ==
+        "unavailable");
+  std::vector<RowVerdict> all;
+  for (const AcceptanceRow& r : required_matrix())
+    all.push_back(evaluate_row(r, report, t, world, "r"));
+  const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
+  CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
+  CHECK(doc.at("failed_required_cases").size() == all.size() - 9);
+}
