@@ -131,27 +131,86 @@ std::uint64_t fnv1a(std::uint64_t h, std::uint32_t v) {
   return h;
 }
 
+// The error measurements, shared by the sampled tests and the opt-in exhaustive one.
+struct ExpErr {
+  MaxErr normal, subnormal;
+  void operator()(float x) {
+    const double ref = std::exp(static_cast<double>(x));
+    (ref < 0x1p-126 ? subnormal : normal).add(x, ulp_err(cpd::exp_f32(x), ref));
+  }
+  void check() const {
+    MESSAGE("exp_f32 max error, normal results: " << describe(normal) << ", " << normal.count
+                                                  << " inputs");
+    MESSAGE("exp_f32 max error, subnormal results: " << describe(subnormal) << ", "
+                                                     << subnormal.count << " inputs");
+    CHECK(normal.err <= kExpBound);
+    CHECK(subnormal.err <= kExpSubnormalBound);
+  }
+};
+
+// One function against its FP64 reference on the domain where the reference is finite.
+template <float (*F)(float), double (*Ref)(double)>
+struct UnaryErr {
+  const char* name;
+  MaxErr m;
+  void operator()(float x) { m.add(x, ulp_err(F(x), Ref(double{x}))); }
+  void check(double bound) const {
+    MESSAGE(name << " max error: " << describe(m) << ", " << m.count << " inputs");
+    CHECK(m.err <= bound);
+  }
+};
+double log_ref(double x) { return std::log(x); }
+double log1p_ref(double x) { return std::log1p(x); }
+using LogErr = UnaryErr<cpd::log_f32, log_ref>;
+using Log1pErr = UnaryErr<cpd::log1p_f32, log1p_ref>;
+
+struct SinCosMaxErr {
+  MaxErr ms, mc;
+  void check(const char* name) const {
+    MESSAGE(name << " max error: sin " << describe(ms) << ", cos " << describe(mc) << ", "
+                 << ms.count << " inputs");
+    CHECK(ms.err <= kSinCosBound);
+    CHECK(mc.err <= kSinCosBound);
+  }
+};
+
+struct SinCosErr : SinCosMaxErr {
+  void operator()(float x) {
+    float s = 0.0f, c = 0.0f;
+    cpd::sincos_f32(x, s, c);
+    ms.add(x, ulp_err(s, std::sin(double{x})));
+    mc.add(x, ulp_err(c, std::cos(double{x})));
+  }
+};
+
+// sincos_2pi_f32 at u = (2k+1)/2^24. Reference: 4u = n + f exactly, then sinl/cosl of f·pi/2 in
+// long double (64-bit mantissa), so it carries no rounding of 2·pi·u; its error is ~2^-63.
+struct SinCos2piErr : SinCosMaxErr {
+  void operator()(std::uint32_t k) {
+    const float u = static_cast<float>((2.0 * k + 1.0) * 0x1p-24);  // exact
+    float s = 0.0f, c = 0.0f;
+    cpd::sincos_2pi_f32(u, s, c);
+    const long double w = 4.0L * u, n = nearbyintl(w), r = (w - n) * 1.57079632679489661923132169L;
+    const long double sr = sinl(r), cr = cosl(r);
+    const int q = static_cast<int>(n) & 3;
+    const long double rs = q == 0 ? sr : q == 1 ? cr : q == 2 ? -sr : -cr;
+    const long double rc = q == 0 ? cr : q == 1 ? -sr : q == 2 ? -cr : sr;
+    ms.add(u, ulp_err(s, static_cast<double>(rs)));
+    mc.add(u, ulp_err(c, static_cast<double>(rc)));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("exp_f32 accuracy") {
-  MaxErr normal, subnormal;
-  auto check = [&](float x) {
-    const double ref = std::exp(static_cast<double>(x));
-    const double e = ulp_err(cpd::exp_f32(x), ref);
-    (ref < 0x1p-126 ? subnormal : normal).add(x, e);
-  };
+  ExpErr check;
   sweep_bits(-104.0f, 89.0f, 3'000'000, 1, check);   // whole meaningful domain
   sweep_bits(-0x1p-4f, 0x1p-4f, 500'000, 2, check);  // near 0, down to 2^-149
   sweep_consecutive(float_of_bits(0x42b17218u - 100'000), 200'000, check);  // overflow edge
   sweep_consecutive(float_of_bits(0xc2cff1b5u - 100'000), 200'000, check);  // underflow edge
   sweep_consecutive(-87.4f, 600'000, check);  // normal/subnormal result boundary, downwards
-  MESSAGE("exp_f32 max error, normal results: " << describe(normal) << ", " << normal.count
-                                                << " inputs");
-  MESSAGE("exp_f32 max error, subnormal results: " << describe(subnormal) << ", " << subnormal.count
-                                                   << " inputs");
-  CHECK(normal.count + subnormal.count >= 1'000'000);
-  CHECK(normal.err <= kExpBound);
-  CHECK(subnormal.err <= kExpSubnormalBound);
+  CHECK(check.normal.count + check.subnormal.count >= 1'000'000);
+  check.check();
 }
 
 TEST_CASE("exp_f32 special values") {
@@ -182,16 +241,14 @@ TEST_CASE("exp_f32 special values") {
 }
 
 TEST_CASE("log_f32 accuracy") {
-  MaxErr m;
-  auto check = [&](float x) { m.add(x, ulp_err(cpd::log_f32(x), std::log(double{x}))); };
+  LogErr check{"log_f32", {}};
   sweep_bits(0x1p-149f, std::numeric_limits<float>::max(), 3'000'000, 3, check);  // all finite
   sweep_bits(0x1p-149f, 0x1.fffffcp-127f, 200'000, 4, check);                     // subnormals
   sweep_consecutive(float_of_bits(bits_of(1.0f) - 200'000), 400'000, check);      // around 1
   sweep_consecutive(float_of_bits(0x3f3504f3u - 50'000), 100'000, check);         // sqrt(1/2)
   sweep_consecutive(float_of_bits(0x3fb504f3u - 50'000), 100'000, check);         // sqrt(2)
-  MESSAGE("log_f32 max error: " << describe(m) << ", " << m.count << " inputs");
-  CHECK(m.count >= 1'000'000);
-  CHECK(m.err <= kLogBound);
+  CHECK(check.m.count >= 1'000'000);
+  check.check(kLogBound);
 }
 
 TEST_CASE("log_f32 special values") {
@@ -211,8 +268,7 @@ TEST_CASE("log_f32 special values") {
 }
 
 TEST_CASE("log1p_f32 accuracy") {
-  MaxErr m;
-  auto check = [&](float x) { m.add(x, ulp_err(cpd::log1p_f32(x), std::log1p(double{x}))); };
+  Log1pErr check{"log1p_f32", {}};
   const float above_m1 = float_of_bits(0xbf7fffffu);  // -1 + 2^-24
   sweep_bits(above_m1, -0.0f, 1'500'000, 5, check);
   sweep_bits(0.0f, std::numeric_limits<float>::max(), 1'500'000, 6, check);
@@ -222,9 +278,8 @@ TEST_CASE("log1p_f32 accuracy") {
   sweep_consecutive(float_of_bits(0xbe95f61au - 50'000), 100'000, check);  // sqrt(1/2) - 1
   sweep_consecutive(float_of_bits(0x3f000000u - 50'000), 100'000, check);  // below 1/2: f rounded
   sweep_consecutive(float_of_bits(0x4b800000u - 50'000), 100'000, check);  // 2^24 switch to log
-  MESSAGE("log1p_f32 max error: " << describe(m) << ", " << m.count << " inputs");
-  CHECK(m.count >= 1'000'000);
-  CHECK(m.err <= kLog1pBound);
+  CHECK(check.m.count >= 1'000'000);
+  check.check(kLog1pBound);
 }
 
 TEST_CASE("log1p_f32 special values") {
@@ -244,13 +299,7 @@ TEST_CASE("log1p_f32 special values") {
 }
 
 TEST_CASE("sincos_f32 accuracy") {
-  MaxErr ms, mc;
-  auto check = [&](float x) {
-    float s = 0.0f, c = 0.0f;
-    cpd::sincos_f32(x, s, c);
-    ms.add(x, ulp_err(s, std::sin(double{x})));
-    mc.add(x, ulp_err(c, std::cos(double{x})));
-  };
+  SinCosErr check;
   SplitMix64 rng{8};
   for (int i = 0; i < 1'500'000; ++i)  // uniform in value over [-2^20, 2^20] (RoPE angles)
     check(static_cast<float>(std::ldexp(static_cast<double>(rng.next() >> 11), -53) * 0x1p21 -
@@ -262,11 +311,8 @@ TEST_CASE("sincos_f32 accuracy") {
   // Near multiples of pi/2, where the reduced argument cancels.
   for (int k = 1; k < 2000; ++k)
     sweep_consecutive(static_cast<float>(k * 1.5707963267948966) * (1 - 0x1p-20f), 40, check);
-  MESSAGE("sincos_f32 max error: sin " << describe(ms) << ", cos " << describe(mc) << ", "
-                                       << ms.count << " inputs");
-  CHECK(ms.count >= 1'000'000);
-  CHECK(ms.err <= kSinCosBound);
-  CHECK(mc.err <= kSinCosBound);
+  CHECK(check.ms.count >= 1'000'000);
+  check.check("sincos_f32");
 }
 
 TEST_CASE("sincos_f32 special values") {
@@ -295,29 +341,12 @@ TEST_CASE("sincos_f32 special values") {
 }
 
 TEST_CASE("sincos_2pi_f32 accuracy") {
-  // Reference: 4u = n + f exactly, then sinl/cosl of f pi/2 in long double (64-bit mantissa),
-  // so the reference carries no rounding of 2 pi u; its error is ~2^-63 relative.
-  MaxErr ms, mc;
-  auto check = [&](std::uint32_t k) {
-    const float u = static_cast<float>((2.0 * k + 1.0) * 0x1p-24);  // exact
-    float s = 0.0f, c = 0.0f;
-    cpd::sincos_2pi_f32(u, s, c);
-    const long double w = 4.0L * u, n = nearbyintl(w), r = (w - n) * 1.57079632679489661923132169L;
-    const long double sr = sinl(r), cr = cosl(r);
-    const int q = static_cast<int>(n) & 3;
-    const long double rs = q == 0 ? sr : q == 1 ? cr : q == 2 ? -sr : -cr;
-    const long double rc = q == 0 ? cr : q == 1 ? -sr : q == 2 ? -cr : sr;
-    ms.add(u, ulp_err(s, static_cast<double>(rs)));
-    mc.add(u, ulp_err(c, static_cast<double>(rc)));
-  };
+  SinCos2piErr check;
   for (std::uint32_t k = 0; k < (1u << 23); k += 7) check(k);  // every 7th of the 2^23 inputs
   for (std::uint32_t k = 0; k < 20'000; ++k) check(k);         // u near 0 and 1: s and c tiny
   for (std::uint32_t k = (1u << 23) - 20'000; k < (1u << 23); ++k) check(k);
-  MESSAGE("sincos_2pi_f32 max error: sin " << describe(ms) << ", cos " << describe(mc) << ", "
-                                           << ms.count << " inputs");
-  CHECK(ms.count >= 1'000'000);
-  CHECK(ms.err <= kSinCosBound);
-  CHECK(mc.err <= kSinCosBound);
+  CHECK(check.ms.count >= 1'000'000);
+  check.check("sincos_2pi_f32");
 }
 
 TEST_CASE("sincos_2pi_f32 special values") {

@@ -277,3 +277,38 @@ TEST_CASE("checks fail closed") {
   broken.merge_oracle_self_test = "out[0] differs";
   CHECK(evaluate_checks(broken).size() == 1);
 }
+
+TEST_CASE("the second-backend check: the FP32 path run again elsewhere must give the same bits") {
+  // On a GPU run ctx.cpu_check is the CPU backend; here both are CPU InputStores, so the leg's
+  // plumbing (run, compare, digest, verdict) is exercised without a device. Negative control:
+  // a checker whose inputs differ (another seed) is caught and fails the run.
+  Problem p;
+  p.seq_len = 16;
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  LocalCp1Results cp1;
+  const LocalCollectives local;
+  RunContext ctx{p, pool, inputs, transport, local, cp1};
+  const CaseSpec spec{2, 2, 4, CpLayout::contiguous, Protocol::ring_kv};
+  for (const bool same : {true, false}) {
+    CAPTURE(same);
+    Problem other = p;
+    if (!same) other.seed += 1;
+    InputStore checker(other, pool);
+    ctx.cpu_check = &checker;
+    RunReport r;
+    r.problem = p;
+    r.cases.push_back(run_case(ctx, spec));
+    const CaseResult& c = r.cases.front();
+    REQUIRE(c.cuda_vs_cpu_fp32.has_value());
+    CHECK_FALSE(c.cublas_unfused.has_value());  // the CPU backend has no cuBLAS path
+    CHECK(c.cuda_vs_cpu_fp32->out.bitwise_equal() == same);
+    CHECK(c.cuda_vs_cpu_fp32->lse.bitwise_equal() == same);
+    CHECK((c.cuda_vs_cpu_fp32->out.digest == c.cp_merge_fp32.out.digest) == same);
+    const Value v = case_json(r, c).at("cuda_vs_cpu_fp32");
+    CHECK(v.at("status").as_string() == "available");
+    CHECK(v.at("bitwise_equal").as_bool() == same);
+    CHECK(evaluate_checks(r).empty() == same);
+  }
+}

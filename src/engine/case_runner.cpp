@@ -80,6 +80,12 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   const std::vector<RankOutput>& dtype = bf16 ? dtype_runs : fp32;
   const std::vector<RankOutput> kernel =
       run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
+  // GPU runs: the cuBLAS unfused path, and the FP32 path again on the CPU backend.
+  std::vector<RankOutput> unfused, cpu_fp32;
+  if (ctx.inputs.backend().has_unfused_gemm())
+    unfused = run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, false);
+  if (ctx.cpu_check != nullptr)
+    cpu_fp32 = run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_check, false);
 
   const std::vector<Range> reference_grid{Range{0, problem.seq_len}};
   const std::vector<Range> counterpart_grid =
@@ -89,6 +95,7 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   struct RankTensors {
     AttnShard reference, counterpart, dtype_written, kernel_written, probe;
     OracleDiffs oracle;
+    AttnShard unfused_written;  // GPU runs only
   };
   std::vector<RankTensors> tensors;
   tensors.reserve(fp32.size());
@@ -99,11 +106,13 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
                     ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows),
                     final_write(dtype[i].merged, bf16), final_write(kernel[i].merged, true),
                     merge_reversed_arrivals(fp32[i], dim, ctx.inputs.backend()),
-                    merge_oracle_diffs(fp32[i], dim)});
+                    merge_oracle_diffs(fp32[i], dim),
+                    unfused.empty() ? AttnShard{} : final_write(unfused[i].merged, true)});
   }
 
-  Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle;
-  std::vector<const AttnShard*> ref_shards, fp32_shards, dtype_shards, kernel_shards;
+  Comparison cp_merge, dtype_path, bf16_kernel, topology, probe, oracle, unfused_drift, gpu_cpu;
+  std::vector<const AttnShard*> ref_shards, fp32_shards, dtype_shards, kernel_shards,
+      unfused_shards, cpu_shards;
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     const int r = fp32[i].rank.cp_rank;
     const RankTensors& t = tensors[i];
@@ -113,6 +122,14 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
     topology.add(r, fp32[i].merged, t.counterpart);
     probe.add(r, t.probe, fp32[i].merged);
     oracle.add_diffs(r, t.oracle);
+    if (!unfused.empty()) {
+      unfused_drift.add(r, t.unfused_written, t.reference);
+      unfused_shards.push_back(&t.unfused_written);
+    }
+    if (!cpu_fp32.empty()) {
+      gpu_cpu.add(r, cpu_fp32[i].merged, fp32[i].merged);
+      cpu_shards.push_back(&cpu_fp32[i].merged);
+    }
     ref_shards.push_back(&t.reference);
     fp32_shards.push_back(&fp32[i].merged);
     dtype_shards.push_back(&t.dtype_written);
@@ -155,6 +172,16 @@ CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {
   set(result.dtype_path, dtype_digest);
   set(result.bf16_kernel, kernel_digest);
   set(result.topology, fp32_digest);
+  // Every process runs the same cases, so these are present everywhere or nowhere.
+  if (!unfused.empty()) {
+    result.cublas_unfused = stats_pair(ctx, unfused_drift);
+    set(*result.cublas_unfused,
+        publish(ctx, grid, result.name, "cublas_unfused", unfused_shards, true));
+  }
+  if (!cpu_fp32.empty()) {
+    result.cuda_vs_cpu_fp32 = stats_pair(ctx, gpu_cpu);  // the CPU's bits vs the GPU's
+    set(*result.cuda_vs_cpu_fp32, publish(ctx, grid, result.name, "cpu_fp32", cpu_shards, false));
+  }
 
   result.topology_required = kv_block_bounds(spec, problem.seq_len) == counterpart_grid;
   result.topology_reference = case_name(cp1_counterpart(spec), problem.dtype);
