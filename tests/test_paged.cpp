@@ -14,6 +14,7 @@
 #include "cpdrift/paged/paged_attention.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
+#include "fp64_attention.h"
 #include "random_rows.h"
 
 using namespace cpd;
@@ -30,7 +31,7 @@ void expect_invalid(const PageTable& t, const std::string& fragment) {
   CHECK_THROWS_AS(PagedKvCache(t, Range{0, 1}, 64), UsageError);
 }
 
-// S = 48, B = 3: kv_lens 48, 43, 38; pages of 4; shared prompt of 8 tokens; q_len 6.
+// S = 48, B = 3: kv_lens 48, 43, 38; pages of 4; shared prompt of 8 tokens; q_len 15.
 Problem paged_problem() {
   Problem p;
   p.seq_len = 48;
@@ -294,26 +295,13 @@ TEST_CASE("paged lanes against an FP64 oracle of the full logical KV") {
           for (std::int64_t h = 0; h < 8; ++h) {
             for (std::int64_t pos = rows.begin; pos < rows.end; ++pos) {
               const std::int64_t row = call == PagedCall::full_prefill ? pos : pos - rows.begin;
-              const float* qr = q.at(s, h, pos);
-              std::vector<double> score(static_cast<std::size_t>(pos + 1));
-              double m = -INFINITY;
-              for (std::int64_t j = 0; j <= pos; ++j) {
-                double dot = 0;
-                for (int d = 0; d < 128; ++d) dot += double(qr[d]) * kv.k.at(s, h / 4, j)[d];
-                score[static_cast<std::size_t>(j)] = dot * f.scale;
-                m = std::max(m, score[static_cast<std::size_t>(j)]);
-              }
-              double l = 0;
-              std::vector<double> acc(128, 0.0);
-              for (std::int64_t j = 0; j <= pos; ++j) {
-                const double p = std::exp(score[static_cast<std::size_t>(j)] - m);
-                l += p;
-                for (int d = 0; d < 128; ++d) acc[d] += p * kv.v.at(s, h / 4, j)[d];
-              }
-              for (int d = 0; d < 128; ++d) {
-                worst_out = std::max(worst_out, std::abs(a.out.at(s, h, row)[d] - acc[d] / l));
-              }
-              worst_lse = std::max(worst_lse, std::abs(a.lse.at(s, h, row)[0] - (m + std::log(l))));
+              std::vector<double> out64;
+              double lse64 = 0;
+              testing::attention_fp64(q.at(s, h, pos), kv.k.at(s, h / 4, 0), kv.v.at(s, h / 4, 0),
+                                      pos + 1, 128, f.scale, out64, lse64);
+              for (int d = 0; d < 128; ++d)
+                worst_out = std::max(worst_out, std::abs(a.out.at(s, h, row)[d] - out64[d]));
+              worst_lse = std::max(worst_lse, std::abs(a.lse.at(s, h, row)[0] - lse64));
             }
           }
         }

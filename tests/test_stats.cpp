@@ -58,7 +58,8 @@ TEST_CASE("stats: the sum behind mean_abs is exact, rounded once") {
   // that next double, while adding in FP64 from the largest term (1 + 2^-53 = 1, …) gives 1.
   const std::vector<float> d{1.0f, std::ldexp(1.0f, -53), std::ldexp(1.0f, -54)};
   CHECK(of_diffs(d).mean_abs * 3 == std::nextafter(1.0, 2.0));
-  // Tiny and huge together: the denormal bin and the top bin in one sum.
+  // Tiny and huge together: the denormal bin and the top bin in one sum, neither dropped nor
+  // overflowing (the tiny term cannot change the rounded total; losing the huge one would).
   const std::vector<float> e{std::ldexp(1.0f, -149), 3.0e38f};
   CHECK(of_diffs(e).mean_abs == (static_cast<double>(3.0e38f) + std::ldexp(1.0, -149)) / 2);
 }

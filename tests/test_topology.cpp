@@ -35,6 +35,7 @@ TEST_CASE("S=64, split 4: CP=1/2/4, contiguous and zigzag, are bitwise equal") {
     const Global ref = run(p, CaseSpec{1, 1, 4, CpLayout::contiguous, Protocol::ag_rs}, path);
     for (int cp : {1, 2, 4}) {
       for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+        if (cp == 1 && layout == CpLayout::contiguous) continue;  // the reference itself
         CAPTURE(cp);
         CAPTURE(to_string(layout));
         const Global g = run(p, CaseSpec{1, cp, 4, layout, Protocol::ag_rs}, path);

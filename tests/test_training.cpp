@@ -111,8 +111,6 @@ std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
       for (const Range& r : t.candidate.shape.tokens) {
         for (std::int64_t s = r.begin; s < r.end; ++s) {
           all[b * p.seq_len + s] = t.candidate.at(b, 0, t.candidate.shape.local_row(s))[0];
-          CHECK(bits_of(all[b * p.seq_len + s]) ==
-                bits_of(t.reference.at(b, 0, t.candidate.shape.local_row(s))[0]));
         }
       }
     }
