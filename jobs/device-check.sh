@@ -72,17 +72,23 @@ print(f"{len(cases)} paged cases: every invariance bitwise")
 PY
 }
 
-transports() {  # one process: nccl and cuda_ipc give the in-process run's bits
-  local t used=(auto)
+# One process (this build has no MPI): the GPU transports start, and a run through them gives
+# the in-process run's digests. Every message stays in the process, so no byte crosses a GPU
+# transport here; tests/test_gpu_mpi.cpp under mpirun is the check that moves data.
+transports_init() {
+  local t used=()
   for t in auto nccl cuda_ipc; do
     if ! "$build/cpdrift" --device cuda --transport "$t" --smoke --json >"$logdir/smoke_$t.json" \
       2>"$logdir/smoke_$t.err"; then
       cat "$logdir/smoke_$t.err"
       # A toolkit without libnccl builds without the NCCL transport: say so, check the rest.
-      [[ $t == nccl ]] && grep -q "built without NCCL" "$logdir/smoke_$t.err" && continue
+      if [[ $t == nccl ]] && grep -q "built without NCCL" "$logdir/smoke_$t.err"; then
+        no_nccl=1
+        continue
+      fi
       return 1
     fi
-    [[ $t != auto ]] && used+=("$t")
+    used+=("$t")
   done
   python3 - "${used[@]/#/$logdir/smoke_}" <<'PY'
 import json, sys
@@ -107,7 +113,9 @@ step configure configure && step build ninja -C "$build" &&
     step smoke smoke
     step tp2cp2_vs_cpu tp2cp2
     step paged paged
-    step transports transports
+    no_nccl=0
+    step transports_init transports_init
+    [[ $no_nccl == 1 && ${results[-1]} == pass ]] && results[-1]="pass, no NCCL"
     [[ $bench == 1 ]] && step bench "$build/cpdrift" bench --device cuda --repeats 5
   }
 
@@ -117,7 +125,7 @@ printf '|%s|%s|%s|\n' ------------------ -------------- -----------
 failed=0
 for i in "${!names[@]}"; do
   printf '| %-16s | %-12s | %9s |\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
-  [[ ${results[$i]} == pass ]] || failed=1
+  [[ ${results[$i]} == pass* ]] || failed=1
 done
 if [[ $bench == 1 ]]; then
   echo

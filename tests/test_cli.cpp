@@ -17,6 +17,7 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/report/json.h"
+#include "random_rows.h"
 
 #if defined(CPD_HAVE_HDF5)
 #include <hdf5.h>
@@ -35,23 +36,37 @@ std::string bin() {
   return path;
 }
 
+// Where the tests put their files: $TMPDIR, else /tmp.
+std::string tmp_dir() { return std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp"; }
+
+// Everything a stream holds until its end.
+std::string read_all(FILE* f) {
+  std::string text;
+  std::array<char, 4096> buf{};
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
+    text.append(buf.data(), n);
+  return text;
+}
+
+// A file's contents ("" when it cannot be opened).
+std::string slurp(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string text = read_all(f);
+  std::fclose(f);
+  return text;
+}
+
 // Runs `command` through the shell; stdout and stderr captured separately.
 Result run_command(const std::string& command) {
-  const std::string err_path = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                               "/cpdrift_cli_err_" + std::to_string(::getpid());
-  const std::string cmd = command + " 2>" + err_path;
+  const std::string err_path = tmp_dir() + "/cpdrift_cli_err_" + std::to_string(::getpid());
   Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
+  FILE* pipe = ::popen((command + " 2>" + err_path).c_str(), "r");
   REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  r.out = read_all(pipe);
   const int raw = ::pclose(pipe);
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  if (FILE* f = std::fopen(err_path.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
-    std::fclose(f);
-  }
+  r.err = slurp(err_path);
   std::remove(err_path.c_str());
   return r;
 }
@@ -271,7 +286,7 @@ TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
 
 #if defined(CPD_HAVE_HDF5)
 TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
-  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string dir = tmp_dir();
   const std::string h5 = dir + "/cpdrift_cli_dump_" + std::to_string(::getpid()) + ".h5";
   const std::string js = h5 + ".json";
   const std::string args = "--seq-len 16 --cp-world-sizes 2 --kv-chunk-sizes 4 --dump " + h5 +
@@ -291,14 +306,7 @@ TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
   std::string text(H5Tget_size(type), '\0');
   REQUIRE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()) >= 0);
   text.resize(std::strlen(text.c_str()));
-  std::string written;
-  if (FILE* j = std::fopen(js.c_str(), "r")) {
-    std::array<char, 4096> buf{};
-    std::size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), j)) > 0) written.append(buf.data(), n);
-    std::fclose(j);
-  }
-  CHECK(text == written);
+  CHECK(text == slurp(js));
   for (const char* path : {"/inputs/q", "/inputs/k", "/inputs/v",
                            "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/reference_fp32/out",
                            "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/candidate_bf16/lse"}) {
@@ -320,7 +328,7 @@ TEST_CASE("a run killed while dumping leaves no temporary file behind") {
   // SIGTERM (what mpirun sends when it ends a job) once the temporary exists: the process dies
   // of the signal, and neither the temporary nor a partial dump remains. (Without the guard
   // the temporary stays: checked by hand against the previous build.)
-  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string dir = tmp_dir();
   const std::string h5 = dir + "/cpdrift_cli_killed_" + std::to_string(::getpid()) + ".h5";
   const Result r = run_command(
       "( " + bin() + " --seq-len 4096 --kv-chunk-sizes 256 --quiet --dump " + h5 + " & p=$!; " +
@@ -366,17 +374,13 @@ std::map<std::string, std::vector<float>> float_datasets(const std::string& path
   return all;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 }  // namespace
 
 TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol") {
   // Every tensor of the file — inputs, references, FP32/BF16/bf16_kernel candidates, the
   // gradients and the logprobs — bit for bit, whoever computed it and however states moved.
   // Negative control: another seed changes the inputs, and the comparison says so.
-  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string dir = tmp_dir();
   const std::string base = dir + "/cpdrift_cli_same_" + std::to_string(::getpid());
   const std::string args =
       "--seq-len 32 --tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes none,8 "
@@ -410,10 +414,10 @@ TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol"
     REQUIRE(dumps[i].size() == first.size());
     for (const auto& [name, values] : first) {
       CAPTURE(name);
-      CHECK(same_bits(dumps[i].at(name), values));
+      CHECK(cpd::testing::same_bits(dumps[i].at(name), values));
     }
   }
-  CHECK_FALSE(same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
+  CHECK_FALSE(cpd::testing::same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
 }
 #endif
 #else
@@ -427,19 +431,11 @@ TEST_CASE("--dump without HDF5 is refused up front") {
 #if defined(CPD_HAVE_MPI)
 TEST_CASE(
     "accept --mode run under mpirun -np 4: CPU and paged rows pass, the rest fail closed, exit 1") {
-  const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                          "/cpdrift_accept_" + std::to_string(::getpid());
+  const std::string dir = tmp_dir() + "/cpdrift_accept_" + std::to_string(::getpid());
   const Result r = run_mpi(4, "accept --mode run --threads 1 --output " + dir + "/acceptance.json");
   CHECK(r.status == 1);
   CHECK(r.out.find("# Acceptance : FAILED") != std::string::npos);
-  std::string text;
-  if (FILE* f = std::fopen((dir + "/acceptance.json").c_str(), "r")) {
-    std::array<char, 4096> buf{};
-    std::size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) text.append(buf.data(), n);
-    std::fclose(f);
-  }
-  const cpd::json::Value doc = cpd::json::parse(text);
+  const cpd::json::Value doc = cpd::json::parse(slurp(dir + "/acceptance.json"));
   CHECK(doc.at("schema_version").as_string() == "ws2_attention_gpu_acceptance/v1");
   CHECK(doc.at("mode").as_string() == "run");
   CHECK(doc.at("status").as_string() == "failed");
@@ -458,15 +454,13 @@ TEST_CASE(
 #endif
 
 TEST_CASE("accept --mode manifest executes nothing and fails") {
-  const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                          "/cpdrift_manifest_" + std::to_string(::getpid());
+  const std::string dir = tmp_dir() + "/cpdrift_manifest_" + std::to_string(::getpid());
   const Result r = run("accept --mode manifest --output " + dir +
                        "/acceptance.json --out-threshold 1e-3 --paged-lse-threshold 0.25");
   CHECK(r.status == 1);
   CHECK(r.out.find("not_run      manifest mode executes nothing") != std::string::npos);
   // Every threshold of design §7 is a flag; the file records what the rows were held to.
-  const cpd::json::Value written =
-      cpd::json::parse(run_command("cat " + dir + "/acceptance.json").out);
+  const cpd::json::Value written = cpd::json::parse(slurp(dir + "/acceptance.json"));
   const cpd::json::Value& th = written.at("thresholds");
   CHECK(th.at("out_max_abs").as_double() == 1e-3);
   CHECK(th.at("paged_lse_max_abs").as_double() == 0.25);

@@ -2,11 +2,12 @@
 //
 // Errors are in units of the float spacing at the FP64 reference value (2^-149 for subnormal
 // results). The asserted bounds are the documented ones: each is the exhaustive maximum over
-// all 2^32 inputs (measured once with the same error definition; for sin/cos the 2^31
-// non-negative ones, the functions being odd/even by construction; for sincos_2pi all 2^23
-// u = (2k+1)/2^24), rounded up at the second decimal. These sweeps are subsets, so they can only
-// come in at or below it. The FP64 references (glibc exp/log/log1p/sin/cos) are within ~1
-// double ulp, i.e. 2^-29 float ulp.
+// all 2^32 inputs (for sin/cos the 2^31 non-negative ones, the functions being odd/even by
+// construction; for sincos_2pi all 2^23 u = (2k+1)/2^24), rounded up at the second decimal.
+// The last test measures those maxima; it is opt-in (minutes on one core):
+//   build/tests/test_fmath --no-skip -tc='exhaustive*'
+// The sampled sweeps are subsets, so they can only come in at or below the maxima. The FP64
+// references (glibc exp/log/log1p/sin/cos) are within ~1 double ulp, i.e. 2^-29 float ulp.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -371,6 +372,29 @@ TEST_CASE("sincos_2pi_f32 special values") {
     CHECK(bits_of(s) == kCanonicalNan);
     CHECK(bits_of(c) == kCanonicalNan);
   }
+}
+
+// The documented maxima, over every input (see the file comment; skipped unless --no-skip).
+TEST_CASE("exhaustive maxima of exp, log, log1p, sin/cos and sincos_2pi" * doctest::skip()) {
+  ExpErr exp_err;
+  LogErr log_err{"log_f32", {}};
+  Log1pErr log1p_err{"log1p_f32", {}};
+  SinCosErr sincos_err;
+  for (std::uint64_t b = 0; b < (std::uint64_t{1} << 32); ++b) {
+    const float x = float_of_bits(static_cast<std::uint32_t>(b));
+    if (std::isnan(x)) continue;
+    if (x >= -104.0f && x <= 89.0f) exp_err(x);  // beyond: exactly 0 or inf (special values)
+    if (x > 0.0f && !std::isinf(x)) log_err(x);
+    if (x > -1.0f && !std::isinf(x)) log1p_err(x);
+    if (!std::signbit(x) && !std::isinf(x)) sincos_err(x);
+  }
+  exp_err.check();
+  log_err.check(kLogBound);
+  log1p_err.check(kLog1pBound);
+  sincos_err.check("sincos_f32");
+  SinCos2piErr sincos_2pi_err;
+  for (std::uint32_t k = 0; k < (1u << 23); ++k) sincos_2pi_err(k);
+  sincos_2pi_err.check("sincos_2pi_f32");
 }
 
 // The exact output bits over a fixed sweep. The functions are fixed IEEE operation sequences, so

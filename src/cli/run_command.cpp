@@ -1,3 +1,4 @@
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,8 +21,14 @@
 namespace cpd {
 
 int default_threads(const CommContext& comm) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, static_cast<int>(cores) / std::max(1, comm.local_size()));
+  // The CPUs this process may run on: a launcher that binds it (srun --cpus-per-task, mpirun
+  // --bind-to) has said how many are its own; an unbound process shares the node's cores with
+  // the other processes on it.
+  const int node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : node;
+  if (allowed > 0 && allowed < node) return allowed;
+  return std::max(1, node / std::max(1, comm.local_size()));
 }
 
 namespace {
