@@ -73,6 +73,12 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
   });
 }
 
+std::int64_t fold_reach(const FoldJob& job) {
+  std::int64_t end = job.kv_begin;
+  for (const Range& b : job.blocks) end = std::max(end, std::min(b.end, job.first_pos + job.rows));
+  return end - job.kv_begin;
+}
+
 std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim,
                                           std::deque<std::vector<float>>& storage) {
   // One copy per distinct paged view, as long as the longest reach of the jobs reading it:
@@ -83,13 +89,6 @@ std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim
     const float* data = nullptr;
   };
   std::vector<Copy> copies;
-  const auto reach = [](const FoldJob& j) {  // rows [0, n) of the views any row of j sees
-    std::int64_t end = j.kv_begin;
-    for (const Range& b : j.blocks) {
-      if (b.begin < j.first_pos + j.rows) end = std::max(end, b.end);
-    }
-    return end - j.kv_begin;
-  };
   const auto copy_of = [&](const KvRows& view) {
     return std::find_if(copies.begin(), copies.end(),
                         [&](const Copy& c) { return c.view == view; });
@@ -97,11 +96,11 @@ std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim
   for (const FoldJob& j : jobs) {
     for (const KvRows& view : {j.k, j.v}) {
       if (!view.is_paged()) continue;
-      if (!view.covers(reach(j)))
+      if (!view.covers(fold_reach(j)))
         throw std::invalid_argument("contiguous_fold_jobs: a block reaches past the paged rows");
       auto c = copy_of(view);
       if (c == copies.end()) c = copies.insert(copies.end(), Copy{view});
-      c->rows = std::max(c->rows, reach(j));
+      c->rows = std::max(c->rows, fold_reach(j));
     }
   }
   for (Copy& c : copies) {

@@ -17,12 +17,11 @@ std::vector<float> rope_inv_freq(const ModelDims& dims) {
   return inv;
 }
 
-namespace {
-
-// q and dO are query-head tensors; k and v KV-head tensors.
 int heads_of(const ModelDims& dims, TensorId tensor) {
   return tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
 }
+
+namespace {
 
 // One task per (token range, block of rows): the row's RoPE cos/sin are computed once and
 // shared by every head and batch entry of the shard.

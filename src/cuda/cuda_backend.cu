@@ -79,8 +79,7 @@ class CudaBackend final : public AttentionBackend {
     cuda::GenerateParams g{};
     g.seed = problem.seed;
     g.tensor = static_cast<unsigned>(tensor);
-    g.num_heads =
-        tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
+    g.num_heads = heads_of(dims, tensor);
     g.seq_len = problem.seq_len;
     g.dim = dims.head_dim;
     g.batch = shape.batch;
@@ -149,19 +148,20 @@ class CudaBackend final : public AttentionBackend {
       int nblocks;
     };
     std::vector<Offsets> at;
+    // One upload per K/V array, as long as the longest reach of the jobs reading it (a GQA
+    // group's heads and the steps of a decode share it).
+    std::map<const float*, std::size_t> kv_floats;
     for (const FoldJob& j : jobs) {
-      std::int64_t kv_end = j.kv_begin;
-      for (const Range& b : j.blocks)
-        kv_end = std::max(kv_end, std::min(b.end, j.first_pos + j.rows));
-      const std::size_t kv = static_cast<std::size_t>(kv_end - j.kv_begin) * dim,
-                        rows = static_cast<std::size_t>(j.rows);
-      Offsets o{in.add(j.q, rows * dim),
-                in.add(j.k.row(0, dim), kv),
-                in.add(j.v.row(0, dim), kv),
-                out.add(j.out, rows * dim),
-                out.add(j.lse, rows),
-                blocks.size(),
-                static_cast<int>(j.blocks.size())};
+      for (const float* p : {j.k.row(0, dim), j.v.row(0, dim)})
+        kv_floats[p] = std::max(kv_floats[p], static_cast<std::size_t>(fold_reach(j)) * dim);
+    }
+    for (const FoldJob& j : jobs) {
+      const std::size_t rows = static_cast<std::size_t>(j.rows);
+      const float *k = j.k.row(0, dim), *v = j.v.row(0, dim);
+      Offsets o{
+          in.add(j.q, rows * dim),          in.add(k, kv_floats.at(k)), in.add(v, kv_floats.at(v)),
+          out.add(j.out, rows * dim),       out.add(j.lse, rows),       blocks.size(),
+          static_cast<int>(j.blocks.size())};
       for (const Range& b : j.blocks) {
         blocks.push_back(b.begin);
         blocks.push_back(b.end);
@@ -376,8 +376,10 @@ class CudaBackend final : public AttentionBackend {
       m.out = j.out;
       m.lse = j.lse;
       for (std::size_t b = 0; b < j.blocks.size(); ++b) {
-        const Range& r = j.blocks[b];
-        if (r.begin > j.first_pos + j.rows - 1) break;
+        // Keys past the last row are masked for every row: the block stops there (the same
+        // bits, and nothing read past what the job's K/V hold; see fold_reach).
+        const Range r{j.blocks[b].begin, std::min(j.blocks[b].end, j.first_pos + j.rows)};
+        if (r.empty()) break;
         states.emplace_back(static_cast<std::size_t>(j.rows) * (dim + 1));
         float* s = states.back().data();
         blocks.push_back(BlockJob{j.q, j.first_pos, j.rows, j.k.row(r.begin - j.kv_begin, dim),

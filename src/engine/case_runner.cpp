@@ -57,12 +57,14 @@ Published publish(const RunContext& ctx, const CaseGrid& grid, const std::string
 
 }  // namespace
 
+Shard bf16_written(const Shard& s) {
+  Shard w = s;
+  for (float& x : w.data) x = round_bf16(x);
+  return w;
+}
+
 AttnShard final_write(const AttnShard& merged, bool bf16) {
-  AttnShard written = merged;
-  if (bf16) {
-    for (float& x : written.out.data) x = round_bf16(x);
-  }
-  return written;
+  return bf16 ? AttnShard{bf16_written(merged.out), merged.lse} : merged;
 }
 
 CaseResult run_case(const RunContext& ctx, const CaseSpec& spec) {

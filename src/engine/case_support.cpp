@@ -41,12 +41,6 @@ std::string publish_tensor(const RunContext& ctx, const CaseGrid& grid,
   return digest;
 }
 
-Shard bf16_written(const Shard& s) {
-  Shard w = s;
-  for (float& x : w.data) x = round_bf16(x);
-  return w;
-}
-
 BackwardDrift measure_backward(const RunContext& ctx, const CaseGrid& grid,
                                const std::vector<RankOutput>& fp32, const std::string& case_name) {
   const int dim = grid.problem.dims.head_dim;

@@ -40,9 +40,6 @@ std::string publish_tensor(const RunContext& ctx, const CaseGrid& grid,
                            const std::string& dump_path, const std::vector<const Shard*>& hosted,
                            int width, HeadKind heads, bool bf16);
 
-/// A copy of `s` rounded to BF16 (a BF16 final write).
-Shard bf16_written(const Shard& s);
-
 /// The backward leg of a case from its FP32 forward (`fp32`: the FP32 path's outputs).
 BackwardDrift measure_backward(const RunContext& ctx, const CaseGrid& grid,
                                const std::vector<RankOutput>& fp32, const std::string& case_name);

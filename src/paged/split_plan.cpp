@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cpdrift/core/plan.h"
 #include "cpdrift/paged/page_table.h"
 
 namespace cpd {
@@ -27,11 +28,8 @@ std::vector<Range> split_blocks(const SplitKv& split, std::int64_t kv_len, int b
     size =
         std::max<std::int64_t>(1, (pages_for(kv_len, page_size) + splits - 1) / splits) * page_size;
   }
-  std::vector<Range> blocks;
-  if (kv_len <= 0) return blocks;
-  for (std::int64_t b = 0; b < kv_len; b += size)
-    blocks.push_back(Range{b, std::min(b + size, kv_len)});
-  return blocks;
+  if (kv_len <= 0) return {};
+  return split_range(Range{0, kv_len}, size);
 }
 
 std::string coverage_error(const std::vector<Range>& blocks, std::int64_t kv_len) {

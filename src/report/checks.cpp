@@ -105,8 +105,7 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
         check_finite(failed, n + ": backward.bf16_final_write", *s);
       }
     }
-    if (c.cuda_vs_cpu_fp32 &&
-        !(c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal())) {
+    if (c.cuda_vs_cpu_fp32 && !c.cuda_vs_cpu_fp32->bitwise_equal()) {
       failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +
                        std::to_string(c.cuda_vs_cpu_fp32->out.mismatch_count) + " out elements");
     }
@@ -115,8 +114,7 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
       check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
     }
     if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
-    if (c.topology_required &&
-        !(c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal())) {
+    if (c.topology_required && !c.topology.bitwise_equal()) {
       failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +
                        " (" + std::to_string(c.topology.out.mismatch_count) + " out, " +
                        std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");

@@ -7,13 +7,6 @@ using json::Value;
 
 namespace {
 
-Value out_lse_json(const OutLseStats& s) {
-  Value v = Value::object();
-  v["out"] = stats_json(s.out);
-  v["lse"] = stats_json(s.lse);
-  return v;
-}
-
 Value split_json(const SplitKv& s) {
   Value v = Value::object();
   v["policy"] = to_string(s.policy);

@@ -8,6 +8,14 @@ namespace cpd {
 using json::Array;
 using json::Value;
 
+Value out_lse_json(const OutLseStats& s, const char* source_class) {
+  Value v = Value::object();
+  v["out"] = stats_json(s.out);
+  v["lse"] = stats_json(s.lse);
+  if (source_class != nullptr) v["source_class"] = source_class;
+  return v;
+}
+
 Value stats_json(const DiffStats& s) {
   Value v = Value::object();
   const bool ok = s.finite();
@@ -25,14 +33,6 @@ Value stats_json(const DiffStats& s) {
 }
 
 namespace {
-
-Value out_lse(const OutLseStats& s, const char* source_class = nullptr) {
-  Value v = Value::object();
-  v["out"] = stats_json(s.out);
-  v["lse"] = stats_json(s.lse);
-  if (source_class != nullptr) v["source_class"] = source_class;
-  return v;
-}
 
 Value rope_drift_json(const RunReport& r) {
   Value v = Value::object();
@@ -55,7 +55,7 @@ Value merge_probe_json(const OutLseStats& s) {
   v["arrival_order_tested"] = "reversed";
   v["out"] = s.out.finite() ? Value(s.out.max_abs) : Value(nullptr);
   v["lse"] = s.lse.finite() ? Value(s.lse.max_abs) : Value(nullptr);
-  v["bitwise_equal"] = s.out.bitwise_equal() && s.lse.bitwise_equal();
+  v["bitwise_equal"] = s.bitwise_equal();
   v["mismatch_count"] = s.out.mismatch_count + s.lse.mismatch_count;
   return v;
 }
@@ -69,7 +69,7 @@ Value per_rank_json(const PerRankDrift& p) {
   v["query_ranges"] = ranges_json(p.tokens);
   v["out"] = stats_json(p.candidate.out);
   v["lse"] = stats_json(p.candidate.lse);
-  v["cp_merge_fp32"] = out_lse(p.cp_merge);
+  v["cp_merge_fp32"] = out_lse_json(p.cp_merge);
   return v;
 }
 
@@ -124,12 +124,12 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   v["provenance"] = case_provenance_json(p, c.spec, report.provenance);
 
   Value drift = Value::object();
-  drift["cp_merge_fp32"] = out_lse(c.cp_merge_fp32, "reduction_and_collective_drift");
-  drift["dtype_path_vs_fp32"] = out_lse(c.dtype_path, "arithmetic_schedule_drift");
+  drift["cp_merge_fp32"] = out_lse_json(c.cp_merge_fp32, "reduction_and_collective_drift");
+  drift["dtype_path_vs_fp32"] = out_lse_json(c.dtype_path, "arithmetic_schedule_drift");
   drift["rope"] = rope_drift_json(report);
-  drift["bf16_kernel"] = out_lse(c.bf16_kernel, "kernel_arithmetic_drift");
+  drift["bf16_kernel"] = out_lse_json(c.bf16_kernel, "kernel_arithmetic_drift");
   if (c.cublas_unfused) {
-    Value u = out_lse(*c.cublas_unfused, "unfused_gemm_drift");
+    Value u = out_lse_json(*c.cublas_unfused, "unfused_gemm_drift");
     u["status"] = "available";
     u["kernel"] =
         "cublasGemmStridedBatchedEx bf16 in, fp32 compute; softmax kernel; atomics not allowed";
@@ -140,9 +140,9 @@ Value case_json(const RunReport& report, const CaseResult& c) {
     u["reason"] = "cuBLAS runs on the CUDA backend only (--device cuda)";
     drift["cublas_unfused"] = std::move(u);
   }
-  Value topo = out_lse(c.topology);
+  Value topo = out_lse_json(c.topology);
   topo["reference_case"] = c.topology_reference;
-  topo["bitwise_equal"] = c.topology.out.bitwise_equal() && c.topology.lse.bitwise_equal();
+  topo["bitwise_equal"] = c.topology.bitwise_equal();
   topo["required"] = c.topology_required;
   topo["reason"] = c.topology_required
                        ? "the block grid equals the CP=1 grid, so every bit must match"
@@ -155,8 +155,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   Value gpu_cpu = Value::object();
   if (c.cuda_vs_cpu_fp32) {
     gpu_cpu["status"] = "available";
-    gpu_cpu["bitwise_equal"] =
-        c.cuda_vs_cpu_fp32->out.bitwise_equal() && c.cuda_vs_cpu_fp32->lse.bitwise_equal();
+    gpu_cpu["bitwise_equal"] = c.cuda_vs_cpu_fp32->bitwise_equal();
     gpu_cpu["cuda_out_digest"] =
         c.cp_merge_fp32.out.digest ? Value(*c.cp_merge_fp32.out.digest) : Value(nullptr);
     gpu_cpu["cpu_out_digest"] =
@@ -179,7 +178,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   te["te_module"] = nullptr;
   te["fallback"] = "deterministic_cp_reference";
   v["te_merge_oracle"] = std::move(te);
-  v["merge_oracle"] = out_lse(c.merge_oracle);
+  v["merge_oracle"] = out_lse_json(c.merge_oracle);
 
   Value per_rank = Value::array();
   for (const PerRankDrift& pr : c.per_rank) per_rank.push_back(per_rank_json(pr));

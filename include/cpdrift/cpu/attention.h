@@ -68,6 +68,10 @@ struct FoldJob {
 void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding,
                    ThreadPool& pool);
 
+/// Rows [0, n) of a fold job's k and v that any of its rows sees (causal: up to the last row's
+/// position), from kv_begin. A kernel reads nothing past them.
+std::int64_t fold_reach(const FoldJob& job);
+
 /// The jobs with contiguous k and v, for a backend without a paged kernel (CUDA): the rows a
 /// paged job reads are copied out of their pages into `storage` (exact copies; the rest of
 /// the job is unchanged), contiguous jobs are kept as they are.

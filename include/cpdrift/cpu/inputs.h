@@ -18,6 +18,9 @@ enum class InputPrecision { fp32, bf16 };
 /// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
 std::vector<float> rope_inv_freq(const ModelDims& dims);
 
+/// Heads of a tensor: q and dO are query-head tensors, k and v KV-head tensors.
+int heads_of(const ModelDims& dims, TensorId tensor);
+
 /// Fills `shape` (heads are Q heads for q and d_out, KV heads for k and v; width head_dim) of
 /// tensor `tensor` of `problem`: standard normals at their global coordinates
 /// ((b·H + h)·S + s)·D + d, RoPE at the global position for q and k when problem.rope,

@@ -36,6 +36,7 @@ struct RunContext {
 struct OutLseStats {
   DiffStats out;
   DiffStats lse;
+  bool bitwise_equal() const { return out.bitwise_equal() && lse.bitwise_equal(); }
 };
 
 /// Drift of one CP query shard (all TP ranks' heads of it).
@@ -95,6 +96,8 @@ struct CaseResult {
 /// The final write of an attention output: `out` rounded once to BF16 when `bf16` (lse stays
 /// FP32, as flash kernels keep it); a copy otherwise.
 AttnShard final_write(const AttnShard& merged, bool bf16);
+/// A tensor rounded once to BF16 (kept in FP32 storage): the final write of a BF16 kernel.
+Shard bf16_written(const Shard& s);
 
 /// Runs one case. Collective over the transport's processes; every process returns the
 /// same statistics (digests are filled in where this process can see whole tensors).

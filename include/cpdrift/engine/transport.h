@@ -36,11 +36,6 @@ class Transport {
   /// Completes the superstep: the messages addressed to logical ranks this process hosts,
   /// in no particular order (receivers sort by what the header says, never by arrival).
   virtual std::vector<Message> finish() = 0;
-  /// start + finish.
-  std::vector<Message> exchange(std::vector<Message> outgoing) {
-    start(std::move(outgoing));
-    return finish();
-  }
 
   /// Collective agreement on failure: every process passes the error it saw ("" for none);
   /// all of them return the error of the lowest process that saw one, or "" when none did.

@@ -81,5 +81,7 @@ json::Value runtime_json(const Provenance& pv);
 /// mismatch_count, max_ulp, digest}; numbers are null (and nonfinite_count > 0) when the
 /// diffs were not all finite.
 json::Value stats_json(const DiffStats& s);
+/// {out, lse} of a pair, with `source_class` when given.
+json::Value out_lse_json(const OutLseStats& s, const char* source_class = nullptr);
 
 }  // namespace cpd
