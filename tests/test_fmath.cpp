@@ -168,8 +168,8 @@ using Log1pErr = UnaryErr<cpd::log1p_f32, log1p_ref>;
 struct SinCosMaxErr {
   MaxErr ms, mc;
   void check(const char* name) const {
-    MESSAGE(name << " max error: sin " << describe(ms) << ", cos " << describe(mc) << ", "
-                 << ms.count << " inputs");
+    MESSAGE(std::string(name) << " max error: sin " << describe(ms) << ", cos " << describe(mc)
+                              << ", " << ms.count << " inputs");
     CHECK(ms.err <= kSinCosBound);
     CHECK(mc.err <= kSinCosBound);
   }
