@@ -58,7 +58,7 @@ json::Value& case_named(json::Value& report, const std::string& name) {
 // The row fails on the doctored report, and one of its errors says `expect`.
 void expect_failure(const AcceptanceRow& row, const json::Value& report, int world,
                     const char* expect) {
-  const RowVerdict v = evaluate_row(row, report, AcceptanceThresholds{}, world, "report.json");
+  const RowVerdict v = evaluate_row(row, report, Thresholds{}, world, "report.json");
   CAPTURE(std::string(expect));
   CHECK(v.status == "failed");
   bool named = false;
@@ -79,7 +79,7 @@ AcceptanceRow row_named(const std::string& name) {
 TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fails closed") {
   const json::Value report = evidence_report();
   if (comm().rank() != 0) return;
-  const AcceptanceThresholds t;
+  const Thresholds t;
   const int world = comm().size();
   const std::string chunked = "qwen3_8b_tp2_cp2_chunk4_bf16";
   for (const char* name : {"qwen3_8b_tp2_cp2_prefill_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16",

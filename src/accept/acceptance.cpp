@@ -237,8 +237,8 @@ void check_transport(const Value& c, int processes, RowVerdict& v) {
   v.evidence["processes_used"] = used ? *used : Value(nullptr);
 }
 
-void evaluate_case(const AcceptanceRow& row, const Value& c, const AcceptanceThresholds& t,
-                   RowVerdict& v, const std::string& label) {
+void evaluate_case(const AcceptanceRow& row, const Value& c, const Thresholds& t, RowVerdict& v,
+                   const std::string& label) {
   check_metric(c, "drift.cp_merge_fp32.out.max_abs", t.out_max_abs, v, label);
   check_metric(c, "drift.cp_merge_fp32.lse.max_abs", t.lse_max_abs, v, label);
   check_metric(c, "merge_order_probe.out", 0.0, v, label);
@@ -290,7 +290,7 @@ void check_paged_invariance(const Value& c, const std::string& name, RowVerdict&
   check_metric(c, base + ".lse.max_abs", 0.0, v, label);
 }
 
-void evaluate_paged_case(const Value& c, const AcceptanceThresholds& t, RowVerdict& v) {
+void evaluate_paged_case(const Value& c, const Thresholds& t, RowVerdict& v) {
   check_metric(c, "paged.drift.candidate.out.max_abs", t.paged_out_max_abs, v, "");
   check_metric(c, "paged.drift.candidate.lse.max_abs", t.paged_lse_max_abs, v, "");
   check_metric(c, "paged.drift.dlogp.max_abs", t.paged_dlogp_max_abs, v, "");
@@ -337,9 +337,8 @@ void evaluate_paged_case(const Value& c, const AcceptanceThresholds& t, RowVerdi
 
 }  // namespace
 
-RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report,
-                        const AcceptanceThresholds& t, int world_size,
-                        const std::string& report_path) {
+RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thresholds& t,
+                        int world_size, const std::string& report_path) {
   RowVerdict v;
   v.name = row.name;
   v.required = row.required;
@@ -420,8 +419,7 @@ RowVerdict manifest_row(const AcceptanceRow& row) {
 }
 
 Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
-                      const AcceptanceThresholds& t, const Value& runtime,
-                      const std::string& created_at) {
+                      const Thresholds& t, const Value& runtime, const std::string& created_at) {
   Value v = Value::object();
   v["schema_version"] = "ws2_attention_gpu_acceptance/v1";
   v["issue"] = 235;

@@ -37,6 +37,7 @@ RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path, 
   r.include_dlogp = true;
   r.threads = o.threads;
   r.output = report_path;
+  r.thresholds = o.thresholds;  // the report the rows cite is judged by the same gates
   return r;
 }
 
@@ -73,10 +74,15 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
 
   const std::vector<AcceptanceRow> rows = required_matrix();
   json::Value report;  // null: nothing executed
+  Provenance pv;       // the evidence run's, or (manifest mode) this job's
   if (o.mode == "run") {
     const RunReport run =
         execute_run(evidence_run(o, report_path, comm.size() >= 4), comm, command_line);
     if (root) report = report_json(run);
+    pv = run.provenance;
+  } else {
+    pv = gather_provenance(comm, command_line);
+    pv.transport = "mpi";  // what a run would use; nothing moved
   }
   int status = kExitChecksFailed;
   if (root) {
@@ -86,8 +92,6 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
                                               : evaluate_row(row, report, o.thresholds, comm.size(),
                                                              report.is_null() ? "" : report_path));
     }
-    Provenance pv = gather_provenance(comm, command_line);
-    pv.transport = "mpi";
     json::Value runtime = runtime_json(pv);
     runtime["launch"] = launch_json(pv);
     const json::Value doc =

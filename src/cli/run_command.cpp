@@ -179,6 +179,7 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
 
   RunReport report;
   report.problem = options.problem;
+  report.thresholds = options.thresholds;
   report.provenance = gather_provenance(comm, command_line);
   report.provenance.threads = options.threads > 0 ? options.threads : default_threads(comm);
   report.provenance.simd = cpu_simd_isa();

@@ -6,19 +6,9 @@
 #include <vector>
 
 #include "cpdrift/report/json.h"
+#include "cpdrift/report/run_report.h"
 
 namespace cpd {
-
-/// Thresholds of design §7 (from the reference contract); CLI flags can override them.
-struct AcceptanceThresholds {
-  double out_max_abs = 2.0e-4;
-  double lse_max_abs = 2.0e-4;
-  double dlogp_max_abs = 5.0e-2;
-  double gradient_max_abs = 5.0e-2;
-  double paged_out_max_abs = 1.0e-2;
-  double paged_lse_max_abs = 2.0e-3;
-  double paged_dlogp_max_abs = 2.0e-3;
-};
 
 /// One row of the required matrix.
 struct AcceptanceRow {
@@ -64,9 +54,8 @@ struct RowVerdict {
 /// row needs must be present, a finite non-negative number, within its threshold; a fixed split
 /// plan must have run as requested; the plan set must cover B·TP·CP·CP owners tiling [0, S);
 /// the transport must be a real one between `row.processes` processes. Anything else fails.
-RowVerdict evaluate_row(const AcceptanceRow& row, const json::Value& report,
-                        const AcceptanceThresholds& t, int world_size,
-                        const std::string& report_path);
+RowVerdict evaluate_row(const AcceptanceRow& row, const json::Value& report, const Thresholds& t,
+                        int world_size, const std::string& report_path);
 
 /// A row in manifest mode, which executes nothing: not_run (or unavailable for rows cpdrift
 /// cannot execute yet).
@@ -74,7 +63,7 @@ RowVerdict manifest_row(const AcceptanceRow& row);
 
 /// The acceptance document.
 json::Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
-                            const AcceptanceThresholds& t, const json::Value& runtime,
+                            const Thresholds& t, const json::Value& runtime,
                             const std::string& created_at);
 
 }  // namespace cpd

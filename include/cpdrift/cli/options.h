@@ -47,6 +47,7 @@ struct RunOptions {
   bool json = false;  // print the JSON report on stdout
   bool quiet = false;
   bool smoke = false;
+  Thresholds thresholds;  // design §7's; accept's flags override them for its evidence run
 };
 
 struct BenchOptions {
@@ -62,7 +63,7 @@ struct AcceptOptions {
   std::string output;  // DIR/acceptance.json; the drift report goes beside it
   Problem problem;     // seq_len defaults to 16, batch to 2
   int threads = 0;
-  AcceptanceThresholds thresholds;
+  Thresholds thresholds;
 };
 
 struct CommandLine {
