@@ -6,6 +6,7 @@
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/protocol.h"
+#include "cpdrift/engine/tensor_stream.h"
 #include "fault_transport.h"
 
 using namespace cpd;
@@ -105,4 +106,22 @@ TEST_CASE("ring_kv and allgather_kv validate the K/V they receive") {
             m.back().header.token_end -= 1;
           }).find("kv_shard") != std::string::npos);
   }
+}
+
+TEST_CASE("global tensors: shards that do not tile [0, S) per head are refused") {
+  // World 8, process 7: it hosts none of the 2 ranks, so no shard is read, only the layout.
+  Problem p;
+  p.seq_len = 16;
+  CaseGrid grid(p, CaseSpec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
+  CHECK_NOTHROW(global_tensor(grid, 8, 7, 128, {}));
+  grid.ranks[1].tokens.front().begin += 1;  // a gap at token 8
+  CHECK_THROWS_WITH_AS(global_tensor(grid, 8, 7, 128, {}), doctest::Contains("do not tile"),
+                       std::logic_error);
+  grid.ranks[1].tokens.front().begin -= 2;  // an overlap
+  CHECK_THROWS_WITH_AS(global_tensor(grid, 8, 7, 128, {}), doctest::Contains("do not tile"),
+                       std::logic_error);
+  grid.ranks[1].tokens.front().begin += 1;
+  grid.ranks[1].tokens.front().end -= 1;  // short of S
+  CHECK_THROWS_WITH_AS(global_tensor(grid, 8, 7, 128, {}), doctest::Contains("end at 15"),
+                       std::logic_error);
 }

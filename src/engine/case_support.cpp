@@ -133,20 +133,12 @@ DlogpDrift measure_dlogp(const RunContext& ctx, const CaseGrid& grid,
   d.vocab_size = ctx.vocab_size;
   d.drift = compute_diff_stats(parts, ctx.collectives, &ctx.pool);
   // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP
-  // rank. A TP = 1 view of the grid places them exactly there.
-  CaseSpec owners = grid.spec;
-  const int tp = owners.tp;
-  Problem one_head = grid.problem;
-  one_head.dims.num_q_heads = 1;
-  one_head.dims.num_kv_heads = 1;
-  owners.tp = 1;
-  CaseGrid owner_grid(one_head, owners);
-  for (LogicalRank& r : owner_grid.ranks) r.id = r.cp_rank * tp;  // their real logical ids
+  // rank.
   const std::string base = "/cases/" + case_name + "/";
   const std::string digest =
-      publish_tensor(ctx, owner_grid, base + "candidate/logp", c_logp, 1, HeadKind::token, false);
+      publish_tensor(ctx, grid, base + "candidate/logp", c_logp, 1, HeadKind::token, false);
   if (ctx.dump_requested)
-    publish_tensor(ctx, owner_grid, base + "reference/logp", r_logp, 1, HeadKind::token, false);
+    publish_tensor(ctx, grid, base + "reference/logp", r_logp, 1, HeadKind::token, false);
   if (ctx.collectives.root()) d.drift.digest = digest;
   return d;
 }

@@ -1,6 +1,8 @@
 #include "cpdrift/engine/tensor_stream.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "cpdrift/engine/protocol.h"
 #include "cpdrift/numerics/bf16.h"
@@ -12,8 +14,8 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
                            const std::vector<const Shard*>& hosted, HeadKind heads) {
   GlobalTensor t;
   t.batch = grid.problem.batch;
-  const bool kv = heads == HeadKind::kv;
-  t.heads = kv ? grid.problem.dims.num_kv_heads : grid.problem.dims.num_q_heads;
+  const bool kv = heads == HeadKind::kv, per_token = heads == HeadKind::token;
+  t.heads = per_token ? 1 : kv ? grid.problem.dims.num_kv_heads : grid.problem.dims.num_q_heads;
   t.seq_len = grid.problem.seq_len;
   t.width = width;
   struct Entry {
@@ -23,10 +25,11 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
   std::vector<Entry> entries;
   std::size_t next_hosted = 0;
   for (const LogicalRank& r : grid.ranks) {
+    if (per_token && r.tp_rank != 0) continue;  // a token's value lives on TP rank 0 alone
     const int owner = process_of(r.id, world_size);
     const Shard* shard = owner == process ? hosted.at(next_hosted++) : nullptr;
     for (int b = 0; b < t.batch; ++b) {
-      const Range& owned = kv ? r.kv_heads : r.q_heads;
+      const Range owned = per_token ? Range{0, 1} : kv ? r.kv_heads : r.q_heads;
       for (std::int64_t h = owned.begin; h < owned.end; ++h) {
         for (const Range& tokens : r.tokens) {
           const float* data =
@@ -40,6 +43,22 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
     return std::tie(x.piece.b, x.piece.h, x.piece.tokens.begin) <
            std::tie(y.piece.b, y.piece.h, y.piece.tokens.begin);
   });
+  // The shards must tile the tensor: per (b, h), token ranges from 0 to S with no gap or overlap.
+  std::int64_t expect = 0;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const GlobalPiece& p = entries[i].piece;
+    if (p.tokens.begin != expect) {
+      throw std::logic_error("global_tensor: the shards do not tile (b " + std::to_string(p.b) +
+                             ", h " + std::to_string(p.h) + ") at token " + std::to_string(expect));
+    }
+    const bool last =
+        i + 1 == entries.size() || entries[i + 1].piece.b != p.b || entries[i + 1].piece.h != p.h;
+    expect = last ? 0 : p.tokens.end;
+    if (last && p.tokens.end != t.seq_len) {
+      throw std::logic_error("global_tensor: the shards of (b " + std::to_string(p.b) + ", h " +
+                             std::to_string(p.h) + ") end at " + std::to_string(p.tokens.end));
+    }
+  }
   for (const Entry& e : entries) {
     t.pieces.push_back(e.piece);
     t.segments.push_back(StreamSegment{e.piece.owner, e.data,

@@ -33,8 +33,8 @@ struct GlobalTensor {
   std::vector<StreamSegment> segments;  // same order; data set where hosted here
 };
 
-/// Whose heads a tensor's shards are laid out over; `token` is a per-token tensor (one head,
-/// laid out like the query heads of a one-head grid).
+/// Whose heads a tensor's shards are laid out over; `token` is a per-token tensor ([B, 1, S]:
+/// one value per token, held by the TP rank 0 of each CP rank; `hosted` lists only those).
 enum class HeadKind { query, kv, token };
 
 GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
