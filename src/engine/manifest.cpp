@@ -93,16 +93,26 @@ MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const
                      grid.problem.dims.head_dim);
 }
 
-MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
-                           const KvBlock& block) {
-  // out (head_dim floats) and lse (one) per row.
-  MessageHeader h =
-      rows_header(grid, MessageKind::partial_state, grid.at(dst.tp_rank, block.owner_cp_rank), dst,
-                  tokens, dst.q_heads, grid.problem.dims.head_dim + 1);
+namespace {
+
+// A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
+MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                           const Range& tokens, const KvBlock& block, std::int64_t floats) {
+  MessageHeader h = rows_header(grid, kind, grid.at(dst.tp_rank, block.owner_cp_rank), dst, tokens,
+                                dst.q_heads, floats);
   h.block_index = block.index;
   h.block_begin = block.range.begin;
   h.block_end = block.range.end;
   return h;
+}
+
+}  // namespace
+
+MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
+                           const KvBlock& block) {
+  // out (head_dim floats) and lse (one) per row.
+  return block_header(grid, MessageKind::partial_state, dst, tokens, block,
+                      grid.problem.dims.head_dim + 1);
 }
 
 MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
@@ -150,22 +160,16 @@ std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const Lo
 
 MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                                 const KvBlock& block) {
-  MessageHeader h =
-      rows_header(grid, MessageKind::dq_partial, grid.at(dst.tp_rank, block.owner_cp_rank), dst,
-                  tokens, dst.q_heads, grid.problem.dims.head_dim);
-  h.block_index = block.index;
-  h.block_begin = block.range.begin;
-  h.block_end = block.range.end;
-  return h;
+  return block_header(grid, MessageKind::dq_partial, dst, tokens, block,
+                      grid.problem.dims.head_dim);
 }
 
 std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst) {
-  std::vector<MessageHeader> out;
-  for (const Range& tokens : dst.tokens) {
-    for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, tokens))
-        out.push_back(dq_partial_header(grid, dst, tokens, block));
-    }
+  // The forward's states, in reverse: one per causally visible (query range, KV block) pair.
+  std::vector<MessageHeader> out = expected_states(grid, dst);
+  for (MessageHeader& h : out) {
+    const KvBlock& block = grid.blocks[static_cast<std::size_t>(h.block_index)];
+    h = dq_partial_header(grid, dst, h.tokens(), block);
   }
   return out;
 }
