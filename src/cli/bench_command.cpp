@@ -63,11 +63,19 @@ AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, Thr
   return out;
 }
 
-double time_forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
-                    const PagedKvCache* cache = nullptr) {
-  double seconds = 0;
-  forward(p, in, rounding, pool, seconds, cache);
-  return seconds;
+// Seconds of `repeats` runs of `run` (sorted); `run` returns its own time.
+template <class Run>
+std::vector<double> times_of(int repeats, Run&& run) {
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) times.push_back(run());
+  std::sort(times.begin(), times.end());
+  return times;
+}
+
+void print_row(const char* name, const std::vector<double>& times, double flops,
+               const char* note = "") {
+  std::printf("  %-26s %10.3f %10.3f %12.1f%s\n", name, times.front(), times[times.size() / 2],
+              flops / times.front() * 1e-9, note);
 }
 
 // The inputs' K and V in a paged cache of `page_size`, physical pages shuffled.
@@ -82,13 +90,12 @@ PagedKvCache paged_copy(const Problem& p, const Inputs& in, int page_size) {
   return cache;
 }
 
-// One CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out and lse:
-// the reference backward's work.
-double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
+// Times of the CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out
+// and lse, the reference backward's work; dO and Δ are prepared once.
+std::vector<double> time_backward(const Problem& p, const Inputs& in, const AttnShard& fwd,
+                                  int repeats, ThreadPool& pool) {
   const int dim = p.dims.head_dim, group = p.dims.group_size();
   const Range all{0, p.seq_len};
-  double forward_seconds = 0;
-  const AttnShard fwd = forward(p, in, ProbRounding::none, pool, forward_seconds);
   const Shard d_out = generate_shard(p, TensorId::d_out, in.q.shape, InputPrecision::fp32, pool);
   Shard delta(fwd.lse.shape), dq(in.q.shape);
   for (std::size_t r = 0; r < delta.data.size(); ++r) {
@@ -111,9 +118,11 @@ double time_backward(const Problem& p, const Inputs& in, ThreadPool& pool) {
       units.push_back(std::move(u));
     }
   }
-  const auto t = Clock::now();
-  run_backward_units(units, dim, p.dims.softmax_scale(), pool);
-  return seconds_since(t);
+  return times_of(repeats, [&] {
+    const auto t = Clock::now();
+    run_backward_units(units, dim, p.dims.softmax_scale(), pool);
+    return seconds_since(t);
+  });
 }
 
 double forward_flops(const Problem& p) {
@@ -189,52 +198,47 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   std::printf("# work per forward: %.1f GFLOP (2*2*B*Hq*D*S^2/2); best and median of %d runs\n",
               flops * 1e-9, o.repeats);
   std::printf("# %-26s %10s %10s %12s\n", "path", "best (s)", "median (s)", "GFLOP/s");
-  struct Path {
-    const char* name;
-    InputPrecision inputs;
-    ProbRounding rounding;
-  };
-  for (const Path& path :
-       {Path{"fp32_reference", InputPrecision::fp32, ProbRounding::none},
-        Path{"bf16_kernel_emulated", InputPrecision::bf16, ProbRounding::bf16}}) {
+  const auto generated = [&](InputPrecision precision) {
     const auto t = Clock::now();
-    const Inputs in = make_inputs(p, path.inputs, pool);
-    const double gen = seconds_since(t);
-    std::vector<double> times;
-    for (int i = 0; i < o.repeats; ++i) times.push_back(time_forward(p, in, path.rounding, pool));
-    std::sort(times.begin(), times.end());
-    const double best = times.front(), median = times[times.size() / 2];
-    std::printf("  %-26s %10.3f %10.3f %12.1f\n", path.name, best, median, flops / best * 1e-9);
-    std::printf("  %-26s %10.3f %10s %12s\n", "  (input generation)", gen, "", "");
+    Inputs in = make_inputs(p, precision, pool);
+    std::printf("  %-26s %10.3f\n", "  (input generation)", seconds_since(t));
+    return in;
+  };
+  const auto timed_forward = [&](const Inputs& in, ProbRounding rounding, AttnShard& out,
+                                 const PagedKvCache* cache = nullptr) {
+    return times_of(o.repeats, [&] {
+      double seconds = 0;
+      out = forward(p, in, rounding, pool, seconds, cache);
+      return seconds;
+    });
+  };
+  const Inputs fp32 = generated(InputPrecision::fp32);
+  AttnShard reference;
+  print_row("fp32_reference", timed_forward(fp32, ProbRounding::none, reference), flops);
+  std::fflush(stdout);
+  {
+    const Inputs bf16 = generated(InputPrecision::bf16);
+    AttnShard out;
+    print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops);
     std::fflush(stdout);
   }
   {
     // The same FP32 forward reading K/V in place from a paged cache (pages of 16, shuffled):
     // what paging costs the kernel, and whether the bits moved (they must not).
-    const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
-    const PagedKvCache cache = paged_copy(p, in, 16);
-    std::vector<double> times;
-    for (int i = 0; i < o.repeats; ++i)
-      times.push_back(time_forward(p, in, ProbRounding::none, pool, &cache));
-    std::sort(times.begin(), times.end());
-    double s = 0;
-    const AttnShard paged = forward(p, in, ProbRounding::none, pool, s, &cache);
-    const AttnShard contiguous = forward(p, in, ProbRounding::none, pool, s);
-    const bool same = std::memcmp(paged.out.data.data(), contiguous.out.data.data(),
-                                  paged.out.data.size() * sizeof(float)) == 0 &&
-                      std::memcmp(paged.lse.data.data(), contiguous.lse.data.data(),
-                                  paged.lse.data.size() * sizeof(float)) == 0;
-    std::printf("  %-26s %10.3f %10.3f %12.1f   bits %s contiguous\n", "fp32_reference_paged16",
-                times.front(), times[times.size() / 2], flops / times.front() * 1e-9,
-                same ? "==" : "!=");
+    const PagedKvCache cache = paged_copy(p, fp32, 16);
+    AttnShard paged;
+    const std::vector<double> times = timed_forward(fp32, ProbRounding::none, paged, &cache);
+    const auto same = [](const Shard& a, const Shard& b) {
+      return std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
+    };
+    const bool equal = same(paged.out, reference.out) && same(paged.lse, reference.lse);
+    print_row("fp32_reference_paged16", times, flops,
+              equal ? "   bits == contiguous" : "   bits != contiguous");
+    std::fflush(stdout);
   }
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
-  const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
-  std::vector<double> times;
-  for (int i = 0; i < o.repeats; ++i) times.push_back(time_backward(p, in, pool));
-  std::sort(times.begin(), times.end());
-  std::printf("  %-26s %10.3f %10.3f %12.1f\n", "fp32_backward (2.5x flops)", times.front(),
-              times[times.size() / 2], 2.5 * flops / times.front() * 1e-9);
+  print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
+            2.5 * flops);
   return kExitOk;
 }
 
