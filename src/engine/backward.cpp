@@ -94,10 +94,9 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
       outgoing.push_back(Message{h, own_packed.at(h.src)[static_cast<std::size_t>(at)]});
     }
   }
-  std::map<int, Inbox> row_inboxes = protocol::inboxes_for(
-      hosted, [&](const LogicalRank& r) { return expected_backward_rows(grid, r); });
-  transport.start(std::move(outgoing));
-  protocol::deliver(transport, row_inboxes);
+  std::map<int, Inbox> row_inboxes =
+      protocol::superstep(transport, hosted, std::move(outgoing),
+                          [&](const LogicalRank& r) { return expected_backward_rows(grid, r); });
 
   // Every block pair at the KV owners.
   std::vector<RankGradients> grads;
@@ -197,10 +196,9 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
   }
 
   // Superstep 2: partial dq to the query owners, folded there in block order.
-  std::map<int, Inbox> dq_inboxes = protocol::inboxes_for(
-      hosted, [&](const LogicalRank& r) { return expected_dq_partials(grid, r); });
-  transport.start(std::move(partials));
-  protocol::deliver(transport, dq_inboxes);
+  std::map<int, Inbox> dq_inboxes =
+      protocol::superstep(transport, hosted, std::move(partials),
+                          [&](const LogicalRank& r) { return expected_dq_partials(grid, r); });
   for (RankGradients& rg : grads) {
     const LogicalRank& r = rg.rank;
     const std::vector<Message>& arrived = dq_inboxes.at(r.id).messages();

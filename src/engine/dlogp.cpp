@@ -66,10 +66,9 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
       }
     }
   }
-  std::map<int, Inbox> inboxes = protocol::inboxes_for(
-      hosted, [&](const LogicalRank& r) { return expected_logit_partials(grid, r, vocab); });
-  transport.start(std::move(outgoing));
-  protocol::deliver(transport, inboxes);
+  std::map<int, Inbox> inboxes = protocol::superstep(
+      transport, hosted, std::move(outgoing),
+      [&](const LogicalRank& r) { return expected_logit_partials(grid, r, vocab); });
 
   std::vector<TokenLogprobs> result;
   for (const LogicalRank& r : hosted) {

@@ -20,9 +20,8 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
     }
   }
   std::map<int, Inbox> q_inboxes =
-      inboxes_for(hosted, [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
-  transport.start(std::move(outgoing));
-  deliver(transport, q_inboxes);
+      superstep(transport, hosted, std::move(outgoing),
+                [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
 
   // Superstep 2: states of every served query range against the owner's blocks.
   std::vector<Message> states;
@@ -49,9 +48,8 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
     jobs.clear();
   }
   std::map<int, Inbox> state_inboxes =
-      inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r); });
-  transport.start(std::move(states));
-  deliver(transport, state_inboxes);
+      superstep(transport, hosted, std::move(states),
+                [&](const LogicalRank& r) { return expected_states(grid, r); });
   return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
 }
 

@@ -21,9 +21,8 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
     }
   }
   std::map<int, Inbox> kv_inboxes =
-      inboxes_for(hosted, [&](const LogicalRank& r) { return expected_kv_allgather(grid, r); });
-  transport.start(std::move(outgoing));
-  deliver(transport, kv_inboxes);
+      superstep(transport, hosted, std::move(outgoing),
+                [&](const LogicalRank& r) { return expected_kv_allgather(grid, r); });
 
   std::vector<Message> states;
   std::vector<BlockJob> jobs;

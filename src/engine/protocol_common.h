@@ -71,6 +71,17 @@ std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, Expecte
   return boxes;
 }
 
+/// One superstep: `outgoing` leaves, and what reaches each hosted rank is checked into its
+/// inbox against `expected` (the manifest; built before the messages move).
+template <class ExpectedFn>
+std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
+                               std::vector<Message> outgoing, ExpectedFn&& expected) {
+  std::map<int, Inbox> inboxes = inboxes_for(hosted, expected);
+  transport.start(std::move(outgoing));
+  deliver(transport, inboxes);
+  return inboxes;
+}
+
 /// Each hosted rank's validated states merged in global block order; `keep_states` moves the
 /// states out of the inboxes into the outputs.
 std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
