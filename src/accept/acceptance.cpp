@@ -74,18 +74,6 @@ std::vector<AcceptanceRow> required_matrix() {
 
 namespace {
 
-const Value* find_case(const Value& report, const std::string& name) {
-  if (!report.is_object() || !report.contains("cases") || !report.at("cases").is_array())
-    return nullptr;
-  for (const Value& c : report.at("cases").as_array()) {
-    if (c.is_object() && c.contains("case_name") && c.at("case_name").is_string() &&
-        c.at("case_name").as_string() == name) {
-      return &c;
-    }
-  }
-  return nullptr;
-}
-
 // Follows a dotted path; nullptr where anything is missing.
 const Value* at_path(const Value& root, const std::string& path) {
   const Value* v = &root;
@@ -262,8 +250,9 @@ void evaluate_case(const AcceptanceRow& row, const Value& c, const Thresholds& t
   check_transport(c, row.processes, v);
 }
 
-const Value* find_paged_case(const Value& report, const std::string& name) {
-  const Value* cases = at_path(report, "paged_cases");
+// The case named `name` in the report's list `list` ("cases" or "paged_cases").
+const Value* find_case(const Value& report, const char* list, const std::string& name) {
+  const Value* cases = at_path(report, list);
   if (cases == nullptr || !cases->is_array()) return nullptr;
   for (const Value& c : cases->as_array()) {
     const Value* n = at_path(c, "case_name");
@@ -368,7 +357,7 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thr
                      row.kind == AcceptanceRow::Kind::paged_invariance;
   std::vector<const Value*> found;
   for (const std::string& name : row.cases) {
-    const Value* c = paged ? find_paged_case(report, name) : find_case(report, name);
+    const Value* c = find_case(report, paged ? "paged_cases" : "cases", name);
     if (c == nullptr) {
       v.status = "not_run";
       v.errors.push_back("case " + name + " is not in the report");

@@ -1,7 +1,6 @@
 // The CP=1 reference backward, computed by whoever needs it from regenerated inputs: one block
 // pair [0, S) × [0, S), from the CP=1 FP32 forward.
 #include <algorithm>
-#include <cstring>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
@@ -9,20 +8,7 @@
 #include "cpdrift/numerics/attention_backward_math.h"
 
 namespace cpd {
-namespace {
-
-// Copies rows `tokens` of every (batch, head) of `to` out of `from` (which holds them).
-void copy_rows(const Shard& from, Shard& to, const Range& tokens) {
-  const std::size_t n = static_cast<std::size_t>(tokens.size()) * to.shape.width;
-  for (int b = 0; b < to.shape.batch; ++b) {
-    for (std::int64_t h = to.shape.heads.begin; h < to.shape.heads.end; ++h) {
-      std::memcpy(to.at(b, h, to.shape.local_row(tokens.begin)),
-                  from.at(b, h, from.shape.local_row(tokens.begin)), n * sizeof(float));
-    }
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Results& forward,
                                                const ShardShape& q_rows,
@@ -99,10 +85,10 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Resul
   Result r{Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}),
            Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}),
            Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim})};
-  for (const Range& t : q_rows.tokens) copy_rows(entry->dq, r.dq, t);
+  for (const Range& t : q_rows.tokens) copy_rows(entry->dq, r.dq, r.dq.shape.heads, t);
   for (const Range& t : kv_rows.tokens) {
-    copy_rows(entry->dk, r.dk, t);
-    copy_rows(entry->dv, r.dv, t);
+    copy_rows(entry->dk, r.dk, r.dk.shape.heads, t);
+    copy_rows(entry->dv, r.dv, r.dv.shape.heads, t);
   }
   return r;
 }

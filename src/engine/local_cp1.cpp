@@ -1,7 +1,6 @@
 #include "cpdrift/engine/local_cp1.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
@@ -39,20 +38,10 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
 
 namespace {
 
-// Copies rows [tokens] of heads [heads] from `from` into `to` at the same coordinates.
+// Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`.
 void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens) {
-  for (const Shard* src : {&from.out, &from.lse}) {
-    Shard& dst = src == &from.out ? to.out : to.lse;
-    const int width = src->shape.width;
-    const std::int64_t src_row = src->shape.local_row(tokens.begin);
-    const std::int64_t dst_row = dst.shape.local_row(tokens.begin);
-    for (int b = 0; b < src->shape.batch; ++b) {
-      for (std::int64_t h = heads.begin; h < heads.end; ++h) {
-        std::memcpy(dst.at(b, h, dst_row), src->at(b, h, src_row),
-                    static_cast<std::size_t>(tokens.size()) * width * sizeof(float));
-      }
-    }
-  }
+  cpd::copy_rows(from.out, to.out, heads, tokens);
+  cpd::copy_rows(from.lse, to.lse, heads, tokens);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cpdrift/core/range.h"
@@ -55,5 +56,17 @@ struct AttnShard {
   Shard out;
   Shard lse;
 };
+
+/// Copies rows `tokens` of heads `heads` from `from` into `to` at the same coordinates (both
+/// hold them).
+inline void copy_rows(const Shard& from, Shard& to, const Range& heads, const Range& tokens) {
+  const std::int64_t from_row = from.shape.local_row(tokens.begin);
+  const std::int64_t to_row = to.shape.local_row(tokens.begin);
+  const std::size_t n = static_cast<std::size_t>(tokens.size()) * to.shape.width;
+  for (int b = 0; b < to.shape.batch; ++b) {
+    for (std::int64_t h = heads.begin; h < heads.end; ++h)
+      std::memcpy(to.at(b, h, to_row), from.at(b, h, from_row), n * sizeof(float));
+  }
+}
 
 }  // namespace cpd
