@@ -127,7 +127,7 @@ class CudaBackend final : public AttentionBackend {
     const auto dev_jobs = cuda::to_device(dev);
     const auto dev_tasks = cuda::to_device(tasks);
     cuda::forward_rows(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
-                       scale, false, stream_);
+                       scale, stream_);
     sync();
     out.download();
   }

@@ -14,8 +14,7 @@ constexpr int kThreads = 128;  // one thread per output column (two when dim = 2
 // The canonical partial state of one row (q in shared memory) against `n` visible keys:
 // each thread's columns of out in o[], the row's max and sum returned through m and l.
 __device__ void row_state(const float* q, const float* k, const float* v, int n, int dim,
-                          float scale, bool bf16_probs, float* p, float* scratch, float o[2],
-                          float& m, float& l) {
+                          float scale, float* p, float* scratch, float o[2], float& m, float& l) {
   const int t = threadIdx.x;
   float local = neg_inf_f32();
   int first = 0x7fffffff;
@@ -38,7 +37,7 @@ __device__ void row_state(const float* q, const float* k, const float* v, int n,
       for (int x = 0; x < count; ++x) l = l + p[x];  // sequential, as defined
     }
     for (int x = 0; x < count; ++x) {
-      const float pv = bf16_probs ? round_bf16(p[x]) : p[x];
+      const float pv = p[x];
       const float* vj = v + static_cast<long long>(c + x) * dim;
       if (t < dim) o[0] = fma_f32(pv, vj[t], o[0]);
       if (t + kThreads < dim) o[1] = fma_f32(pv, vj[t + kThreads], o[1]);
@@ -64,8 +63,7 @@ __device__ void load_row(const float* src, int dim, float* q) {
   __syncthreads();
 }
 
-__global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int dim, float scale,
-                                    bool bf16_probs) {
+__global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int dim, float scale) {
   extern __shared__ float shared[];
   const RowShared sh(shared, dim);
   float *q = sh.q, *p = sh.p, *scratch = sh.scratch;
@@ -83,7 +81,7 @@ __global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int 
   }
   load_row(job.q + row * dim, dim, q);
   float o[2], m, l;
-  row_state(q, job.k, job.v, n, dim, scale, bf16_probs, p, scratch, o, m, l);
+  row_state(q, job.k, job.v, n, dim, scale, p, scratch, o, m, l);
   if (t < dim) out[t] = o[0] / l;
   if (t + kThreads < dim) out[t + kThreads] = o[1] / l;
   if (t == 0) job.lse[row] = m + log_f32(l);
@@ -106,7 +104,7 @@ __global__ void forward_fold_kernel(const FoldJob* jobs, const Task* tasks, int 
     const float* k = job.k + (begin - job.kv_begin) * dim;
     const float* v = job.v + (begin - job.kv_begin) * dim;
     float o[2], m, l;
-    row_state(q, k, v, n, dim, scale, false, p, scratch, o, m, l);
+    row_state(q, k, v, n, dim, scale, p, scratch, o, m, l);
     // The block's state (out = o / l, lse = m + log l) merged into the running one.
     const float lse_b = m + log_f32(l);
     const MergeWeights w = merge_weights(acc_lse, lse_b);
@@ -145,10 +143,10 @@ std::size_t shared_bytes(int dim) {
 }  // namespace
 
 void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
-                  bool bf16_probs, cudaStream_t stream) {
+                  cudaStream_t stream) {
   if (ntasks == 0) return;
-  forward_rows_kernel<<<grid_blocks(ntasks), kThreads, shared_bytes(dim), stream>>>(
-      jobs, tasks, dim, scale, bf16_probs);
+  forward_rows_kernel<<<grid_blocks(ntasks), kThreads, shared_bytes(dim), stream>>>(jobs, tasks,
+                                                                                    dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

@@ -108,7 +108,7 @@ struct Task {
 
 void generate(const GenerateParams& p, cudaStream_t stream);
 void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
-                  bool bf16_probs, cudaStream_t stream);
+                  cudaStream_t stream);
 void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
                   cudaStream_t stream);
 void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim, cudaStream_t stream);
