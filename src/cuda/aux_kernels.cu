@@ -1,5 +1,6 @@
 // Input generation and the dlogp projection on the device, with the shared arithmetic of
 // numerics/ (philox.h, rope.h, logprob_math.h): the same bits as the CPU.
+#include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/bf16.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "cpdrift/numerics/philox.h"
@@ -55,6 +56,27 @@ __global__ void project_kernel(const ProjectionJob* jobs, const Task* tasks, int
 }
 
 }  // namespace
+
+GenerateParams generate_params(const Problem& problem, TensorId tensor, int batch, Range heads,
+                               const long long* positions, long long rows, bool bf16,
+                               const float* inv_freq, float* out) {
+  GenerateParams g{};
+  g.seed = problem.seed;
+  g.tensor = static_cast<unsigned>(tensor);
+  g.num_heads = heads_of(problem.dims, tensor);
+  g.seq_len = problem.seq_len;
+  g.dim = problem.dims.head_dim;
+  g.batch = batch;
+  g.head_begin = heads.begin;
+  g.head_count = heads.size();
+  g.row_positions = positions;
+  g.rows = rows;
+  g.rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
+  g.bf16 = bf16;
+  g.inv_freq = inv_freq;
+  g.out = out;
+  return g;
+}
 
 void generate(const GenerateParams& p, cudaStream_t stream) {
   const long long total = static_cast<long long>(p.batch) * p.head_count * p.rows * (p.dim / 2);

@@ -63,22 +63,9 @@ DeviceBuffer<float> generate(const Problem& p, TensorId t, int heads,
                              const DeviceBuffer<long long>& positions,
                              const DeviceBuffer<float>& inv, cudaStream_t stream) {
   DeviceBuffer<float> out(static_cast<std::size_t>(p.batch) * heads * p.seq_len * p.dims.head_dim);
-  cuda::GenerateParams g{};
-  g.seed = p.seed;
-  g.tensor = static_cast<unsigned>(t);
-  g.num_heads = heads;
-  g.seq_len = p.seq_len;
-  g.dim = p.dims.head_dim;
-  g.batch = p.batch;
-  g.head_begin = 0;
-  g.head_count = heads;
-  g.row_positions = positions.data();
-  g.rows = p.seq_len;
-  g.rotate = p.rope && t != TensorId::v;
-  g.bf16 = false;
-  g.inv_freq = inv.data();
-  g.out = out.data();
-  cuda::generate(g, stream);
+  cuda::generate(cuda::generate_params(p, t, p.batch, Range{0, heads}, positions.data(), p.seq_len,
+                                       false, inv.data(), out.data()),
+                 stream);
   return out;
 }
 

@@ -76,22 +76,10 @@ class CudaBackend final : public AttentionBackend {
     const DeviceBuffer<long long> pos = DeviceBuffer<long long>::from(positions);
     const DeviceBuffer<float> inv = DeviceBuffer<float>::from(rope_inv_freq(dims));
     DeviceBuffer<float> out(shard.data.size());
-    cuda::GenerateParams g{};
-    g.seed = problem.seed;
-    g.tensor = static_cast<unsigned>(tensor);
-    g.num_heads = heads_of(dims, tensor);
-    g.seq_len = problem.seq_len;
-    g.dim = dims.head_dim;
-    g.batch = shape.batch;
-    g.head_begin = shape.heads.begin;
-    g.head_count = shape.heads.size();
-    g.row_positions = pos.data();
-    g.rows = static_cast<long long>(positions.size());
-    g.rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
-    g.bf16 = precision == InputPrecision::bf16;
-    g.inv_freq = inv.data();
-    g.out = out.data();
-    cuda::generate(g, stream_);
+    cuda::generate(cuda::generate_params(problem, tensor, shape.batch, shape.heads, pos.data(),
+                                         static_cast<long long>(positions.size()),
+                                         precision == InputPrecision::bf16, inv.data(), out.data()),
+                   stream_);
     sync();
     out.download(shard.data.data(), shard.data.size());
     return shard;

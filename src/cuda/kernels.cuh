@@ -7,6 +7,10 @@
 
 #include <cstdint>
 
+#include "cpdrift/core/model.h"
+#include "cpdrift/core/range.h"
+#include "cpdrift/numerics/philox.h"
+
 namespace cpd::cuda {
 
 /// One (row range × KV block) partial-state job, or one block of a fold job (FP32 inputs).
@@ -107,6 +111,12 @@ struct Task {
 };
 
 void generate(const GenerateParams& p, cudaStream_t stream);
+
+/// The generation of heads `heads` of tensor `tensor` ([batch][heads][rows][head_dim], row i
+/// at global position positions[i]; device pointers) into `out`, as the CPU generates it.
+GenerateParams generate_params(const Problem& problem, TensorId tensor, int batch, Range heads,
+                               const long long* positions, long long rows, bool bf16,
+                               const float* inv_freq, float* out);
 void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
                   cudaStream_t stream);
 void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
