@@ -10,6 +10,47 @@
 #include "cpdrift/core/errors.h"
 
 namespace cpd {
+
+const char* to_string(Device d) {
+  switch (d) {
+    case Device::auto_select:
+      return "auto";
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+const char* to_string(TransportChoice t) {
+  switch (t) {
+    case TransportChoice::auto_select:
+      return "auto";
+    case TransportChoice::mpi:
+      return "mpi";
+    case TransportChoice::nccl:
+      return "nccl";
+    case TransportChoice::cuda_ipc:
+      return "cuda_ipc";
+  }
+  return "?";
+}
+
+const char* to_string(RunMode m) {
+  switch (m) {
+    case RunMode::prefill:
+      return "prefill";
+    case RunMode::chunked_prefill:
+      return "chunked_prefill";
+    case RunMode::paged_prefill:
+      return "paged_prefill";
+    case RunMode::decode:
+      return "decode";
+  }
+  return "?";
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
@@ -76,74 +117,32 @@ std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
   return values;
 }
 
-// A comma list of names, each mapped to its value; an unknown name is an error listing them.
+// One name, matched against to_string of each value; an unknown name is an error listing them.
+template <class T>
+T parse_name(const std::string& flag, const std::string& item, const char* what,
+             std::initializer_list<T> values) {
+  for (const T v : values) {
+    if (item == to_string(v)) return v;
+  }
+  std::string known;
+  for (const T v : values) known += (known.empty() ? "" : ", ") + std::string(to_string(v));
+  bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
+}
+
+// A comma list of names.
 template <class T>
 std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
-                           std::initializer_list<std::pair<const char*, T>> names) {
-  std::vector<T> values;
-  for (const std::string& item : split_list(flag, text)) {
-    const auto it =
-        std::find_if(names.begin(), names.end(), [&](const auto& n) { return item == n.first; });
-    if (it == names.end()) {
-      std::string known;
-      for (const auto& n : names) known += (known.empty() ? "" : ", ") + std::string(n.first);
-      bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
-    }
-    values.push_back(it->second);
-  }
-  return values;
+                           std::initializer_list<T> values) {
+  std::vector<T> out;
+  for (const std::string& item : split_list(flag, text))
+    out.push_back(parse_name(flag, item, what, values));
+  return out;
 }
 
-std::vector<CpLayout> parse_layouts(const std::string& flag, const std::string& text) {
-  return parse_names<CpLayout>(
-      flag, text, "layout", {{"contiguous", CpLayout::contiguous}, {"zigzag", CpLayout::zigzag}});
-}
-
-std::vector<Protocol> parse_protocols(const std::string& flag, const std::string& text) {
-  return parse_names<Protocol>(flag, text, "protocol",
-                               {{"ag_rs", Protocol::ag_rs},
-                                {"ring_kv", Protocol::ring_kv},
-                                {"allgather_kv", Protocol::allgather_kv}});
-}
-
-std::vector<RunMode> parse_modes(const std::string& flag, const std::string& text) {
-  return parse_names<RunMode>(flag, text, "mode",
-                              {{"prefill", RunMode::prefill},
-                               {"chunked_prefill", RunMode::chunked_prefill},
-                               {"paged_prefill", RunMode::paged_prefill},
-                               {"decode", RunMode::decode}});
-}
-
-std::vector<SplitPolicy> parse_split_policies(const std::string& flag, const std::string& text) {
-  return parse_names<SplitPolicy>(flag, text, "split-KV policy",
-                                  {{"disabled", SplitPolicy::disabled},
-                                   {"fixed", SplitPolicy::fixed},
-                                   {"auto", SplitPolicy::auto_select}});
-}
+constexpr std::initializer_list<Device> kDevices = {Device::auto_select, Device::cpu, Device::cuda};
 
 bool has(const std::vector<RunMode>& modes, RunMode m) {
   return std::find(modes.begin(), modes.end(), m) != modes.end();
-}
-
-TransportChoice parse_transport(const std::string& flag, const std::string& text) {
-  if (text == "auto") return TransportChoice::auto_select;
-  if (text == "mpi") return TransportChoice::mpi;
-  if (text == "nccl") return TransportChoice::nccl;
-  if (text == "cuda_ipc") return TransportChoice::cuda_ipc;
-  bad(flag + ": unknown transport '" + text + "' (auto, mpi, nccl, cuda_ipc)");
-}
-
-Device parse_device(const std::string& flag, const std::string& text) {
-  if (text == "auto") return Device::auto_select;
-  if (text == "cpu") return Device::cpu;
-  if (text == "cuda") return Device::cuda;
-  bad(flag + ": unknown device '" + text + "' (auto, cpu, cuda)");
-}
-
-DType parse_dtype(const std::string& flag, const std::string& text) {
-  if (text == "bf16") return DType::bf16;
-  if (text == "fp32") return DType::fp32;
-  bad(flag + ": unknown dtype '" + text + "' (bf16, fp32)");
 }
 
 // Walks argv, handing each flag's value (from `--flag value` or `--flag=value`) to its setter.
@@ -195,8 +194,9 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   r.value("--seed", [&](const std::string& f, const std::string& v) {
     p.seed = parse_int<std::uint64_t>(f, v, 0);
   });
-  r.value("--dtype",
-          [&](const std::string& f, const std::string& v) { p.dtype = parse_dtype(f, v); });
+  r.value("--dtype", [&](const std::string& f, const std::string& v) {
+    p.dtype = parse_name(f, v, "dtype", {DType::bf16, DType::fp32});
+  });
   r.toggle("--no-rope", [&] { p.rope = false; });
 }
 
@@ -225,8 +225,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     r.value("--threads", [&](const std::string& f, const std::string& v) {
       b.threads = parse_int<int>(f, v, 1);
     });
-    r.value("--device",
-            [&](const std::string& f, const std::string& v) { b.device = parse_device(f, v); });
+    r.value("--device", [&](const std::string& f, const std::string& v) {
+      b.device = parse_name(f, v, "device", kDevices);
+    });
     r.read(args, first);
     b.seq_len_given = seq_len_given;
     return cl;
@@ -274,12 +275,18 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     o.splits = parse_splits(f, v);
     splits_given = true;
   });
-  r.value("--cp-layouts",
-          [&](const std::string& f, const std::string& v) { o.layouts = parse_layouts(f, v); });
-  r.value("--protocols",
-          [&](const std::string& f, const std::string& v) { o.protocols = parse_protocols(f, v); });
-  r.value("--transport",
-          [&](const std::string& f, const std::string& v) { o.transport = parse_transport(f, v); });
+  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
+    o.layouts = parse_names(f, v, "layout", {CpLayout::contiguous, CpLayout::zigzag});
+  });
+  r.value("--protocols", [&](const std::string& f, const std::string& v) {
+    o.protocols =
+        parse_names(f, v, "protocol", {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv});
+  });
+  r.value("--transport", [&](const std::string& f, const std::string& v) {
+    o.transport = parse_name(f, v, "transport",
+                             {TransportChoice::auto_select, TransportChoice::mpi,
+                              TransportChoice::nccl, TransportChoice::cuda_ipc});
+  });
   r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
     o.comm_timeout_seconds = parse_threshold(f, v);
     if (o.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
@@ -289,7 +296,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   });
   bool modes_given = false;
   r.value("--modes", [&](const std::string& f, const std::string& v) {
-    o.modes = parse_modes(f, v);
+    o.modes = parse_names(
+        f, v, "mode",
+        {RunMode::prefill, RunMode::chunked_prefill, RunMode::paged_prefill, RunMode::decode});
     modes_given = true;
   });
   std::vector<std::string> paged_flags;
@@ -298,7 +307,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     paged_flags.push_back(f);
   });
   r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
-    o.split_policies = parse_split_policies(f, v);
+    o.split_policies =
+        parse_names(f, v, "split-KV policy",
+                    {SplitPolicy::disabled, SplitPolicy::fixed, SplitPolicy::auto_select});
     paged_flags.push_back(f);
   });
   r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
@@ -320,8 +331,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
     o.vocab_size = parse_int<int>(f, v, 2);
   });
-  r.value("--device",
-          [&](const std::string& f, const std::string& v) { o.device = parse_device(f, v); });
+  r.value("--device", [&](const std::string& f, const std::string& v) {
+    o.device = parse_name(f, v, "device", kDevices);
+  });
   r.value("--threads",
           [&](const std::string& f, const std::string& v) { o.threads = parse_int<int>(f, v, 1); });
   r.value("--output", [&](const std::string& f, const std::string& v) {

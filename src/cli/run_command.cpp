@@ -157,7 +157,7 @@ std::unique_ptr<Transport> select_transport(const RunOptions& options,
                 : make_cuda_ipc_transport(comm, {});  // "built without CUDA/NCCL"
   }
   if (std::string(backend.name()) != "cuda") {
-    throw UsageError(std::string("--transport ") + (nccl ? "nccl" : "cuda_ipc") +
+    throw UsageError(std::string("--transport ") + to_string(options.transport) +
                      " moves GPU buffers: it needs the CUDA backend (--device cuda)");
   }
   GpuTransportOptions o;

@@ -18,6 +18,11 @@ enum class TransportChoice { auto_select, mpi, nccl, cuda_ipc };
 /// side's paged prefill and decode.
 enum class RunMode { prefill, chunked_prefill, paged_prefill, decode };
 
+/// The command line's spellings of these choices.
+const char* to_string(Device);
+const char* to_string(TransportChoice);
+const char* to_string(RunMode);
+
 struct RunOptions {
   Problem problem;
   std::vector<int> tp_sizes{1, 2};
