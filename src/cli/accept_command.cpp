@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "agree.h"
 #include "cpdrift/accept/acceptance.h"
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/provenance.h"
@@ -60,17 +61,10 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
   const bool root = comm.rank() == 0;
   const std::string report_path = directory_of(o.output) + "/report.json";
   // A bad output directory fails every process before anything runs.
-  std::string error;
-  if (root) {
-    try {
-      std::filesystem::create_directories(directory_of(o.output));  // DIR may not exist yet
-      json::write_file_atomic(o.output, "{}\n");
-    } catch (const std::exception& e) {
-      error = std::string("--output: ") + e.what();
-    }
-  }
-  error = comm.agree(error);
-  if (!error.empty()) throw UsageError(error);
+  agree_or_throw(comm, root, "--output: ", [&] {
+    std::filesystem::create_directories(directory_of(o.output));  // DIR may not exist yet
+    json::write_file_atomic(o.output, "{}\n");
+  });
 
   const std::vector<AcceptanceRow> rows = required_matrix();
   json::Value report;  // null: nothing executed

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "agree.h"
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/human_output.h"
@@ -38,16 +39,8 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
   if (options.dump.empty()) return nullptr;
   if (!dump_supported()) open_tensor_dump(options.dump);  // throws the "built without" UsageError
   std::unique_ptr<TensorDump> dump;
-  std::string error;
-  if (comm.rank() == 0) {
-    try {
-      dump = open_tensor_dump(options.dump);
-    } catch (const std::exception& e) {
-      error = std::string("--dump: ") + e.what();
-    }
-  }
-  error = comm.agree(error);
-  if (!error.empty()) throw UsageError(error);
+  agree_or_throw(comm, comm.rank() == 0,
+                 "--dump: ", [&] { dump = open_tensor_dump(options.dump); });
   return dump;
 }
 
@@ -55,18 +48,15 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
 // unwritable path.
 void check_output_path(const std::string& path, const CommContext& comm) {
   if (path.empty()) return;
-  std::string error;
-  if (comm.rank() == 0) {
+  agree_or_throw(comm, comm.rank() == 0, "--output: ", [&] {
     const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
-    if (FILE* f = std::fopen(probe.c_str(), "w")) {
-      std::fclose(f);
-      std::remove(probe.c_str());
-    } else {
-      error = "--output: cannot write next to \"" + path + "\": " + std::strerror(errno);
+    FILE* f = std::fopen(probe.c_str(), "w");
+    if (f == nullptr) {
+      throw std::runtime_error("cannot write next to \"" + path + "\": " + std::strerror(errno));
     }
-  }
-  error = comm.agree(error);
-  if (!error.empty()) throw UsageError(error);
+    std::fclose(f);
+    std::remove(probe.c_str());
+  });
 }
 
 // q, k, v after RoPE (FP32) written by rank 0 itself, a block of positions at a time: the
@@ -132,15 +122,10 @@ std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool
   // One GPU per process of the node: the node-local rank picks it. Every process agrees on
   // failure (a process without a usable device fails the job before any work).
   std::unique_ptr<AttentionBackend> backend;
-  std::string error;
-  try {
+  agree_or_throw(comm, true, "", [&] {
     const int count = cuda_device_count();
     backend = make_cuda_backend(count > 0 ? comm.local_rank() % count : 0);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  error = comm.agree(error);
-  if (!error.empty()) throw UsageError(error);
+  });
   return backend;
 }
 
