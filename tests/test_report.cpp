@@ -38,24 +38,34 @@ void require_stats(const Value& s, const std::string& where) {
   CHECK(s.contains("digest"));
 }
 
-RunReport small_run(const std::vector<CaseSpec>& specs) {
-  Problem p;
-  p.seq_len = 16;
-  ThreadPool pool(2);
-  InputStore inputs(p, pool);
+// A one-process run of S = 16: everything a RunContext points at.
+struct LocalRun {
+  Problem p = [] {
+    Problem q;
+    q.seq_len = 16;
+    return q;
+  }();
+  ThreadPool pool{2};
+  InputStore inputs{p, pool};
   InProcessTransport transport;
   LocalCp1Results cp1;
   const LocalCollectives local;
-  LocalCp1Backward cp1_backward;
   RunContext ctx{p, pool, inputs, transport, local, cp1};
+};
+
+RunReport small_run(const std::vector<CaseSpec>& specs) {
+  LocalRun run;
+  LocalCp1Backward cp1_backward;
+  RunContext& ctx = run.ctx;
   ctx.cp1_backward = &cp1_backward;
   ctx.vocab_size = 17;
+  const Problem& p = run.p;
   RunReport r;
   r.problem = p;
   r.vocab_size = 17;
   r.provenance.command = "cpdrift --test";
   r.provenance.launcher = "direct";
-  r.provenance.transport = transport.name();
+  r.provenance.transport = run.transport.name();
   r.provenance.created_at_utc = "2026-01-01T00:00:00Z";
   r.merge_oracle_self_test = merge_oracle_self_test();
   r.rope = measure_rope_drift(ctx);
@@ -282,20 +292,15 @@ TEST_CASE("the second-backend check: the FP32 path run again elsewhere must give
   // On a GPU run ctx.cpu_check is the CPU backend; here both are CPU InputStores, so the leg's
   // plumbing (run, compare, digest, verdict) is exercised without a device. Negative control:
   // a checker whose inputs differ (another seed) is caught and fails the run.
-  Problem p;
-  p.seq_len = 16;
-  ThreadPool pool(2);
-  InputStore inputs(p, pool);
-  InProcessTransport transport;
-  LocalCp1Results cp1;
-  const LocalCollectives local;
-  RunContext ctx{p, pool, inputs, transport, local, cp1};
+  LocalRun run;
+  const Problem& p = run.p;
+  RunContext& ctx = run.ctx;
   const CaseSpec spec{2, 2, 4, CpLayout::contiguous, Protocol::ring_kv};
   for (const bool same : {true, false}) {
     CAPTURE(same);
     Problem other = p;
     if (!same) other.seed += 1;
-    InputStore checker(other, pool);
+    InputStore checker(other, run.pool);
     ctx.cpu_check = &checker;
     RunReport r;
     r.problem = p;
