@@ -180,18 +180,18 @@ class CudaBackend final : public AttentionBackend {
     if (jobs.empty()) return;
     cuda::InputPack<float> in;
     cuda::OutputPack out;
-    std::vector<std::vector<StateRef>> sorted;
+    // Per job, in global block order: its states' out offsets, then their lse offsets.
+    std::vector<std::vector<std::size_t>> offsets;
     std::vector<std::size_t> out_at, lse_at;
     for (const MergeJob& j : jobs) {
       std::vector<StateRef> s = j.states;
       std::stable_sort(s.begin(), s.end(), [](const StateRef& a, const StateRef& b) {
         return a.block_index < b.block_index;
       });
-      for (const StateRef& r : s) {
-        in.add(r.out, static_cast<std::size_t>(j.rows) * dim);
-        in.add(r.lse, static_cast<std::size_t>(j.rows));
-      }
-      sorted.push_back(std::move(s));
+      std::vector<std::size_t>& at = offsets.emplace_back();
+      for (const StateRef& r : s)
+        at.push_back(in.add(r.out, static_cast<std::size_t>(j.rows) * dim));
+      for (const StateRef& r : s) at.push_back(in.add(r.lse, static_cast<std::size_t>(j.rows)));
       out_at.push_back(out.add(j.out, static_cast<std::size_t>(j.rows) * dim));
       lse_at.push_back(out.add(j.lse, static_cast<std::size_t>(j.rows)));
     }
@@ -199,17 +199,14 @@ class CudaBackend final : public AttentionBackend {
     out.allocate();
     std::vector<const float*> ptrs;
     std::vector<std::size_t> first;
-    for (std::size_t i = 0; i < jobs.size(); ++i) {
+    for (const std::vector<std::size_t>& at : offsets) {
       first.push_back(ptrs.size());
-      for (const StateRef& r : sorted[i])
-        ptrs.push_back(in.at(in.add(r.out, static_cast<std::size_t>(jobs[i].rows) * dim)));
-      for (const StateRef& r : sorted[i])
-        ptrs.push_back(in.at(in.add(r.lse, static_cast<std::size_t>(jobs[i].rows))));
+      for (const std::size_t o : at) ptrs.push_back(in.at(o));
     }
     const auto dev_ptrs = cuda::to_device(ptrs);
     std::vector<cuda::MergeJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
-      const int n = static_cast<int>(sorted[i].size());
+      const int n = static_cast<int>(offsets[i].size() / 2);
       dev.push_back(cuda::MergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n, n,
                                    jobs[i].rows, out.at(out_at[i]), out.at(lse_at[i])});
     }
