@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/engine/tensor_layout.h"
+#include "cpdrift/metrics/digest.h"
 
 namespace cpd::testing {
 

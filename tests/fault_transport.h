@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpdrift/engine/transport.h"
+#include "cpdrift/comm/transport.h"
 
 namespace cpd::testing {
 

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "cpdrift/cpu/input_store.h"
+#include "cpdrift/backend/input_store.h"
 #include "cpdrift/engine/case_runner.h"
 #include "mpi_support.h"
 

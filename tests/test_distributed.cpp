@@ -12,10 +12,12 @@
 
 #include "case_digests.h"
 #include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/engine/tensor_layout.h"
+#include "cpdrift/metrics/digest.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
 #include "mpi_support.h"
+#include "recorded_run.h"
 #include "run_env.h"
 
 #if defined(CPD_HAVE_HDF5)
@@ -24,6 +26,8 @@
 
 using namespace cpd;
 using cpd::testing::comm;
+using cpd::testing::recorded_case;
+using cpd::testing::recorded_paged_cases;
 using cpd::testing::RunEnv;
 
 namespace {
@@ -130,9 +134,8 @@ std::vector<json::Value> report_cases(const RunContext& ctx, const std::vector<C
   RunReport r;
   r.problem = ctx.problem;
   r.provenance.world_size = ctx.collectives.size();
-  r.provenance.transport = ctx.transport.name();
   std::vector<json::Value> out;
-  for (const CaseSpec& s : specs) out.push_back(portable(case_json(r, run_case(ctx, s))));
+  for (const CaseSpec& s : specs) out.push_back(portable(case_json(r, recorded_case(ctx, s))));
   return out;
 }
 
@@ -175,7 +178,7 @@ TEST_CASE("paged cases: the report section is the same for one process and for a
     RunReport r;
     r.problem = p;
     std::vector<std::string> out;
-    for (const PagedCaseResult& c : run_paged_cases(ctx, options, specs)) {
+    for (const PagedCaseResult& c : recorded_paged_cases(ctx, options, specs)) {
       json::Value v = paged_case_json(r, c);
       v.as_object().erase("execution");  // time and process count
       out.push_back(json::to_string(v));
@@ -242,8 +245,8 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
     LocalCp1Results cp1;
     const std::unique_ptr<Transport> mpi = make_mpi_transport(comm());
     std::unique_ptr<TensorDump> dump = comm().rank() == 0 ? open_tensor_dump(path) : nullptr;
-    const RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1, true, dump.get()};
-    run_case(ctx, spec);
+    const RunContext ctx{p, pool, inputs, *mpi, comm().collectives(), cp1};
+    recorded_case(ctx, spec, dump.get(), true);
     if (dump) dump->commit();
   }
   if (comm().rank() != 0) return;

@@ -6,14 +6,16 @@
 #include <string>
 
 #include "cpdrift/accept/acceptance.h"
-#include "cpdrift/engine/case_runner.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
 #include "mpi_support.h"
+#include "recorded_run.h"
 #include "run_env.h"
 
 using namespace cpd;
 using cpd::testing::comm;
+using cpd::testing::recorded_case;
+using cpd::testing::recorded_paged_cases;
 using cpd::testing::RunEnv;
 
 namespace {
@@ -34,7 +36,7 @@ json::Value evidence_report() {
   for (const std::optional<std::int64_t> split :
        {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
     for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
-      r.cases.push_back(run_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
+      r.cases.push_back(recorded_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
     }
   }
   std::vector<PagedCaseSpec> paged;
@@ -43,7 +45,7 @@ json::Value evidence_report() {
     for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode})
       paged.push_back(PagedCaseSpec{m, split});
   }
-  r.paged_cases = run_paged_cases(ctx, PagedOptions{kAcceptPageSize, std::nullopt, 17}, paged);
+  r.paged_cases = recorded_paged_cases(ctx, PagedOptions{kAcceptPageSize, std::nullopt, 17}, paged);
   return report_json(r);
 }
 

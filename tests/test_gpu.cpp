@@ -16,6 +16,7 @@
 #include "cpdrift/report/run_report.h"
 #include "fp64_attention.h"
 #include "random_rows.h"
+#include "recorded_run.h"
 
 using namespace cpd;
 using cpd::testing::random_rows;
@@ -242,8 +243,9 @@ TEST_CASE("a whole case on the GPU: its FP32 path equals the CPU's, cuBLAS drift
   LocalCp1Results cp1;
   const LocalCollectives one;
   RunContext ctx{p, backends().pool, gpu_inputs, transport, one, cp1};
-  ctx.cpu_check = &cpu_inputs;
-  const CaseResult r = run_case(ctx, CaseSpec{2, 2, 8, CpLayout::contiguous, Protocol::ag_rs});
+  ctx.cpu_rerun_inputs = &cpu_inputs;
+  const CaseResult r =
+      testing::recorded_case(ctx, CaseSpec{2, 2, 8, CpLayout::contiguous, Protocol::ag_rs});
   REQUIRE(r.cuda_vs_cpu_fp32.has_value());
   CHECK(r.cuda_vs_cpu_fp32->out.bitwise_equal());
   CHECK(r.cuda_vs_cpu_fp32->lse.bitwise_equal());
@@ -271,7 +273,7 @@ TEST_CASE(
     LocalCp1Results cp1;
     const LocalCollectives one;
     const RunContext ctx{q, backends().pool, inputs, transport, one, cp1};
-    return run_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
+    return testing::recorded_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
   };
   // --dtype fp32: the candidate is the FP32 path, whose bits the contract fixes on both devices.
   const std::vector<PagedCaseResult> cpu = run(*backends().cpu, DType::fp32);

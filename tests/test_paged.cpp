@@ -7,15 +7,16 @@
 #include <cstring>
 #include <string>
 
+#include "cpdrift/backend/input_store.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/attention.h"
-#include "cpdrift/cpu/input_store.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/paged/paged_attention.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
 #include "fp64_attention.h"
 #include "random_rows.h"
+#include "recorded_run.h"
 
 using namespace cpd;
 
@@ -473,7 +474,7 @@ TEST_CASE(
   }
   RunReport report;
   report.problem = p;
-  report.paged_cases = run_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
+  report.paged_cases = testing::recorded_paged_cases(ctx, PagedOptions{4, std::nullopt, 17}, specs);
   REQUIRE(report.paged_cases.size() == 6);
   for (const PagedCaseResult& c : report.paged_cases) {
     CAPTURE(c.name);

@@ -65,7 +65,15 @@ TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
   p.seq_len = 24;
   for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
     const CaseSpec spec{2, 3, 4, layout, Protocol::ag_rs};
-    const json::Value set = plan_set_json(p, spec);
+    // Every block of the grid merged by every TP rank's query owners, as a run records it.
+    CaseExecution e;
+    e.backend = "cpu";
+    for (int t = 0; t < spec.tp; ++t) {
+      std::vector<ExecutedBlock>& blocks = e.merged_blocks.emplace_back();
+      for (const KvBlock& b : kv_block_grid(spec, p.seq_len))
+        blocks.push_back(ExecutedBlock{b.index, b.range, b.owner_cp_rank});
+    }
+    const json::Value set = plan_set_json(p, spec, e);
     const json::Array& entries = set.at("entries").as_array();
     CHECK(entries.size() == static_cast<std::size_t>(2 * 2 * 3 * 3));
     CHECK(set.at("coverage").as_string() == "complete_batch_tp_cp_owner_cartesian_product");

@@ -6,7 +6,7 @@
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/engine/tensor_layout.h"
 #include "fault_transport.h"
 
 using namespace cpd;

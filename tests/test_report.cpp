@@ -9,6 +9,7 @@
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/report/run_report.h"
+#include "recorded_run.h"
 
 using namespace cpd;
 using json::Value;
@@ -68,8 +69,8 @@ RunReport small_run(const std::vector<CaseSpec>& specs) {
   r.provenance.transport = run.transport.name();
   r.provenance.created_at_utc = "2026-01-01T00:00:00Z";
   r.merge_oracle_self_test = merge_oracle_self_test();
-  r.rope = measure_rope_drift(ctx);
-  for (const CaseSpec& s : specs) r.cases.push_back(run_case(ctx, s));
+  r.rope = testing::recorded_rope(ctx);
+  for (const CaseSpec& s : specs) r.cases.push_back(testing::recorded_case(ctx, s));
   r.failed_checks = evaluate_checks(r);
   return r;
 }
@@ -238,7 +239,7 @@ TEST_CASE("every compatible field of the contract is present") {
     CHECK(at_path(d, "provenance.gradient_mode").as_string() == "training_backward");
     CHECK(at_path(d, "provenance.decode_backward").as_string() == "not_supported");
     CHECK(at_path(d, "provenance.actual_split_kv_plans").at(0).at("split_kv_backend").as_string() ==
-          "deterministic_cp_backward_reference");
+          "cpdrift_cpu_deterministic_cp_backward");
     CHECK(at_path(c, "dlogp.status").as_string() == "available");
     CHECK(at_path(c, "dlogp.projection").as_string() == "synthetic_fp32_lm_head_projection");
     CHECK(at_path(c, "dlogp.reference_cast_dtype").as_string() == "bfloat16");
@@ -289,8 +290,8 @@ TEST_CASE("checks fail closed") {
 }
 
 TEST_CASE("the second-backend check: the FP32 path run again elsewhere must give the same bits") {
-  // On a GPU run ctx.cpu_check is the CPU backend; here both are CPU InputStores, so the leg's
-  // plumbing (run, compare, digest, verdict) is exercised without a device. Negative control:
+  // On a GPU run ctx.cpu_rerun_inputs is the CPU backend's; here both are CPU InputStores, so the
+  // leg's plumbing (run, compare, digest, verdict) is exercised without a device. Negative control:
   // a checker whose inputs differ (another seed) is caught and fails the run.
   LocalRun run;
   const Problem& p = run.p;
@@ -301,10 +302,10 @@ TEST_CASE("the second-backend check: the FP32 path run again elsewhere must give
     Problem other = p;
     if (!same) other.seed += 1;
     InputStore checker(other, run.pool);
-    ctx.cpu_check = &checker;
+    ctx.cpu_rerun_inputs = &checker;
     RunReport r;
     r.problem = p;
-    r.cases.push_back(run_case(ctx, spec));
+    r.cases.push_back(testing::recorded_case(ctx, spec));
     const CaseResult& c = r.cases.front();
     REQUIRE(c.cuda_vs_cpu_fp32.has_value());
     CHECK_FALSE(c.cublas_unfused.has_value());  // the CPU backend has no cuBLAS path

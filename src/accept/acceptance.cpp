@@ -10,37 +10,75 @@ namespace cpd {
 
 using json::Value;
 
+namespace {
+
+// The evidence's cases: one source for the rows' names and for the run that produces them.
+CaseSpec evidence_case(std::optional<std::int64_t> split, Protocol protocol) {
+  return CaseSpec{2, 2, split, CpLayout::contiguous, protocol};
+}
+constexpr std::int64_t kEvidenceSplit = 4;
+constexpr Protocol kProtocols[] = {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv};
+
+std::string evidence_name(std::optional<std::int64_t> split, Protocol protocol = Protocol::ag_rs) {
+  return case_name(evidence_case(split, protocol), DType::bf16);
+}
+
+PagedCaseSpec evidence_paged(PagedMode mode, SplitPolicy policy) {
+  return PagedCaseSpec{mode, SplitKv{policy, policy == SplitPolicy::fixed ? kAcceptFixedSplit : 0}};
+}
+
+}  // namespace
+
+RunRequest evidence_request(const Problem& problem, int threads, bool with_cp) {
+  RunRequest r;
+  r.problem = problem;
+  r.problem.dtype = DType::bf16;
+  r.tp_sizes = {evidence_case(std::nullopt, Protocol::ag_rs).tp};
+  r.cp_sizes = {evidence_case(std::nullopt, Protocol::ag_rs).cp};
+  r.splits = {std::nullopt, kEvidenceSplit};
+  r.protocols.assign(std::begin(kProtocols), std::end(kProtocols));
+  r.modes = {RunMode::paged_prefill, RunMode::decode};
+  if (with_cp) r.modes.insert(r.modes.begin(), {RunMode::prefill, RunMode::chunked_prefill});
+  r.page_size = kAcceptPageSize;
+  r.split_policies = {SplitPolicy::disabled, SplitPolicy::fixed};
+  r.fixed_split_size = kAcceptFixedSplit;
+  r.include_backward = true;
+  r.include_dlogp = true;
+  r.threads = threads;
+  return r;
+}
+
 std::vector<AcceptanceRow> required_matrix() {
   using K = AcceptanceRow::Kind;
   std::vector<AcceptanceRow> rows;
-  rows.push_back({.name = "qwen3_8b_tp2_cp2_prefill_bf16",
+  const std::string prefill = evidence_name(std::nullopt), chunked = evidence_name(kEvidenceSplit);
+  rows.push_back({.name = prefill,
                   .kind = K::distributed_case,
                   .processes = 4,
-                  .cases = {"qwen3_8b_tp2_cp2_prefill_bf16"},
+                  .cases = {prefill},
                   .backward_and_dlogp = true});
-  rows.push_back({.name = "qwen3_8b_tp2_cp2_chunk4_bf16",
+  rows.push_back({.name = chunked,
                   .kind = K::distributed_case,
                   .processes = 4,
-                  .cases = {"qwen3_8b_tp2_cp2_chunk4_bf16"},
+                  .cases = {chunked},
                   .backward_and_dlogp = true,
                   .bitwise_topology = true});
-  rows.push_back({.name = "cp_protocol_equivalence_tp2_cp2_chunk4",
+  std::vector<std::string> protocols;
+  for (const Protocol p : kProtocols) protocols.push_back(evidence_name(kEvidenceSplit, p));
+  rows.push_back({.name = "cp_protocol_equivalence_tp2_cp2_chunk" + std::to_string(kEvidenceSplit),
                   .kind = K::protocol_equivalence,
                   .processes = 4,
-                  .cases = {"qwen3_8b_tp2_cp2_chunk4_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16_ring_kv",
-                            "qwen3_8b_tp2_cp2_chunk4_bf16_allgather_kv"},
+                  .cases = protocols,
                   .bitwise_topology = true});
   // Paged rows read the paged cases of the acceptance run (kAcceptPageSize, kAcceptFixedSplit);
   // any job size runs them.
   std::vector<std::string> paged_cases;
-  for (const std::string mode : {"paged_prefill", "decode"}) {
-    for (const std::string split : {"disabled", "fixed"}) {
-      const std::string name = "qwen3_8b_tp1_" + mode + "_split_kv_" + split +
-                               (split == "fixed" ? std::to_string(kAcceptFixedSplit) : "") +
-                               "_bf16";
+  for (const PagedMode mode : {PagedMode::paged_prefill, PagedMode::decode}) {
+    for (const SplitPolicy split : {SplitPolicy::disabled, SplitPolicy::fixed}) {
+      const std::string name = paged_case_name(evidence_paged(mode, split), DType::bf16);
       paged_cases.push_back(name);
-      rows.push_back({.name = (mode == "decode" ? "paged_decode" : "paged_prefill") +
-                              std::string("_split_kv_") + split,
+      rows.push_back({.name = (mode == PagedMode::decode ? "paged_decode" : "paged_prefill") +
+                              std::string("_split_kv_") + to_string(split),
                       .kind = K::paged_case,
                       .processes = 1,
                       .cases = {name}});
@@ -410,7 +448,7 @@ RowVerdict manifest_row(const AcceptanceRow& row) {
 Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
                       const Thresholds& t, const Value& runtime, const std::string& created_at) {
   Value v = Value::object();
-  v["schema_version"] = "ws2_attention_gpu_acceptance/v1";
+  v["schema_version"] = kAcceptanceSchema;
   v["issue"] = 235;
   v["created_at_utc"] = created_at;
   v["mode"] = mode;

@@ -3,6 +3,9 @@
 #include <string>
 
 #include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/cpu/attention.h"
+#include "cpdrift/cpu/attention_backward.h"
+#include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/logprob_math.h"
 
 namespace cpd {

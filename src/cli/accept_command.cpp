@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "agree.h"
 #include "cpdrift/accept/acceptance.h"
 #include "cpdrift/cli/commands.h"
-#include "cpdrift/cli/provenance.h"
+#include "cpdrift/comm/agree.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/report/provenance.h"
 
 namespace cpd {
 namespace {
@@ -18,33 +18,9 @@ std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// The CPU rows' evidence: TP=2 CP=2 BF16, full and chunked (split 4) prefill, backward and
-// dlogp, every CP protocol (when the job has the 4 processes those rows need); and the paged
-// rows' cases, paged prefill and decode with split-KV disabled and fixed, at any job size.
-RunOptions evidence_run(const AcceptOptions& o, const std::string& report_path, bool with_cp) {
-  RunOptions r;
-  r.problem = o.problem;
-  r.problem.dtype = DType::bf16;
-  r.tp_sizes = {2};
-  r.cp_sizes = {2};
-  r.splits = {std::nullopt, 4};
-  r.protocols = {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv};
-  r.modes = {RunMode::paged_prefill, RunMode::decode};
-  if (with_cp) r.modes.insert(r.modes.begin(), {RunMode::prefill, RunMode::chunked_prefill});
-  r.page_size = kAcceptPageSize;
-  r.split_policies = {SplitPolicy::disabled, SplitPolicy::fixed};
-  r.fixed_split_size = kAcceptFixedSplit;
-  r.include_backward = true;
-  r.include_dlogp = true;
-  r.threads = o.threads;
-  r.output = report_path;
-  r.thresholds = o.thresholds;  // the report the rows cite is judged by the same gates
-  return r;
-}
-
 void print_rows(const std::vector<RowVerdict>& rows, const std::string& mode, bool passed) {
-  std::printf("# cpdrift accept (%s): %zu rows, ws2_attention_gpu_acceptance/v1\n", mode.c_str(),
-              rows.size());
+  std::printf("# cpdrift accept (%s): %zu rows, %s\n", mode.c_str(), rows.size(),
+              kAcceptanceSchema);
   std::printf("# %-42s %-12s %s\n", "row", "status", "first reason");
   for (const RowVerdict& r : rows) {
     std::printf("  %-42s %-12s %s\n", r.name.c_str(), r.status.c_str(),
@@ -70,8 +46,11 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
   json::Value report;  // null: nothing executed
   Provenance pv;       // the evidence run's, or (manifest mode) this job's
   if (o.mode == "run") {
-    const RunReport run =
-        execute_run(evidence_run(o, report_path, comm.size() >= 4), comm, command_line);
+    RunOptions evidence;
+    evidence.request = evidence_request(o.problem, o.threads, comm.size() >= 4);
+    evidence.output = report_path;
+    evidence.thresholds = o.thresholds;  // the report the rows cite is judged by the same gates
+    const RunReport run = execute_run(evidence, comm, command_line);
     if (root) report = report_json(run);
     pv = run.provenance;
   } else {

@@ -12,9 +12,10 @@
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
+#include "cpdrift/cpu/simd_info.h"
+#include "cpdrift/engine/run_session.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "cpdrift/paged/paged_cache.h"
-#include "simd_info.h"
 #include "torch_sdpa.h"
 
 namespace cpd {

@@ -23,8 +23,8 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
                   std::size_t paged_count) {
   const Provenance& pv = r.provenance;
   const Problem& p = r.problem;
-  std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (ws2_cp_attention_drift/v2)\n",
-               pv.git_describe.c_str());
+  std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (%s)\n", pv.git_describe.c_str(),
+               kReportSchema);
   std::fprintf(out, "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu\n",
                p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
                p.dims.head_dim, p.rope ? "RoPE theta=1e6" : "no RoPE", to_string(p.dtype),

@@ -10,9 +10,9 @@
 
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/options.h"
-#include "cpdrift/cli/provenance.h"
 #include "cpdrift/comm/comm_context.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/report/provenance.h"
 
 int main(int argc, char** argv) {
   using namespace cpd;

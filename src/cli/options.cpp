@@ -11,46 +11,6 @@
 
 namespace cpd {
 
-const char* to_string(Device d) {
-  switch (d) {
-    case Device::auto_select:
-      return "auto";
-    case Device::cpu:
-      return "cpu";
-    case Device::cuda:
-      return "cuda";
-  }
-  return "?";
-}
-
-const char* to_string(TransportChoice t) {
-  switch (t) {
-    case TransportChoice::auto_select:
-      return "auto";
-    case TransportChoice::mpi:
-      return "mpi";
-    case TransportChoice::nccl:
-      return "nccl";
-    case TransportChoice::cuda_ipc:
-      return "cuda_ipc";
-  }
-  return "?";
-}
-
-const char* to_string(RunMode m) {
-  switch (m) {
-    case RunMode::prefill:
-      return "prefill";
-    case RunMode::chunked_prefill:
-      return "chunked_prefill";
-    case RunMode::paged_prefill:
-      return "paged_prefill";
-    case RunMode::decode:
-      return "decode";
-  }
-  return "?";
-}
-
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
@@ -200,6 +160,195 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   r.toggle("--no-rope", [&] { p.rope = false; });
 }
 
+// The flags every command takes: the problem and the worker threads.
+void add_common_flags(FlagReader& r, Problem& p, bool& seq_len_given, int& threads) {
+  add_problem_flags(r, p, seq_len_given);
+  r.value("--threads",
+          [&](const std::string& f, const std::string& v) { threads = parse_int<int>(f, v, 1); });
+}
+
+BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
+  BenchOptions b;
+  b.problem.seq_len = 4096;
+  add_common_flags(r, b.problem, b.seq_len_given, b.threads);
+  r.value("--repeats",
+          [&](const std::string& f, const std::string& v) { b.repeats = parse_int<int>(f, v, 1); });
+  r.value("--device", [&](const std::string& f, const std::string& v) {
+    b.device = parse_name(f, v, "device", kDevices);
+  });
+  r.read(args, first);
+  return b;
+}
+
+void add_threshold_flags(FlagReader& r, Thresholds& t) {
+  const auto threshold = [&](const char* flag, double& slot) {
+    r.value(flag,
+            [&slot](const std::string& f, const std::string& v) { slot = parse_threshold(f, v); });
+  };
+  threshold("--out-threshold", t.out_max_abs);
+  threshold("--lse-threshold", t.lse_max_abs);
+  threshold("--dlogp-threshold", t.dlogp_max_abs);
+  threshold("--gradient-threshold", t.gradient_max_abs);
+  threshold("--paged-out-threshold", t.paged_out_max_abs);
+  threshold("--paged-lse-threshold", t.paged_lse_max_abs);
+  threshold("--paged-dlogp-threshold", t.paged_dlogp_max_abs);
+}
+
+// Fills `a`; false when --help was asked for (nothing is required then).
+bool parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+                  const bool& help, AcceptOptions& a) {
+  a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
+  bool seq_len_given = false;
+  add_common_flags(r, a.problem, seq_len_given, a.threads);
+  r.value("--mode", [&](const std::string& f, const std::string& v) {
+    if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
+    a.mode = v;
+  });
+  r.value("--output", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    a.output = v;
+  });
+  add_threshold_flags(r, a.thresholds);
+  r.read(args, first);
+  if (help) return false;
+  if (a.mode.empty()) bad("accept: --mode manifest|run is required");
+  if (a.output.empty()) bad("accept: --output DIR/acceptance.json is required");
+  return true;
+}
+
+// The case matrix and the legs.
+void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& modes_given) {
+  r.value("--tp-world-sizes",
+          [&](const std::string& f, const std::string& v) { q.tp_sizes = parse_int_list(f, v); });
+  r.value("--cp-world-sizes",
+          [&](const std::string& f, const std::string& v) { q.cp_sizes = parse_int_list(f, v); });
+  r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
+    q.splits = parse_splits(f, v);
+    splits_given = true;
+  });
+  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
+    q.layouts = parse_names(f, v, "layout", {CpLayout::contiguous, CpLayout::zigzag});
+  });
+  r.value("--protocols", [&](const std::string& f, const std::string& v) {
+    q.protocols =
+        parse_names(f, v, "protocol", {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv});
+  });
+  r.value("--modes", [&](const std::string& f, const std::string& v) {
+    q.modes = parse_names(
+        f, v, "mode",
+        {RunMode::prefill, RunMode::chunked_prefill, RunMode::paged_prefill, RunMode::decode});
+    modes_given = true;
+  });
+  r.toggle("--include-backward", [&] { q.include_backward = true; });
+  r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
+  r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
+    q.vocab_size = parse_int<int>(f, v, 2);
+  });
+}
+
+// The paged modes' flags; each one given is remembered, as it needs a paged mode.
+void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& given) {
+  r.value("--page-size", [&](const std::string& f, const std::string& v) {
+    q.page_size = parse_int<int>(f, v, 1);
+    given.push_back(f);
+  });
+  r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
+    q.split_policies =
+        parse_names(f, v, "split-KV policy",
+                    {SplitPolicy::disabled, SplitPolicy::fixed, SplitPolicy::auto_select});
+    given.push_back(f);
+  });
+  r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
+    q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);
+    given.push_back(f);
+  });
+  r.value("--q-len", [&](const std::string& f, const std::string& v) {
+    q.q_len = parse_int<std::int64_t>(f, v, 1);
+    given.push_back(f);
+  });
+}
+
+// Where the run executes.
+void add_execution_flags(FlagReader& r, RunRequest& q) {
+  r.value("--device", [&](const std::string& f, const std::string& v) {
+    q.device = parse_name(f, v, "device", kDevices);
+  });
+  r.value("--transport", [&](const std::string& f, const std::string& v) {
+    q.transport = parse_name(f, v, "transport",
+                             {TransportChoice::auto_select, TransportChoice::mpi,
+                              TransportChoice::nccl, TransportChoice::cuda_ipc});
+  });
+  r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
+    q.comm_timeout_seconds = parse_threshold(f, v);
+    if (q.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
+  });
+  r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
+    q.staging_mib = parse_int<int>(f, v, 1);
+  });
+  r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
+}
+
+// What the CLI does with the run's results.
+void add_output_flags(FlagReader& r, RunOptions& o) {
+  r.value("--output", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    o.output = v;
+  });
+  r.value("--dump", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    o.dump = v;
+  });
+  r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
+  r.toggle("--json", [&] { o.json = true; });
+  r.toggle("--quiet", [&] { o.quiet = true; });
+  r.toggle("--smoke", [&] { o.smoke = true; });
+}
+
+// Combinations that no single flag can refuse.
+void check_run_options(const RunOptions& o, const std::vector<std::string>& paged_flags,
+                       bool modes_given) {
+  const RunRequest& q = o.request;
+  if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
+  if (!paged_flags.empty() && !has(q.modes, RunMode::paged_prefill) &&
+      !has(q.modes, RunMode::decode)) {
+    bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
+  }
+  const auto lists_split = [&](bool sized) {
+    return std::any_of(q.splits.begin(), q.splits.end(),
+                       [&](const auto& s) { return s.has_value() == sized; });
+  };
+  if (modes_given && has(q.modes, RunMode::prefill) && !lists_split(false)) {
+    bad("--modes prefill: --kv-chunk-sizes lists no 'none' (split disabled)");
+  }
+  if (modes_given && has(q.modes, RunMode::chunked_prefill) && !lists_split(true)) {
+    bad("--modes chunked_prefill: --kv-chunk-sizes lists no split size");
+  }
+  const bool fixed_requested = std::find(q.split_policies.begin(), q.split_policies.end(),
+                                         SplitPolicy::fixed) != q.split_policies.end();
+  if (q.fixed_split_size && !fixed_requested) {
+    bad("--fixed-split-size needs the fixed policy in --split-kv-policies");
+  }
+}
+
+RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
+  RunOptions o;
+  RunRequest& q = o.request;
+  bool seq_len_given = false, splits_given = false, modes_given = false;
+  std::vector<std::string> paged_flags;
+  add_common_flags(r, q.problem, seq_len_given, q.threads);
+  add_case_flags(r, q, splits_given, modes_given);
+  add_paged_flags(r, q, paged_flags);
+  add_execution_flags(r, q);
+  add_output_flags(r, o);
+  r.read(args, first);
+  check_run_options(o, paged_flags, modes_given);
+  if (o.smoke) {
+    if (!seq_len_given) q.problem.seq_len = 4;
+    if (!splits_given) q.splits = {std::nullopt, 1};
+  }
+  return o;
+}
+
 }  // namespace
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
@@ -211,290 +360,22 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                                       : CommandLine::Command::accept;
     first = 1;
   }
+  bool help = false;
   FlagReader r;
-  r.toggle("--help", [&] { cl.command = CommandLine::Command::help; });
-  r.toggle("-h", [&] { cl.command = CommandLine::Command::help; });
-  bool seq_len_given = false, splits_given = false;
-  if (cl.command == CommandLine::Command::bench) {
-    BenchOptions& b = cl.bench;
-    b.problem.seq_len = 4096;
-    add_problem_flags(r, b.problem, seq_len_given);
-    r.value("--repeats", [&](const std::string& f, const std::string& v) {
-      b.repeats = parse_int<int>(f, v, 1);
-    });
-    r.value("--threads", [&](const std::string& f, const std::string& v) {
-      b.threads = parse_int<int>(f, v, 1);
-    });
-    r.value("--device", [&](const std::string& f, const std::string& v) {
-      b.device = parse_name(f, v, "device", kDevices);
-    });
-    r.read(args, first);
-    b.seq_len_given = seq_len_given;
-    return cl;
+  r.toggle("--help", [&] { help = true; });
+  r.toggle("-h", [&] { help = true; });
+  switch (cl.command) {
+    case CommandLine::Command::bench:
+      cl.bench = parse_bench(r, args, first);
+      break;
+    case CommandLine::Command::accept:
+      parse_accept(r, args, first, help, cl.accept);
+      break;
+    default:
+      cl.run = parse_run(r, args, first);
   }
-  if (cl.command == CommandLine::Command::accept) {
-    AcceptOptions& a = cl.accept;
-    a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
-    add_problem_flags(r, a.problem, seq_len_given);
-    r.value("--mode", [&](const std::string& f, const std::string& v) {
-      if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
-      a.mode = v;
-    });
-    r.value("--output", [&](const std::string& f, const std::string& v) {
-      if (v.empty()) bad(f + ": empty path");
-      a.output = v;
-    });
-    r.value("--threads", [&](const std::string& f, const std::string& v) {
-      a.threads = parse_int<int>(f, v, 1);
-    });
-    const auto threshold = [&](const char* flag, double& slot) {
-      r.value(flag, [&slot](const std::string& f, const std::string& v) {
-        slot = parse_threshold(f, v);
-      });
-    };
-    threshold("--out-threshold", a.thresholds.out_max_abs);
-    threshold("--lse-threshold", a.thresholds.lse_max_abs);
-    threshold("--dlogp-threshold", a.thresholds.dlogp_max_abs);
-    threshold("--gradient-threshold", a.thresholds.gradient_max_abs);
-    threshold("--paged-out-threshold", a.thresholds.paged_out_max_abs);
-    threshold("--paged-lse-threshold", a.thresholds.paged_lse_max_abs);
-    threshold("--paged-dlogp-threshold", a.thresholds.paged_dlogp_max_abs);
-    r.read(args, first);
-    if (cl.command == CommandLine::Command::help) return cl;
-    if (a.mode.empty()) bad("accept: --mode manifest|run is required");
-    if (a.output.empty()) bad("accept: --output DIR/acceptance.json is required");
-    return cl;
-  }
-  RunOptions& o = cl.run;
-  add_problem_flags(r, o.problem, seq_len_given);
-  r.value("--tp-world-sizes",
-          [&](const std::string& f, const std::string& v) { o.tp_sizes = parse_int_list(f, v); });
-  r.value("--cp-world-sizes",
-          [&](const std::string& f, const std::string& v) { o.cp_sizes = parse_int_list(f, v); });
-  r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
-    o.splits = parse_splits(f, v);
-    splits_given = true;
-  });
-  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
-    o.layouts = parse_names(f, v, "layout", {CpLayout::contiguous, CpLayout::zigzag});
-  });
-  r.value("--protocols", [&](const std::string& f, const std::string& v) {
-    o.protocols =
-        parse_names(f, v, "protocol", {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv});
-  });
-  r.value("--transport", [&](const std::string& f, const std::string& v) {
-    o.transport = parse_name(f, v, "transport",
-                             {TransportChoice::auto_select, TransportChoice::mpi,
-                              TransportChoice::nccl, TransportChoice::cuda_ipc});
-  });
-  r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
-    o.comm_timeout_seconds = parse_threshold(f, v);
-    if (o.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
-  });
-  r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
-    o.staging_mib = parse_int<int>(f, v, 1);
-  });
-  bool modes_given = false;
-  r.value("--modes", [&](const std::string& f, const std::string& v) {
-    o.modes = parse_names(
-        f, v, "mode",
-        {RunMode::prefill, RunMode::chunked_prefill, RunMode::paged_prefill, RunMode::decode});
-    modes_given = true;
-  });
-  std::vector<std::string> paged_flags;
-  r.value("--page-size", [&](const std::string& f, const std::string& v) {
-    o.page_size = parse_int<int>(f, v, 1);
-    paged_flags.push_back(f);
-  });
-  r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
-    o.split_policies =
-        parse_names(f, v, "split-KV policy",
-                    {SplitPolicy::disabled, SplitPolicy::fixed, SplitPolicy::auto_select});
-    paged_flags.push_back(f);
-  });
-  r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
-    o.fixed_split_size = parse_int<std::int64_t>(f, v, 1);
-    paged_flags.push_back(f);
-  });
-  r.value("--q-len", [&](const std::string& f, const std::string& v) {
-    o.q_len = parse_int<std::int64_t>(f, v, 1);
-    paged_flags.push_back(f);
-  });
-  r.value("--dump", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    o.dump = v;
-  });
-  r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
-  r.toggle("--include-backward", [&] { o.include_backward = true; });
-  r.toggle("--no-cpu-check", [&] { o.cpu_check = false; });
-  r.toggle("--include-dlogp", [&] { o.include_dlogp = true; });
-  r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
-    o.vocab_size = parse_int<int>(f, v, 2);
-  });
-  r.value("--device", [&](const std::string& f, const std::string& v) {
-    o.device = parse_name(f, v, "device", kDevices);
-  });
-  r.value("--threads",
-          [&](const std::string& f, const std::string& v) { o.threads = parse_int<int>(f, v, 1); });
-  r.value("--output", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    o.output = v;
-  });
-  r.toggle("--json", [&] { o.json = true; });
-  r.toggle("--quiet", [&] { o.quiet = true; });
-  r.toggle("--smoke", [&] { o.smoke = true; });
-  r.read(args, first);
-  if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
-  if (!paged_flags.empty() && !has(o.modes, RunMode::paged_prefill) &&
-      !has(o.modes, RunMode::decode)) {
-    bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
-  }
-  const auto lists_split = [&](bool sized) {
-    return std::any_of(o.splits.begin(), o.splits.end(),
-                       [&](const auto& s) { return s.has_value() == sized; });
-  };
-  if (modes_given && has(o.modes, RunMode::prefill) && !lists_split(false)) {
-    bad("--modes prefill: --kv-chunk-sizes lists no 'none' (split disabled)");
-  }
-  if (modes_given && has(o.modes, RunMode::chunked_prefill) && !lists_split(true)) {
-    bad("--modes chunked_prefill: --kv-chunk-sizes lists no split size");
-  }
-  const bool fixed_requested = std::find(o.split_policies.begin(), o.split_policies.end(),
-                                         SplitPolicy::fixed) != o.split_policies.end();
-  if (o.fixed_split_size && !fixed_requested) {
-    bad("--fixed-split-size needs the fixed policy in --split-kv-policies");
-  }
-  if (o.smoke) {
-    if (!seq_len_given) o.problem.seq_len = 4;
-    if (!splits_given) o.splits = {std::nullopt, 1};
-  }
+  if (help) cl.command = CommandLine::Command::help;
   return cl;
-}
-
-std::vector<CaseSpec> expand_cases(const RunOptions& o) {
-  std::vector<CaseSpec> cases;
-  for (int tp : o.tp_sizes) {
-    for (int cp : o.cp_sizes) {
-      for (const auto& split : o.splits) {
-        if (!has(o.modes, split ? RunMode::chunked_prefill : RunMode::prefill)) continue;
-        for (CpLayout layout : o.layouts) {
-          for (Protocol protocol : o.protocols) {
-            CaseSpec spec{tp, cp, split, layout, protocol};
-            const std::string name = case_name(spec, o.problem.dtype);
-            if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
-              throw UsageError(name + ": " + why);
-            }
-            for (const CaseSpec& c : cases) {
-              if (case_name(c, o.problem.dtype) == name) {
-                throw UsageError(
-                    name + " is listed twice (a repeated size, or none/full/no_split together)");
-              }
-            }
-            cases.push_back(spec);
-          }
-        }
-      }
-    }
-  }
-  return cases;
-}
-
-PagedOptions paged_options(const RunOptions& o) {
-  return PagedOptions{o.page_size, o.q_len, o.vocab_size, false};
-}
-
-std::vector<PagedCaseSpec> expand_paged_cases(const RunOptions& o) {
-  std::vector<PagedCaseSpec> cases;
-  if (!has(o.modes, RunMode::paged_prefill) && !has(o.modes, RunMode::decode)) return cases;
-  make_paged_workload(o.problem, o.page_size,
-                      o.q_len);  // throws UsageError when it cannot be built
-  const std::int64_t fixed = o.fixed_split_size.value_or(4 * std::int64_t{o.page_size});
-  if (fixed % o.page_size != 0) {
-    bad("--fixed-split-size " + std::to_string(fixed) + ": must be a multiple of --page-size " +
-        std::to_string(o.page_size));
-  }
-  std::vector<SplitPolicy> policies;
-  for (const SplitPolicy p : o.split_policies) {
-    if (std::find(policies.begin(), policies.end(), p) != policies.end()) {
-      bad(std::string("--split-kv-policies: ") + to_string(p) + " is listed twice");
-    }
-    policies.push_back(p);
-  }
-  // Plan-major, so each plan's lanes run once for both modes.
-  for (const SplitPolicy p : policies) {
-    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      if (!has(o.modes, m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill))
-        continue;
-      cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}});
-    }
-  }
-  return cases;
-}
-
-std::string usage_text() {
-  return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
-       cpdrift bench [options]        kernel throughput: CPU FP32 and BF16-emulated, or with
-                                      --device cuda the GPU paths vs PyTorch SDPA
-       cpdrift accept --mode manifest|run --output DIR/acceptance.json
-                                      the fail-closed acceptance matrix (design section 7)
-
-Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
-
-Problem
-  --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
-  --batch N                    sequences (default 1; accept: 2)
-  --seq-len N                  tokens per sequence (default 16; bench: 4096, or 4096 and
-                               16384 on CUDA)
-  --seed N                     input seed (default 2355)
-  --dtype bf16|fp32            candidate dtype (default bf16)
-  --no-rope                    attention only, no RoPE on q/k
-Cases (every combination runs, in this order)
-  --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
-  --cp-world-sizes LIST        context-parallel sizes (default 1,2)
-  --kv-chunk-sizes LIST        split-KV sizes in tokens; none/full/no_split = disabled
-                               (default none,4)
-  --cp-layouts LIST            contiguous,zigzag (default contiguous)
-  --protocols LIST             ag_rs,ring_kv,allgather_kv (default ag_rs); all give the same bits
-  --smoke                      seq-len 4 and chunks none,1 unless given explicitly
-  --modes LIST                 prefill,chunked_prefill (the CP cases above, split none / sized)
-                               and the rollout side's paged_prefill,decode (default
-                               prefill,chunked_prefill)
-Paged cases (--modes paged_prefill,decode; TP=1, sequence b holds S - b*(S/4B) - b tokens,
-the first pages a prompt shared by all, q-len query tokens at each end)
-  --page-size N                KV cache page size in tokens (default 16)
-  --split-kv-policies LIST     disabled,fixed,auto (default disabled,fixed); auto is a
-                               diagnostic and never passes an invariance check
-  --fixed-split-size N         the fixed policy's split in tokens, a multiple of the page
-                               size (default 4 pages)
-  --q-len N                    query tokens per sequence (default min(16, room / 2))
-Execution and output
-  --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
-  --transport auto|mpi|nccl|cuda_ipc
-                               how partial states move between processes (default auto: mpi);
-                               nccl and cuda_ipc stage through GPU memory (--device cuda)
-  --comm-timeout S             GPU transports: a wait longer than S seconds ends the job
-                               (default 300)
-  --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
-  --threads N                  CPU threads per process (default: cores / processes per node)
-  --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
-  --output PATH                write the JSON report (atomically)
-  --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
-  --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
-  --vocab-size V               vocabulary of the synthetic lm_head (default 17)
-  --json                       print the JSON report on stdout (the table goes to stderr)
-  --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
-  --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
-  --quiet                      only the verdict line and errors
-  -h, --help                   this text
-
-Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
-  --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X
-  --paged-out-threshold X --paged-lse-threshold X --paged-dlogp-threshold X
-                               override design section 7's thresholds
-
-Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
-3 a failure while running.
-)";
 }
 
 }  // namespace cpd

@@ -43,6 +43,41 @@ std::vector<Range> split_range(Range owner, std::optional<std::int64_t> split) {
   return blocks;
 }
 
+SplitReading read_split_plan(const std::vector<Range>& ranges, const std::vector<Range>& blocks,
+                             std::optional<std::int64_t> requested_fixed) {
+  // Each range's blocks, which must tile it in order.
+  std::vector<std::vector<Range>> runs(ranges.size());
+  for (const Range& b : blocks) {
+    const auto in = std::find_if(ranges.begin(), ranges.end(),
+                                 [&](const Range& r) { return r.contains(b) && !b.empty(); });
+    if (in == ranges.end()) return {};
+    runs[static_cast<std::size_t>(in - ranges.begin())].push_back(b);
+  }
+  std::optional<std::int64_t> cut;  // the size of the first block of a range cut in several
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::int64_t next = ranges[i].begin;
+    for (const Range& b : runs[i]) {
+      if (b.begin != next) return {};
+      next = b.end;
+    }
+    if (next != ranges[i].end) return {};
+    if (runs[i].size() > 1 && !cut) cut = runs[i].front().size();
+  }
+  if (!cut) {
+    const bool fits = requested_fixed && std::all_of(runs.begin(), runs.end(), [&](const auto& r) {
+                        return r.front().size() <= *requested_fixed;
+                      });
+    return fits ? SplitReading{"fixed", requested_fixed} : SplitReading{"disabled", std::nullopt};
+  }
+  for (const std::vector<Range>& run : runs) {
+    for (std::size_t j = 0; j < run.size(); ++j) {
+      const bool last = j + 1 == run.size();
+      if (last ? run[j].size() > *cut : run[j].size() != *cut) return {};
+    }
+  }
+  return SplitReading{"fixed", cut};
+}
+
 std::vector<KvBlock> kv_block_grid(const CaseSpec& spec, std::int64_t seq_len) {
   std::vector<KvBlock> blocks;
   for (int r = 0; r < spec.cp; ++r) {

@@ -1,4 +1,4 @@
-#include "../cli/simd_info.h"
+#include "cpdrift/cpu/simd_info.h"
 
 #include "simd16.h"
 

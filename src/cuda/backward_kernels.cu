@@ -10,10 +10,11 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void dq_kernel(const BackwardUnit* units, const Task* tasks, int dim, float scale) {
+__global__ void dq_kernel(const DeviceBackwardUnit* units, const Task* tasks, int dim,
+                          float scale) {
   __shared__ float ds[kThreads];
   const Task task = tasks[blockIdx.x];
-  const BackwardUnit& u = units[task.job];
+  const DeviceBackwardUnit& u = units[task.job];
   // Which query block the row is in (blocks are few).
   long long item = task.item;
   int b = 0;
@@ -22,7 +23,7 @@ __global__ void dq_kernel(const BackwardUnit* units, const Task* tasks, int dim,
     if (item < size) break;
     item -= size;
   }
-  const BackwardBlock& qb = u.blocks[b];
+  const DeviceBackwardBlock& qb = u.blocks[b];
   const long long row = item, pos = qb.begin + row;
   const float* q = qb.q + row * dim;
   const float* d_out = qb.d_out + row * dim;
@@ -52,17 +53,18 @@ __global__ void dq_kernel(const BackwardUnit* units, const Task* tasks, int dim,
   if (t + kThreads < dim) out[t + kThreads] = acc[1];
 }
 
-__global__ void dkdv_kernel(const BackwardUnit* units, const Task* tasks, int dim, float scale) {
+__global__ void dkdv_kernel(const DeviceBackwardUnit* units, const Task* tasks, int dim,
+                            float scale) {
   __shared__ float ds[kThreads], pr[kThreads];
   const Task task = tasks[blockIdx.x];
-  const BackwardUnit& u = units[task.job];
+  const DeviceBackwardUnit& u = units[task.job];
   const long long j = task.item, key = u.key_begin + j;
   const float* k = u.k + j * dim;
   const float* v = u.v + j * dim;
   const int t = threadIdx.x;
   float dk_total[2] = {0.0f, 0.0f}, dv_total[2] = {0.0f, 0.0f};
   for (int b = 0; b < u.nblocks; ++b) {
-    const BackwardBlock& qb = u.blocks[b];
+    const DeviceBackwardBlock& qb = u.blocks[b];
     // Rows before the key cannot see it; the partial sums the visible ones in order.
     const long long first = max(key, qb.begin) - qb.begin;
     const long long n = qb.end - qb.begin;
@@ -108,14 +110,14 @@ __global__ void dkdv_kernel(const BackwardUnit* units, const Task* tasks, int di
 
 }  // namespace
 
-void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+void backward_dq(const DeviceBackwardUnit* units, const Task* tasks, long long ntasks, int dim,
                  float scale, cudaStream_t stream) {
   if (ntasks == 0) return;
   dq_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+void backward_dkdv(const DeviceBackwardUnit* units, const Task* tasks, long long ntasks, int dim,
                    float scale, cudaStream_t stream) {
   if (ntasks == 0) return;
   dkdv_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(units, tasks, dim, scale);

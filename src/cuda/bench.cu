@@ -121,15 +121,16 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int dev
   {
     const std::vector<long long> block{0, s};
     const auto dev_block = DeviceBuffer<long long>::from(block);
-    std::vector<cuda::FoldJob> jobs;
+    std::vector<cuda::DeviceFoldJob> jobs;
     std::vector<Task> tasks;
     for_each_head(p, [&](const HeadOffsets& o) {
-      jobs.push_back(cuda::FoldJob{q.data() + o.q, 0, s, k.data() + o.kv, v.data() + o.kv, 0,
-                                   dev_block.data(), 1, out.data() + o.q, lse.data() + o.lse});
+      jobs.push_back(cuda::DeviceFoldJob{q.data() + o.q, 0, s, k.data() + o.kv, v.data() + o.kv, 0,
+                                         dev_block.data(), 1, out.data() + o.q,
+                                         lse.data() + o.lse});
       for (long long r = 0; r < s; ++r)
         tasks.push_back(Task{static_cast<int>(jobs.size() - 1), static_cast<int>(r)});
     });
-    const auto dev_jobs = DeviceBuffer<cuda::FoldJob>::from(jobs);
+    const auto dev_jobs = DeviceBuffer<cuda::DeviceFoldJob>::from(jobs);
     const auto dev_tasks = DeviceBuffer<Task>::from(tasks);
     figures.push_back({"fp32_reference", time_median(repeats, stream, [&] {
                          cuda::forward_fold(dev_jobs.data(), dev_tasks.data(),

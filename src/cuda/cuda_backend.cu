@@ -159,12 +159,12 @@ class CudaBackend final : public AttentionBackend {
     in.upload();
     out.allocate();
     const auto dev_blocks = cuda::to_device(blocks);
-    std::vector<cuda::FoldJob> dev;
+    std::vector<cuda::DeviceFoldJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const FoldJob& j = jobs[i];
-      dev.push_back(cuda::FoldJob{in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k),
-                                  in.at(at[i].v), j.kv_begin, dev_blocks.data() + at[i].blocks,
-                                  at[i].nblocks, out.at(at[i].out), out.at(at[i].lse)});
+      dev.push_back(cuda::DeviceFoldJob{
+          in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k), in.at(at[i].v), j.kv_begin,
+          dev_blocks.data() + at[i].blocks, at[i].nblocks, out.at(at[i].out), out.at(at[i].lse)});
     }
     const std::vector<Task> tasks =
         row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
@@ -204,11 +204,11 @@ class CudaBackend final : public AttentionBackend {
       for (const std::size_t o : at) ptrs.push_back(in.at(o));
     }
     const auto dev_ptrs = cuda::to_device(ptrs);
-    std::vector<cuda::MergeJob> dev;
+    std::vector<cuda::DeviceMergeJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const int n = static_cast<int>(offsets[i].size() / 2);
-      dev.push_back(cuda::MergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n, n,
-                                   jobs[i].rows, out.at(out_at[i]), out.at(lse_at[i])});
+      dev.push_back(cuda::DeviceMergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n,
+                                         n, jobs[i].rows, out.at(out_at[i]), out.at(lse_at[i])});
     }
     const std::vector<Task> tasks =
         row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
@@ -245,24 +245,24 @@ class CudaBackend final : public AttentionBackend {
     }
     in.upload();
     out.allocate();
-    std::vector<cuda::BackwardBlock> blocks;
+    std::vector<cuda::DeviceBackwardBlock> blocks;
     std::vector<std::size_t> first_block;
     for (std::size_t u = 0; u < units.size(); ++u) {
       first_block.push_back(blocks.size());
       for (std::size_t b = 0; b < units[u].blocks.size(); ++b) {
         const QueryBlockRows& qb = units[u].blocks[b];
         const BlockAt& a = block_at[u][b];
-        blocks.push_back(cuda::BackwardBlock{qb.tokens.begin, qb.tokens.end, in.at(a.q),
-                                             in.at(a.d_out), in.at(a.lse), in.at(a.delta),
-                                             out.at(a.dq)});
+        blocks.push_back(cuda::DeviceBackwardBlock{qb.tokens.begin, qb.tokens.end, in.at(a.q),
+                                                   in.at(a.d_out), in.at(a.lse), in.at(a.delta),
+                                                   out.at(a.dq)});
       }
     }
     const auto dev_blocks = cuda::to_device(blocks);
-    std::vector<cuda::BackwardUnit> dev;
+    std::vector<cuda::DeviceBackwardUnit> dev;
     std::vector<Task> dq_tasks, key_tasks;
     for (std::size_t u = 0; u < units.size(); ++u) {
       const BackwardUnit& unit = units[u];
-      dev.push_back(cuda::BackwardUnit{
+      dev.push_back(cuda::DeviceBackwardUnit{
           dev_blocks.data() + first_block[u], static_cast<int>(unit.blocks.size()), in.at(k_at[u]),
           in.at(v_at[u]), unit.keys.begin, unit.keys.end, out.at(dk_at[u]), out.at(dv_at[u])});
       long long rows = 0;
@@ -296,10 +296,10 @@ class CudaBackend final : public AttentionBackend {
     }
     in.upload();
     out.allocate();
-    std::vector<cuda::ProjectionJob> dev;
+    std::vector<cuda::DeviceProjectionJob> dev;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
-      dev.push_back(cuda::ProjectionJob{in.at(at[i][0]), jobs[i].rows, in.at(at[i][1]), jobs[i].ldw,
-                                        out.at(at[i][2])});
+      dev.push_back(cuda::DeviceProjectionJob{in.at(at[i][0]), jobs[i].rows, in.at(at[i][1]),
+                                              jobs[i].ldw, out.at(at[i][2])});
     }
     const std::vector<Task> tasks =
         row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });

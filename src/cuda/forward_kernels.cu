@@ -87,12 +87,13 @@ __global__ void forward_rows_kernel(const RowsJob* jobs, const Task* tasks, int 
   if (t == 0) job.lse[row] = m + log_f32(l);
 }
 
-__global__ void forward_fold_kernel(const FoldJob* jobs, const Task* tasks, int dim, float scale) {
+__global__ void forward_fold_kernel(const DeviceFoldJob* jobs, const Task* tasks, int dim,
+                                    float scale) {
   extern __shared__ float shared[];
   const RowShared sh(shared, dim);
   float *q = sh.q, *p = sh.p, *scratch = sh.scratch;
   const Task task = tasks[blockIdx.x];
-  const FoldJob& job = jobs[task.job];
+  const DeviceFoldJob& job = jobs[task.job];
   const long long row = task.item, pos = job.first_pos + row;
   load_row(job.q + row * dim, dim, q);
   const int t = threadIdx.x;
@@ -118,9 +119,9 @@ __global__ void forward_fold_kernel(const FoldJob* jobs, const Task* tasks, int 
   if (t == 0) job.lse[row] = acc_lse;
 }
 
-__global__ void merge_kernel(const MergeJob* jobs, const Task* tasks, int dim) {
+__global__ void merge_kernel(const DeviceMergeJob* jobs, const Task* tasks, int dim) {
   const Task task = tasks[blockIdx.x];
-  const MergeJob& job = jobs[task.job];
+  const DeviceMergeJob& job = jobs[task.job];
   const long long row = task.item;
   float acc[2] = {0.0f, 0.0f}, acc_lse = neg_inf_f32();
   const int t = threadIdx.x;
@@ -150,15 +151,15 @@ void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int 
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
-                  cudaStream_t stream) {
+void forward_fold(const DeviceFoldJob* jobs, const Task* tasks, long long ntasks, int dim,
+                  float scale, cudaStream_t stream) {
   if (ntasks == 0) return;
   forward_fold_kernel<<<grid_blocks(ntasks), kThreads, shared_bytes(dim), stream>>>(jobs, tasks,
                                                                                     dim, scale);
   CPD_CUDA_CHECK_LAUNCH();
 }
 
-void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim,
+void merge(const DeviceMergeJob* jobs, const Task* tasks, long long ntasks, int dim,
            cudaStream_t stream) {
   if (ntasks == 0) return;
   merge_kernel<<<grid_blocks(ntasks), kThreads, 0, stream>>>(jobs, tasks, dim);

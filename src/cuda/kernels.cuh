@@ -25,7 +25,7 @@ struct RowsJob {
 };
 
 /// A CP=1 fold: rows against `nblocks` ascending blocks; k, v hold positions from kv_begin.
-struct FoldJob {
+struct DeviceFoldJob {
   const float* q;
   long long first_pos, rows;
   const float* k;
@@ -38,7 +38,7 @@ struct FoldJob {
 };
 
 /// States of one (batch, head, query range) sorted by block index, merged into out/lse.
-struct MergeJob {
+struct DeviceMergeJob {
   const float* const* outs;  // nstates × [rows][dim]
   const float* const* lses;  // nstates × [rows]
   int nstates;
@@ -48,7 +48,7 @@ struct MergeJob {
 };
 
 /// One query block's rows for the backward (FP32).
-struct BackwardBlock {
+struct DeviceBackwardBlock {
   long long begin, end;  // positions
   const float* q;
   const float* d_out;
@@ -58,8 +58,8 @@ struct BackwardBlock {
 };
 
 /// One head × one KV block of the backward: `blocks` ascending.
-struct BackwardUnit {
-  const BackwardBlock* blocks;
+struct DeviceBackwardUnit {
+  const DeviceBackwardBlock* blocks;
   int nblocks;
   const float* k;
   const float* v;
@@ -69,7 +69,7 @@ struct BackwardUnit {
 };
 
 /// Per-head partial logits of `rows` tokens.
-struct ProjectionJob {
+struct DeviceProjectionJob {
   const float* hidden;  // [rows][dim]
   long long rows;
   const float* w;  // vocab rows, stride ldw
@@ -119,15 +119,16 @@ GenerateParams generate_params(const Problem& problem, TensorId tensor, int batc
                                const float* inv_freq, float* out);
 void forward_rows(const RowsJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
                   cudaStream_t stream);
-void forward_fold(const FoldJob* jobs, const Task* tasks, long long ntasks, int dim, float scale,
-                  cudaStream_t stream);
-void merge(const MergeJob* jobs, const Task* tasks, long long ntasks, int dim, cudaStream_t stream);
-void backward_dq(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+void forward_fold(const DeviceFoldJob* jobs, const Task* tasks, long long ntasks, int dim,
+                  float scale, cudaStream_t stream);
+void merge(const DeviceMergeJob* jobs, const Task* tasks, long long ntasks, int dim,
+           cudaStream_t stream);
+void backward_dq(const DeviceBackwardUnit* units, const Task* tasks, long long ntasks, int dim,
                  float scale, cudaStream_t stream);
-void backward_dkdv(const BackwardUnit* units, const Task* tasks, long long ntasks, int dim,
+void backward_dkdv(const DeviceBackwardUnit* units, const Task* tasks, long long ntasks, int dim,
                    float scale, cudaStream_t stream);
-void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab,
-             cudaStream_t stream);
+void project(const DeviceProjectionJob* jobs, const Task* tasks, long long ntasks, int dim,
+             int vocab, cudaStream_t stream);
 /// Tensor-core FlashAttention forward (head dim 128): one CUDA block per (job, 64-row tile).
 void flash_bf16(const FlashJob* jobs, const Task* tiles, long long ntiles, float scale,
                 cudaStream_t stream);

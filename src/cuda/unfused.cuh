@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include "cpdrift/cpu/attention.h"
+#include "cpdrift/core/attention_jobs.h"
 
 namespace cpd::cuda {
 

@@ -120,7 +120,7 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     k_shards.push_back(inputs.shard(TensorId::k, kv_shape, InputPrecision::fp32));
     v_shards.push_back(inputs.shard(TensorId::v, kv_shape, InputPrecision::fp32));
     grads.push_back(
-        RankGradients{o, Shard(query_shape(grid, o, dim)), Shard(kv_shape), Shard(kv_shape)});
+        RankGradients{o, Shard(query_shape(grid, o, dim)), Shard(kv_shape), Shard(kv_shape), {}});
     const Shard& k = k_shards.back();
     const Shard& v = v_shards.back();
     std::vector<PackedRows> served;
@@ -202,6 +202,7 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
   for (RankGradients& rg : grads) {
     const LogicalRank& r = rg.rank;
     const std::vector<Message>& arrived = dq_inboxes.at(r.id).messages();
+    for (const Message& m : arrived) rg.dq_partials.push_back(m.header);
     for (const Range& t : r.tokens) {
       for (const KvBlock& qb : blocks_in(grid, t)) {
         std::vector<const Message*> terms;  // manifest order: ascending block index

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <limits>
 
-#include "cpdrift/cpu/thread_pool.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
 namespace {

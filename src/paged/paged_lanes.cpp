@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cpdrift/cpu/input_store.h"
+#include "cpdrift/backend/input_store.h"
 
 namespace cpd::paged {
 namespace {

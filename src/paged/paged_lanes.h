@@ -5,26 +5,22 @@
 #include <map>
 #include <vector>
 
-#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/run_context.h"
 #include "cpdrift/paged/paged_attention.h"
 #include "cpdrift/paged/paged_case.h"
 
 namespace cpd::paged {
 
-/// Candidate vs reference row blocks of one comparison.
-struct Pairs {
-  std::vector<DiffPart> out, lse;
-  /// `rows` rows of query head h: sequence cs from row crow of `c` against sequence rs from
-  /// row rrow of `r`.
-  void add(const AttnShard& c, int cs, std::int64_t crow, const AttnShard& r, int rs,
-           std::int64_t rrow, std::int64_t h, std::int64_t rows) {
-    const auto dim = static_cast<std::size_t>(c.out.shape.width);
-    out.push_back(DiffPart{c.out.at(cs, h, crow), r.out.at(rs, h, rrow),
-                           static_cast<std::size_t>(rows) * dim});
-    lse.push_back(
-        DiffPart{c.lse.at(cs, h, crow), r.lse.at(rs, h, rrow), static_cast<std::size_t>(rows)});
-  }
-};
+/// `rows` rows of query head h: sequence cs from row crow of `c` against sequence rs from row
+/// rrow of `r`, added to `into`.
+inline void add_rows(OutLseComparison& into, const AttnShard& c, int cs, std::int64_t crow,
+                     const AttnShard& r, int rs, std::int64_t rrow, std::int64_t h,
+                     std::int64_t rows) {
+  const auto dim = static_cast<std::size_t>(c.out.shape.width);
+  into.out.add(0, c.out.at(cs, h, crow), r.out.at(rs, h, rrow),
+               static_cast<std::size_t>(rows) * dim);
+  into.lse.add(0, c.lse.at(cs, h, crow), r.lse.at(rs, h, rrow), static_cast<std::size_t>(rows));
+}
 
 /// What every split plan shares on this process: its KV heads, the inputs, the allocator's
 /// page table, and the references (FP32, split disabled, contiguous), computed once per run.
@@ -65,5 +61,28 @@ PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w);
 /// The lanes of `split`; the per-mode ones only for `modes`.
 PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
                              const SplitKv& split, const std::vector<PagedMode>& modes);
+
+/// Rows of two query-row lanes (same sequences, same rows), every (sequence, local head).
+OutLseComparison same_rows(const AttnShard& c, const AttnShard& r, std::int64_t q_len);
+
+/// The case's invariances from its plan's lanes, added to `o` (the same calls everywhere).
+void add_invariances(const PagedWorkload& w, const PlanLanes& l, PagedCaseOutputs& o);
+
+/// The [B, Hq, q_len, width] tensor `path` of one lane's rows (`local`: this process's, null
+/// where it computes no KV head): pieces in global order, each held by the process computing
+/// its KV head.
+CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std::string path,
+                             const Shard* local, int width, bool bf16, bool digest);
+
+/// Target-token logprobs of `candidate` and `reference` (this process's query rows, null where it
+/// computes no KV head): each process projects its heads through the synthetic lm_head, the
+/// per-head partial logits travel to rank 0, which folds them in ascending head order (as the
+/// prefill cases do) and takes log_softmax at the target. Collective; rank 0 returns
+/// [B][q_len] logprobs of each, other processes nothing.
+struct PagedLogprobs {
+  std::vector<float> candidate, reference;
+};
+PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w,
+                             const AttnShard* candidate, const AttnShard* reference, int vocab);
 
 }  // namespace cpd::paged

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "cpdrift/backend/input_store.h"
 #include "cpdrift/core/errors.h"
-#include "cpdrift/cpu/input_store.h"
 
 namespace cpd {
 

@@ -21,24 +21,14 @@ Value plans_json(const PagedCaseResult& c) {
     Value p = Value::object();
     p["sequence"] = b;
     p["kv_len"] = c.workload.kv_lens[static_cast<std::size_t>(b)];
-    // Read off the blocks the lane ran with: equal blocks (the last may be short) are a fixed
-    // cut at that size — what auto's choice is too; one block is a disabled split, or a fixed
-    // one longer than the context; anything else is irregular.
+    // Read off the blocks the lane ran with (auto's choice reads as a fixed cut at its size).
     const SplitKv& asked = c.spec.split;
-    bool uniform = !blocks.empty() && blocks.back().size() <= blocks.front().size();
-    for (std::size_t i = 0; i + 1 < blocks.size(); ++i)
-      uniform = uniform && blocks[i].size() == blocks.front().size();
-    if (blocks.size() > 1 && uniform) {
-      p["actual_policy"] = "fixed";
-      p["actual_split_size"] = blocks.front().size();
-    } else if (blocks.size() == 1 && asked.policy == SplitPolicy::fixed &&
-               blocks.front().size() <= asked.size) {
-      p["actual_policy"] = "fixed";
-      p["actual_split_size"] = asked.size;
-    } else {
-      p["actual_policy"] = blocks.size() == 1 ? "disabled" : "irregular";
-      p["actual_split_size"] = nullptr;
-    }
+    const SplitReading actual =
+        read_split_plan({Range{0, c.workload.kv_lens[static_cast<std::size_t>(b)]}}, blocks,
+                        asked.policy == SplitPolicy::fixed ? std::optional<std::int64_t>(asked.size)
+                                                           : std::nullopt);
+    p["actual_policy"] = actual.policy;
+    p["actual_split_size"] = actual.size ? Value(*actual.size) : Value(nullptr);
     p["blocks"] = ranges_json(blocks);
     if (c.spec.split.policy == SplitPolicy::auto_select) {
       p["note"] = "auto: the size at the full context; each decode step picks its own";

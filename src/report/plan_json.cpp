@@ -13,16 +13,17 @@ Value pair(std::int64_t a, std::int64_t b) {
   return v;
 }
 
-const char* policy(const CaseSpec& spec) { return spec.split ? "fixed" : "disabled"; }
+const char* requested_policy(const CaseSpec& spec) { return spec.split ? "fixed" : "disabled"; }
 
-Value optional_size(const CaseSpec& spec) {
-  return spec.split ? Value(*spec.split) : Value(nullptr);
+Value optional_size(std::optional<std::int64_t> size) {
+  return size ? Value(*size) : Value(nullptr);
 }
 
-std::vector<Range> owner_blocks(const Problem& p, const CaseSpec& spec, int owner) {
+// The executed blocks of CP owner `owner`, ascending.
+std::vector<Range> owner_blocks(const std::vector<ExecutedBlock>& executed, int owner) {
   std::vector<Range> blocks;
-  for (const Range& r : cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len)) {
-    for (const Range& b : split_range(r, spec.split)) blocks.push_back(b);
+  for (const ExecutedBlock& b : executed) {
+    if (b.owner_cp_rank == owner) blocks.push_back(b.range);
   }
   return blocks;
 }
@@ -52,34 +53,44 @@ Value rope_json(const Problem& p) {
 
 }  // namespace
 
+std::string forward_split_backend(const CaseExecution& e) {
+  return "cpdrift_" + e.backend + "_deterministic_block_grid";
+}
+
 Value ranges_json(const std::vector<Range>& ranges) {
   Value v = Value::array();
   for (const Range& r : ranges) v.push_back(pair(r.begin, r.end));
   return v;
 }
 
-Value split_plan_json(const Problem& p, const CaseSpec& spec, int owner) {
-  const std::vector<Range> blocks = owner_blocks(p, spec, owner);
+Value split_plan_json(const Problem& p, const CaseSpec& spec, const std::string& split_kv_backend,
+                      const std::vector<ExecutedBlock>& executed, int owner) {
+  const std::vector<Range> owned = cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len);
+  const std::vector<Range> blocks = owner_blocks(executed, owner);
+  const SplitReading actual = read_split_plan(owned, blocks, spec.split);
+  const bool as_requested =
+      std::string(actual.policy) == requested_policy(spec) && actual.size == spec.split;
   Value v = Value::object();
   v["owner_cp_rank"] = owner;
-  v["owner_kv_ranges"] = ranges_json(cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len));
-  v["requested_split_kv_policy"] = policy(spec);
-  v["requested_split_kv_size"] = optional_size(spec);
-  v["actual_split_kv_policy"] = policy(spec);
-  v["actual_split_kv_size"] = optional_size(spec);
+  v["owner_kv_ranges"] = ranges_json(owned);
+  v["requested_split_kv_policy"] = requested_policy(spec);
+  v["requested_split_kv_size"] = optional_size(spec.split);
+  v["actual_split_kv_policy"] = actual.policy;
+  v["actual_split_kv_size"] = optional_size(actual.size);
   v["actual_split_kv_count"] = blocks.size();
   v["actual_split_boundaries"] = ranges_json(blocks);
   v["split_kv_merge_order"] = "global_block_index";
   v["split_kv_accum_dtype"] = "fp32";
   v["split_kv_downcast_at"] = "final_write";
-  v["split_kv_backend"] = "cpdrift_cpu_deterministic_block_grid";
-  v["split_kv_plan_source"] = "global_block_grid";
-  v["split_kv_fallback"] = false;
-  v["split_kv_fallback_reason"] = nullptr;
+  v["split_kv_backend"] = split_kv_backend;
+  v["split_kv_plan_source"] = "executed_partial_states";
+  v["split_kv_fallback"] = !as_requested;
+  v["split_kv_fallback_reason"] =
+      as_requested ? Value(nullptr) : Value("the blocks that ran are not the requested plan");
   return v;
 }
 
-Value plan_set_json(const Problem& p, const CaseSpec& spec) {
+Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e) {
   Value v = Value::object();
   v["batch_size"] = p.batch;
   v["tp_world_size"] = spec.tp;
@@ -87,22 +98,23 @@ Value plan_set_json(const Problem& p, const CaseSpec& spec) {
   Value totals = Value::array();
   for (int b = 0; b < p.batch; ++b) totals.push_back(p.seq_len);
   v["total_kv_tokens"] = std::move(totals);
-  std::vector<Value> plans;
-  for (int owner = 0; owner < spec.cp; ++owner) plans.push_back(split_plan_json(p, spec, owner));
   Value entries = Value::array();
+  // A state message carries every sequence of the batch, so each batch index ran the plan of its
+  // TP rank's query owners.
   for (int b = 0; b < p.batch; ++b) {
     for (int t = 0; t < spec.tp; ++t) {
+      const std::vector<ExecutedBlock>& executed = e.merged_blocks[static_cast<std::size_t>(t)];
       for (int r = 0; r < spec.cp; ++r) {
         for (int owner = 0; owner < spec.cp; ++owner) {
-          Value e = plans[static_cast<std::size_t>(owner)];
+          Value entry = split_plan_json(p, spec, forward_split_backend(e), executed, owner);
           const std::vector<Range> owned = cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len);
-          e["batch_index"] = b;
-          e["tp_rank"] = t;
-          e["cp_rank"] = r;
-          e["expected_kv_range"] =
+          entry["batch_index"] = b;
+          entry["tp_rank"] = t;
+          entry["cp_rank"] = r;
+          entry["expected_kv_range"] =
               owned.size() == 1 ? pair(owned.front().begin, owned.front().end) : Value(nullptr);
-          e["expected_kv_ranges"] = ranges_json(owned);
-          entries.push_back(std::move(e));
+          entry["expected_kv_ranges"] = ranges_json(owned);
+          entries.push_back(std::move(entry));
         }
       }
     }
@@ -112,7 +124,8 @@ Value plan_set_json(const Problem& p, const CaseSpec& spec) {
   return v;
 }
 
-Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv) {
+Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
+                    const Provenance& pv) {
   const LogicalRank first = logical_rank(spec, p, 0);
   Value v = Value::object();
   v["tp_world_size"] = spec.tp;
@@ -132,45 +145,48 @@ Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv
       q_bounds.push_back(t);
   }
   v["q_sequence_bounds"] = ranges_json(q_bounds);
-  v["kv_block_bounds"] = ranges_json(kv_block_bounds(spec, p.seq_len));
+  v["kv_block_bounds"] = ranges_json(e.block_bounds);
   v["layout"] = to_string(spec.layout);
   v["protocol"] = to_string(spec.protocol);
-  v["transport"] = pv.transport;
-  v["physical_processes"] = std::min(pv.world_size, spec.num_logical_ranks());
+  v["transport"] = e.transport;
+  v["physical_processes"] = e.processes_used;
   Value placement = Value::array();
   for (int id = 0; id < spec.num_logical_ranks(); ++id) {
     const LogicalRank lr = logical_rank(spec, p, id);
-    Value e = Value::object();
-    e["logical_rank"] = id;
-    e["tp_rank"] = lr.tp_rank;
-    e["cp_rank"] = lr.cp_rank;
-    e["process"] = process_of(id, pv.world_size);
-    placement.push_back(std::move(e));
+    Value where = Value::object();
+    where["logical_rank"] = id;
+    where["tp_rank"] = lr.tp_rank;
+    where["cp_rank"] = lr.cp_rank;
+    where["process"] = process_of(id, pv.world_size);
+    placement.push_back(std::move(where));
   }
   v["placement"] = std::move(placement);
   return v;
 }
 
-Value case_provenance_json(const Problem& p, const CaseSpec& spec, const Provenance& pv) {
+Value case_provenance_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
+                           const Provenance& pv) {
   Value v = Value::object();
-  v["backend"] = "cpdrift_cpu";
+  v["backend"] = "cpdrift_" + e.backend;
   v["reference_backend"] = "cp1_fp32_prefill";
-  v["candidate_backend"] = std::string("cpdrift_cpu_cp") + std::to_string(spec.cp) + "_" +
+  v["candidate_backend"] = "cpdrift_" + e.backend + "_cp" + std::to_string(spec.cp) + "_" +
                            (spec.split ? "chunked" : "prefill") + "_" + to_string(spec.protocol);
   v["dtype"] = to_string(p.dtype);
   v["accum_dtype"] = "fp32";
   v["downcast_at"] = "final_write";
   v["lse_domain"] = "attention";
   v["merge_order"] = "global_block_index";
-  v["split_kv_policy"] = policy(spec);
-  v["requested_split_kv_policy"] = policy(spec);
-  v["requested_split_kv_size"] = optional_size(spec);
+  v["split_kv_policy"] = requested_policy(spec);
+  v["requested_split_kv_policy"] = requested_policy(spec);
+  v["requested_split_kv_size"] = optional_size(spec.split);
   Value plans = Value::array();
-  for (int owner = 0; owner < spec.cp; ++owner) plans.push_back(split_plan_json(p, spec, owner));
+  for (int owner = 0; owner < spec.cp; ++owner)
+    plans.push_back(
+        split_plan_json(p, spec, forward_split_backend(e), e.merged_blocks.front(), owner));
   v["actual_split_kv_plans"] = std::move(plans);
-  v["actual_split_kv_plan_set"] = plan_set_json(p, spec);
-  v["kv_chunk_size"] = optional_size(spec);
-  v["block_metadata_hash"] = block_metadata_hash(kv_block_bounds(spec, p.seq_len));
+  v["actual_split_kv_plan_set"] = plan_set_json(p, spec, e);
+  v["kv_chunk_size"] = optional_size(spec.split);
+  v["block_metadata_hash"] = block_metadata_hash(e.block_bounds);
   v["scale_placement"] = "scores_after_qk_matmul";
   Value order = Value::array();
   for (const char* s : {"scale", "causal_mask", "key_padding_mask"}) order.push_back(s);

@@ -10,12 +10,20 @@
 namespace cpd {
 
 json::Value ranges_json(const std::vector<Range>& ranges);
-json::Value topology_json(const Problem& p, const CaseSpec& spec, const Provenance& pv);
-json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const Provenance& pv);
+json::Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
+                          const Provenance& pv);
+json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
+                                 const Provenance& pv);
 
-/// The split plan of CP owner `owner` (report contract, "A split plan").
-json::Value split_plan_json(const Problem& p, const CaseSpec& spec, int owner);
-/// The plan set: one entry per (batch_index, tp_rank, cp_rank, owner_cp_rank).
-json::Value plan_set_json(const Problem& p, const CaseSpec& spec);
+/// The split plan of CP owner `owner` (report contract, "A split plan") as `executed` (one TP
+/// rank's blocks, from the messages its query owners folded) ran it, named `split_kv_backend`.
+json::Value split_plan_json(const Problem& p, const CaseSpec& spec,
+                            const std::string& split_kv_backend,
+                            const std::vector<ExecutedBlock>& executed, int owner);
+/// The forward's split_kv_backend: cpdrift's block grid on the backend that ran.
+std::string forward_split_backend(const CaseExecution& e);
+/// The plan set: one entry per (batch_index, tp_rank, cp_rank, owner_cp_rank), each the plan of
+/// its TP rank as executed.
+json::Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e);
 
 }  // namespace cpd

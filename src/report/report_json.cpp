@@ -1,7 +1,7 @@
-// The ws2_cp_attention_drift/v2 report: root blocks and the per-case drift sections.
+// The drift report (kReportSchema): root blocks and the per-case drift sections.
 #include "cpdrift/report/run_report.h"
-#include "legs_json.h"
 #include "plan_json.h"
+#include "training_legs_json.h"
 
 namespace cpd {
 
@@ -75,8 +75,9 @@ Value per_rank_json(const PerRankDrift& p) {
 
 // The case's real distributed run, or why there was none.
 Value p2p_json(const RunReport& report, const CaseResult& c) {
+  const CaseExecution& e = c.executed;
   Value v = Value::object();
-  if (c.processes_used < 2) {
+  if (e.processes_used < 2) {
     v["status"] = "skipped";
     v["reason"] =
         report.provenance.world_size == 1
@@ -85,20 +86,19 @@ Value p2p_json(const RunReport& report, const CaseResult& c) {
             : "the case has a single logical rank, which ran on process 0 alone";
     return v;
   }
-  const std::vector<KvBlock> blocks = kv_block_grid(c.spec, report.problem.seq_len);
   v["status"] = "available";
-  v["backend"] = "mpi";
-  v["transport"] = report.provenance.transport;
+  v["backend"] = e.transport;  // what moved the states between the processes
+  v["transport"] = e.transport;
   v["world_size"] = report.provenance.world_size;
-  v["processes_used"] = c.processes_used;
-  v["manifest_block_count"] = blocks.size();
+  v["processes_used"] = e.processes_used;
+  v["manifest_block_count"] = e.block_bounds.size();
   Value owners = Value::array(), gathered = Value::array(), ranges = Value::array();
   for (int r = 0; r < c.spec.cp; ++r) {
     std::int64_t owned = 0;
-    for (const KvBlock& b : blocks) owned += b.owner_cp_rank == r ? 1 : 0;
+    for (const ExecutedBlock& b : e.merged_blocks.front()) owned += b.owner_cp_rank == r ? 1 : 0;
     owners.push_back(owned);
     Value indices = Value::array();
-    for (int i : c.merged_block_indices[static_cast<std::size_t>(r)]) indices.push_back(i);
+    for (int i : e.merged_block_indices[static_cast<std::size_t>(r)]) indices.push_back(i);
     Value g = Value::object();
     g["query_owner_cp_rank"] = r;
     g["block_indices"] = std::move(indices);
@@ -120,8 +120,8 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   Value v = Value::object();
   v["case_name"] = c.name;
   v["attention_mode"] = c.spec.split ? "chunked_prefill" : "prefill";
-  v["topology"] = topology_json(p, c.spec, report.provenance);
-  v["provenance"] = case_provenance_json(p, c.spec, report.provenance);
+  v["topology"] = topology_json(p, c.spec, c.executed, report.provenance);
+  v["provenance"] = case_provenance_json(p, c.spec, c.executed, report.provenance);
 
   Value drift = Value::object();
   drift["cp_merge_fp32"] = out_lse_json(c.cp_merge_fp32, "reduction_and_collective_drift");
@@ -190,9 +190,9 @@ Value case_json(const RunReport& report, const CaseResult& c) {
 
   Value run = Value::object();
   run["seconds"] = c.seconds;
-  run["messages"] = c.moved.messages;
-  run["bytes_moved"] = c.moved.bytes;
-  run["bytes_between_processes"] = c.moved.remote_bytes;
+  run["messages"] = c.executed.moved.messages;
+  run["bytes_moved"] = c.executed.moved.bytes;
+  run["bytes_between_processes"] = c.executed.moved.remote_bytes;
   v["execution"] = std::move(run);
   return v;
 }
@@ -201,7 +201,7 @@ Value report_json(const RunReport& r) {
   const Problem& p = r.problem;
   const Provenance& pv = r.provenance;
   Value v = Value::object();
-  v["schema_version"] = "ws2_cp_attention_drift/v2";
+  v["schema_version"] = kReportSchema;
   v["report_family"] = "ws2_cross_config_drift_report";
   v["tolerance_source"] = "#108";
   v["issue"] = 235;

@@ -5,10 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/engine/run_request.h"
 #include "cpdrift/report/json.h"
 #include "cpdrift/report/run_report.h"
 
 namespace cpd {
+
+/// The acceptance document's schema (report contract).
+inline constexpr const char* kAcceptanceSchema = "ws2_attention_gpu_acceptance/v1";
 
 /// One row of the required matrix.
 struct AcceptanceRow {
@@ -33,6 +37,11 @@ struct AcceptanceRow {
 /// The paged evidence the acceptance run executes: pages of 4 tokens, a fixed split of 8.
 inline constexpr int kAcceptPageSize = 4;
 inline constexpr int kAcceptFixedSplit = 8;
+
+/// The run whose report is the evidence: TP=2 CP=2 BF16, full and chunked (split 4) prefill with
+/// the backward and dlogp legs under every CP protocol (when the job has the 4 processes those
+/// rows need: `with_cp`), and paged prefill and decode with split-KV disabled and fixed.
+RunRequest evidence_request(const Problem& problem, int threads, bool with_cp);
 
 /// The required matrix: Qwen3-8B TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
 /// CP protocol equivalence, paged prefill/decode with split-KV disabled and fixed,

@@ -9,30 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/core/attention_jobs.h"
 #include "cpdrift/core/model.h"
 #include "cpdrift/core/shard.h"
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/cpu/attention_backward.h"
-#include "cpdrift/cpu/inputs.h"
+#include "cpdrift/numerics/attention_math.h"
+#include "cpdrift/numerics/philox.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
-
-/// The states of one (batch, head, query range) to merge in global block order.
-struct MergeJob {
-  std::vector<StateRef> states;  // any order: the merge sorts by block index
-  std::int64_t rows = 0;
-  float* out = nullptr;  // [rows][dim]
-  float* lse = nullptr;  // [rows]
-};
-
-/// Per-head partial logits of `rows` tokens: z[r][v] = dot_seq(hidden[r], w[v]) (logprob_math.h).
-struct ProjectionJob {
-  const float* hidden = nullptr;  // [rows][dim]
-  std::int64_t rows = 0;
-  const float* w = nullptr;  // vocab rows of `ldw` floats, already offset to the head's columns
-  std::int64_t ldw = 0;
-  float* z = nullptr;  // [rows][vocab]
-};
 
 class AttentionBackend {
  public:
@@ -45,14 +29,14 @@ class AttentionBackend {
   /// The same values as generate_shard (inputs.h).
   virtual Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                                InputPrecision precision) = 0;
-  /// attention.h's jobs: partial states of rows against blocks, and whole CP=1 folds.
+  /// Partial states of rows against blocks, and whole CP=1 folds (core/attention_jobs.h).
   virtual void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale,
                               ProbRounding rounding) = 0;
   virtual void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
                              ProbRounding rounding) = 0;
   /// The ordered merge of each job's states.
   virtual void merge_states(std::span<const MergeJob> jobs, int dim) = 0;
-  /// attention_backward.h's units.
+  /// Backward block pairs.
   virtual void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) = 0;
   /// dlogp's per-head partial logits.
   virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;

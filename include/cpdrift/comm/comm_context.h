@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/engine/collectives.h"
-#include "cpdrift/engine/transport.h"
+#include "cpdrift/comm/collectives.h"
+#include "cpdrift/comm/transport.h"
 
 namespace cpd {
 

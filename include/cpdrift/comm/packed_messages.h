@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cpdrift/comm/comm_context.h"
-#include "cpdrift/engine/transport.h"
+#include "cpdrift/comm/transport.h"
 
 namespace cpd {
 

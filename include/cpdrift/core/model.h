@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "cpdrift/numerics/philox.h"
 
 namespace cpd {
 
@@ -20,8 +23,19 @@ struct ModelDims {
   float softmax_scale() const;
 };
 
+/// inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2: computed in FP64 and rounded to
+/// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
+std::vector<float> rope_inv_freq(const ModelDims& dims);
+
+/// Heads of a tensor: q and dO are query-head tensors, k and v KV-head tensors.
+int heads_of(const ModelDims& dims, TensorId tensor);
+
 enum class DType { bf16, fp32 };
 const char* to_string(DType);
+
+/// Precision of the values a path reads: FP32, or the BF16 rounding of them (q and k are
+/// rounded after RoPE, `rope_cast_at: rope_output`; v directly).
+enum class InputPrecision { fp32, bf16 };
 
 /// The global problem every case of a run shares: same seed, same tensors.
 struct Problem {

@@ -37,6 +37,18 @@ std::vector<Range> cp_owner_ranges(CpLayout layout, int cp, int cp_rank, std::in
 /// whole range when split is disabled.
 std::vector<Range> split_range(Range owner, std::optional<std::int64_t> split);
 
+/// A split plan as read off the blocks that ran (never from the request): `fixed` at size c
+/// when every range is cut into blocks of c from its start (each range's last block at most
+/// c); `fixed` at the requested size when every range is one block no longer than it (a fixed
+/// split that never cuts); `disabled` when every range is one block otherwise; `irregular`
+/// for anything else, blocks that do not tile their ranges included.
+struct SplitReading {
+  const char* policy = "irregular";
+  std::optional<std::int64_t> size;
+};
+SplitReading read_split_plan(const std::vector<Range>& ranges, const std::vector<Range>& blocks,
+                             std::optional<std::int64_t> requested_fixed);
+
 /// A KV block of the global grid: its global index orders every merge.
 struct KvBlock {
   int index = 0;

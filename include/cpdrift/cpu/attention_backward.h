@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "cpdrift/core/range.h"
-#include "cpdrift/cpu/thread_pool.h"
+#include "cpdrift/core/attention_jobs.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
 
@@ -25,29 +25,6 @@ struct BackwardScratch {
 void backward_tile(const float* q, const float* d_out, const float* lse, const float* delta,
                    std::int64_t first_pos, int rows, const float* k, const float* v, Range keys,
                    int dim, float scale, BackwardScratch& scratch, float* dq, float* dk, float* dv);
-
-/// The rows of one head that make one query block of the grid, and where their partial dq
-/// against the unit's KV block goes.
-struct QueryBlockRows {
-  Range tokens;
-  const float* q = nullptr;      // [rows][dim]
-  const float* d_out = nullptr;  // [rows][dim]
-  const float* lse = nullptr;    // [rows]
-  const float* delta = nullptr;  // [rows]
-  float* dq_partial = nullptr;   // [rows][dim], written
-};
-
-/// One head against one KV block: every query block in `blocks` (ascending, each causally
-/// non-empty with the KV block) gets its partial dq; dk_total, dv_total [keys][dim] receive
-/// the fold over the query blocks in order of their per-block partials.
-struct BackwardUnit {
-  std::vector<QueryBlockRows> blocks;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  Range keys;
-  float* dk_total = nullptr;
-  float* dv_total = nullptr;
-};
 
 void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale,
                         ThreadPool& pool);

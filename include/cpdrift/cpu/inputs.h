@@ -5,21 +5,10 @@
 
 #include "cpdrift/core/model.h"
 #include "cpdrift/core/shard.h"
-#include "cpdrift/cpu/thread_pool.h"
 #include "cpdrift/numerics/philox.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
-
-/// Precision of the values a path reads: FP32, or the BF16 rounding of them (q and k are
-/// rounded after RoPE, `rope_cast_at: rope_output`; v directly).
-enum class InputPrecision { fp32, bf16 };
-
-/// inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2: computed in FP64 and rounded to
-/// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
-std::vector<float> rope_inv_freq(const ModelDims& dims);
-
-/// Heads of a tensor: q and dO are query-head tensors, k and v KV-head tensors.
-int heads_of(const ModelDims& dims, TensorId tensor);
 
 /// Fills `shape` (heads are Q heads for q and d_out, KV heads for k and v; width head_dim) of
 /// tensor `tensor` of `problem`: standard normals at their global coordinates

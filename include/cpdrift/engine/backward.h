@@ -14,8 +14,9 @@ namespace cpd {
 /// Gradients of one logical rank hosted here.
 struct RankGradients {
   LogicalRank rank;
-  Shard dq;      // [B][its query heads][its tokens][D]
-  Shard dk, dv;  // [B][its KV heads][its tokens][D]
+  Shard dq;                                // [B][its query heads][its tokens][D]
+  Shard dk, dv;                            // [B][its KV heads][its tokens][D]
+  std::vector<MessageHeader> dq_partials;  // the partial dq folded into dq, as validated
 };
 
 /// The FP32 backward from the saved forward (`forward`: the FP32 path's merged out and lse),

@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
+#include "cpdrift/comm/message.h"
 #include "cpdrift/core/plan.h"
-#include "cpdrift/engine/message.h"
 
 namespace cpd {
 

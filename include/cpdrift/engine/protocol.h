@@ -5,12 +5,12 @@
 
 #include <vector>
 
+#include "cpdrift/backend/input_store.h"
+#include "cpdrift/comm/transport.h"
 #include "cpdrift/core/shard.h"
-#include "cpdrift/cpu/input_store.h"
-#include "cpdrift/cpu/thread_pool.h"
 #include "cpdrift/engine/manifest.h"
-#include "cpdrift/engine/transport.h"
 #include "cpdrift/numerics/attention_math.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
 

@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/comm/global_tensor.h"
 
 namespace cpd {
 

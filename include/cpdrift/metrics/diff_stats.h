@@ -1,11 +1,11 @@
 // Drift statistics of a candidate tensor against a reference (design §5), exact and
-// distributable: every quantity combines across parts (and, later, processes) without
-// gathering the tensors and without depending on how the tensor was cut.
+// distributable: every quantity combines across parts and processes without gathering the
+// tensors and without depending on how the tensor was cut.
 //
 //   diff_i  = 0 if c_i == r_i (so -inf vs -inf is 0), else |c_i - r_i| in FP32
 //   max_abs, mean_abs (the exact sum of the FP32 diffs rounded once to FP64, then divided
-//   by n in FP64), p95/p99 (linear
-//   interpolation at q·(n-1) of the sorted diffs, as torch.quantile), active_count = n,
+//   by n in FP64), p95/p99 (linear interpolation at q·(n-1) of the sorted diffs, as
+//   torch.quantile), active_count = n,
 //   mismatch_count (bit patterns differ), max_ulp (distance in FP32 representation order).
 //
 // Non-negative FP32 values sort like their bit patterns, so the order statistics come from a
@@ -20,18 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/comm/collectives.h"
+
 namespace cpd {
 
 class ThreadPool;
-
-/// Combines counters element-wise across everything that holds parts of the same tensors
-/// (the processes of an MPI job). The default is the identity: one holder.
-class CounterReducer {
- public:
-  virtual ~CounterReducer() = default;
-  virtual void sum(std::span<std::uint64_t>) const {}
-  virtual void max(std::span<std::uint64_t>) const {}
-};
 
 /// One local piece of a compared tensor. Either (candidate, reference) pairs, or precomputed
 /// non-negative FP32 differences (`reference == nullptr`), e.g. against an FP64 oracle.

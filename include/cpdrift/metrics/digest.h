@@ -1,6 +1,10 @@
-// How tensors enter SHA-256 digests (design §5): two runs, two topologies or two machines
-// compare by digest alone. The streaming itself is engine/tensor_stream.h.
+// SHA-256 digests of distributed tensors in global order (design §5): two runs, two
+// topologies or two machines compare by digest alone.
 #pragma once
+
+#include <string>
+
+#include "cpdrift/comm/global_tensor.h"
 
 namespace cpd {
 
@@ -8,5 +12,10 @@ enum class DigestFormat {
   fp32,  // 4 little-endian bytes per element
   bf16,  // the 2-byte BF16 pattern (the values must be BF16-exact: a BF16 final write)
 };
+
+/// Streams the tensor to rank 0 (collective) and returns its SHA-256 in `format` there
+/// ("" elsewhere). `also` sees every piece on rank 0 too (the dump writer), when set.
+std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, DigestFormat format,
+                          const PieceSink& also = {});
 
 }  // namespace cpd

@@ -3,15 +3,19 @@
 // invariances that make rollout logprobs equal training logprobs (design §1, §7).
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/case_outputs.h"
 #include "cpdrift/paged/paged_workload.h"
 #include "cpdrift/paged/split_plan.h"
 
 namespace cpd {
+
+struct RunContext;
+class CaseSink;
 
 enum class PagedMode { paged_prefill, decode };
 const char* to_string(PagedMode);
@@ -24,33 +28,36 @@ struct PagedCaseSpec {
 /// qwen3_8b_tp1_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
 std::string paged_case_name(const PagedCaseSpec& spec, DType dtype);
 
-/// One bitwise invariance: a lane's FP32-merged outputs against the same rows computed another
-/// way.
-struct Invariance {
+/// One bitwise invariance: a lane's FP32-merged rows against the same rows computed another way.
+struct InvarianceCheck {
   std::string name;      // batch_composition, page_layout, prefix_cache, decode_vs_prefill, …
   std::string compares;  // the two computations, in words
   bool applicable = true;
   std::string reason;  // why not applicable
-  OutLseStats stats;
-
-  bool bitwise_equal() const { return stats.out.bitwise_equal() && stats.lse.bitwise_equal(); }
+  OutLseComparison rows;
 };
 
-struct PagedCaseResult {
+/// What one paged case computed on this process (the counterpart of CaseOutputs).
+struct PagedCaseOutputs {
+  PagedCaseOutputs() = default;
+  PagedCaseOutputs(const PagedCaseOutputs&) = delete;
+  PagedCaseOutputs& operator=(const PagedCaseOutputs&) = delete;
+
   PagedCaseSpec spec;
   std::string name;
   PagedWorkload workload;
   int physical_pages = 0;
   std::string block_tables_digest;
-  std::vector<std::vector<Range>> plans;  // per sequence, at its full context
-  std::vector<std::string> coverage_errors;
-  OutLseStats candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
-  OutLseStats fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
-  DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
+  std::vector<std::vector<Range>> plans;  // per sequence, as the candidate lane ran it
+  std::vector<CaseTensor> tensors;        // in publication order
+  OutLseComparison candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
+  OutLseComparison fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
+  Comparison dlogp;            // target-token logprobs of the candidate vs the reference cast alike
   int vocab_size = 0;
-  std::vector<Invariance> invariances;
+  std::vector<InvarianceCheck> invariances;
   int processes_used = 1;
-  double seconds = 0.0;
+  std::chrono::steady_clock::time_point started;
+  HeldTensors held;
 
   /// Invariances must hold bitwise, except under the auto policy (a diagnostic).
   bool invariances_required() const { return spec.split.policy != SplitPolicy::auto_select; }
@@ -63,9 +70,9 @@ struct PagedOptions {
   bool progress = false;  // rank 0 says on stderr when each plan's lanes start and end
 };
 
-/// Runs the paged cases; the lanes of one split plan are computed once for all its modes.
-/// Work is spread over the processes by KV head; statistics combine exactly. Collective.
-std::vector<PagedCaseResult> run_paged_cases(const RunContext& ctx, const PagedOptions& options,
-                                             const std::vector<PagedCaseSpec>& specs);
+/// Runs the paged cases and hands each to `sink.paged_case`; the lanes of one split plan are
+/// computed once for all its modes. Work is spread over the processes by KV head. Collective.
+void run_paged_cases(const RunContext& ctx, const PagedOptions& options,
+                     const std::vector<PagedCaseSpec>& specs, CaseSink& sink);
 
 }  // namespace cpd

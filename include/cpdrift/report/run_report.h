@@ -6,23 +6,14 @@
 #include <vector>
 
 #include "cpdrift/core/model.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/paged/paged_case.h"
+#include "cpdrift/metrics/case_result.h"
+#include "cpdrift/metrics/gates.h"
 #include "cpdrift/report/json.h"
 
 namespace cpd {
 
-/// The gates a run is judged by (design §7, from the reference contract).
-struct Thresholds {
-  double out_max_abs = 2.0e-4;         // cp_merge_fp32 out
-  double lse_max_abs = 2.0e-4;         // cp_merge_fp32 lse, and the FP64 merge oracle
-  double bf16_write_max_abs = 2.0e-2;  // dtype_path_vs_fp32 out under a BF16 final write
-  double dlogp_max_abs = 5.0e-2;       // selected-token logprobs
-  double gradient_max_abs = 5.0e-2;    // dq, dk, dv
-  double paged_out_max_abs = 1.0e-2;   // paged lanes (rollout side): out as written
-  double paged_lse_max_abs = 2.0e-3;
-  double paged_dlogp_max_abs = 2.0e-3;
-};
+/// The report's schema (report-contract.md): compatible with the reference benchmark's.
+inline constexpr const char* kReportSchema = "ws2_cp_attention_drift/v2";
 
 /// Where and how the run happened: the report's launch and runtime blocks.
 struct Provenance {

@@ -1,4 +1,4 @@
-#include "cpdrift/cpu/thread_pool.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
 

@@ -1,4 +1,4 @@
-#include "cpdrift/cli/provenance.h"
+#include "cpdrift/report/provenance.h"
 
 #include <cstdlib>
 #include <ctime>

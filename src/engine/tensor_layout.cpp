@@ -1,12 +1,10 @@
-#include "cpdrift/engine/tensor_stream.h"
+#include "cpdrift/engine/tensor_layout.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "cpdrift/engine/protocol.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/util/sha256.h"
 
 namespace cpd {
 
@@ -67,22 +65,23 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
   return t;
 }
 
-std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, DigestFormat format,
-                          const PieceSink& also) {
-  Sha256 sha;
-  std::vector<std::uint16_t> staging;
-  coll.stream_to_root(tensor.segments, [&](std::size_t i, const float* rows) {
-    const std::size_t n = tensor.segments[i].floats;
-    if (format == DigestFormat::fp32) {
-      sha.update(rows, n * sizeof(float));
-    } else {
-      staging.resize(n);
-      for (std::size_t j = 0; j < n; ++j) staging[j] = bf16_bits_rn(rows[j]);
-      sha.update(staging.data(), n * sizeof(std::uint16_t));
-    }
-    if (also) also(tensor.pieces[i], rows);
-  });
-  return coll.root() ? Sha256::hex(sha.finish()) : std::string();
+CaseTensor case_tensor(const CaseGrid& grid, const Transport& transport, std::string path,
+                       const std::vector<const Shard*>& hosted, int width, HeadKind heads,
+                       bool bf16, bool digest) {
+  const bool per_token = heads == HeadKind::token;
+  CaseTensor t;
+  t.path = std::move(path);
+  t.digest = digest;
+  t.bf16 = bf16;
+  t.layout =
+      global_tensor(grid, transport.world_size(), transport.process_index(), width, hosted, heads);
+  t.attributes = {{"shape", per_token   ? "[B, 1, S]"
+                            : width > 1 ? "[B, H, S, D]"
+                                        : "[B, H, S]"},
+                  {"heads", per_token               ? "none (one value per token)"
+                            : heads == HeadKind::kv ? "kv"
+                                                    : "query"}};
+  return t;
 }
 
 }  // namespace cpd

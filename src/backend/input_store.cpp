@@ -1,4 +1,4 @@
-#include "cpdrift/cpu/input_store.h"
+#include "cpdrift/backend/input_store.h"
 
 #include <algorithm>
 #include <cstring>

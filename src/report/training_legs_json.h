@@ -1,4 +1,4 @@
-// JSON of the backward and dlogp legs.
+// JSON of the training and logprob legs (backward, dlogp).
 #pragma once
 
 #include "cpdrift/report/run_report.h"

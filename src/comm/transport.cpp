@@ -1,4 +1,4 @@
-#include "cpdrift/engine/transport.h"
+#include "cpdrift/comm/transport.h"
 
 #include <algorithm>
 #include <random>

@@ -1,8 +1,7 @@
-// Input generation and the dlogp projection on the device, with the shared arithmetic of
-// numerics/ (philox.h, rope.h, logprob_math.h): the same bits as the CPU.
-#include "cpdrift/cpu/inputs.h"
+// Input generation on the device, with the shared arithmetic of numerics/ (philox.h, rope.h):
+// the same bits as the CPU.
+#include "cpdrift/core/model.h"
 #include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/logprob_math.h"
 #include "cpdrift/numerics/philox.h"
 #include "cpdrift/numerics/rope.h"
 #include "cuda_check.cuh"
@@ -42,19 +41,6 @@ __global__ void generate_kernel(GenerateParams p) {
   out[i + half] = x2;
 }
 
-constexpr int kProjectThreads = 256;
-
-// One block per (job, token row); thread t takes vocabulary entries t, t + 256, …, each one
-// sequential dot_seq.
-__global__ void project_kernel(const ProjectionJob* jobs, const Task* tasks, int dim, int vocab) {
-  const Task task = tasks[blockIdx.x];
-  const ProjectionJob& job = jobs[task.job];
-  const long long row = task.item;
-  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-    job.z[row * vocab + v] = dot_seq(job.hidden + row * dim, job.w + v * job.ldw, dim);
-  }
-}
-
 }  // namespace
 
 GenerateParams generate_params(const Problem& problem, TensorId tensor, int batch, Range heads,
@@ -83,13 +69,6 @@ void generate(const GenerateParams& p, cudaStream_t stream) {
   if (total == 0) return;
   constexpr int kBlock = 256;
   generate_kernel<<<grid_blocks((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p);
-  CPD_CUDA_CHECK_LAUNCH();
-}
-
-void project(const ProjectionJob* jobs, const Task* tasks, long long ntasks, int dim, int vocab,
-             cudaStream_t stream) {
-  if (ntasks == 0) return;
-  project_kernel<<<grid_blocks(ntasks), kProjectThreads, 0, stream>>>(jobs, tasks, dim, vocab);
   CPD_CUDA_CHECK_LAUNCH();
 }
 

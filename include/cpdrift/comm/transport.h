@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/engine/message.h"
+#include "cpdrift/comm/message.h"
 
 namespace cpd {
 

@@ -4,13 +4,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
 
-#include "cpdrift/metrics/diff_stats.h"
-
 namespace cpd {
+
+/// Combines counters element-wise across everything that holds parts of the same tensors
+/// (the processes of an MPI job). The default is the identity: one holder.
+class CounterReducer {
+ public:
+  virtual ~CounterReducer() = default;
+  virtual void sum(std::span<std::uint64_t>) const {}
+  virtual void max(std::span<std::uint64_t>) const {}
+};
 
 /// One contiguous piece of a distributed tensor, in the order the stream visits it.
 struct StreamSegment {

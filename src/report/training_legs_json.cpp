@@ -1,5 +1,6 @@
-// The report's backward and dlogp sections (report contract `backward`, `dlogp`).
-#include "legs_json.h"
+// The report's training and logprob legs: the `backward` and `dlogp` sections of the report
+// contract.
+#include "training_legs_json.h"
 
 #include "plan_json.h"
 
@@ -9,20 +10,22 @@ using json::Value;
 
 namespace {
 
-Value backward_provenance(const RunReport& r, const CaseSpec& spec) {
+Value backward_provenance(const RunReport& r, const CaseResult& c) {
+  const CaseSpec& spec = c.spec;
   Value v = Value::object();
   v["attention_mode"] = spec.split ? "chunked_prefill" : "prefill";
   v["gradient_mode"] = "training_backward";
   v["saved_forward_state"] = "fp32_out_and_merged_lse";
   v["d_out"] = "synthetic_normal_by_global_coordinates";
+  // The KV blocks whose partial dq the query owners folded, as the messages said.
   Value plans = Value::array();
   for (int owner = 0; owner < spec.cp; ++owner) {
-    Value plan = split_plan_json(r.problem, spec, owner);
-    plan["split_kv_backend"] = "deterministic_cp_backward_reference";
-    plans.push_back(std::move(plan));
+    plans.push_back(split_plan_json(r.problem, spec,
+                                    "cpdrift_" + c.executed.backend + "_deterministic_cp_backward",
+                                    c.executed.backward_blocks.front(), owner));
   }
   v["actual_split_kv_plans"] = std::move(plans);
-  v["query_block_grid"] = ranges_json(kv_block_bounds(spec, r.problem.seq_len));
+  v["query_block_grid"] = ranges_json(c.executed.block_bounds);
   v["merge_order"] = "global_block_index";
   v["dq_sum_order"] = "kv_blocks_ascending_at_query_owner";
   v["dk_dv_sum_order"] = "query_blocks_ascending_at_kv_owner_then_gqa_heads_ascending";
@@ -67,7 +70,7 @@ Value backward_json(const RunReport& r, const CaseResult& c) {
   }
   drift["per_rank"] = std::move(per_rank);
   drift["bf16_final_write"] = grads_json(b.bf16_dq, b.bf16_dk, b.bf16_dv);
-  drift["provenance"] = backward_provenance(r, c.spec);
+  drift["provenance"] = backward_provenance(r, c);
   Value drifts = Value::array();
   drifts.push_back(std::move(drift));
   Value report = Value::object();

@@ -1,0 +1,106 @@
+// What one prefill/chunked case computed on this process: every comparison its report makes,
+// every tensor it publishes, and the record of what ran. The metrics, dump and report layers
+// read it (engine/case_sink.h); the engine never sees a statistic.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpdrift/comm/transport.h"
+#include "cpdrift/core/plan.h"
+#include "cpdrift/engine/comparison.h"
+
+namespace cpd {
+
+/// Owns the tensors that comparisons and published tensors point into; nothing it holds ever
+/// moves.
+class HeldTensors {
+ public:
+  const Shard& keep(Shard s) { return shards_.emplace_back(std::move(s)); }
+  const AttnShard& keep(AttnShard a) { return attention_.emplace_back(std::move(a)); }
+  const std::vector<float>& keep(std::vector<float> v) {
+    return values_.emplace_back(std::move(v));
+  }
+
+ private:
+  std::deque<Shard> shards_;
+  std::deque<AttnShard> attention_;
+  std::deque<std::vector<float>> values_;
+};
+
+/// A KV block whose partial states a query owner merged, as the states' headers described it
+/// (the manifest checked every header before the merge).
+struct ExecutedBlock {
+  int index = 0;
+  Range range;
+  int owner_cp_rank = 0;
+  friend bool operator==(const ExecutedBlock&, const ExecutedBlock&) = default;
+};
+
+/// What a case's run actually did (style habit 13: every "actual" field of the report is written
+/// from this, never from the request). The same on every process.
+struct CaseExecution {
+  std::string backend;    // the compute backend that ran the kernels: "cpu", "cuda"
+  std::string device;     // "cpu", "cuda:N"
+  std::string transport;  // what moved the messages: "inprocess", "mpi", "nccl", "cuda_ipc"
+  int processes_used = 1;
+  /// Per TP rank, every KV block whose states that TP rank's query owners merged on the FP32
+  /// path, ascending by index: the split plan as executed.
+  std::vector<std::vector<ExecutedBlock>> merged_blocks;
+  /// Per TP rank, every KV block whose partial dq the query owners folded (the backward leg).
+  std::vector<std::vector<ExecutedBlock>> backward_blocks;
+  /// Per CP query owner (TP rank 0), the global block indices it merged.
+  std::vector<std::vector<int>> merged_block_indices;
+  std::vector<Range> block_bounds;               // the KV block grid that ran, ascending
+  std::vector<std::vector<Range>> query_tokens;  // per CP rank, its query shard
+  TransportCounters moved;                       // messages and bytes of the case, all processes
+  std::chrono::steady_clock::time_point started;
+};
+
+/// The backward leg: the FP32 gradients vs the CP=1 reference, and their BF16 final write.
+struct BackwardComparisons {
+  Comparison dq, dk, dv;
+  Comparison bf16_dq, bf16_dk, bf16_dv;
+};
+
+struct CaseOutputs {
+  CaseOutputs() = default;
+  CaseOutputs(const CaseOutputs&) = delete;
+  CaseOutputs& operator=(const CaseOutputs&) = delete;
+
+  CaseSpec spec;  // as requested
+  std::string name;
+  std::vector<CaseTensor> tensors;  // in publication order
+  OutLseComparison cp_merge_fp32;   // FP32 CP/chunked vs FP32 CP=1 prefill
+  OutLseComparison dtype_path;      // problem dtype inputs + final write vs FP32 reference
+  OutLseComparison bf16_kernel;     // emulated BF16 flash kernel vs FP32 reference
+  OutLseComparison topology;        // FP32 candidate vs FP32 CP=1 with the same split and layout
+  OutLseComparison merge_probe;     // reversed arrival order vs canonical: must be exactly 0
+  OutLseComparison merge_oracle;    // FP32 fold vs FP64 oracle on the same states (diffs)
+  std::optional<OutLseComparison> cublas_unfused;    // GPU backends
+  std::optional<OutLseComparison> cuda_vs_cpu_fp32;  // GPU runs: the FP32 path again on the CPU
+  std::optional<BackwardComparisons> backward;
+  std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
+  int vocab_size = 0;
+  bool topology_required = false;  // the block grids are equal, so the bits must be
+  std::string topology_reference;  // the CP=1 counterpart's case name
+  CaseExecution executed;
+  HeldTensors held;
+};
+
+/// BF16 RoPE output vs FP32 for the whole Q and K tensors (the report's drift.rope), shared by
+/// every case of a run.
+struct RopeOutputs {
+  RopeOutputs() = default;
+  RopeOutputs(const RopeOutputs&) = delete;
+  RopeOutputs& operator=(const RopeOutputs&) = delete;
+
+  Comparison q, k;                  // each with its cast tensor as the candidate
+  std::vector<CaseTensor> tensors;  // digests only
+  HeldTensors held;
+};
+
+}  // namespace cpd

@@ -1,0 +1,27 @@
+// What the cases of a run share on one process: the problem, the workers, the compute backend
+// (through the input memo), how messages and counters move, and the memoised CP=1 results.
+#pragma once
+
+#include "cpdrift/backend/input_store.h"
+#include "cpdrift/comm/collectives.h"
+#include "cpdrift/comm/transport.h"
+#include "cpdrift/engine/backward.h"
+#include "cpdrift/engine/local_cp1.h"
+
+namespace cpd {
+
+struct RunContext {
+  Problem problem;
+  ThreadPool& pool;
+  InputStore& inputs;  // its backend computes everything
+  Transport& transport;
+  const Collectives& collectives;
+  LocalCp1Results& cp1_results;
+  LocalCp1Backward* cp1_backward = nullptr;  // set: run the backward leg (--include-backward)
+  /// Set on GPU runs: the CPU backend's inputs, to run the FP32 path again on the CPU and show
+  /// the two backends agree bit for bit (cuda_vs_cpu_fp32).
+  InputStore* cpu_rerun_inputs = nullptr;
+  int vocab_size = 0;  // > 0: run the dlogp leg (--include-dlogp)
+};
+
+}  // namespace cpd

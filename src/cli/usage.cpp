@@ -1,0 +1,72 @@
+// `cpdrift --help`.
+#include "cpdrift/cli/options.h"
+
+namespace cpd {
+
+std::string usage_text() {
+  return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
+       cpdrift bench [options]        kernel throughput: CPU FP32 and BF16-emulated, or with
+                                      --device cuda the GPU paths vs PyTorch SDPA
+       cpdrift accept --mode manifest|run --output DIR/acceptance.json
+                                      the fail-closed acceptance matrix (design section 7)
+
+Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
+
+Problem
+  --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
+  --batch N                    sequences (default 1; accept: 2)
+  --seq-len N                  tokens per sequence (default 16; bench: 4096, or 4096 and
+                               16384 on CUDA)
+  --seed N                     input seed (default 2355)
+  --dtype bf16|fp32            candidate dtype (default bf16)
+  --no-rope                    attention only, no RoPE on q/k
+Cases (every combination runs, in this order)
+  --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
+  --cp-world-sizes LIST        context-parallel sizes (default 1,2)
+  --kv-chunk-sizes LIST        split-KV sizes in tokens; none/full/no_split = disabled
+                               (default none,4)
+  --cp-layouts LIST            contiguous,zigzag (default contiguous)
+  --protocols LIST             ag_rs,ring_kv,allgather_kv (default ag_rs); all give the same bits
+  --smoke                      seq-len 4 and chunks none,1 unless given explicitly
+  --modes LIST                 prefill,chunked_prefill (the CP cases above, split none / sized)
+                               and the rollout side's paged_prefill,decode (default
+                               prefill,chunked_prefill)
+Paged cases (--modes paged_prefill,decode; TP=1, sequence b holds S - b*(S/4B) - b tokens,
+the first pages a prompt shared by all, q-len query tokens at each end)
+  --page-size N                KV cache page size in tokens (default 16)
+  --split-kv-policies LIST     disabled,fixed,auto (default disabled,fixed); auto is a
+                               diagnostic and never passes an invariance check
+  --fixed-split-size N         the fixed policy's split in tokens, a multiple of the page
+                               size (default 4 pages)
+  --q-len N                    query tokens per sequence (default min(16, room / 2))
+Execution and output
+  --device auto|cpu|cuda       compute backend (default auto: cuda when built and present)
+  --transport auto|mpi|nccl|cuda_ipc
+                               how partial states move between processes (default auto: mpi);
+                               nccl and cuda_ipc stage through GPU memory (--device cuda)
+  --comm-timeout S             GPU transports: a wait longer than S seconds ends the job
+                               (default 300)
+  --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
+  --threads N                  CPU threads per process (default: cores / processes per node)
+  --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
+  --output PATH                write the JSON report (atomically)
+  --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
+  --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
+  --vocab-size V               vocabulary of the synthetic lm_head (default 17)
+  --json                       print the JSON report on stdout (the table goes to stderr)
+  --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
+  --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
+  --quiet                      only the verdict line and errors
+  -h, --help                   this text
+
+Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
+  --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X
+  --paged-out-threshold X --paged-lse-threshold X --paged-dlogp-threshold X
+                               override design section 7's thresholds
+
+Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
+3 a failure while running.
+)";
+}
+
+}  // namespace cpd

@@ -1,0 +1,30 @@
+// The record of what a case's run did, read off what executed (style habit 13).
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "cpdrift/engine/case_outputs.h"
+#include "cpdrift/engine/protocol.h"
+#include "cpdrift/engine/run_context.h"
+
+namespace cpd {
+
+/// A block message a hosted query owner received and used: a partial state or a partial dq.
+struct Received {
+  int tp_rank = 0;  // of the query owner
+  int cp_rank = 0;
+  MessageHeader header;
+};
+
+/// Which blocks every query owner merged (from the headers of the FP32 path's validated
+/// states, `fp32`: one per hosted rank) and folded into its dq (`dq_partials`, when the backward
+/// ran), which backend, device and transport ran, on how many processes, and what the transport
+/// moved since `before`. Collective: every process returns the same record.
+CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
+                               const std::vector<RankOutput>& fp32,
+                               const std::vector<Received>& dq_partials,
+                               const TransportCounters& before,
+                               std::chrono::steady_clock::time_point started);
+
+}  // namespace cpd

@@ -1,0 +1,93 @@
+#include "case_legs.h"
+
+#include <algorithm>
+
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/dlogp.h"
+#include "cpdrift/engine/tensor_layout.h"
+
+namespace cpd::case_legs {
+
+std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
+                                   const std::vector<RankOutput>& fp32, CaseOutputs& o) {
+  const int dim = grid.problem.dims.head_dim;
+  BackwardComparisons& c = o.backward.emplace();
+  std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
+  std::vector<Received> folded;
+  for (RankGradients& g : run_backward(grid, fp32, ctx.transport, ctx.inputs)) {
+    const int r = g.rank.cp_rank;
+    for (const MessageHeader& h : g.dq_partials)
+      folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
+    LocalCp1Backward::Result ref = ctx.cp1_backward->get(
+        ctx.inputs, ctx.cp1_results, query_shape(grid, g.rank, dim), g.dk.shape);
+    const Shard& rq = o.held.keep(std::move(ref.dq));
+    const Shard& rk = o.held.keep(std::move(ref.dk));
+    const Shard& rv = o.held.keep(std::move(ref.dv));
+    const Shard& q = o.held.keep(std::move(g.dq));
+    const Shard& k = o.held.keep(std::move(g.dk));
+    const Shard& v = o.held.keep(std::move(g.dv));
+    c.dq.add(r, q, rq);
+    c.dk.add(r, k, rk);
+    c.dv.add(r, v, rv);
+    c.bf16_dq.add(r, o.held.keep(bf16_written(q)), rq);
+    c.bf16_dk.add(r, o.held.keep(bf16_written(k)), rk);
+    c.bf16_dv.add(r, o.held.keep(bf16_written(v)), rv);
+    dq.push_back(&q);
+    dk.push_back(&k);
+    dv.push_back(&v);
+    ref_dq.push_back(&rq);
+    ref_dk.push_back(&rk);
+    ref_dv.push_back(&rv);
+  }
+  const std::string base = "/cases/" + o.name + "/";
+  const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
+                           HeadKind heads, bool digest, Comparison* candidate_of) {
+    if (candidate_of != nullptr)
+      candidate_of->candidate_tensor = static_cast<int>(o.tensors.size());
+    o.tensors.push_back(
+        case_tensor(grid, ctx.transport, base + path, hosted, dim, heads, false, digest));
+  };
+  publish("candidate_fp32/dq", dq, HeadKind::query, true, &c.dq);
+  publish("candidate_fp32/dk", dk, HeadKind::kv, true, &c.dk);
+  publish("candidate_fp32/dv", dv, HeadKind::kv, true, &c.dv);
+  publish("reference_fp32/dq", ref_dq, HeadKind::query, false, nullptr);
+  publish("reference_fp32/dk", ref_dk, HeadKind::kv, false, nullptr);
+  publish("reference_fp32/dv", ref_dv, HeadKind::kv, false, nullptr);
+  return folded;
+}
+
+void add_dlogp(const RunContext& ctx, const CaseGrid& grid,
+               const std::vector<const AttnShard*>& candidate,
+               const std::vector<const AttnShard*>& reference, CaseOutputs& o) {
+  o.vocab_size = ctx.vocab_size;
+  Comparison& c = o.dlogp.emplace();
+  std::vector<const Shard*> cand_logp, ref_logp;
+  for (TokenLogprobs& lp :
+       run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs.backend())) {
+    // The active tokens: all but each sequence's first.
+    std::vector<float> cand, ref;
+    const ShardShape& s = lp.candidate.shape;
+    for (int b = 0; b < s.batch; ++b) {
+      for (const Range& t : s.tokens) {
+        for (std::int64_t pos = std::max<std::int64_t>(t.begin, 1); pos < t.end; ++pos) {
+          cand.push_back(lp.candidate.at(b, 0, s.local_row(pos))[0]);
+          ref.push_back(lp.reference.at(b, 0, s.local_row(pos))[0]);
+        }
+      }
+    }
+    const std::vector<float>& kept = o.held.keep(std::move(cand));
+    c.add(lp.rank.cp_rank, kept.data(), o.held.keep(std::move(ref)).data(), kept.size());
+    cand_logp.push_back(&o.held.keep(std::move(lp.candidate)));
+    ref_logp.push_back(&o.held.keep(std::move(lp.reference)));
+  }
+  // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP
+  // rank.
+  const std::string base = "/cases/" + o.name + "/";
+  c.candidate_tensor = static_cast<int>(o.tensors.size());
+  o.tensors.push_back(case_tensor(grid, ctx.transport, base + "candidate/logp", cand_logp, 1,
+                                  HeadKind::token, false, true));
+  o.tensors.push_back(case_tensor(grid, ctx.transport, base + "reference/logp", ref_logp, 1,
+                                  HeadKind::token, false, false));
+}
+
+}  // namespace cpd::case_legs

@@ -1,0 +1,101 @@
+#include "cpdrift/engine/run_request.h"
+
+#include <algorithm>
+
+#include "cpdrift/core/enum_names.h"
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+namespace {
+
+constexpr EnumName<Device> kDevices[] = {
+    {Device::auto_select, "auto"}, {Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
+constexpr EnumName<TransportChoice> kTransports[] = {{TransportChoice::auto_select, "auto"},
+                                                     {TransportChoice::mpi, "mpi"},
+                                                     {TransportChoice::nccl, "nccl"},
+                                                     {TransportChoice::cuda_ipc, "cuda_ipc"}};
+constexpr EnumName<RunMode> kModes[] = {{RunMode::prefill, "prefill"},
+                                        {RunMode::chunked_prefill, "chunked_prefill"},
+                                        {RunMode::paged_prefill, "paged_prefill"},
+                                        {RunMode::decode, "decode"}};
+
+[[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
+
+bool has(const std::vector<RunMode>& modes, RunMode m) {
+  return std::find(modes.begin(), modes.end(), m) != modes.end();
+}
+
+// The prefill/chunked cases: tp → cp → split → layout → protocol.
+std::vector<CaseSpec> expand_cases(const RunRequest& o) {
+  std::vector<CaseSpec> cases;
+  for (int tp : o.tp_sizes) {
+    for (int cp : o.cp_sizes) {
+      for (const auto& split : o.splits) {
+        if (!has(o.modes, split ? RunMode::chunked_prefill : RunMode::prefill)) continue;
+        for (CpLayout layout : o.layouts) {
+          for (Protocol protocol : o.protocols) {
+            CaseSpec spec{tp, cp, split, layout, protocol};
+            const std::string name = case_name(spec, o.problem.dtype);
+            if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
+              throw UsageError(name + ": " + why);
+            }
+            for (const CaseSpec& c : cases) {
+              if (case_name(c, o.problem.dtype) == name) {
+                throw UsageError(
+                    name + " is listed twice (a repeated size, or none/full/no_split together)");
+              }
+            }
+            cases.push_back(spec);
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+// The paged cases: split policy → mode.
+std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
+  std::vector<PagedCaseSpec> cases;
+  if (!has(o.modes, RunMode::paged_prefill) && !has(o.modes, RunMode::decode)) return cases;
+  make_paged_workload(o.problem, o.page_size,
+                      o.q_len);  // throws UsageError when it cannot be built
+  const std::int64_t fixed = o.fixed_split_size.value_or(4 * std::int64_t{o.page_size});
+  if (fixed % o.page_size != 0) {
+    bad("--fixed-split-size " + std::to_string(fixed) + ": must be a multiple of --page-size " +
+        std::to_string(o.page_size));
+  }
+  std::vector<SplitPolicy> policies;
+  for (const SplitPolicy p : o.split_policies) {
+    if (std::find(policies.begin(), policies.end(), p) != policies.end()) {
+      bad(std::string("--split-kv-policies: ") + to_string(p) + " is listed twice");
+    }
+    policies.push_back(p);
+  }
+  // Plan-major, so each plan's lanes run once for both modes.
+  for (const SplitPolicy p : policies) {
+    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
+      if (!has(o.modes, m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill))
+        continue;
+      cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}});
+    }
+  }
+  return cases;
+}
+
+}  // namespace
+
+const char* to_string(Device d) { return name_of(kDevices, d); }
+const char* to_string(TransportChoice t) { return name_of(kTransports, t); }
+const char* to_string(RunMode m) { return name_of(kModes, m); }
+
+RunPlan plan_run(const RunRequest& request) {
+  RunPlan plan;
+  plan.cases = expand_cases(request);
+  plan.paged = expand_paged_cases(request);
+  if (plan.cases.empty() && plan.paged.empty()) bad("--modes: nothing to run");
+  plan.paged_options = PagedOptions{request.page_size, request.q_len, request.vocab_size, false};
+  return plan;
+}
+
+}  // namespace cpd

@@ -1,0 +1,121 @@
+#include "cpdrift/engine/run_session.h"
+
+#include <sched.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/comm/agree.h"
+#include "cpdrift/comm/gpu_transports.h"
+#include "cpdrift/core/errors.h"
+#include "cpdrift/engine/case_runner.h"
+
+namespace cpd {
+namespace {
+
+// The compute backend `device` asks for (auto: CUDA when built and a device is present). One
+// GPU per process of the node: the node-local rank picks it.
+std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool,
+                                                 const CommContext& comm) {
+  const bool want_cuda =
+      device == Device::cuda ||
+      (device == Device::auto_select && cuda_backend_built() && cuda_device_count() > 0);
+  if (!want_cuda) return make_cpu_backend(pool);
+  std::unique_ptr<AttentionBackend> backend;
+  agree_or_throw(comm, true, "", [&] {
+    const int count = cuda_device_count();
+    backend = make_cuda_backend(count > 0 ? comm.local_rank() % count : 0);
+  });
+  return backend;
+}
+
+// The transport the request asks for (auto: mpi). The GPU transports need the CUDA backend
+// and use its device.
+std::unique_ptr<Transport> select_transport(const RunRequest& request,
+                                            const AttentionBackend& backend,
+                                            const CommContext& comm) {
+  if (request.transport == TransportChoice::auto_select ||
+      request.transport == TransportChoice::mpi) {
+    return make_mpi_transport(comm);
+  }
+  const bool nccl = request.transport == TransportChoice::nccl;
+  if (!cuda_backend_built() || (nccl && !nccl_transport_built())) {
+    return nccl ? make_nccl_transport(comm, {})
+                : make_cuda_ipc_transport(comm, {});  // "built without CUDA/NCCL"
+  }
+  if (std::string(backend.name()) != "cuda") {
+    throw UsageError(std::string("--transport ") + to_string(request.transport) +
+                     " moves GPU buffers: it needs the CUDA backend (--device cuda)");
+  }
+  GpuTransportOptions o;
+  o.device = comm.local_rank() % std::max(1, cuda_device_count());  // the backend's device
+  o.timeout_seconds = request.comm_timeout_seconds;
+  o.staging_bytes = static_cast<std::uint64_t>(request.staging_mib) << 20;
+  return nccl ? make_nccl_transport(comm, o) : make_cuda_ipc_transport(comm, o);
+}
+
+// Test hook (tests/test_cli.cpp): the named process dies by SIGKILL as the first case starts,
+// to show that a lost process ends the whole job instead of hanging it.
+void maybe_die_for_test(const CommContext& comm) {
+  const char* rank = std::getenv("CPDRIFT_TEST_KILL_RANK");
+  if (rank != nullptr && std::atoi(rank) == comm.rank()) ::raise(SIGKILL);
+}
+
+}  // namespace
+
+int default_threads(const CommContext& comm) {
+  // The CPUs this process may run on: a launcher that binds it (srun --cpus-per-task, mpirun
+  // --bind-to) has said how many are its own; an unbound process shares the node's cores with
+  // the other processes on it.
+  const int node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : node;
+  if (allowed > 0 && allowed < node) return allowed;
+  return std::max(1, node / std::max(1, comm.local_size()));
+}
+
+RunSession::RunSession(const RunRequest& request, const CommContext& comm)
+    : comm_(comm),
+      pool_(request.threads > 0 ? request.threads : default_threads(comm)),
+      backend_(select_backend(request.device, pool_, comm)),
+      transport_(select_transport(request, *backend_, comm)),
+      inputs_(request.problem, pool_, *backend_) {
+  context_.emplace(
+      RunContext{request.problem, pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
+  if (request.include_backward) context_->cp1_backward = &cp1_backward_;
+  if (request.include_dlogp) context_->vocab_size = request.vocab_size;
+  // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.
+  if (std::string(backend_->name()) != "cpu" && request.cpu_check) {
+    cpu_backend_ = make_cpu_backend(pool_);
+    cpu_inputs_ = std::make_unique<InputStore>(request.problem, pool_, *cpu_backend_);
+    context_->cpu_rerun_inputs = cpu_inputs_.get();
+  }
+}
+
+RunSession::~RunSession() = default;
+
+void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
+  const RunContext& ctx = *context_;
+  const bool say = progress && comm_.rank() == 0;
+  if (ctx.problem.rope) run_rope_check(ctx, sink);
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    if (say) {
+      std::fprintf(stderr, "cpdrift: [%zu/%zu] %s ...\n", i + 1, plan.cases.size(),
+                   case_name(plan.cases[i], ctx.problem.dtype).c_str());
+    }
+    if (i == 0) maybe_die_for_test(comm_);
+    run_case(ctx, plan.cases[i], sink);
+  }
+  if (plan.paged.empty()) return;
+  if (say) std::fprintf(stderr, "cpdrift: %zu paged cases ...\n", plan.paged.size());
+  if (plan.cases.empty()) maybe_die_for_test(comm_);
+  PagedOptions paged = plan.paged_options;
+  paged.progress = progress;
+  run_paged_cases(ctx, paged, plan.paged, sink);
+}
+
+}  // namespace cpd

@@ -1,0 +1,74 @@
+#include "cpdrift/report/run_recorder.h"
+
+#include "cpdrift/metrics/digest.h"
+
+namespace cpd {
+
+RunRecorder::RunRecorder(RunReport& report, const Collectives& collectives, ThreadPool& pool,
+                         bool dumping, TensorDump* dump)
+    : report_(report), collectives_(collectives), pool_(pool), dumping_(dumping), dump_(dump) {}
+
+void RunRecorder::annotate(const std::string& group, const DumpAttributes& attributes) {
+  if (dump_ != nullptr) dump_->annotate(group, attributes);
+}
+
+std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& tensors) {
+  std::vector<std::string> digests(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const CaseTensor& t = tensors[i];
+    const bool dumped = dumping_ && !t.path.empty();
+    if (!t.digest && !dumped) continue;
+    PieceSink write;
+    if (dumped && dump_ != nullptr) {
+      const GlobalTensor& g = t.layout;
+      std::vector<std::int64_t> dims{g.batch, g.heads, g.seq_len};
+      if (g.width > 1) dims.push_back(g.width);
+      DumpAttributes attributes(t.attributes.begin(), t.attributes.end());
+      attributes.emplace_back("original_dtype", std::string(t.bf16 ? "bfloat16" : "float32"));
+      attributes.emplace_back("stored_dtype", std::string("float32"));
+      dump_->begin(t.path, dims, attributes);
+      write = [this](const GlobalPiece& piece, const float* rows) { dump_->write(piece, rows); };
+    }
+    if (t.digest) {
+      digests[i] = stream_digest(collectives_, t.layout,
+                                 t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32, write);
+    } else {
+      collectives_.stream_to_root(t.layout.segments, [&](std::size_t j, const float* rows) {
+        if (write) write(t.layout.pieces[j], rows);
+      });
+    }
+    if (dumped && dump_ != nullptr) dump_->end();
+  }
+  return digests;
+}
+
+void RunRecorder::rope(const RopeOutputs& o) {
+  report_.rope = measure_rope(o, publish(o.tensors), collectives_, pool_);
+}
+
+void RunRecorder::prefill_case(const CaseOutputs& o) {
+  const CaseSpec& spec = o.spec;
+  annotate("/cases/" + o.name,
+           {{"tp_world_size", std::int64_t{spec.tp}},
+            {"cp_world_size", std::int64_t{spec.cp}},
+            {"split", spec.split ? DumpValue(*spec.split) : DumpValue(std::string("none"))},
+            {"layout", std::string(to_string(spec.layout))},
+            {"protocol", std::string(to_string(spec.protocol))}});
+  const std::vector<std::string> digests = publish(o.tensors);
+  report_.cases.push_back(measure_case(o, digests, collectives_, pool_));
+  if (on_case) on_case(report_.cases.back());
+}
+
+void RunRecorder::paged_case(const PagedCaseOutputs& o) {
+  const PagedWorkload& w = o.workload;
+  std::string lens;
+  for (const std::int64_t len : w.kv_lens) lens += (lens.empty() ? "" : ",") + std::to_string(len);
+  annotate("/paged_cases/" + o.name, {{"kv_lens", lens},
+                                      {"q_len", w.q_len},
+                                      {"page_size", std::int64_t{w.page_size}},
+                                      {"shared_prefix_tokens", w.prefix_len}});
+  const std::vector<std::string> digests = publish(o.tensors);
+  report_.paged_cases.push_back(measure_paged_case(o, digests, collectives_, pool_));
+}
+
+}  // namespace cpd
