@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
                  comm->rank());
     if (comm->size() > 1) comm->abort(kExitRuntime);
     return kExitRuntime;
+  } catch (const LibraryError& e) {
+    // A library call failed here: the message names the host, rank and call already.
+    std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    if (comm->size() > 1) comm->abort(kExitRuntime);
+    return kExitRuntime;
   } catch (const std::exception& e) {
     // A failure on this process alone: say so and take the whole job down with it.
     std::fprintf(stderr, "cpdrift: error: rank %d: %s\n", comm->rank(), e.what());

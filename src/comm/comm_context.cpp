@@ -1,6 +1,5 @@
 #include "cpdrift/comm/comm_context.h"
 
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,16 +12,10 @@
 namespace cpd {
 
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  int rank = -1, initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   char text[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
   MPI_Error_string(code, text, &len);
-  throw CommError(std::string(host) + " rank " + std::to_string(rank) + " " + file + ":" +
-                  std::to_string(line) + ": " + call + " failed: " + text);
+  throw_library_error("MPI", call, std::string(text, static_cast<std::size_t>(len)), file, line);
 }
 
 namespace {
@@ -85,6 +78,7 @@ CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>
   CPD_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   CPD_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->world));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->world, &rank_));
+  set_error_rank(rank_);
   CPD_MPI_CHECK(MPI_Comm_size(impl_->world, &size_));
   CPD_MPI_CHECK(
       MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node));

@@ -3,18 +3,12 @@
 
 #include <mpi.h>
 
-#include <stdexcept>
-#include <string>
+#include "cpdrift/core/errors.h"
 
 namespace cpd {
 
-/// "host rank N file:line: MPI_Xxx failed: <decoded error>", thrown as CommError.
+/// Throws the LibraryError of a failed MPI call, with MPI's own text for `code`.
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
-
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 }  // namespace cpd
 

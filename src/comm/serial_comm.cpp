@@ -4,12 +4,14 @@
 #include <cstdlib>
 
 #include "cpdrift/comm/comm_context.h"
+#include "cpdrift/core/errors.h"
 
 namespace cpd {
 
 struct CommContext::Impl {};
 
 CommContext::CommContext(int*, char***) : impl_(std::make_unique<Impl>()) {
+  set_error_rank(0);
   collectives_ = std::make_unique<LocalCollectives>();
 }
 

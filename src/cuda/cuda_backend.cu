@@ -1,7 +1,6 @@
 // The CUDA backend: the engine's jobs, moved to the device, run by the kernels of this folder,
 // and moved back. The FP32 paths give the CPU backend's bits; the bf16_kernel path is the
 // tensor-core kernel; cublas_unfused is cuBLAS with the softmax in its own kernel.
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -17,15 +16,6 @@
 #include "unfused.cuh"
 
 namespace cpd {
-
-void throw_cuda_error(const char* call, const char* what, const char* file, int line) {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  int device = -1;
-  cudaGetDevice(&device);
-  throw CudaError(std::string(host) + " cuda:" + std::to_string(device) + " " + file + ":" +
-                  std::to_string(line) + ": " + call + " failed: " + what);
-}
 
 namespace {
 

@@ -2,9 +2,7 @@
 // non-blocking communicator on its device, and a superstep is one NCCL group of ncclSend /
 // ncclRecv of the packed bytes (packed_messages.h) between device staging buffers. Nothing
 // is reduced by NCCL: the bits are the MPI transport's. Every wait polls the communicator's
-// async error under --comm-timeout and aborts it on error or timeout.
-#include <nccl.h>
-
+// async error under --comm-timeout; any failure aborts it, so no peer waits on it forever.
 #include <chrono>
 #include <thread>
 
@@ -13,36 +11,18 @@
 #include "cpdrift/core/errors.h"
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
+#include "nccl_check.cuh"
 
 namespace cpd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string nccl_text(ncclResult_t r) { return ncclGetErrorString(r); }
-
 class NcclTransport final : public PackedTransport {
  public:
   NcclTransport(const CommContext& comm, const GpuTransportOptions& o)
       : PackedTransport(comm), options_(o) {
-    CPD_CUDA_CHECK(cudaSetDevice(o.device));
-    cudaDeviceProp prop{};
-    CPD_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
-    // NCCL refuses two ranks on one device: say so before it does, on every process.
-    const std::string error = comm.agree(
-        shared_device_error(comm.allgather(std::string(prop.uuid.bytes, sizeof prop.uuid.bytes))));
-    if (!error.empty())
-      throw UsageError("--transport nccl: " + error + "; use --transport cuda_ipc or mpi");
-    ncclUniqueId id{};
-    if (comm.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    const std::string bytes = comm.broadcast(std::string(id.internal, sizeof id.internal), 0);
-    std::copy(bytes.begin(), bytes.end(), id.internal);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // so that a stuck peer is a timeout, not a hang
-    const ncclResult_t r = ncclCommInitRankConfig(&nccl_, comm.size(), id, comm.rank(), &config);
-    if (r != ncclSuccess && r != ncclInProgress) check(r, "ncclCommInitRankConfig");
-    wait_for_comm("ncclCommInitRankConfig", "every process of the job");
-    CPD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    aborting_on_failure([&] { init(comm, o); });
   }
 
   ~NcclTransport() override {
@@ -53,6 +33,52 @@ class NcclTransport final : public PackedTransport {
   const char* name() const override { return "nccl"; }
 
   void start(std::vector<Message> outgoing) override {
+    aborting_on_failure([&] { start_superstep(std::move(outgoing)); });
+  }
+
+  std::vector<Message> finish() override {
+    std::vector<Message> arrived;
+    aborting_on_failure([&] { arrived = finish_superstep(); });
+    return arrived;
+  }
+
+ private:
+  // Runs `work`; whatever it throws aborts the communicator first, so peers fail too.
+  template <class Work>
+  void aborting_on_failure(Work&& work) {
+    try {
+      work();
+    } catch (...) {
+      if (nccl_ != nullptr && !aborted_) {
+        ncclCommAbort(nccl_);
+        aborted_ = true;
+        nccl_ = nullptr;
+      }
+      throw;
+    }
+  }
+
+  void init(const CommContext& comm, const GpuTransportOptions& o) {
+    CPD_CUDA_CHECK(cudaSetDevice(o.device));
+    cudaDeviceProp prop{};
+    CPD_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    // NCCL refuses two ranks on one device: say so before it does, on every process.
+    const std::string error = comm.agree(
+        shared_device_error(comm.allgather(std::string(prop.uuid.bytes, sizeof prop.uuid.bytes))));
+    if (!error.empty())
+      throw UsageError("--transport nccl: " + error + "; use --transport cuda_ipc or mpi");
+    ncclUniqueId id{};
+    if (comm.rank() == 0) CPD_NCCL_CHECK(ncclGetUniqueId(&id));
+    const std::string bytes = comm.broadcast(std::string(id.internal, sizeof id.internal), 0);
+    std::copy(bytes.begin(), bytes.end(), id.internal);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that a stuck peer is a timeout, not a hang
+    CPD_NCCL_CHECK(ncclCommInitRankConfig(&nccl_, comm.size(), id, comm.rank(), &config));
+    wait_for_comm("ncclCommInitRankConfig", "every process of the job");
+    CPD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  void start_superstep(std::vector<Message> outgoing) {
     pack_and_size(std::move(outgoing));
     const int world = comm_.size();
     std::uint64_t send_total = 0, recv_total = 0;
@@ -71,25 +97,23 @@ class NcclTransport final : public PackedTransport {
       }
       at += buf.size();
     }
-    check(ncclGroupStart(), "ncclGroupStart");
+    CPD_NCCL_CHECK(ncclGroupStart());
     std::uint64_t s = 0, r = 0;
     for (int p = 0; p < world; ++p) {
       const auto i = static_cast<std::size_t>(p);
       if (send_sizes_[i] > 0) {
-        check_async(ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_),
-                    "ncclSend");
+        CPD_NCCL_CHECK(ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_));
       }
       if (recv_sizes_[i] > 0) {
-        check_async(ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_),
-                    "ncclRecv");
+        CPD_NCCL_CHECK(ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_));
       }
       s += send_sizes_[i];
       r += recv_sizes_[i];
     }
-    check_async(ncclGroupEnd(), "ncclGroupEnd");
+    CPD_NCCL_CHECK(ncclGroupEnd());
   }
 
-  std::vector<Message> finish() override {
+  std::vector<Message> finish_superstep() {
     wait_for_stream("the superstep's grouped ncclSend/ncclRecv");
     std::vector<std::vector<std::byte>> received(recv_sizes_.size());
     std::uint64_t at = 0;
@@ -99,25 +123,6 @@ class NcclTransport final : public PackedTransport {
       at += recv_sizes_[p];
     }
     return arrived(received);
-  }
-
- private:
-  void check(ncclResult_t r, const char* op) {
-    if (r == ncclSuccess) return;
-    fail(std::string(op) + ": " + nccl_text(r));
-  }
-  // Non-blocking communicators may answer "in progress": the wait that follows completes it.
-  void check_async(ncclResult_t r, const char* op) {
-    if (r != ncclInProgress) check(r, op);
-  }
-
-  [[noreturn]] void fail(const std::string& what) {
-    if (nccl_ != nullptr && !aborted_) {
-      ncclCommAbort(nccl_);
-      aborted_ = true;
-      nccl_ = nullptr;
-    }
-    throw std::runtime_error("NCCL on process " + std::to_string(comm_.rank()) + ": " + what);
   }
 
   std::string peers() const {
@@ -134,34 +139,35 @@ class NcclTransport final : public PackedTransport {
     const auto started = Clock::now();
     while (true) {
       ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(nccl_, &state), "ncclCommGetAsyncError");
+      CPD_NCCL_CHECK(ncclCommGetAsyncError(nccl_, &state));
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(std::string(op) + " with " + who + ": " + nccl_text(state));
+      if (state != ncclInProgress)
+        CPD_NCCL_FAIL(op, "with " + who + ": " + nccl_error_text(state, nccl_));
       if (std::chrono::duration<double>(Clock::now() - started).count() >
           options_.timeout_seconds) {
-        fail(std::string(op) + " with " + who + ": no progress in " +
-             std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
+        CPD_NCCL_FAIL(op, "with " + who + ": no progress in " +
+                              std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
   // Until the stream drains, watching NCCL's async error and the timeout.
-  void wait_for_stream(const std::string& op) {
+  void wait_for_stream(const char* op) {
     const auto started = Clock::now();
     while (true) {
       const cudaError_t s = cudaStreamQuery(stream_);
       if (s == cudaSuccess) return;
-      if (s != cudaErrorNotReady) fail(op + ": " + cudaGetErrorString(s));
+      if (s != cudaErrorNotReady) CPD_CUDA_CHECK(s);
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(nccl_, &state);
       if (state != ncclSuccess && state != ncclInProgress) {
-        fail(op + " with processes " + peers() + ": " + nccl_text(state));
+        CPD_NCCL_FAIL(op, "with processes " + peers() + ": " + nccl_error_text(state, nccl_));
       }
       if (std::chrono::duration<double>(Clock::now() - started).count() >
           options_.timeout_seconds) {
-        fail(op + " with processes " + peers() + ": not complete after " +
-             std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
+        CPD_NCCL_FAIL(op, "with processes " + peers() + ": not complete after " +
+                              std::to_string(options_.timeout_seconds) + " s (--comm-timeout)");
       }
       std::this_thread::yield();
     }

@@ -13,11 +13,6 @@
 
 namespace cpd {
 
-class Hdf5Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 namespace {
 
 // The innermost message of HDF5's error stack: the most specific description of the failure.
@@ -30,14 +25,14 @@ herr_t take_message(unsigned, const H5E_error2_t* e, void* out) {
   std::string message = "unknown HDF5 error";
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_message, &message);
   H5Eclear2(H5E_DEFAULT);
-  throw Hdf5Error(std::string(file) + ":" + std::to_string(line) + ": " + call +
-                  " failed: " + message);
+  throw_library_error("HDF5", call, message, file, line);
 }
 
 }  // namespace
 }  // namespace cpd
 
-// CPD_H5_CHECK: every HDF5 call checked; a negative id or status becomes an Hdf5Error.
+// CPD_H5_CHECK: every HDF5 call checked, one shape for every library (style habit 3): a
+// negative id or status becomes a LibraryError with HDF5's innermost message.
 #define CPD_H5_CHECK(call)                                                    \
   ([&]() {                                                                    \
     const auto cpd_h5_result_ = (call);                                       \

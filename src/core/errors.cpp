@@ -1,0 +1,25 @@
+#include "cpdrift/core/errors.h"
+
+#include <unistd.h>
+
+#include <atomic>
+
+namespace cpd {
+namespace {
+
+std::atomic<int> error_rank{-1};
+
+}  // namespace
+
+void set_error_rank(int rank) { error_rank = rank; }
+
+void throw_library_error(const char* library, const char* call, const std::string& decoded,
+                         const char* file, int line) {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  throw LibraryError(library, std::string(host) + " rank " + std::to_string(error_rank.load()) +
+                                  " " + file + ":" + std::to_string(line) + ": " + call +
+                                  " failed: " + decoded);
+}
+
+}  // namespace cpd
