@@ -74,7 +74,7 @@ PY
 
 # One process (this build has no MPI): the GPU transports start, and a run through them gives
 # the in-process run's digests. Every message stays in the process, so no byte crosses a GPU
-# transport here; tests/test_gpu_mpi.cpp under mpirun is the check that moves data.
+# transport here; tests/test_gpu_transports.cpp and test_gpu_nccl.cpp under mpirun move data.
 transports_init() {
   local t used=()
   for t in auto nccl cuda_ipc; do

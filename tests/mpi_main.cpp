@@ -23,10 +23,20 @@ const cpd::CommContext& cpd::testing::comm() { return *g_comm; }
 int main(int argc, char** argv) {
   g_comm = std::make_unique<cpd::CommContext>(&argc, &argv);
 #if defined(CPD_SKIP_WITHOUT_GPU)
-  // GPU tests: skipped (77, on every process alike) unless every process sees a device.
-  if (g_comm->any(cpd::cuda_device_count() == 0)) {
+  // GPU tests: skipped as a whole (77, on every process alike) unless every process sees a
+  // device, or, with CPD_SKIP_WITHOUT_OWN_GPU, a device of its own. Never a silent partial run.
+  const int devices = cpd::cuda_device_count();
+  const char* missing = nullptr;
+  if (g_comm->any(devices == 0)) {
+    missing = "a process sees no CUDA device";
+#if defined(CPD_SKIP_WITHOUT_OWN_GPU)
+  } else if (g_comm->any(devices < g_comm->local_size())) {
+    missing = "processes share a GPU (NCCL needs one per process)";
+#endif
+  }
+  if (missing != nullptr) {
     if (g_comm->rank() == 0)
-      std::puts("[mpi] a process sees no CUDA device: the GPU tests are skipped (exit 77)");
+      std::printf("[mpi] %s: these GPU tests are skipped (exit 77)\n", missing);
     g_comm.reset();
     return 77;
   }

@@ -20,19 +20,28 @@ using cpd::testing::RunEnv;
 
 namespace {
 
-// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill, every
-// protocol, backward and dlogp.
-json::Value evidence_report() {
+Problem evidence_problem() {
   Problem p;
   p.seq_len = 16;
   p.batch = 2;
-  RunEnv env(p, true);
-  const RunContext& ctx = env.ctx;
+  return p;
+}
+
+RunReport empty_report(const RunEnv& env) {
   RunReport r;
-  r.problem = p;
+  r.problem = env.problem;
   r.vocab_size = 17;
   r.provenance.world_size = comm().size();
   r.provenance.transport = env.transport->name();
+  return r;
+}
+
+// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill, every
+// protocol, backward and dlogp.
+json::Value evidence_report() {
+  RunEnv env(evidence_problem(), true);
+  const RunContext& ctx = env.ctx;
+  RunReport r = empty_report(env);
   for (const std::optional<std::int64_t> split :
        {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
     for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
@@ -76,20 +85,20 @@ AcceptanceRow row_named(const std::string& name) {
   return {};
 }
 
+const char* const kCpuRows[] = {"qwen3_8b_tp2_cp2_prefill_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16",
+                                "cp_protocol_equivalence_tp2_cp2_chunk4"};
+
 }  // namespace
 
-TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fails closed") {
+TEST_CASE("acceptance: the paged rows pass at any job size, bad paged evidence fails closed") {
   const json::Value report = evidence_report();
   if (comm().rank() != 0) return;
   const Thresholds t;
   const int world = comm().size();
-  const std::string chunked = "qwen3_8b_tp2_cp2_chunk4_bf16";
-  for (const char* name : {"qwen3_8b_tp2_cp2_prefill_bf16", "qwen3_8b_tp2_cp2_chunk4_bf16",
-                           "cp_protocol_equivalence_tp2_cp2_chunk4"}) {
+  // With fewer processes than logical ranks the CPU rows are unavailable, never passed.
+  for (const char* name : kCpuRows) {
     const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
     CAPTURE(name);
-    CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
-    // With fewer processes than logical ranks the row is unavailable, never passed.
     CHECK(v.status == (world >= 4 ? "passed" : "unavailable"));
   }
   // The paged rows run at any job size.
@@ -146,62 +155,116 @@ TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fa
   no_paged["paged_cases"] = json::Value::array();
   CHECK(evaluate_row(row_named("page_layout_invariance"), no_paged, t, world, "r").status ==
         "not_run");
-  if (world < 4) return;
-  struct Fault {
-    const char* expect;
-    std::function<void(json::Value&)> apply;
-  };
-  const std::vector<Fault> faults = {
-      {"missing metric",
-       [](json::Value& c) { c["drift"]["cp_merge_fp32"]["out"].as_object().erase("max_abs"); }},
-      {"non-finite",
-       [](json::Value& c) { c["backward"]["report"]["drifts"].at(0)["dk"]["max_abs"] = nullptr; }},
-      {"negative metric", [](json::Value& c) { c["dlogp"]["drift"]["max_abs"] = -1.0; }},
-      // In memory a metric can be NaN or infinite (no comparison with the limit catches NaN).
-      {"non-finite metric",
-       [](json::Value& c) {
-         c["dlogp"]["drift"]["max_abs"] = std::numeric_limits<double>::quiet_NaN();
-       }},
-      {"non-finite metric",
-       [](json::Value& c) {
-         c["drift"]["cp_merge_fp32"]["out"]["max_abs"] = std::numeric_limits<double>::infinity();
-       }},
-      {"exceeds", [](json::Value& c) { c["drift"]["cp_merge_fp32"]["lse"]["max_abs"] = 3e-4; }},
-      {"not run as requested",
-       [](json::Value& c) {
-         c["provenance"]["actual_split_kv_plans"].at(1)["actual_split_kv_size"] = 8;
-       }},
-      {"incomplete plan-set coverage",
-       [](json::Value& c) {
-         c["provenance"]["actual_split_kv_plan_set"]["entries"].as_array().pop_back();
-       }},
-      {"emulated transport",
-       [](json::Value& c) { c["distributed_p2p_reference"]["status"] = "skipped"; }},
-      {"emulated transport",
-       [](json::Value& c) { c["distributed_p2p_reference"]["transport"] = "inprocess"; }},
-      {"bitwise",
-       [](json::Value& c) { c["drift"]["topology_invariance"]["bitwise_equal"] = false; }},
-  };
-  for (const Fault& f : faults) {
-    json::Value bad = report;
-    f.apply(case_named(bad, chunked));
-    expect_failure(row_named(chunked), bad, world, f.expect);
-  }
-  // A protocol that disagrees breaks the equivalence row.
-  json::Value bad = report;
-  case_named(bad, chunked + "_ring_kv")["drift"]["cp_merge_fp32"]["out"]["digest"] = "0000";
-  CHECK(evaluate_row(row_named("cp_protocol_equivalence_tp2_cp2_chunk4"), bad, t, world, "r")
-            .status == "failed");
-  // A case that never ran, and rows cpdrift cannot execute yet, fail closed too.
-  json::Value empty = report;
-  empty["cases"] = json::Value::array();
-  CHECK(evaluate_row(row_named(chunked), empty, t, world, "r").status == "not_run");
-  CHECK(evaluate_row(row_named("p2p_nccl_reference_np2"), report, t, world, "r").status ==
-        "unavailable");
-  std::vector<RowVerdict> all;
-  for (const AcceptanceRow& r : required_matrix())
-    all.push_back(evaluate_row(r, report, t, world, "r"));
-  const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
-  CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
-  CHECK(doc.at("failed_required_cases").size() == all.size() - 9);
 }
+
+// The CPU rows need a process per logical rank: meson runs this suite with 4 processes only.
+TEST_SUITE("np4") {
+  TEST_CASE("acceptance: executed CPU rows pass, and every kind of bad evidence fails closed") {
+    REQUIRE_MESSAGE(comm().size() >= 4, "run with mpirun -np 4 (the CPU rows' TP=2 x CP=2)");
+    const json::Value report = evidence_report();
+    if (comm().rank() != 0) return;
+    const Thresholds t;
+    const int world = comm().size();
+    const std::string chunked = "qwen3_8b_tp2_cp2_chunk4_bf16";
+    for (const char* name : kCpuRows) {
+      const RowVerdict v = evaluate_row(row_named(name), report, t, world, "report.json");
+      CAPTURE(name);
+      CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+      CHECK(v.status == "passed");
+    }
+    struct Fault {
+      const char* expect;
+      std::function<void(json::Value&)> apply;
+    };
+    const std::vector<Fault> faults = {
+        {"missing metric",
+         [](json::Value& c) { c["drift"]["cp_merge_fp32"]["out"].as_object().erase("max_abs"); }},
+        {"non-finite",
+         [](json::Value& c) {
+           c["backward"]["report"]["drifts"].at(0)["dk"]["max_abs"] = nullptr;
+         }},
+        {"negative metric", [](json::Value& c) { c["dlogp"]["drift"]["max_abs"] = -1.0; }},
+        // In memory a metric can be NaN or infinite (no comparison with the limit catches NaN).
+        {"non-finite metric",
+         [](json::Value& c) {
+           c["dlogp"]["drift"]["max_abs"] = std::numeric_limits<double>::quiet_NaN();
+         }},
+        {"non-finite metric",
+         [](json::Value& c) {
+           c["drift"]["cp_merge_fp32"]["out"]["max_abs"] = std::numeric_limits<double>::infinity();
+         }},
+        {"exceeds", [](json::Value& c) { c["drift"]["cp_merge_fp32"]["lse"]["max_abs"] = 3e-4; }},
+        {"not run as requested",
+         [](json::Value& c) {
+           c["provenance"]["actual_split_kv_plans"].at(1)["actual_split_kv_size"] = 8;
+         }},
+        {"incomplete plan-set coverage",
+         [](json::Value& c) {
+           c["provenance"]["actual_split_kv_plan_set"]["entries"].as_array().pop_back();
+         }},
+        {"emulated transport",
+         [](json::Value& c) { c["distributed_p2p_reference"]["status"] = "skipped"; }},
+        {"emulated transport",
+         [](json::Value& c) { c["distributed_p2p_reference"]["transport"] = "inprocess"; }},
+        {"bitwise",
+         [](json::Value& c) { c["drift"]["topology_invariance"]["bitwise_equal"] = false; }},
+    };
+    for (const Fault& f : faults) {
+      json::Value bad = report;
+      f.apply(case_named(bad, chunked));
+      expect_failure(row_named(chunked), bad, world, f.expect);
+    }
+    // A protocol that disagrees breaks the equivalence row.
+    json::Value bad = report;
+    case_named(bad, chunked + "_ring_kv")["drift"]["cp_merge_fp32"]["out"]["digest"] = "0000";
+    CHECK(evaluate_row(row_named("cp_protocol_equivalence_tp2_cp2_chunk4"), bad, t, world, "r")
+              .status == "failed");
+    // A case that never ran, and rows cpdrift cannot execute yet, fail closed too.
+    json::Value empty = report;
+    empty["cases"] = json::Value::array();
+    CHECK(evaluate_row(row_named(chunked), empty, t, world, "r").status == "not_run");
+    CHECK(evaluate_row(row_named("p2p_nccl_reference_np2"), report, t, world, "r").status ==
+          "unavailable");
+    std::vector<RowVerdict> all;
+    for (const AcceptanceRow& r : required_matrix())
+      all.push_back(evaluate_row(r, report, t, world, "r"));
+    const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
+    CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
+    CHECK(doc.at("failed_required_cases").size() == all.size() - 9);
+  }
+
+  TEST_CASE("acceptance: a case whose executed grid is not the requested one fails its row") {
+    REQUIRE_MESSAGE(comm().size() >= 4, "run with mpirun -np 4 (the CPU rows' TP=2 x CP=2)");
+    // The real path, no edited JSON: the engine runs the grid of split 2 while the case says it
+    // was asked for split 4; the record reads the blocks the states carried.
+    RunEnv env(evidence_problem(), true);
+    RunReport r = empty_report(env);
+    const CaseSpec requested{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
+    const CaseSpec executed{2, 2, 2, CpLayout::contiguous, Protocol::ag_rs};
+    RunRecorder recorder(r, env.ctx.collectives, env.ctx.pool, false, nullptr);
+    run_case(env.ctx, requested, CaseGrid(env.problem, executed), recorder);
+    run_case(env.ctx, requested, recorder);  // the control: run as requested
+    if (comm().rank() != 0) return;
+    json::Value report = report_json(r);
+    const std::string name = case_name(requested, DType::bf16);
+    json::Value& cases = report["cases"];
+    const json::Value as_run = cases.at(0), as_requested = cases.at(1);
+    const AcceptanceRow row = row_named(name);
+    for (const json::Value* c : {&as_run, &as_requested}) {
+      cases = json::Value::array();
+      cases.push_back(*c);
+      const bool honest = c == &as_requested;
+      const RowVerdict v = evaluate_row(row, report, Thresholds{}, comm().size(), "r");
+      CAPTURE(honest);
+      CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+      if (honest) {
+        CHECK(v.status == "passed");
+      } else {
+        expect_failure(row, report, comm().size(), "not run as requested");
+        const json::Value& plan = c->at("provenance").at("actual_split_kv_plans").at(0);
+        CHECK(plan.at("actual_split_kv_size").as_int64() == 2);
+        CHECK(plan.at("split_kv_fallback").as_bool());
+      }
+    }
+  }
+}  // TEST_SUITE("np4")

@@ -127,3 +127,30 @@ TEST_CASE("case names and validation") {
   CHECK_FALSE(validate_case(CaseSpec{1, 16, 4, CpLayout::zigzag, Protocol::ag_rs}, p).empty());
   CHECK_FALSE(validate_case(CaseSpec{1, 1, 0, CpLayout::contiguous, Protocol::ag_rs}, p).empty());
 }
+
+TEST_CASE("split plans are read off the blocks that ran, never from the request") {
+  const std::vector<Range> one{Range{0, 10}}, zigzag{Range{0, 4}, Range{12, 16}};
+  const auto read = [](const std::vector<Range>& ranges, const std::vector<Range>& blocks,
+                       std::optional<std::int64_t> asked) {
+    const SplitReading r = read_split_plan(ranges, blocks, asked);
+    return std::make_pair(std::string(r.policy), r.size);
+  };
+  using Reading = std::pair<std::string, std::optional<std::int64_t>>;
+  // Cut at 4 from each range's start, the last block shorter: fixed 4, whatever was asked.
+  CHECK(read(one, {{0, 4}, {4, 8}, {8, 10}}, 4) == Reading{"fixed", 4});
+  CHECK(read(one, {{0, 4}, {4, 8}, {8, 10}}, std::nullopt) == Reading{"fixed", 4});
+  CHECK(read(zigzag, {{0, 2}, {2, 4}, {12, 14}, {14, 16}}, 2) == Reading{"fixed", 2});
+  // One block per range: disabled, or a fixed split too long to cut.
+  CHECK(read(one, {{0, 10}}, std::nullopt) == Reading{"disabled", std::nullopt});
+  CHECK(read(one, {{0, 10}}, 16) == Reading{"fixed", 16});
+  CHECK(read(one, {{0, 10}}, 8) == Reading{"disabled", std::nullopt});
+  CHECK(read(zigzag, {{0, 4}, {12, 16}}, 4) == Reading{"fixed", 4});
+  // Anything else is irregular: uneven cuts, gaps, overlaps, a block outside every range.
+  CHECK(read(one, {{0, 4}, {4, 6}, {6, 10}}, 4).first == "irregular");
+  CHECK(read(one, {{0, 4}, {4, 9}}, 4).first == "irregular");
+  CHECK(read(one, {{0, 4}, {5, 10}}, 4).first == "irregular");
+  CHECK(read(one, {{0, 4}, {2, 10}}, 4).first == "irregular");
+  CHECK(read(one, {{0, 4}, {4, 8}, {8, 12}}, 4).first == "irregular");
+  CHECK(read(zigzag, {{0, 2}, {2, 4}, {12, 13}, {13, 16}}, 2).first == "irregular");
+  CHECK(read(one, {}, 4).first == "irregular");  // nothing ran
+}

@@ -269,7 +269,7 @@ TEST_CASE("checks fail closed") {
   broken.cases[0].cp_merge_fp32.out.max_abs = 3e-4;  // over the 2e-4 threshold
   failed = evaluate_checks(broken);
   REQUIRE(failed.size() == 1);
-  CHECK(failed[0].find("cp_merge_fp32.out max_abs") != std::string::npos);
+  CHECK(failed[0].find("cp_merge_fp32.out.max_abs = 0.0003 exceeds 0.0002") != std::string::npos);
 
   broken = r;
   broken.cases[0].bf16_kernel.lse.nonfinite_count = 1;  // a non-finite metric is a failure

@@ -130,30 +130,16 @@ const Value* at_path(const Value& root, const std::string& path) {
   return v;
 }
 
-// A metric the row needs: present, a number (the report writes non-finite metrics as null),
-// non-negative, and within `limit` when one is given. Records the value as evidence.
+// A metric the row needs, through the one gate (metrics/gates.h): present, a number (the report
+// writes non-finite metrics as null), non-negative, within `limit`. Records the value.
 void check_metric(const Value& c, const std::string& path, double limit, RowVerdict& v,
                   const std::string& label) {
   const Value* m = at_path(c, path);
-  if (m == nullptr) {
-    v.errors.push_back("missing metric " + label + path);
-    return;
-  }
-  if (!m->is_number()) {
-    v.errors.push_back("non-finite or non-numeric metric " + label + path);
-    return;
-  }
-  const double x = m->as_double();
-  v.evidence["metrics"][label + path] = x;
-  if (!std::isfinite(x)) {
-    v.errors.push_back("non-finite metric " + label + path);
-  } else if (x < 0) {
-    v.errors.push_back("negative metric " + label + path);
-  } else if (x > limit) {
-    std::ostringstream s;
-    s << label << path << " = " << x << " exceeds " << limit;
-    v.errors.push_back(s.str());
-  }
+  std::optional<double> value;
+  if (m != nullptr) value = m->is_number() ? m->as_double() : std::nan("");
+  if (value && std::isfinite(*value)) v.evidence["metrics"][label + path] = *value;
+  if (std::string why = gate_failure(label + path, value, limit); !why.empty())
+    v.errors.push_back(std::move(why));
 }
 
 void check_split_plans(const Value& c, RowVerdict& v) {
@@ -453,15 +439,7 @@ Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& ro
   v["created_at_utc"] = created_at;
   v["mode"] = mode;
   v["runtime"] = runtime;
-  Value th = Value::object();
-  th["out_max_abs"] = t.out_max_abs;
-  th["lse_max_abs"] = t.lse_max_abs;
-  th["dlogp_max_abs"] = t.dlogp_max_abs;
-  th["gradient_max_abs"] = t.gradient_max_abs;
-  th["paged_out_max_abs"] = t.paged_out_max_abs;
-  th["paged_lse_max_abs"] = t.paged_lse_max_abs;
-  th["paged_dlogp_max_abs"] = t.paged_dlogp_max_abs;
-  v["thresholds"] = std::move(th);
+  v["thresholds"] = thresholds_json(t);
   Value matrix = Value::array(), cases = Value::array(), failed = Value::array();
   bool all = true;
   for (const RowVerdict& r : rows) {

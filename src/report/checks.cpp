@@ -1,4 +1,5 @@
-#include <cstdio>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -7,23 +8,18 @@
 namespace cpd {
 namespace {
 
-std::string fmt(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3e", x);
-  return buf;
-}
-
-void check_finite(std::vector<std::string>& failed, const std::string& where, const DiffStats& s) {
-  if (!s.finite())
-    failed.push_back(where + ": " + std::to_string(s.nonfinite_count) + " non-finite differences");
-}
-
+// The gate on a statistic's max_abs (metrics/gates.h); NaN where the differences were not
+// all finite.
 void check_max(std::vector<std::string>& failed, const std::string& where, const DiffStats& s,
                double limit) {
-  check_finite(failed, where, s);
-  if (s.finite() && s.max_abs > limit) {
-    failed.push_back(where + " max_abs " + fmt(s.max_abs) + " > " + fmt(limit));
-  }
+  const double value = s.finite() ? s.max_abs : std::nan("");
+  if (std::string why = gate_failure(where + ".max_abs", value, limit); !why.empty())
+    failed.push_back(std::move(why));
+}
+
+// A statistic that is reported, not gated: it must still be finite.
+void check_finite(std::vector<std::string>& failed, const std::string& where, const DiffStats& s) {
+  check_max(failed, where, s, std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

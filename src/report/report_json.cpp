@@ -16,6 +16,19 @@ Value out_lse_json(const OutLseStats& s, const char* source_class) {
   return v;
 }
 
+Value thresholds_json(const Thresholds& t) {
+  Value v = Value::object();
+  v["out_max_abs"] = t.out_max_abs;
+  v["lse_max_abs"] = t.lse_max_abs;
+  v["bf16_final_write_out_max_abs"] = t.bf16_write_max_abs;
+  v["dlogp_max_abs"] = t.dlogp_max_abs;
+  v["gradient_max_abs"] = t.gradient_max_abs;
+  v["paged_out_max_abs"] = t.paged_out_max_abs;
+  v["paged_lse_max_abs"] = t.paged_lse_max_abs;
+  v["paged_dlogp_max_abs"] = t.paged_dlogp_max_abs;
+  return v;
+}
+
 Value stats_json(const DiffStats& s) {
   Value v = Value::object();
   const bool ok = s.finite();
@@ -251,16 +264,7 @@ Value report_json(const RunReport& r) {
 
   v["dlogp"] = dlogp_root_json(r);
 
-  Value thresholds = Value::object();
-  thresholds["out_max_abs"] = r.thresholds.out_max_abs;
-  thresholds["lse_max_abs"] = r.thresholds.lse_max_abs;
-  thresholds["bf16_final_write_out_max_abs"] = r.thresholds.bf16_write_max_abs;
-  thresholds["dlogp_max_abs"] = r.thresholds.dlogp_max_abs;
-  thresholds["gradient_max_abs"] = r.thresholds.gradient_max_abs;
-  thresholds["paged_out_max_abs"] = r.thresholds.paged_out_max_abs;
-  thresholds["paged_lse_max_abs"] = r.thresholds.paged_lse_max_abs;
-  thresholds["paged_dlogp_max_abs"] = r.thresholds.paged_dlogp_max_abs;
-  v["thresholds"] = std::move(thresholds);
+  v["thresholds"] = thresholds_json(r.thresholds);
 
   Value cases = Value::array();
   for (const CaseResult& c : r.cases) cases.push_back(case_json(r, c));

@@ -2,6 +2,9 @@
 // gate applies: a metric passes only as a finite, non-negative number within its limit.
 #pragma once
 
+#include <optional>
+#include <string>
+
 namespace cpd {
 
 struct Thresholds {
@@ -14,5 +17,11 @@ struct Thresholds {
   double paged_lse_max_abs = 2.0e-3;
   double paged_dlogp_max_abs = 2.0e-3;
 };
+
+/// The one rule of every gate, the report's checks and the acceptance rows alike: a metric
+/// passes only as a finite, non-negative number within `limit`. `value` is nullopt where the
+/// metric is missing, NaN or infinite where it is not finite. "" when it passes, else why not:
+/// "missing metric W", "non-finite metric W", "negative metric W" or "W = x exceeds L".
+std::string gate_failure(const std::string& what, std::optional<double> value, double limit);
 
 }  // namespace cpd

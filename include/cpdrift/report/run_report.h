@@ -68,6 +68,9 @@ json::Value paged_case_json(const RunReport& report, const PagedCaseResult& c);
 json::Value launch_json(const Provenance& pv);
 json::Value runtime_json(const Provenance& pv);
 
+/// The gates, as the report and acceptance.json both write them.
+json::Value thresholds_json(const Thresholds& t);
+
 /// A stats object: {max_abs, mean_abs, p95_abs, p99_abs, active_count, bitwise_equal,
 /// mismatch_count, max_ulp, digest}; numbers are null (and nonfinite_count > 0) when the
 /// diffs were not all finite.
