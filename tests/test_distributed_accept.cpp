@@ -13,10 +13,7 @@
 #include "run_env.h"
 
 using namespace cpd;
-using cpd::testing::comm;
-using cpd::testing::recorded_case;
-using cpd::testing::recorded_paged_cases;
-using cpd::testing::RunEnv;
+using namespace cpd::testing;
 
 namespace {
 

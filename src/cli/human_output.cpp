@@ -101,7 +101,7 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
       }
     }
     std::string cell = std::to_string(equal) + "/" + std::to_string(applicable) + " bitwise";
-    if (!c.invariances_required())
+    if (!invariances_required(c.spec))
       cell = "diagnostic " + std::to_string(equal) + "/" + std::to_string(applicable);
     else if (!first_failure.empty())
       cell = "FAILED " + first_failure;

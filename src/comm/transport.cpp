@@ -4,25 +4,23 @@
 #include <random>
 #include <string>
 
-namespace cpd {
+#include "cpdrift/core/enum_names.h"
 
-const char* to_string(MessageKind k) {
-  switch (k) {
-    case MessageKind::q_shard:
-      return "q_shard";
-    case MessageKind::kv_shard:
-      return "kv_shard";
-    case MessageKind::partial_state:
-      return "partial_state";
-    case MessageKind::backward_rows:
-      return "backward_rows";
-    case MessageKind::dq_partial:
-      return "dq_partial";
-    case MessageKind::logit_partial:
-      return "logit_partial";
-  }
-  return "unknown";
-}
+namespace cpd {
+namespace {
+
+constexpr EnumName<MessageKind> kMessageKinds[] = {
+    {MessageKind::q_shard, "q_shard"},
+    {MessageKind::kv_shard, "kv_shard"},
+    {MessageKind::partial_state, "partial_state"},
+    {MessageKind::backward_rows, "backward_rows"},
+    {MessageKind::dq_partial, "dq_partial"},
+    {MessageKind::logit_partial, "logit_partial"},
+};
+
+}  // namespace
+
+const char* to_string(MessageKind k) { return name_of(kMessageKinds, k); }
 
 std::string describe(const MessageHeader& h) {
   std::string s = to_string(h.kind);

@@ -3,23 +3,23 @@
 #include <algorithm>
 #include <string>
 
+#include "cpdrift/core/enum_names.h"
 #include "cpdrift/util/sha256.h"
 
 namespace cpd {
 
-const char* to_string(CpLayout l) { return l == CpLayout::contiguous ? "contiguous" : "zigzag"; }
+namespace {
 
-const char* to_string(Protocol p) {
-  switch (p) {
-    case Protocol::ag_rs:
-      return "ag_rs";
-    case Protocol::ring_kv:
-      return "ring_kv";
-    case Protocol::allgather_kv:
-      return "allgather_kv";
-  }
-  return "?";
-}
+constexpr EnumName<CpLayout> kLayouts[] = {{CpLayout::contiguous, "contiguous"},
+                                           {CpLayout::zigzag, "zigzag"}};
+constexpr EnumName<Protocol> kProtocols[] = {{Protocol::ag_rs, "ag_rs"},
+                                             {Protocol::ring_kv, "ring_kv"},
+                                             {Protocol::allgather_kv, "allgather_kv"}};
+
+}  // namespace
+
+const char* to_string(CpLayout l) { return name_of(kLayouts, l); }
+const char* to_string(Protocol p) { return name_of(kProtocols, p); }
 
 std::vector<Range> cp_owner_ranges(CpLayout layout, int cp, int cp_rank, std::int64_t seq_len) {
   if (layout == CpLayout::contiguous) {

@@ -2,22 +2,20 @@
 
 #include <algorithm>
 
+#include "cpdrift/core/enum_names.h"
 #include "cpdrift/core/plan.h"
 #include "cpdrift/paged/page_table.h"
 
 namespace cpd {
+namespace {
 
-const char* to_string(SplitPolicy p) {
-  switch (p) {
-    case SplitPolicy::disabled:
-      return "disabled";
-    case SplitPolicy::fixed:
-      return "fixed";
-    case SplitPolicy::auto_select:
-      return "auto";
-  }
-  return "?";
-}
+constexpr EnumName<SplitPolicy> kPolicies[] = {{SplitPolicy::disabled, "disabled"},
+                                               {SplitPolicy::fixed, "fixed"},
+                                               {SplitPolicy::auto_select, "auto"}};
+
+}  // namespace
+
+const char* to_string(SplitPolicy p) { return name_of(kPolicies, p); }
 
 std::vector<Range> split_blocks(const SplitKv& split, std::int64_t kv_len, int batch,
                                 int page_size) {

@@ -22,10 +22,6 @@ void check_finite(std::vector<std::string>& failed, const std::string& where, co
   check_max(failed, where, s, std::numeric_limits<double>::infinity());
 }
 
-}  // namespace
-
-namespace {
-
 // Cases that share their block grid must share every tensor's bits (design §1), whatever
 // their CP, layout, protocol or TP: compared by digest, so only where digests were taken.
 void check_same_grid_digests(const RunReport& report, std::vector<std::string>& failed) {
@@ -63,77 +59,83 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
   }
 }
 
+// The gates of one prefill/chunked case.
+void check_case(const RunReport& report, const CaseResult& c, std::vector<std::string>& failed) {
+  const Thresholds& t = report.thresholds;
+  const std::string& n = c.name;
+  check_max(failed, n + ": cp_merge_fp32.out", c.cp_merge_fp32.out, t.out_max_abs);
+  check_max(failed, n + ": cp_merge_fp32.lse", c.cp_merge_fp32.lse, t.lse_max_abs);
+  check_max(failed, n + ": merge_oracle.out", c.merge_oracle.out, t.out_max_abs);
+  check_max(failed, n + ": merge_oracle.lse", c.merge_oracle.lse, t.lse_max_abs);
+  const bool bf16 = report.problem.dtype == DType::bf16;
+  check_max(failed, n + ": dtype_path_vs_fp32.out", c.dtype_path.out,
+            bf16 ? t.bf16_write_max_abs : t.out_max_abs);
+  check_finite(failed, n + ": dtype_path_vs_fp32.lse", c.dtype_path.lse);
+  check_finite(failed, n + ": bf16_kernel.out", c.bf16_kernel.out);
+  check_finite(failed, n + ": bf16_kernel.lse", c.bf16_kernel.lse);
+  for (const auto* s : {&c.merge_probe.out, &c.merge_probe.lse}) {
+    if (!s->bitwise_equal()) {
+      failed.push_back(n + ": merge_order_probe differs from the canonical merge in " +
+                       std::to_string(s->mismatch_count) + " elements");
+    }
+  }
+  if (c.backward.available) {
+    check_max(failed, n + ": backward.dq", c.backward.dq, t.gradient_max_abs);
+    check_max(failed, n + ": backward.dk", c.backward.dk, t.gradient_max_abs);
+    check_max(failed, n + ": backward.dv", c.backward.dv, t.gradient_max_abs);
+    for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv}) {
+      check_finite(failed, n + ": backward.bf16_final_write", *s);
+    }
+  }
+  if (c.cuda_vs_cpu_fp32 && !c.cuda_vs_cpu_fp32->bitwise_equal()) {
+    failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +
+                     std::to_string(c.cuda_vs_cpu_fp32->out.mismatch_count) + " out elements");
+  }
+  if (c.cublas_unfused) {
+    check_finite(failed, n + ": cublas_unfused.out", c.cublas_unfused->out);
+    check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
+  }
+  if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
+  if (c.topology_required && !c.topology.bitwise_equal()) {
+    failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +
+                     " (" + std::to_string(c.topology.out.mismatch_count) + " out, " +
+                     std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");
+  }
+}
+
+// The gates of one paged case.
+void check_paged_case(const Thresholds& t, const PagedCaseResult& c,
+                      std::vector<std::string>& failed) {
+  const std::string& n = c.name;
+  for (const std::string& e : c.coverage_errors) failed.push_back(n + ": split plan: " + e);
+  check_max(failed, n + ": candidate.out", c.candidate.out, t.paged_out_max_abs);
+  check_max(failed, n + ": candidate.lse", c.candidate.lse, t.paged_lse_max_abs);
+  check_max(failed, n + ": dlogp", c.dlogp, t.paged_dlogp_max_abs);
+  check_max(failed, n + ": fp32_split_merge.out", c.fp32.out, t.out_max_abs);
+  check_max(failed, n + ": fp32_split_merge.lse", c.fp32.lse, t.lse_max_abs);
+  if (!invariances_required(c.spec)) return;  // auto: a diagnostic
+  for (const Invariance& inv : c.invariances) {
+    if (inv.applicable && !inv.bitwise_equal()) {
+      failed.push_back(n + ": invariance " + inv.name + " not bitwise equal (" +
+                       std::to_string(inv.stats.out.mismatch_count) + " out, " +
+                       std::to_string(inv.stats.lse.mismatch_count) + " lse elements differ)");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> evaluate_checks(const RunReport& report) {
   std::vector<std::string> failed;
-  const Thresholds& t = report.thresholds;
   if (!report.merge_oracle_self_test.empty()) {
     failed.push_back("merge_oracle self-test: " + report.merge_oracle_self_test);
   }
   check_finite(failed, "drift.rope.q", report.rope.q);
   check_finite(failed, "drift.rope.k", report.rope.k);
-  for (const CaseResult& c : report.cases) {
-    const std::string& n = c.name;
-    check_max(failed, n + ": cp_merge_fp32.out", c.cp_merge_fp32.out, t.out_max_abs);
-    check_max(failed, n + ": cp_merge_fp32.lse", c.cp_merge_fp32.lse, t.lse_max_abs);
-    check_max(failed, n + ": merge_oracle.out", c.merge_oracle.out, t.out_max_abs);
-    check_max(failed, n + ": merge_oracle.lse", c.merge_oracle.lse, t.lse_max_abs);
-    if (report.problem.dtype == DType::bf16) {
-      check_max(failed, n + ": dtype_path_vs_fp32.out", c.dtype_path.out, t.bf16_write_max_abs);
-    } else {
-      check_max(failed, n + ": dtype_path_vs_fp32.out", c.dtype_path.out, t.out_max_abs);
-    }
-    check_finite(failed, n + ": dtype_path_vs_fp32.lse", c.dtype_path.lse);
-    check_finite(failed, n + ": bf16_kernel.out", c.bf16_kernel.out);
-    check_finite(failed, n + ": bf16_kernel.lse", c.bf16_kernel.lse);
-    for (const auto* s : {&c.merge_probe.out, &c.merge_probe.lse}) {
-      if (!s->bitwise_equal()) {
-        failed.push_back(n + ": merge_order_probe differs from the canonical merge in " +
-                         std::to_string(s->mismatch_count) + " elements");
-      }
-    }
-    if (c.backward.available) {
-      check_max(failed, n + ": backward.dq", c.backward.dq, t.gradient_max_abs);
-      check_max(failed, n + ": backward.dk", c.backward.dk, t.gradient_max_abs);
-      check_max(failed, n + ": backward.dv", c.backward.dv, t.gradient_max_abs);
-      for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv}) {
-        check_finite(failed, n + ": backward.bf16_final_write", *s);
-      }
-    }
-    if (c.cuda_vs_cpu_fp32 && !c.cuda_vs_cpu_fp32->bitwise_equal()) {
-      failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +
-                       std::to_string(c.cuda_vs_cpu_fp32->out.mismatch_count) + " out elements");
-    }
-    if (c.cublas_unfused) {
-      check_finite(failed, n + ": cublas_unfused.out", c.cublas_unfused->out);
-      check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
-    }
-    if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
-    if (c.topology_required && !c.topology.bitwise_equal()) {
-      failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +
-                       " (" + std::to_string(c.topology.out.mismatch_count) + " out, " +
-                       std::to_string(c.topology.lse.mismatch_count) + " lse elements differ)");
-    }
-  }
+  for (const CaseResult& c : report.cases) check_case(report, c, failed);
   check_same_grid_digests(report, failed);
-  for (const PagedCaseResult& c : report.paged_cases) {
-    const std::string& n = c.name;
-    for (const std::string& e : c.coverage_errors) failed.push_back(n + ": split plan: " + e);
-    check_max(failed, n + ": candidate.out", c.candidate.out, t.paged_out_max_abs);
-    check_max(failed, n + ": candidate.lse", c.candidate.lse, t.paged_lse_max_abs);
-    check_max(failed, n + ": dlogp", c.dlogp, t.paged_dlogp_max_abs);
-    check_max(failed, n + ": fp32_split_merge.out", c.fp32.out, t.out_max_abs);
-    check_max(failed, n + ": fp32_split_merge.lse", c.fp32.lse, t.lse_max_abs);
-    if (!c.invariances_required()) continue;  // auto: a diagnostic
-    for (const Invariance& inv : c.invariances) {
-      if (inv.applicable && !inv.bitwise_equal()) {
-        failed.push_back(n + ": invariance " + inv.name + " not bitwise equal (" +
-                         std::to_string(inv.stats.out.mismatch_count) + " out, " +
-                         std::to_string(inv.stats.lse.mismatch_count) + " lse elements differ)");
-      }
-    }
-  }
+  for (const PagedCaseResult& c : report.paged_cases)
+    check_paged_case(report.thresholds, c, failed);
   return failed;
 }
 

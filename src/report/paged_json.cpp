@@ -97,17 +97,17 @@ Value paged_case_json(const RunReport& r, const PagedCaseResult& c) {
   paged["drift"] = std::move(drift);
 
   Value invariance = Value::object();
+  const bool required = invariances_required(c.spec);
   for (const Invariance& inv : c.invariances) {
     Value i = out_lse_json(inv.stats);
     i["compares"] = inv.compares;
     i["bitwise_equal"] = inv.bitwise_equal();
     i["applicable"] = inv.applicable;
     if (!inv.applicable) i["reason"] = inv.reason;
-    i["required"] = c.invariances_required() && inv.applicable;
+    i["required"] = required && inv.applicable;
     // auto is a diagnostic: its equal bits are not evidence (they depend on batch and length).
-    i["passed"] = c.invariances_required() && inv.applicable && inv.bitwise_equal();
-    if (!c.invariances_required())
-      i["diagnostic"] = "split-KV auto depends on batch and length: never evidence";
+    i["passed"] = required && inv.applicable && inv.bitwise_equal();
+    if (!required) i["diagnostic"] = "split-KV auto depends on batch and length: never evidence";
     invariance[inv.name] = std::move(i);
   }
   paged["invariance"] = std::move(invariance);

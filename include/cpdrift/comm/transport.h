@@ -23,7 +23,7 @@ struct TransportCounters {
 class Transport {
  public:
   virtual ~Transport() = default;
-  /// The report's name for it: "inprocess", "mpi", later "nccl" and "cuda_ipc".
+  /// The report's name for it: "inprocess", "mpi", "nccl" or "cuda_ipc".
   virtual const char* name() const = 0;
   /// Number of processes the logical ranks are spread over, and this one's index.
   virtual int world_size() const = 0;

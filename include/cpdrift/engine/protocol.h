@@ -14,13 +14,14 @@
 
 namespace cpd {
 
-/// One arithmetic path (design §3): the inputs it reads and what its kernel does with P.
 /// Which kernel computes a path's partial states.
 enum class BlockKernel : std::uint8_t {
   canonical,  // the backend's attention kernel (numerics.md; on CUDA, bf16 is the tensor-core one)
   cublas_unfused,  // cuBLAS GEMMs + a softmax kernel (GPU backends only)
 };
 
+/// One arithmetic path (design §3): the inputs it reads, what its kernel does with P, and which
+/// kernel runs it.
 struct PathSpec {
   InputPrecision inputs = InputPrecision::fp32;
   ProbRounding rounding = ProbRounding::none;

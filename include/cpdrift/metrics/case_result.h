@@ -104,9 +104,6 @@ struct PagedCaseResult {
   std::vector<Invariance> invariances;
   int processes_used = 1;
   double seconds = 0.0;
-
-  /// Invariances must hold bitwise, except under the auto policy (a diagnostic).
-  bool invariances_required() const { return spec.split.policy != SplitPolicy::auto_select; }
 };
 
 /// The figures of what the engine computed: every comparison's statistics (collective: every

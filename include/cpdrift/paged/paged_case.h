@@ -28,6 +28,11 @@ struct PagedCaseSpec {
 /// qwen3_8b_tp1_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
 std::string paged_case_name(const PagedCaseSpec& spec, DType dtype);
 
+/// A case's invariances must hold bitwise, except under the auto policy (a diagnostic).
+inline bool invariances_required(const PagedCaseSpec& spec) {
+  return spec.split.policy != SplitPolicy::auto_select;
+}
+
 /// One bitwise invariance: a lane's FP32-merged rows against the same rows computed another way.
 struct InvarianceCheck {
   std::string name;      // batch_composition, page_layout, prefix_cache, decode_vs_prefill, …
@@ -58,9 +63,6 @@ struct PagedCaseOutputs {
   int processes_used = 1;
   std::chrono::steady_clock::time_point started;
   HeldTensors held;
-
-  /// Invariances must hold bitwise, except under the auto policy (a diagnostic).
-  bool invariances_required() const { return spec.split.policy != SplitPolicy::auto_select; }
 };
 
 struct PagedOptions {
