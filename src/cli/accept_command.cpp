@@ -55,7 +55,7 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
     pv = run.provenance;
   } else {
     pv = gather_provenance(comm, command_line);
-    pv.transport = "mpi";  // what a run would use; nothing moved
+    pv.transport = "none";  // manifest mode moves nothing
   }
   int status = kExitChecksFailed;
   if (root) {

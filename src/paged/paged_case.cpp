@@ -30,16 +30,16 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   o.fp32 = paged::same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len);
 
   const std::string base = "/paged_cases/" + o.name + "/";
-  o.candidate.out.candidate_tensor = 0;
-  o.candidate.lse.candidate_tensor = 1;
   const int dim = ctx.problem.dims.head_dim;
+  // Publishes one lane tensor; returns its index (the candidate's digest is its tensor's).
   const auto publish = [&](const char* path, const Shard& rows, int width, bool bf16_values,
                            bool digest) {
     o.tensors.push_back(paged::query_rows_tensor(ctx, w, base + path, local ? &rows : nullptr,
                                                  width, bf16_values, digest));
+    return static_cast<int>(o.tensors.size()) - 1;
   };
-  publish("candidate/out", candidate.out, dim, bf16, true);
-  publish("candidate/lse", candidate.lse, 1, false, true);
+  o.candidate.out.candidate_tensor = publish("candidate/out", candidate.out, dim, bf16, true);
+  o.candidate.lse.candidate_tensor = publish("candidate/lse", candidate.lse, 1, false, true);
   publish("reference/out", reference_cast.out, dim, bf16, false);
   publish("reference/lse", reference_cast.lse, 1, false, false);
 
