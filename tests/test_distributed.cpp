@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "../src/comm/mpi_check.h"  // the check itself, white-box
 #include "case_digests.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/tensor_layout.h"
@@ -271,3 +272,19 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
   std::remove(path.c_str());
 }
 #endif
+
+TEST_CASE("CPD_MPI_CHECK: MPI's own failure becomes a LibraryError naming host, rank and call") {
+  // cpdrift's communicators return errors instead of aborting (CommContext sets
+  // MPI_ERRORS_RETURN), so an invalid call comes back as a code for the check to decode.
+  int rank = -1;
+  try {
+    CPD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_NULL, &rank));
+    FAIL("MPI_Comm_rank(MPI_COMM_NULL) succeeded");
+  } catch (const LibraryError& e) {
+    const std::string what = e.what();
+    CHECK(e.library() == "MPI");
+    CHECK(what.find(" rank " + std::to_string(comm().rank()) + " ") != std::string::npos);
+    CHECK(what.find("test_distributed.cpp:") != std::string::npos);
+    CHECK(what.find("MPI_Comm_rank(MPI_COMM_NULL, &rank) failed: ") != std::string::npos);
+  }
+}

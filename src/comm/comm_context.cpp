@@ -1,6 +1,5 @@
 #include "cpdrift/comm/comm_context.h"
 
-
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

@@ -33,22 +33,22 @@ inline unsigned grid_blocks(long long blocks) {
 
 }  // namespace cpd
 
-#define CPD_CUDA_CHECK(call)                                                           \
-  do {                                                                                 \
-    const cudaError_t cpd_cuda_status_ = (call);                                       \
-    if (cpd_cuda_status_ != cudaSuccess) {                                             \
+#define CPD_CUDA_CHECK(call)                                                                 \
+  do {                                                                                       \
+    const cudaError_t cpd_cuda_status_ = (call);                                             \
+    if (cpd_cuda_status_ != cudaSuccess) {                                                   \
       ::cpd::throw_cuda_error("CUDA", #call, cudaGetErrorString(cpd_cuda_status_), __FILE__, \
-                              __LINE__);                                               \
-    }                                                                                  \
+                              __LINE__);                                                     \
+    }                                                                                        \
   } while (0)
 
-#define CPD_CUBLAS_CHECK(call)                                                          \
-  do {                                                                                  \
-    const cublasStatus_t cpd_cublas_status_ = (call);                                   \
-    if (cpd_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                  \
+#define CPD_CUBLAS_CHECK(call)                                                            \
+  do {                                                                                    \
+    const cublasStatus_t cpd_cublas_status_ = (call);                                     \
+    if (cpd_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                    \
       ::cpd::throw_cuda_error("cuBLAS", #call, cublasGetStatusString(cpd_cublas_status_), \
-                              __FILE__, __LINE__);                                      \
-    }                                                                                   \
+                              __FILE__, __LINE__);                                        \
+    }                                                                                     \
   } while (0)
 
 /// After a kernel launch: the launch error now, the execution error at the next sync.

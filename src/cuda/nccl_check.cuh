@@ -22,13 +22,13 @@ inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
 
 /// `ncclInProgress` is not a failure: the calls of a non-blocking communicator complete in the
 /// wait that follows them.
-#define CPD_NCCL_CHECK(call)                                                                   \
-  do {                                                                                         \
-    const ncclResult_t cpd_nccl_status_ = (call);                                              \
-    if (cpd_nccl_status_ != ncclSuccess && cpd_nccl_status_ != ncclInProgress) {               \
-      ::cpd::throw_library_error("NCCL", #call, ::cpd::nccl_error_text(cpd_nccl_status_), __FILE__, \
-                                 __LINE__);                                                    \
-    }                                                                                          \
+#define CPD_NCCL_CHECK(call)                                                              \
+  do {                                                                                    \
+    const ncclResult_t cpd_nccl_status_ = (call);                                         \
+    if (cpd_nccl_status_ != ncclSuccess && cpd_nccl_status_ != ncclInProgress) {          \
+      ::cpd::throw_library_error("NCCL", #call, ::cpd::nccl_error_text(cpd_nccl_status_), \
+                                 __FILE__, __LINE__);                                     \
+    }                                                                                     \
   } while (0)
 
 /// A failure NCCL reports outside a call (an async error, a timeout): the same shape.

@@ -102,10 +102,12 @@ class NcclTransport final : public PackedTransport {
     for (int p = 0; p < world; ++p) {
       const auto i = static_cast<std::size_t>(p);
       if (send_sizes_[i] > 0) {
-        CPD_NCCL_CHECK(ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_));
+        CPD_NCCL_CHECK(
+            ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_));
       }
       if (recv_sizes_[i] > 0) {
-        CPD_NCCL_CHECK(ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_));
+        CPD_NCCL_CHECK(
+            ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_));
       }
       s += send_sizes_[i];
       r += recv_sizes_[i];
