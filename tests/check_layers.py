@@ -14,7 +14,8 @@ import os
 import re
 import sys
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+# Quoted includes, and the project's headers in angle brackets too.
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(cpdrift/[^>]+)>)', re.MULTILINE)
 SOURCES = (".h", ".cpp", ".cu", ".cuh", ".h.in")
 
 
@@ -61,7 +62,7 @@ def main():
                 with open(os.path.join(root, path), encoding="utf-8") as f:
                     text = f.read()
                 for match in INCLUDE.finditer(text):
-                    included = match.group(1)
+                    included = match.group(1) or match.group(2)
                     if included.startswith("cpdrift/"):
                         target = "include/" + included
                     else:

@@ -195,6 +195,12 @@ TEST_SUITE("np4") {
          [](json::Value& c) {
            c["provenance"]["actual_split_kv_plans"].at(1)["actual_split_kv_size"] = 8;
          }},
+        // TP rank 1's executed plan, not only rank 0's, must be the requested one.
+        {"not run as requested",
+         [](json::Value& c) {
+           json::Value& entries = c["provenance"]["actual_split_kv_plan_set"]["entries"];
+           entries.at(entries.size() - 1)["split_kv_fallback"] = true;
+         }},
         {"incomplete plan-set coverage",
          [](json::Value& c) {
            c["provenance"]["actual_split_kv_plan_set"]["entries"].as_array().pop_back();

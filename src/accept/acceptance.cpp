@@ -142,6 +142,8 @@ void check_metric(const Value& c, const std::string& path, double limit, RowVerd
     v.errors.push_back(std::move(why));
 }
 
+// Every executed plan (per owner, and per entry of the plan set: every TP rank's) ran as
+// requested, with no fallback.
 void check_split_plans(const Value& c, RowVerdict& v) {
   const Value* requested = at_path(c, "provenance.requested_split_kv_policy");
   const Value* size = at_path(c, "provenance.requested_split_kv_size");
@@ -151,7 +153,14 @@ void check_split_plans(const Value& c, RowVerdict& v) {
     v.errors.push_back("missing split plans");
     return;
   }
-  for (const Value& p : plans->as_array()) {
+  std::vector<const Value*> all;
+  for (const Value& p : plans->as_array()) all.push_back(&p);
+  if (const Value* e = at_path(c, "provenance.actual_split_kv_plan_set.entries");
+      e != nullptr && e->is_array()) {  // its absence is check_plan_set's to report
+    for (const Value& p : e->as_array()) all.push_back(&p);
+  }
+  for (const Value* plan : all) {
+    const Value& p = *plan;
     const Value* policy = at_path(p, "actual_split_kv_policy");
     const Value* actual = at_path(p, "actual_split_kv_size");
     const Value* fallback = at_path(p, "split_kv_fallback");

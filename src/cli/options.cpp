@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
-#include <initializer_list>
 #include <map>
 
 #include "cpdrift/core/errors.h"
@@ -77,32 +76,27 @@ std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
   return values;
 }
 
-// One name, matched against to_string of each value; an unknown name is an error listing them.
-template <class T>
+// One name from an enum's table (the spellings to_string prints); an unknown name is an error
+// listing them.
+template <class T, std::size_t N>
 T parse_name(const std::string& flag, const std::string& item, const char* what,
-             std::initializer_list<T> values) {
-  for (const T v : values) {
-    if (item == to_string(v)) return v;
+             const EnumName<T> (&table)[N]) {
+  for (const EnumName<T>& e : table) {
+    if (item == e.name) return e.value;
   }
   std::string known;
-  for (const T v : values) known += (known.empty() ? "" : ", ") + std::string(to_string(v));
+  for (const EnumName<T>& e : table) known += (known.empty() ? "" : ", ") + std::string(e.name);
   bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
 }
 
 // A comma list of names.
-template <class T>
+template <class T, std::size_t N>
 std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
-                           std::initializer_list<T> values) {
+                           const EnumName<T> (&table)[N]) {
   std::vector<T> out;
   for (const std::string& item : split_list(flag, text))
-    out.push_back(parse_name(flag, item, what, values));
+    out.push_back(parse_name(flag, item, what, table));
   return out;
-}
-
-constexpr std::initializer_list<Device> kDevices = {Device::auto_select, Device::cpu, Device::cuda};
-
-bool has(const std::vector<RunMode>& modes, RunMode m) {
-  return std::find(modes.begin(), modes.end(), m) != modes.end();
 }
 
 // Walks argv, handing each flag's value (from `--flag value` or `--flag=value`) to its setter.
@@ -155,7 +149,7 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
     p.seed = parse_int<std::uint64_t>(f, v, 0);
   });
   r.value("--dtype", [&](const std::string& f, const std::string& v) {
-    p.dtype = parse_name(f, v, "dtype", {DType::bf16, DType::fp32});
+    p.dtype = parse_name(f, v, "dtype", kDTypeNames);
   });
   r.toggle("--no-rope", [&] { p.rope = false; });
 }
@@ -174,7 +168,7 @@ BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, st
   r.value("--repeats",
           [&](const std::string& f, const std::string& v) { b.repeats = parse_int<int>(f, v, 1); });
   r.value("--device", [&](const std::string& f, const std::string& v) {
-    b.device = parse_name(f, v, "device", kDevices);
+    b.device = parse_name(f, v, "device", kDeviceNames);
   });
   r.read(args, first);
   return b;
@@ -194,8 +188,8 @@ void add_threshold_flags(FlagReader& r, Thresholds& t) {
   threshold("--paged-dlogp-threshold", t.paged_dlogp_max_abs);
 }
 
-// Fills `a`; false when --help was asked for (nothing is required then).
-bool parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+// Fills `a`; with --help nothing is required.
+void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
                   const bool& help, AcceptOptions& a) {
   a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
   bool seq_len_given = false;
@@ -210,10 +204,9 @@ bool parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
   });
   add_threshold_flags(r, a.thresholds);
   r.read(args, first);
-  if (help) return false;
+  if (help) return;
   if (a.mode.empty()) bad("accept: --mode manifest|run is required");
   if (a.output.empty()) bad("accept: --output DIR/acceptance.json is required");
-  return true;
 }
 
 // The case matrix and the legs.
@@ -227,16 +220,13 @@ void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& mode
     splits_given = true;
   });
   r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
-    q.layouts = parse_names(f, v, "layout", {CpLayout::contiguous, CpLayout::zigzag});
+    q.layouts = parse_names(f, v, "layout", kCpLayoutNames);
   });
   r.value("--protocols", [&](const std::string& f, const std::string& v) {
-    q.protocols =
-        parse_names(f, v, "protocol", {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv});
+    q.protocols = parse_names(f, v, "protocol", kProtocolNames);
   });
   r.value("--modes", [&](const std::string& f, const std::string& v) {
-    q.modes = parse_names(
-        f, v, "mode",
-        {RunMode::prefill, RunMode::chunked_prefill, RunMode::paged_prefill, RunMode::decode});
+    q.modes = parse_names(f, v, "mode", kRunModeNames);
     modes_given = true;
   });
   r.toggle("--include-backward", [&] { q.include_backward = true; });
@@ -253,9 +243,7 @@ void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& giv
     given.push_back(f);
   });
   r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
-    q.split_policies =
-        parse_names(f, v, "split-KV policy",
-                    {SplitPolicy::disabled, SplitPolicy::fixed, SplitPolicy::auto_select});
+    q.split_policies = parse_names(f, v, "split-KV policy", kSplitPolicyNames);
     given.push_back(f);
   });
   r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
@@ -271,12 +259,10 @@ void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& giv
 // Where the run executes.
 void add_execution_flags(FlagReader& r, RunRequest& q) {
   r.value("--device", [&](const std::string& f, const std::string& v) {
-    q.device = parse_name(f, v, "device", kDevices);
+    q.device = parse_name(f, v, "device", kDeviceNames);
   });
   r.value("--transport", [&](const std::string& f, const std::string& v) {
-    q.transport = parse_name(f, v, "transport",
-                             {TransportChoice::auto_select, TransportChoice::mpi,
-                              TransportChoice::nccl, TransportChoice::cuda_ipc});
+    q.transport = parse_name(f, v, "transport", kTransportNames);
   });
   r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
     q.comm_timeout_seconds = parse_threshold(f, v);
@@ -309,18 +295,17 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
                        bool modes_given) {
   const RunRequest& q = o.request;
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
-  if (!paged_flags.empty() && !has(q.modes, RunMode::paged_prefill) &&
-      !has(q.modes, RunMode::decode)) {
+  if (!paged_flags.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode)) {
     bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
   }
   const auto lists_split = [&](bool sized) {
     return std::any_of(q.splits.begin(), q.splits.end(),
                        [&](const auto& s) { return s.has_value() == sized; });
   };
-  if (modes_given && has(q.modes, RunMode::prefill) && !lists_split(false)) {
+  if (modes_given && q.runs(RunMode::prefill) && !lists_split(false)) {
     bad("--modes prefill: --kv-chunk-sizes lists no 'none' (split disabled)");
   }
-  if (modes_given && has(q.modes, RunMode::chunked_prefill) && !lists_split(true)) {
+  if (modes_given && q.runs(RunMode::chunked_prefill) && !lists_split(true)) {
     bad("--modes chunked_prefill: --kv-chunk-sizes lists no split size");
   }
   const bool fixed_requested = std::find(q.split_policies.begin(), q.split_policies.end(),

@@ -22,6 +22,6 @@ int heads_of(const ModelDims& dims, TensorId tensor) {
   return tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
 }
 
-const char* to_string(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
+const char* to_string(DType t) { return name_of(kDTypeNames, t); }
 
 }  // namespace cpd

@@ -3,23 +3,12 @@
 #include <algorithm>
 #include <string>
 
-#include "cpdrift/core/enum_names.h"
 #include "cpdrift/util/sha256.h"
 
 namespace cpd {
 
-namespace {
-
-constexpr EnumName<CpLayout> kLayouts[] = {{CpLayout::contiguous, "contiguous"},
-                                           {CpLayout::zigzag, "zigzag"}};
-constexpr EnumName<Protocol> kProtocols[] = {{Protocol::ag_rs, "ag_rs"},
-                                             {Protocol::ring_kv, "ring_kv"},
-                                             {Protocol::allgather_kv, "allgather_kv"}};
-
-}  // namespace
-
-const char* to_string(CpLayout l) { return name_of(kLayouts, l); }
-const char* to_string(Protocol p) { return name_of(kProtocols, p); }
+const char* to_string(CpLayout l) { return name_of(kCpLayoutNames, l); }
+const char* to_string(Protocol p) { return name_of(kProtocolNames, p); }
 
 std::vector<Range> cp_owner_ranges(CpLayout layout, int cp, int cp_rank, std::int64_t seq_len) {
   if (layout == CpLayout::contiguous) {
@@ -65,7 +54,7 @@ SplitReading read_split_plan(const std::vector<Range>& ranges, const std::vector
   }
   if (!cut) {
     const bool fits = requested_fixed && std::all_of(runs.begin(), runs.end(), [&](const auto& r) {
-                        return r.front().size() <= *requested_fixed;
+                        return r.empty() || r.front().size() <= *requested_fixed;
                       });
     return fits ? SplitReading{"fixed", requested_fixed} : SplitReading{"disabled", std::nullopt};
   }

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "cpdrift/core/errors.h"
@@ -21,12 +22,12 @@ namespace cpd {
                       file, line);
 }
 
-/// A one-dimensional grid of `blocks` blocks: gridDim.x holds at most 2^31 - 1.
+/// A one-dimensional grid of `blocks` blocks: gridDim.x holds at most 2^31 - 1 (a limit of the
+/// launch cpdrift asks for, not a CUDA failure).
 inline unsigned grid_blocks(long long blocks) {
   if (blocks < 0 || blocks > 0x7fffffffLL) {
-    throw_cuda_error("CUDA", "kernel launch",
-                     ("a grid of " + std::to_string(blocks) + " blocks (at most 2^31 - 1)").c_str(),
-                     __FILE__, __LINE__);
+    throw std::length_error("a kernel launch of " + std::to_string(blocks) +
+                            " blocks: more than one grid holds (2^31 - 1)");
   }
   return static_cast<unsigned>(blocks);
 }

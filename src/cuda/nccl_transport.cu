@@ -2,8 +2,10 @@
 // non-blocking communicator on its device, and a superstep is one NCCL group of ncclSend /
 // ncclRecv of the packed bytes (packed_messages.h) between device staging buffers. Nothing
 // is reduced by NCCL: the bits are the MPI transport's. Every wait polls the communicator's
-// async error under --comm-timeout; any failure aborts it, so no peer waits on it forever.
+// async error under --comm-timeout; a failure aborts the communicator (peers then fail their
+// own waits, at the latest after --comm-timeout) instead of waiting on it.
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "cpdrift/comm/gpu_transports.h"
@@ -26,8 +28,12 @@ class NcclTransport final : public PackedTransport {
   }
 
   ~NcclTransport() override {
+    // ncclCommDestroy waits for what is still in flight: a superstep left unfinished, or the
+    // unwinding of a failure that did not pass through start()/finish(), aborts instead.
+    if (nccl_ != nullptr) {
+      in_flight_ || std::uncaught_exceptions() > 0 ? ncclCommAbort(nccl_) : ncclCommDestroy(nccl_);
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (nccl_ != nullptr) aborted_ ? ncclCommAbort(nccl_) : ncclCommDestroy(nccl_);
   }
 
   const char* name() const override { return "nccl"; }
@@ -37,9 +43,9 @@ class NcclTransport final : public PackedTransport {
   }
 
   std::vector<Message> finish() override {
-    std::vector<Message> arrived;
-    aborting_on_failure([&] { arrived = finish_superstep(); });
-    return arrived;
+    std::vector<Message> messages;
+    aborting_on_failure([&] { messages = finish_superstep(); });
+    return messages;
   }
 
  private:
@@ -49,9 +55,8 @@ class NcclTransport final : public PackedTransport {
     try {
       work();
     } catch (...) {
-      if (nccl_ != nullptr && !aborted_) {
+      if (nccl_ != nullptr) {
         ncclCommAbort(nccl_);
-        aborted_ = true;
         nccl_ = nullptr;
       }
       throw;
@@ -98,25 +103,32 @@ class NcclTransport final : public PackedTransport {
       at += buf.size();
     }
     CPD_NCCL_CHECK(ncclGroupStart());
-    std::uint64_t s = 0, r = 0;
-    for (int p = 0; p < world; ++p) {
-      const auto i = static_cast<std::size_t>(p);
-      if (send_sizes_[i] > 0) {
-        CPD_NCCL_CHECK(
-            ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_));
+    try {
+      std::uint64_t s = 0, r = 0;
+      for (int p = 0; p < world; ++p) {
+        const auto i = static_cast<std::size_t>(p);
+        if (send_sizes_[i] > 0) {
+          CPD_NCCL_CHECK(
+              ncclSend(dev_send_.data() + s, send_sizes_[i], ncclUint8, p, nccl_, stream_));
+        }
+        if (recv_sizes_[i] > 0) {
+          CPD_NCCL_CHECK(
+              ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_));
+        }
+        s += send_sizes_[i];
+        r += recv_sizes_[i];
       }
-      if (recv_sizes_[i] > 0) {
-        CPD_NCCL_CHECK(
-            ncclRecv(dev_recv_.data() + r, recv_sizes_[i], ncclUint8, p, nccl_, stream_));
-      }
-      s += send_sizes_[i];
-      r += recv_sizes_[i];
+    } catch (...) {
+      ncclGroupEnd();  // the thread's group closes before the communicator is aborted
+      throw;
     }
     CPD_NCCL_CHECK(ncclGroupEnd());
+    in_flight_ = true;
   }
 
   std::vector<Message> finish_superstep() {
     wait_for_stream("the superstep's grouped ncclSend/ncclRecv");
+    in_flight_ = false;
     std::vector<std::vector<std::byte>> received(recv_sizes_.size());
     std::uint64_t at = 0;
     for (std::size_t p = 0; p < recv_sizes_.size(); ++p) {
@@ -160,9 +172,10 @@ class NcclTransport final : public PackedTransport {
     while (true) {
       const cudaError_t s = cudaStreamQuery(stream_);
       if (s == cudaSuccess) return;
-      if (s != cudaErrorNotReady) CPD_CUDA_CHECK(s);
+      if (s != cudaErrorNotReady)
+        throw_cuda_error("CUDA", op, cudaGetErrorString(s), __FILE__, __LINE__);
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(nccl_, &state);
+      CPD_NCCL_CHECK(ncclCommGetAsyncError(nccl_, &state));
       if (state != ncclSuccess && state != ncclInProgress) {
         CPD_NCCL_FAIL(op, "with processes " + peers() + ": " + nccl_error_text(state, nccl_));
       }
@@ -177,7 +190,7 @@ class NcclTransport final : public PackedTransport {
 
   GpuTransportOptions options_;
   ncclComm_t nccl_ = nullptr;
-  bool aborted_ = false;
+  bool in_flight_ = false;  // a superstep's sends and receives were launched, not yet waited for
   cudaStream_t stream_ = nullptr;
   DeviceBuffer<std::byte> dev_send_, dev_recv_;  // grow-only staging
 };

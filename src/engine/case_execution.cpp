@@ -77,7 +77,6 @@ CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
   CaseExecution e;
   e.started = started;
   e.backend = ctx.inputs.backend().name();
-  e.device = ctx.inputs.backend().device();
   e.transport = ctx.transport.name();
   e.processes_used = std::min(ctx.transport.world_size(), grid.spec.num_logical_ranks());
   e.merged_blocks = executed_blocks(grid, states, ctx.collectives);

@@ -39,7 +39,7 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
     ref_dk.push_back(&rk);
     ref_dv.push_back(&rv);
   }
-  const std::string base = "/cases/" + o.name + "/";
+  const std::string base = case_group(o.name) + "/";
   const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
                            HeadKind heads, bool digest, Comparison* candidate_of) {
     if (candidate_of != nullptr)
@@ -82,7 +82,7 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid,
   }
   // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP
   // rank.
-  const std::string base = "/cases/" + o.name + "/";
+  const std::string base = case_group(o.name) + "/";
   c.candidate_tensor = static_cast<int>(o.tensors.size());
   o.tensors.push_back(case_tensor(grid, ctx.transport, base + "candidate/logp", cand_logp, 1,
                                   HeadKind::token, false, true));

@@ -1,5 +1,7 @@
 #include "cpdrift/engine/case_runner.h"
 
+#include <stdexcept>
+
 #include "case_execution.h"
 #include "case_legs.h"
 #include "cpdrift/engine/merge_checks.h"
@@ -50,7 +52,7 @@ void publish_attention(const RunContext& ctx, const CaseGrid& grid, CaseOutputs&
     outs.push_back(&a->out);
     lses.push_back(&a->lse);
   }
-  const std::string base = "/cases/" + o.name + "/" + leg + "/";
+  const std::string base = case_group(o.name) + "/" + leg + "/";
   const int dim = grid.problem.dims.head_dim;
   const int first = static_cast<int>(o.tensors.size());
   o.tensors.push_back(
@@ -80,8 +82,10 @@ ForwardWritten add_forward(const RunContext& ctx, const CaseGrid& grid, const Pa
       kv_block_bounds(cp1_counterpart(grid.spec), p.seq_len);
   HostedAttention reference, fp32, dtype, kernel, unfused, cpu;
   ForwardWritten written;
-  if (!runs.unfused.empty()) o.cublas_unfused.emplace();
-  if (!runs.cpu_fp32.empty()) o.cuda_vs_cpu_fp32.emplace();
+  // Decided alike on every process (a process may host no rank of the case, and every process
+  // must publish and measure the same tensors).
+  if (ctx.inputs.backend().has_unfused_gemm()) o.cublas_unfused.emplace();
+  if (ctx.cpu_rerun_inputs != nullptr) o.cuda_vs_cpu_fp32.emplace();
   for (std::size_t i = 0; i < runs.fp32.size(); ++i) {
     const RankOutput& run = runs.fp32[i];
     const int r = run.rank.cp_rank;
@@ -94,20 +98,20 @@ ForwardWritten add_forward(const RunContext& ctx, const CaseGrid& grid, const Pa
         bf16 ? o.held.keep(final_write(runs.bf16[i].merged, true)) : run.merged;
     const AttnShard& kernel_written = o.held.keep(final_write(runs.kernel[i].merged, true));
     const AttnShard& probe = o.held.keep(merge_reversed_arrivals(run, dim, ctx.inputs.backend()));
-    const OracleDiffs oracle = merge_oracle_diffs(run, dim);
+    OracleDiffs oracle = merge_oracle_diffs(run, dim);
     o.cp_merge_fp32.add(r, run.merged, ref);
     o.dtype_path.add(r, dtype_written, ref);
     o.bf16_kernel.add(r, kernel_written, ref);
     o.topology.add(r, run.merged, counterpart);
     o.merge_probe.add(r, probe, run.merged);
-    o.merge_oracle.out.add_diffs(r, o.held.keep(oracle.out));
-    o.merge_oracle.lse.add_diffs(r, o.held.keep(oracle.lse));
-    if (!runs.unfused.empty()) {
+    o.merge_oracle.out.add_diffs(r, o.held.keep(std::move(oracle.out)));
+    o.merge_oracle.lse.add_diffs(r, o.held.keep(std::move(oracle.lse)));
+    if (o.cublas_unfused) {
       const AttnShard& u = o.held.keep(final_write(runs.unfused[i].merged, true));
       o.cublas_unfused->add(r, u, ref);
       unfused.push_back(&u);
     }
-    if (!runs.cpu_fp32.empty()) {
+    if (o.cuda_vs_cpu_fp32) {
       o.cuda_vs_cpu_fp32->add(r, runs.cpu_fp32[i].merged, run.merged);
       cpu.push_back(&runs.cpu_fp32[i].merged);
     }
@@ -155,6 +159,11 @@ void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink) {
 
 void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& grid,
               CaseSink& sink) {
+  const CaseSpec& ran = grid.spec;
+  if (ran.tp != requested.tp || ran.cp != requested.cp || ran.layout != requested.layout ||
+      ran.protocol != requested.protocol) {
+    throw std::invalid_argument("run_case: the grid may differ from the request in its split only");
+  }
   CaseOutputs o;
   o.executed.started = std::chrono::steady_clock::now();
   const TransportCounters before = ctx.transport.counters();

@@ -2,28 +2,12 @@
 
 #include <algorithm>
 
-#include "cpdrift/core/enum_names.h"
 #include "cpdrift/core/errors.h"
 
 namespace cpd {
 namespace {
 
-constexpr EnumName<Device> kDevices[] = {
-    {Device::auto_select, "auto"}, {Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
-constexpr EnumName<TransportChoice> kTransports[] = {{TransportChoice::auto_select, "auto"},
-                                                     {TransportChoice::mpi, "mpi"},
-                                                     {TransportChoice::nccl, "nccl"},
-                                                     {TransportChoice::cuda_ipc, "cuda_ipc"}};
-constexpr EnumName<RunMode> kModes[] = {{RunMode::prefill, "prefill"},
-                                        {RunMode::chunked_prefill, "chunked_prefill"},
-                                        {RunMode::paged_prefill, "paged_prefill"},
-                                        {RunMode::decode, "decode"}};
-
 [[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
-
-bool has(const std::vector<RunMode>& modes, RunMode m) {
-  return std::find(modes.begin(), modes.end(), m) != modes.end();
-}
 
 // The prefill/chunked cases: tp → cp → split → layout → protocol.
 std::vector<CaseSpec> expand_cases(const RunRequest& o) {
@@ -31,7 +15,7 @@ std::vector<CaseSpec> expand_cases(const RunRequest& o) {
   for (int tp : o.tp_sizes) {
     for (int cp : o.cp_sizes) {
       for (const auto& split : o.splits) {
-        if (!has(o.modes, split ? RunMode::chunked_prefill : RunMode::prefill)) continue;
+        if (!o.runs(split ? RunMode::chunked_prefill : RunMode::prefill)) continue;
         for (CpLayout layout : o.layouts) {
           for (Protocol protocol : o.protocols) {
             CaseSpec spec{tp, cp, split, layout, protocol};
@@ -57,7 +41,7 @@ std::vector<CaseSpec> expand_cases(const RunRequest& o) {
 // The paged cases: split policy → mode.
 std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
   std::vector<PagedCaseSpec> cases;
-  if (!has(o.modes, RunMode::paged_prefill) && !has(o.modes, RunMode::decode)) return cases;
+  if (!o.runs(RunMode::paged_prefill) && !o.runs(RunMode::decode)) return cases;
   make_paged_workload(o.problem, o.page_size,
                       o.q_len);  // throws UsageError when it cannot be built
   const std::int64_t fixed = o.fixed_split_size.value_or(4 * std::int64_t{o.page_size});
@@ -75,8 +59,7 @@ std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
   // Plan-major, so each plan's lanes run once for both modes.
   for (const SplitPolicy p : policies) {
     for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      if (!has(o.modes, m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill))
-        continue;
+      if (!o.runs(m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill)) continue;
       cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}});
     }
   }
@@ -85,9 +68,13 @@ std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
 
 }  // namespace
 
-const char* to_string(Device d) { return name_of(kDevices, d); }
-const char* to_string(TransportChoice t) { return name_of(kTransports, t); }
-const char* to_string(RunMode m) { return name_of(kModes, m); }
+const char* to_string(Device d) { return name_of(kDeviceNames, d); }
+const char* to_string(TransportChoice t) { return name_of(kTransportNames, t); }
+const char* to_string(RunMode m) { return name_of(kRunModeNames, m); }
+
+bool RunRequest::runs(RunMode mode) const {
+  return std::find(modes.begin(), modes.end(), mode) != modes.end();
+}
 
 RunPlan plan_run(const RunRequest& request) {
   RunPlan plan;

@@ -17,19 +17,22 @@
 namespace cpd {
 namespace {
 
-// The compute backend `device` asks for (auto: CUDA when built and a device is present). One
-// GPU per process of the node: the node-local rank picks it.
+// This process's GPU: one per process of the node, picked by the node-local rank.
+int local_device(const CommContext& comm) {
+  return comm.local_rank() % std::max(1, cuda_device_count());
+}
+
+// The compute backend `device` asks for (auto: CUDA when built and a device is present). All
+// processes take the same kind: under auto, one that sees a device makes it CUDA for every
+// process, and a process without one then fails them all with the same line.
 std::unique_ptr<AttentionBackend> select_backend(Device device, ThreadPool& pool,
                                                  const CommContext& comm) {
   const bool want_cuda =
-      device == Device::cuda ||
-      (device == Device::auto_select && cuda_backend_built() && cuda_device_count() > 0);
+      comm.any(device == Device::cuda ||
+               (device == Device::auto_select && cuda_backend_built() && cuda_device_count() > 0));
   if (!want_cuda) return make_cpu_backend(pool);
   std::unique_ptr<AttentionBackend> backend;
-  agree_or_throw(comm, true, "", [&] {
-    const int count = cuda_device_count();
-    backend = make_cuda_backend(count > 0 ? comm.local_rank() % count : 0);
-  });
+  agree_or_throw(comm, true, "", [&] { backend = make_cuda_backend(local_device(comm)); });
   return backend;
 }
 
@@ -52,7 +55,7 @@ std::unique_ptr<Transport> select_transport(const RunRequest& request,
                      " moves GPU buffers: it needs the CUDA backend (--device cuda)");
   }
   GpuTransportOptions o;
-  o.device = comm.local_rank() % std::max(1, cuda_device_count());  // the backend's device
+  o.device = local_device(comm);  // the backend's
   o.timeout_seconds = request.comm_timeout_seconds;
   o.staging_bytes = static_cast<std::uint64_t>(request.staging_mib) << 20;
   return nccl ? make_nccl_transport(comm, o) : make_cuda_ipc_transport(comm, o);

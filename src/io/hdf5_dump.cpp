@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/io/tensor_dump.h"
@@ -15,16 +16,22 @@ namespace cpd {
 
 namespace {
 
-// The innermost message of HDF5's error stack: the most specific description of the failure.
+// HDF5's error stack, walked upward: from the most specific description of the failure to the
+// API call's own.
 herr_t take_message(unsigned, const H5E_error2_t* e, void* out) {
-  if (e->desc != nullptr) *static_cast<std::string*>(out) = e->desc;
+  if (e->desc != nullptr && *e->desc != '\0')
+    static_cast<std::vector<std::string>*>(out)->push_back(e->desc);
   return 0;
 }
 
+// "<the API's message>: <the most specific one>", e.g. "unable to create dataset: name already
+// exists".
 [[noreturn]] void throw_h5_error(const char* call, const char* file, int line) {
-  std::string message = "unknown HDF5 error";
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_message, &message);
+  std::vector<std::string> stack;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_message, &stack);
   H5Eclear2(H5E_DEFAULT);
+  std::string message = stack.empty() ? "unknown HDF5 error" : stack.back();
+  if (stack.size() > 1 && stack.front() != stack.back()) message += ": " + stack.front();
   throw_library_error("HDF5", call, message, file, line);
 }
 
@@ -32,7 +39,7 @@ herr_t take_message(unsigned, const H5E_error2_t* e, void* out) {
 }  // namespace cpd
 
 // CPD_H5_CHECK: every HDF5 call checked, one shape for every library (style habit 3): a
-// negative id or status becomes a LibraryError with HDF5's innermost message.
+// negative id or status becomes a LibraryError with HDF5's messages.
 #define CPD_H5_CHECK(call)                                                    \
   ([&]() {                                                                    \
     const auto cpd_h5_result_ = (call);                                       \

@@ -71,11 +71,12 @@ CaseResult measure_case(const CaseOutputs& o, std::span<const std::string> diges
   if (o.cuda_vs_cpu_fp32) r.cuda_vs_cpu_fp32 = m.stats(*o.cuda_vs_cpu_fp32);
   r.topology_required = o.topology_required;
   r.topology_reference = o.topology_reference;
-  for (int cp = 0; cp < o.spec.cp; ++cp) {
+  const int cp_ranks = static_cast<int>(o.executed.query_tokens.size());  // as the grid ran
+  for (int cp = 0; cp < cp_ranks; ++cp) {
     r.per_rank.push_back(PerRankDrift{cp, o.executed.query_tokens[static_cast<std::size_t>(cp)],
                                       m.stats(o.dtype_path, cp), m.stats(o.cp_merge_fp32, cp)});
   }
-  if (o.backward) r.backward = measure_backward(m, *o.backward, o.spec.cp);
+  if (o.backward) r.backward = measure_backward(m, *o.backward, cp_ranks);
   if (o.dlogp) r.dlogp = DlogpDrift{true, o.vocab_size, m.stats(*o.dlogp)};
   r.executed = o.executed;
   r.seconds = seconds_since(o.executed.started);

@@ -29,7 +29,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   o.candidate = paged::same_rows(candidate, in.reference, w.q_len);
   o.fp32 = paged::same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len);
 
-  const std::string base = "/paged_cases/" + o.name + "/";
+  const std::string base = paged_case_group(o.name) + "/";
   const int dim = ctx.problem.dims.head_dim;
   // Publishes one lane tensor; returns its index (the candidate's digest is its tensor's).
   const auto publish = [&](const char* path, const Shard& rows, int width, bool bf16_values,
@@ -44,7 +44,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   publish("reference/lse", reference_cast.lse, 1, false, false);
 
   o.vocab_size = options.vocab_size;
-  paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, local ? &candidate : nullptr,
+  paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in.heads, local ? &candidate : nullptr,
                                                   local ? &reference_cast : nullptr, o.vocab_size);
   const std::vector<float>& cand = o.held.keep(std::move(lp.candidate));
   o.dlogp.add(0, cand.data(), o.held.keep(std::move(lp.reference)).data(), cand.size());

@@ -74,15 +74,16 @@ void add_invariances(const PagedWorkload& w, const PlanLanes& l, PagedCaseOutput
 CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std::string path,
                              const Shard* local, int width, bool bf16, bool digest);
 
-/// Target-token logprobs of `candidate` and `reference` (this process's query rows, null where it
-/// computes no KV head): each process projects its heads through the synthetic lm_head, the
+/// Target-token logprobs of `candidate` and `reference` (this process's query rows of KV heads
+/// `kv_heads`; null where that is empty): each process projects its heads through the synthetic
+/// lm_head, the
 /// per-head partial logits travel to rank 0, which folds them in ascending head order (as the
 /// prefill cases do) and takes log_softmax at the target. Collective; rank 0 returns
 /// [B][q_len] logprobs of each, other processes nothing.
 struct PagedLogprobs {
   std::vector<float> candidate, reference;
 };
-PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w,
+PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Range kv_heads,
                              const AttnShard* candidate, const AttnShard* reference, int vocab);
 
 }  // namespace cpd::paged

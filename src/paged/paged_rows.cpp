@@ -52,14 +52,13 @@ CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std:
   return t;
 }
 
-PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w,
+PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Range kv,
                              const AttnShard* candidate, const AttnShard* reference, int vocab) {
   const Problem& p = ctx.problem;
   const int dim = p.dims.head_dim, hq = p.dims.num_q_heads, world = ctx.collectives.size();
   const std::int64_t q_len = w.q_len;
   const std::size_t plane = static_cast<std::size_t>(q_len) * vocab;  // one (b, h)'s logits
   // This process's heads: the partial logits z[which][b][h][row][v] of each.
-  const Range kv = kv_heads_of(p, world, ctx.collectives.rank());
   const Range heads{kv.begin * p.dims.group_size(), kv.end * p.dims.group_size()};
   const auto slot = [&](int which, int b, std::int64_t h) {
     return static_cast<std::size_t>((which * p.batch + b) * heads.size() + (h - heads.begin));

@@ -2,20 +2,12 @@
 
 #include <algorithm>
 
-#include "cpdrift/core/enum_names.h"
 #include "cpdrift/core/plan.h"
 #include "cpdrift/paged/page_table.h"
 
 namespace cpd {
-namespace {
 
-constexpr EnumName<SplitPolicy> kPolicies[] = {{SplitPolicy::disabled, "disabled"},
-                                               {SplitPolicy::fixed, "fixed"},
-                                               {SplitPolicy::auto_select, "auto"}};
-
-}  // namespace
-
-const char* to_string(SplitPolicy p) { return name_of(kPolicies, p); }
+const char* to_string(SplitPolicy p) { return name_of(kSplitPolicyNames, p); }
 
 std::vector<Range> split_blocks(const SplitKv& split, std::int64_t kv_len, int batch,
                                 int page_size) {

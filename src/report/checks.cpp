@@ -40,11 +40,10 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
     if (c.dlogp.available) d.push_back({"dlogp", c.dlogp.drift.digest});
     return d;
   };
-  const std::int64_t seq = report.problem.seq_len;
   for (std::size_t i = 0; i < report.cases.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
       const CaseResult &a = report.cases[j], &b = report.cases[i];
-      if (kv_block_bounds(a.spec, seq) != kv_block_bounds(b.spec, seq)) continue;
+      if (a.executed.block_bounds != b.executed.block_bounds) continue;  // the grids that ran
       const auto da = digests(a), db = digests(b);
       for (const auto& [name, x] : da) {
         for (const auto& [other, y] : db) {

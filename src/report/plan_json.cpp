@@ -57,6 +57,10 @@ std::string forward_split_backend(const CaseExecution& e) {
   return "cpdrift_" + e.backend + "_deterministic_block_grid";
 }
 
+std::string backward_split_backend(const CaseExecution& e) {
+  return "cpdrift_" + e.backend + "_deterministic_cp_backward";
+}
+
 Value ranges_json(const std::vector<Range>& ranges) {
   Value v = Value::array();
   for (const Range& r : ranges) v.push_back(pair(r.begin, r.end));
@@ -101,12 +105,16 @@ Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution&
   Value entries = Value::array();
   // A state message carries every sequence of the batch, so each batch index ran the plan of its
   // TP rank's query owners.
+  std::vector<Value> plans;  // per (TP rank, owner)
+  for (const std::vector<ExecutedBlock>& executed : e.merged_blocks) {
+    for (int owner = 0; owner < spec.cp; ++owner)
+      plans.push_back(split_plan_json(p, spec, forward_split_backend(e), executed, owner));
+  }
   for (int b = 0; b < p.batch; ++b) {
     for (int t = 0; t < spec.tp; ++t) {
-      const std::vector<ExecutedBlock>& executed = e.merged_blocks[static_cast<std::size_t>(t)];
       for (int r = 0; r < spec.cp; ++r) {
         for (int owner = 0; owner < spec.cp; ++owner) {
-          Value entry = split_plan_json(p, spec, forward_split_backend(e), executed, owner);
+          Value entry = plans[static_cast<std::size_t>(t * spec.cp + owner)];
           const std::vector<Range> owned = cp_owner_ranges(spec.layout, spec.cp, owner, p.seq_len);
           entry["batch_index"] = b;
           entry["tp_rank"] = t;

@@ -20,8 +20,10 @@ json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const C
 json::Value split_plan_json(const Problem& p, const CaseSpec& spec,
                             const std::string& split_kv_backend,
                             const std::vector<ExecutedBlock>& executed, int owner);
-/// The forward's split_kv_backend: cpdrift's block grid on the backend that ran.
+/// The split_kv_backend of the forward's and the backward's plans: cpdrift's block grid on the
+/// backend that ran.
 std::string forward_split_backend(const CaseExecution& e);
+std::string backward_split_backend(const CaseExecution& e);
 /// The plan set: one entry per (batch_index, tp_rank, cp_rank, owner_cp_rank), each the plan of
 /// its TP rank as executed.
 json::Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e);

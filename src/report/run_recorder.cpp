@@ -48,7 +48,7 @@ void RunRecorder::rope(const RopeOutputs& o) {
 
 void RunRecorder::prefill_case(const CaseOutputs& o) {
   const CaseSpec& spec = o.spec;
-  annotate("/cases/" + o.name,
+  annotate(case_group(o.name),
            {{"tp_world_size", std::int64_t{spec.tp}},
             {"cp_world_size", std::int64_t{spec.cp}},
             {"split", spec.split ? DumpValue(*spec.split) : DumpValue(std::string("none"))},
@@ -63,7 +63,7 @@ void RunRecorder::paged_case(const PagedCaseOutputs& o) {
   const PagedWorkload& w = o.workload;
   std::string lens;
   for (const std::int64_t len : w.kv_lens) lens += (lens.empty() ? "" : ",") + std::to_string(len);
-  annotate("/paged_cases/" + o.name, {{"kv_lens", lens},
+  annotate(paged_case_group(o.name), {{"kv_lens", lens},
                                       {"q_len", w.q_len},
                                       {"page_size", std::int64_t{w.page_size}},
                                       {"shared_prefix_tokens", w.prefix_len}});

@@ -20,8 +20,7 @@ Value backward_provenance(const RunReport& r, const CaseResult& c) {
   // The KV blocks whose partial dq the query owners folded, as the messages said.
   Value plans = Value::array();
   for (int owner = 0; owner < spec.cp; ++owner) {
-    plans.push_back(split_plan_json(r.problem, spec,
-                                    "cpdrift_" + c.executed.backend + "_deterministic_cp_backward",
+    plans.push_back(split_plan_json(r.problem, spec, backward_split_backend(c.executed),
                                     c.executed.backward_blocks.front(), owner));
   }
   v["actual_split_kv_plans"] = std::move(plans);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/core/enum_names.h"
 #include "cpdrift/numerics/philox.h"
 
 namespace cpd {
@@ -31,6 +32,7 @@ std::vector<float> rope_inv_freq(const ModelDims& dims);
 int heads_of(const ModelDims& dims, TensorId tensor);
 
 enum class DType { bf16, fp32 };
+inline constexpr EnumName<DType> kDTypeNames[] = {{DType::bf16, "bf16"}, {DType::fp32, "fp32"}};
 const char* to_string(DType);
 
 /// Precision of the values a path reads: FP32, or the BF16 rounding of them (q and k are

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/core/enum_names.h"
 #include "cpdrift/core/model.h"
 #include "cpdrift/core/range.h"
 
@@ -14,6 +15,11 @@ namespace cpd {
 
 enum class CpLayout { contiguous, zigzag };
 enum class Protocol { ag_rs, ring_kv, allgather_kv };
+inline constexpr EnumName<CpLayout> kCpLayoutNames[] = {{CpLayout::contiguous, "contiguous"},
+                                                        {CpLayout::zigzag, "zigzag"}};
+inline constexpr EnumName<Protocol> kProtocolNames[] = {{Protocol::ag_rs, "ag_rs"},
+                                                        {Protocol::ring_kv, "ring_kv"},
+                                                        {Protocol::allgather_kv, "allgather_kv"}};
 const char* to_string(CpLayout);
 const char* to_string(Protocol);
 

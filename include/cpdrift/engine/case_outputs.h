@@ -41,10 +41,9 @@ struct ExecutedBlock {
 };
 
 /// What a case's run actually did (style habit 13: every "actual" field of the report is written
-/// from this, never from the request). The same on every process.
+/// from this, never from the request). The same on every process, but for `started`.
 struct CaseExecution {
   std::string backend;    // the compute backend that ran the kernels: "cpu", "cuda"
-  std::string device;     // "cpu", "cuda:N"
   std::string transport;  // what moved the messages: "inprocess", "mpi", "nccl", "cuda_ipc"
   int processes_used = 1;
   /// Per TP rank, every KV block whose states that TP rank's query owners merged on the FP32
@@ -54,10 +53,10 @@ struct CaseExecution {
   std::vector<std::vector<ExecutedBlock>> backward_blocks;
   /// Per CP query owner (TP rank 0), the global block indices it merged.
   std::vector<std::vector<int>> merged_block_indices;
-  std::vector<Range> block_bounds;               // the KV block grid that ran, ascending
-  std::vector<std::vector<Range>> query_tokens;  // per CP rank, its query shard
-  TransportCounters moved;                       // messages and bytes of the case, all processes
-  std::chrono::steady_clock::time_point started;
+  std::vector<Range> block_bounds;                // the KV block grid that ran, ascending
+  std::vector<std::vector<Range>> query_tokens;   // per CP rank, its query shard
+  TransportCounters moved;                        // messages and bytes of the case, all processes
+  std::chrono::steady_clock::time_point started;  // this process's clock
 };
 
 /// The backward leg: the FP32 gradients vs the CP=1 reference, and their BF16 final write.

@@ -20,7 +20,8 @@ Shard bf16_written(const Shard& s);
 void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink);
 
 /// The same on an explicit grid: `requested` is what the report says was asked for, `executed`
-/// the grid that runs. They differ only where a test shows that the record reads what ran.
+/// the grid that runs. They may differ in the split only (std::invalid_argument otherwise), and
+/// do only where a test shows that the record reads what ran.
 void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& executed,
               CaseSink& sink);
 

@@ -52,6 +52,12 @@ struct OutLseComparison {
   }
 };
 
+/// The dump groups of a case's tensors: /cases/<case> and /paged_cases/<case>.
+inline std::string case_group(const std::string& case_name) { return "/cases/" + case_name; }
+inline std::string paged_case_group(const std::string& case_name) {
+  return "/paged_cases/" + case_name;
+}
+
 /// A distributed tensor a case publishes.
 struct CaseTensor {
   std::string path;    // its dataset in a dump (/cases/<case>/<leg>/<name>); "": never dumped

@@ -18,6 +18,17 @@ enum class TransportChoice { auto_select, mpi, nccl, cuda_ipc };
 enum class RunMode { prefill, chunked_prefill, paged_prefill, decode };
 
 /// The command line's spellings of these choices.
+inline constexpr EnumName<Device> kDeviceNames[] = {
+    {Device::auto_select, "auto"}, {Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
+inline constexpr EnumName<TransportChoice> kTransportNames[] = {
+    {TransportChoice::auto_select, "auto"},
+    {TransportChoice::mpi, "mpi"},
+    {TransportChoice::nccl, "nccl"},
+    {TransportChoice::cuda_ipc, "cuda_ipc"}};
+inline constexpr EnumName<RunMode> kRunModeNames[] = {{RunMode::prefill, "prefill"},
+                                                      {RunMode::chunked_prefill, "chunked_prefill"},
+                                                      {RunMode::paged_prefill, "paged_prefill"},
+                                                      {RunMode::decode, "decode"}};
 const char* to_string(Device);
 const char* to_string(TransportChoice);
 const char* to_string(RunMode);
@@ -48,6 +59,9 @@ struct RunRequest {
   double comm_timeout_seconds = 300.0;  // GPU transports: a wait longer than this is an error
   int staging_mib = 64;                 // cuda_ipc: each process's receive window
   int threads = 0;                      // 0: the CPUs this process may use (default_threads)
+
+  /// Whether `mode` is asked for.
+  bool runs(RunMode mode) const;
 };
 
 /// The cases of a run, in report order.

@@ -6,12 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/core/enum_names.h"
 #include "cpdrift/core/range.h"
 
 namespace cpd {
 
 enum class SplitPolicy { disabled, fixed, auto_select };
-const char* to_string(SplitPolicy);  // "disabled", "fixed", "auto"
+inline constexpr EnumName<SplitPolicy> kSplitPolicyNames[] = {{SplitPolicy::disabled, "disabled"},
+                                                              {SplitPolicy::fixed, "fixed"},
+                                                              {SplitPolicy::auto_select, "auto"}};
+const char* to_string(SplitPolicy);
 
 struct SplitKv {
   SplitPolicy policy = SplitPolicy::disabled;

@@ -1,7 +1,8 @@
-// A fixed set of worker threads for the CPU backend's data-parallel loops.
+// A fixed set of worker threads for data-parallel loops (the CPU kernels, input generation,
+// statistics).
 //
-// Kernels are row- and block-independent (design §1), so how tasks land on threads never
-// changes a bit of any result; the pool only decides speed.
+// Every loop it runs is row- and block-independent (design §1), so how tasks land on threads
+// never changes a bit of any result; the pool only decides speed.
 #pragma once
 
 #include <condition_variable>
