@@ -18,13 +18,16 @@ using testing::kFp32;
 using testing::small_problem;
 
 Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int threads = 2,
-           std::uint64_t shuffle = 0) {
+           std::uint64_t shuffle = 0, std::int64_t round_rows = 0,
+           std::uint64_t* messages = nullptr) {
   ThreadPool pool(threads);
   InputStore inputs(p, pool);
   InProcessTransport transport(shuffle);
-  const CaseGrid grid(p, spec);
-  return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
-                             LocalCollectives(), 1, 0);
+  const CaseGrid grid(p, spec, round_rows);
+  const Global g = testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
+                                       LocalCollectives(), 1, 0);
+  if (messages != nullptr) *messages = transport.counters().messages;
+  return g;
 }
 
 }  // namespace
@@ -55,6 +58,37 @@ TEST_CASE("TP, thread count and arrival order never change a bit") {
   CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 3, 12345).out ==
         ref.out);
   CHECK(run(p, CaseSpec{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, kFp32, 2, 777).lse == ref.lse);
+}
+
+TEST_CASE("the rounds of the state exchange never change a bit, for every protocol") {
+  const Problem p = small_problem();
+  for (const Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
+    for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+      const CaseSpec spec{2, 2, 8, layout, protocol};
+      std::uint64_t one_round = 0;
+      const Global ref = run(p, spec, kFp32, 2, 0, 0, &one_round);
+      const std::int64_t range_rows = CaseGrid(p, spec).ranks[0].tokens[0].size();
+      for (const std::int64_t rows : {1, 5, 16}) {
+        CAPTURE(std::string(to_string(protocol)));
+        CAPTURE(std::string(to_string(layout)));
+        CAPTURE(rows);
+        std::uint64_t messages = 0;
+        const Global g = run(p, spec, kFp32, 2, 0, rows, &messages);
+        CHECK(g.out == ref.out);
+        CHECK(g.lse == ref.lse);
+        // It did run in rounds: the states of each group are messages of their own (ag_rs), or
+        // checked as such; either way the transport saw the rounds' supersteps.
+        if (protocol == Protocol::ag_rs && rows < range_rows) CHECK(messages > one_round);
+      }
+    }
+  }
+  // A round's group is the round_rows rows from its range's start, the last one shorter.
+  const CaseGrid grid(p, CaseSpec{1, 2, 8, CpLayout::contiguous, Protocol::ag_rs}, 5);
+  CHECK(grid.rounds() == 7);  // 32 rows a range
+  CHECK(grid.round_group(Range{32, 64}, 0) == Range{32, 37});
+  CHECK(grid.round_group(Range{32, 64}, 6) == Range{62, 64});
+  CHECK(grid.round_group(Range{32, 64}, 7).empty());
+  CHECK(CaseGrid(p, CaseSpec{1, 2, 8, CpLayout::contiguous, Protocol::ag_rs}).rounds() == 1);
 }
 
 TEST_CASE("negative control: split disabled, CP=2 is not bitwise equal to CP=1") {

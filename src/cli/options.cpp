@@ -272,6 +272,9 @@ void add_execution_flags(FlagReader& r, RunRequest& q) {
     q.staging_mib = parse_int<int>(f, v, 1);
   });
   r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
+  r.value("--round-rows", [&](const std::string& f, const std::string& v) {
+    q.round_rows = parse_int<std::int64_t>(f, v, 1);
+  });
 }
 
 // What the CLI does with the run's results.

@@ -71,8 +71,8 @@ CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
                                std::chrono::steady_clock::time_point started) {
   std::vector<Received> states;
   for (const RankOutput& o : fp32) {
-    for (const Message& m : o.states)
-      states.push_back(Received{o.rank.tp_rank, o.rank.cp_rank, m.header});
+    for (const MessageHeader& h : o.merged_states)
+      states.push_back(Received{o.rank.tp_rank, o.rank.cp_rank, h});
   }
   CaseExecution e;
   e.started = started;

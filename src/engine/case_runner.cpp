@@ -75,7 +75,6 @@ struct ForwardWritten {
 ForwardWritten add_forward(const RunContext& ctx, const CaseGrid& grid, const PathRuns& runs,
                            CaseOutputs& o) {
   const Problem& p = ctx.problem;
-  const int dim = p.dims.head_dim;
   const bool bf16 = p.dtype == DType::bf16;
   const std::vector<Range> reference_grid{Range{0, p.seq_len}};
   const std::vector<Range> counterpart_grid =
@@ -97,15 +96,14 @@ ForwardWritten add_forward(const RunContext& ctx, const CaseGrid& grid, const Pa
     const AttnShard& dtype_written =
         bf16 ? o.held.keep(final_write(runs.bf16[i].merged, true)) : run.merged;
     const AttnShard& kernel_written = o.held.keep(final_write(runs.kernel[i].merged, true));
-    const AttnShard& probe = o.held.keep(merge_reversed_arrivals(run, dim, ctx.inputs.backend()));
-    OracleDiffs oracle = merge_oracle_diffs(run, dim);
+    const MergeChecks& checks = *run.checks;  // the FP32 path runs with them
     o.cp_merge_fp32.add(r, run.merged, ref);
     o.dtype_path.add(r, dtype_written, ref);
     o.bf16_kernel.add(r, kernel_written, ref);
     o.topology.add(r, run.merged, counterpart);
-    o.merge_probe.add(r, probe, run.merged);
-    o.merge_oracle.out.add_diffs(r, o.held.keep(std::move(oracle.out)));
-    o.merge_oracle.lse.add_diffs(r, o.held.keep(std::move(oracle.lse)));
+    o.merge_probe.add(r, checks.probe, run.merged);
+    o.merge_oracle.out.add_diffs(r, checks.oracle_out);
+    o.merge_oracle.lse.add_diffs(r, checks.oracle_lse);
     if (o.cublas_unfused) {
       const AttnShard& u = o.held.keep(final_write(runs.unfused[i].merged, true));
       o.cublas_unfused->add(r, u, ref);
@@ -154,7 +152,7 @@ AttnShard final_write(const AttnShard& merged, bool bf16) {
 }
 
 void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink) {
-  run_case(ctx, spec, CaseGrid(ctx.problem, spec), sink);
+  run_case(ctx, spec, CaseGrid(ctx.problem, spec, ctx.round_rows), sink);
 }
 
 void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& grid,

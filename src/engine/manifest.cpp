@@ -6,9 +6,35 @@
 
 namespace cpd {
 
-CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s)
-    : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)) {
+CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
+    : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)), round_rows(rows) {
   for (int id = 0; id < s.num_logical_ranks(); ++id) ranks.push_back(logical_rank(s, p, id));
+  std::int64_t longest = 0;
+  for (const LogicalRank& r : ranks) {
+    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
+  }
+  if (round_rows <= 0) {
+    // A row's states against every block: out and lse of each of the rank's query heads.
+    const std::int64_t heads = p.dims.num_q_heads / s.tp;
+    const std::int64_t row_bytes = static_cast<std::int64_t>(blocks.size()) * p.batch * heads *
+                                   (p.dims.head_dim + 1) * std::int64_t{sizeof(float)};
+    round_rows = std::max<std::int64_t>(16, kRoundStateBytes / row_bytes / 16 * 16);
+  }
+  round_rows = std::min(round_rows, std::max<std::int64_t>(1, longest));
+}
+
+int CaseGrid::rounds() const {
+  std::int64_t longest = 0;
+  for (const LogicalRank& r : ranks) {
+    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
+  }
+  return static_cast<int>((longest + round_rows - 1) / round_rows);
+}
+
+Range CaseGrid::round_group(const Range& tokens, int round) const {
+  const std::int64_t begin = tokens.begin + std::int64_t{round} * round_rows;
+  if (begin >= tokens.end) return Range{tokens.end, tokens.end};
+  return Range{begin, std::min(tokens.end, begin + round_rows)};
 }
 
 std::vector<KvBlock> CaseGrid::blocks_of(int cp_rank) const {
@@ -122,12 +148,15 @@ MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, cons
                      2LL * grid.problem.dims.head_dim);
 }
 
-std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst) {
+std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
+                                           int round) {
   std::vector<MessageHeader> out;
-  for (const Range& tokens : dst.tokens) {
+  for (const Range& range : dst.tokens) {
+    const Range group = grid.round_group(range, round);
+    if (group.empty()) continue;
     for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, tokens))
-        out.push_back(state_header(grid, dst, tokens, block));
+      if (causally_visible(block.range, group))
+        out.push_back(state_header(grid, dst, group, block));
     }
   }
   return out;
@@ -165,11 +194,13 @@ MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, co
 }
 
 std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst) {
-  // The forward's states, in reverse: one per causally visible (query range, KV block) pair.
-  std::vector<MessageHeader> out = expected_states(grid, dst);
-  for (MessageHeader& h : out) {
-    const KvBlock& block = grid.blocks[static_cast<std::size_t>(h.block_index)];
-    h = dq_partial_header(grid, dst, h.tokens(), block);
+  // One per causally visible (query range, KV block) pair.
+  std::vector<MessageHeader> out;
+  for (const Range& tokens : dst.tokens) {
+    for (const KvBlock& block : grid.blocks) {
+      if (causally_visible(block.range, tokens))
+        out.push_back(dq_partial_header(grid, dst, tokens, block));
+    }
   }
   return out;
 }

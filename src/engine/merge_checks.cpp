@@ -10,25 +10,25 @@
 namespace cpd {
 namespace {
 
-// Visits every (token range, batch, head) of a rank with the states that cover it, in the
-// order `order` lists them (indices into rank.states).
+// Visits every (group, batch, head) of a rank's round with the states that cover it, in the
+// order `order` lists them (indices into `states`).
 template <class Fn>
-void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::size_t>& order,
-                        Fn&& fn) {
-  const ShardShape& shape = rank.merged.out.shape;
-  const std::int64_t heads = shape.heads.size();
-  for (const Range& t : shape.tokens) {
+void for_each_row_group(const LogicalRank& r, const std::vector<Range>& groups,
+                        const std::vector<Message>& states, int batch, int dim,
+                        const std::vector<std::size_t>& order, Fn&& fn) {
+  const std::int64_t heads = r.q_heads.size();
+  for (const Range& t : groups) {
     const std::int64_t rows = t.size();
-    for (int b = 0; b < shape.batch; ++b) {
-      for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
-        const std::int64_t slot = b * heads + (h - shape.heads.begin);
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+        const std::int64_t slot = b * heads + (h - r.q_heads.begin);
         std::vector<StateRef> refs;
         for (std::size_t i : order) {
-          const Message& m = rank.states[i];
+          const Message& m = states[i];
           if (m.header.tokens() != t) continue;
           const float* base = m.payload.data();
           refs.push_back(StateRef{m.header.block_index, base + slot * rows * dim,
-                                  base + shape.batch * heads * rows * dim + slot * rows});
+                                  base + batch * heads * rows * dim + slot * rows});
         }
         fn(t, b, h, refs);
       }
@@ -38,13 +38,13 @@ void for_each_row_group(const RankOutput& rank, int dim, const std::vector<std::
 
 }  // namespace
 
-AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim, AttentionBackend& backend) {
-  AttnShard probe{Shard(rank.merged.out.shape), Shard(rank.merged.lse.shape)};
-  const std::vector<std::size_t> reversed(rank.arrival_order.rbegin(), rank.arrival_order.rend());
-  backend.merge_states(protocol::state_merge_jobs(probe, rank.rank, rank.states, reversed,
-                                                  rank.merged.out.shape.batch, dim),
+void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& groups,
+                             const std::vector<Message>& states,
+                             const std::vector<std::size_t>& arrival, int batch, int dim,
+                             AttentionBackend& backend, AttnShard& probe) {
+  const std::vector<std::size_t> reversed(arrival.rbegin(), arrival.rend());
+  backend.merge_states(protocol::state_merge_jobs(probe, r, groups, states, reversed, batch, dim),
                        dim);
-  return probe;
 }
 
 OracleRow merge_oracle_row(const std::vector<const float*>& outs, const std::vector<float>& lses,
@@ -74,30 +74,32 @@ float oracle_diff(float production, double oracle) {
 
 }  // namespace
 
-OracleDiffs merge_oracle_diffs(const RankOutput& rank, int dim) {
-  OracleDiffs diffs{std::vector<float>(rank.merged.out.data.size()),
-                    std::vector<float>(rank.merged.lse.data.size())};
-  std::vector<std::size_t> manifest_order(rank.states.size());
+void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
+                        const std::vector<Message>& states, const AttnShard& merged, int dim,
+                        MergeChecks& checks) {
+  const ShardShape& out = merged.out.shape;
+  const ShardShape& lse = merged.lse.shape;
+  std::vector<std::size_t> manifest_order(states.size());
   for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-  for_each_row_group(
-      rank, dim, manifest_order, [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-        const std::int64_t first = rank.merged.out.shape.local_row(t.begin);
-        for (std::int64_t r = 0; r < t.size(); ++r) {
-          std::vector<const float*> outs;
-          std::vector<float> lses;
-          for (const StateRef& s : refs) {
-            outs.push_back(s.out + r * dim);
-            lses.push_back(s.lse[r]);
-          }
-          const OracleRow oracle = merge_oracle_row(outs, lses, dim);
-          const std::size_t o = rank.merged.out.shape.offset(b, h, first + r);
-          const std::size_t l = rank.merged.lse.shape.offset(b, h, first + r);
-          for (int d = 0; d < dim; ++d)
-            diffs.out[o + d] = oracle_diff(rank.merged.out.data[o + d], oracle.out[d]);
-          diffs.lse[l] = oracle_diff(rank.merged.lse.data[l], oracle.lse);
-        }
-      });
-  return diffs;
+  for_each_row_group(r, groups, states, out.batch, dim, manifest_order,
+                     [&](const Range& t, int b, std::int64_t h, const auto& refs) {
+                       const std::int64_t first = out.local_row(t.begin);
+                       for (std::int64_t row = 0; row < t.size(); ++row) {
+                         std::vector<const float*> outs;
+                         std::vector<float> lses;
+                         for (const StateRef& s : refs) {
+                           outs.push_back(s.out + row * dim);
+                           lses.push_back(s.lse[row]);
+                         }
+                         const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+                         const std::size_t o = out.offset(b, h, first + row);
+                         const std::size_t l = lse.offset(b, h, first + row);
+                         for (int d = 0; d < dim; ++d)
+                           checks.oracle_out[o + d] =
+                               oracle_diff(merged.out.data[o + d], oracle.out[d]);
+                         checks.oracle_lse[l] = oracle_diff(merged.lse.data[l], oracle.lse);
+                       }
+                     });
 }
 
 std::string merge_oracle_self_test() {

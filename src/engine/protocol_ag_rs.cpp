@@ -1,13 +1,15 @@
 // ag_rs: all-gather the query rows, compute each state where its K/V live, send it to the
 // query owner, merge there in global block order (a reduce-scatter whose reduction is the
-// ordered merge). The default; the reference benchmark's semantics.
+// ordered merge). The default; the reference benchmark's semantics. The states move and merge
+// one round's row groups at a time.
 #include "cpdrift/backend/attention_backend.h"
 #include "protocol_common.h"
 
 namespace cpd::protocol {
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
-                                  InputStore& store, bool keep_states) {
+                                  InputStore& store, bool with_checks) {
+  const int dim = grid.problem.dims.head_dim;
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const std::map<int, RankInputs> inputs = generate_inputs(grid, hosted, path, store);
 
@@ -19,38 +21,50 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
         outgoing.push_back(Message{h, rows_of(inputs.at(h.src).q, h.tokens())});
     }
   }
-  std::map<int, Inbox> q_inboxes =
+  const std::map<int, Inbox> q_inboxes =
       superstep(transport, hosted, std::move(outgoing),
                 [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
 
-  // Superstep 2: states of every served query range against the owner's blocks.
-  std::vector<Message> states;
-  std::vector<BlockJob> jobs;
+  // The query ranges each hosted KV owner serves: its own, and those that arrived.
   std::vector<std::vector<float>> own_rows;  // inner buffers stay put when this grows
+  std::map<int, std::vector<QueryPiece>> served;
   for (const LogicalRank& owner : hosted) {
-    const RankInputs& in = inputs.at(owner.id);
-    std::vector<QueryPiece> served;
     for (const Range& t : owner.tokens) {
-      own_rows.push_back(rows_of(in.q, t));
-      served.push_back(QueryPiece{&owner, t, own_rows.back().data()});
+      own_rows.push_back(rows_of(inputs.at(owner.id).q, t));
+      served[owner.id].push_back(QueryPiece::range(&owner, t, own_rows.back().data()));
     }
     for (const Message& m : q_inboxes.at(owner.id).messages()) {
-      served.push_back(QueryPiece{&grid.ranks[static_cast<std::size_t>(m.header.src)],
-                                  m.header.tokens(), m.payload.data()});
+      served[owner.id].push_back(
+          QueryPiece::range(&grid.ranks[static_cast<std::size_t>(m.header.src)], m.header.tokens(),
+                            m.payload.data()));
     }
-    for (const QueryPiece& q : served) {
-      for (const KvBlock& block : grid.blocks_of(owner.cp_rank)) {
-        if (causally_visible(block.range, q.tokens))
-          states.push_back(state_message(grid, q, block, in.k, in.v, jobs));
+  }
+
+  // Each round: states of every served range's group against the owner's blocks, to the
+  // query owners, merged there.
+  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
+  for (int round = 0; round < grid.rounds(); ++round) {
+    std::vector<Message> states;
+    std::vector<BlockJob> jobs;
+    for (const LogicalRank& owner : hosted) {
+      const RankInputs& in = inputs.at(owner.id);
+      for (const QueryPiece& range : served.at(owner.id)) {
+        const Range group = grid.round_group(range.tokens, round);
+        if (group.empty()) continue;
+        const QueryPiece q = range.group(group, dim);
+        for (const KvBlock& block : grid.blocks_of(owner.cp_rank)) {
+          if (causally_visible(block.range, q.tokens))
+            states.push_back(state_message(grid, q, block, in.k, in.v, jobs));
+        }
       }
     }
     run_state_jobs(grid, path, jobs, store.backend());
-    jobs.clear();
+    std::map<int, Inbox> inboxes =
+        superstep(transport, hosted, std::move(states),
+                  [&](const LogicalRank& r) { return expected_states(grid, r, round); });
+    merge_round(grid, round, hosted, inboxes, store.backend(), outputs);
   }
-  std::map<int, Inbox> state_inboxes =
-      superstep(transport, hosted, std::move(states),
-                [&](const LogicalRank& r) { return expected_states(grid, r); });
-  return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
+  return outputs;
 }
 
 }  // namespace cpd::protocol

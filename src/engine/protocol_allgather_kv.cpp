@@ -1,5 +1,6 @@
 // allgather_kv: every rank gathers the K/V its queries can see and computes all its states
-// locally (Llama-3 style); states never travel.
+// locally (Llama-3 style); states never travel. They are computed and merged one round's row
+// groups at a time.
 #include "cpdrift/backend/attention_backend.h"
 #include "protocol_common.h"
 
@@ -7,7 +8,7 @@ namespace cpd::protocol {
 
 std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
                                          Transport& transport, InputStore& store,
-                                         bool keep_states) {
+                                         bool with_checks) {
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const std::map<int, RankInputs> inputs = generate_inputs(grid, hosted, path, store);
 
@@ -20,30 +21,37 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
       }
     }
   }
-  std::map<int, Inbox> kv_inboxes =
+  const std::map<int, Inbox> kv_inboxes =
       superstep(transport, hosted, std::move(outgoing),
                 [&](const LogicalRank& r) { return expected_kv_allgather(grid, r); });
 
-  std::vector<Message> states;
-  std::vector<BlockJob> jobs;
-  for (const LogicalRank& owner : hosted) {
-    const RankInputs& in = inputs.at(owner.id);
-    std::vector<std::vector<float>> own_rows;
-    for (const Range& t : owner.tokens) own_rows.push_back(rows_of(in.q, t));
-    own_states(grid, owner, own_rows.data(), in.k, in.v, states, jobs);
-    std::vector<KvPiece> gathered;
-    for (const Message& m : kv_inboxes.at(owner.id).messages())
-      gathered.push_back(kv_piece_of(m, grid));
-    for (const KvPiece& piece : gathered)
-      own_states(grid, owner, own_rows.data(), piece.k, piece.v, states, jobs);
-    run_state_jobs(grid, path, jobs, store.backend());
-    jobs.clear();
+  // Every hosted rank's K/V: its own, then what it gathered; and its own query rows.
+  std::map<int, std::vector<KvPiece>> kv;
+  std::map<int, std::vector<std::vector<float>>> own_rows;
+  for (const LogicalRank& r : hosted) {
+    const RankInputs& in = inputs.at(r.id);
+    kv[r.id].push_back(KvPiece{in.k, in.v});
+    for (const Message& m : kv_inboxes.at(r.id).messages())
+      kv[r.id].push_back(kv_piece_of(m, grid));
+    for (const Range& t : r.tokens) own_rows[r.id].push_back(rows_of(in.q, t));
   }
-  // The states were computed here, but they are checked against the same manifest.
-  std::map<int, Inbox> state_inboxes =
-      inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r); });
-  check_local(transport, std::move(states), state_inboxes);
-  return merge_owned_states(grid, hosted, state_inboxes, store.backend(), keep_states);
+
+  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
+  for (int round = 0; round < grid.rounds(); ++round) {
+    std::vector<Message> states;
+    std::vector<BlockJob> jobs;
+    for (const LogicalRank& r : hosted) {
+      for (const KvPiece& piece : kv.at(r.id))
+        own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, round, states, jobs);
+    }
+    run_state_jobs(grid, path, jobs, store.backend());
+    // The states were computed here, but they are checked against the same manifest.
+    std::map<int, Inbox> inboxes =
+        inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
+    check_local(transport, std::move(states), inboxes);
+    merge_round(grid, round, hosted, inboxes, store.backend(), outputs);
+  }
+  return outputs;
 }
 
 }  // namespace cpd::protocol

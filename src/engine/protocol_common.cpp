@@ -5,6 +5,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/engine/merge_checks.h"
 
 namespace cpd {
 
@@ -21,14 +22,14 @@ std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& tra
 }
 
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, InputStore& inputs, bool keep_states) {
+                                     Transport& transport, InputStore& inputs, bool with_checks) {
   switch (grid.spec.protocol) {
     case Protocol::ag_rs:
-      return protocol::run_ag_rs(grid, path, transport, inputs, keep_states);
+      return protocol::run_ag_rs(grid, path, transport, inputs, with_checks);
     case Protocol::ring_kv:
-      return protocol::run_ring_kv(grid, path, transport, inputs, keep_states);
+      return protocol::run_ring_kv(grid, path, transport, inputs, with_checks);
     case Protocol::allgather_kv:
-      return protocol::run_allgather_kv(grid, path, transport, inputs, keep_states);
+      return protocol::run_allgather_kv(grid, path, transport, inputs, with_checks);
   }
   throw std::logic_error("unknown protocol");
 }
@@ -93,7 +94,7 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
     for (std::int64_t hl = 0; hl < heads; ++hl) {
       const std::int64_t g = (query.owner->q_heads.begin + hl) / group;
       const std::int64_t slot = b * heads + hl;
-      jobs.push_back(BlockJob{query.rows + slot * rows * dim, query.tokens.begin, rows,
+      jobs.push_back(BlockJob{query.rows + slot * query.row_stride * dim, query.tokens.begin, rows,
                               k.at(b, g, kv_row), v.at(b, g, kv_row), block.range,
                               out + slot * rows * dim, lse + slot * rows});
     }
@@ -113,10 +114,13 @@ void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const 
 }
 
 void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
-                const Shard& k, const Shard& v, std::vector<Message>& states,
+                const Shard& k, const Shard& v, int round, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs) {
   for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
-    const QueryPiece q{&owner, owner.tokens[i], own_rows[i].data()};
+    const Range group = grid.round_group(owner.tokens[i], round);
+    if (group.empty()) continue;
+    const QueryPiece q = QueryPiece::range(&owner, owner.tokens[i], own_rows[i].data())
+                             .group(group, grid.problem.dims.head_dim);
     for (const KvBlock& block : grid.blocks) {
       const bool held = std::any_of(k.shape.tokens.begin(), k.shape.tokens.end(),
                                     [&](const Range& t) { return t.contains(block.range); });
@@ -160,11 +164,12 @@ void check_local(Transport& transport, std::vector<Message> states, std::map<int
 }
 
 std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
+                                       const std::vector<Range>& groups,
                                        const std::vector<Message>& states,
                                        const std::vector<std::size_t>& order, int batch, int dim) {
   std::vector<MergeJob> jobs;
   const std::int64_t heads = r.q_heads.size();
-  for (const Range& t : r.tokens) {
+  for (const Range& t : groups) {
     const std::int64_t rows = t.size(), row = into.out.shape.local_row(t.begin);
     for (int b = 0; b < batch; ++b) {
       for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
@@ -187,27 +192,46 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
   return jobs;
 }
 
-std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
-                                           const std::vector<LogicalRank>& hosted,
-                                           std::map<int, Inbox>& inboxes, AttentionBackend& backend,
-                                           bool keep_states) {
-  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+                                      bool with_checks) {
+  const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
-    RankOutput o{
-        r, AttnShard{Shard(query_shape(grid, r, dim)), Shard(query_shape(grid, r, 1))}, {}, {}};
-    Inbox& inbox = inboxes.at(r.id);
-    std::vector<std::size_t> manifest_order(inbox.messages().size());
-    for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-    backend.merge_states(
-        state_merge_jobs(o.merged, r, inbox.messages(), manifest_order, batch, dim), dim);
-    if (keep_states) {
-      o.arrival_order = inbox.arrival_order();
-      o.states = inbox.take_messages();
+    const ShardShape out = query_shape(grid, r, dim), lse = query_shape(grid, r, 1);
+    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, {}, std::nullopt};
+    if (with_checks) {
+      o.checks = MergeChecks{AttnShard{Shard(out), Shard(lse)}, std::vector<float>(out.size()),
+                             std::vector<float>(lse.size())};
     }
     outputs.push_back(std::move(o));
   }
   return outputs;
+}
+
+void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
+                 std::map<int, Inbox>& inboxes, AttentionBackend& backend,
+                 std::vector<RankOutput>& outputs) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  for (std::size_t i = 0; i < hosted.size(); ++i) {
+    const LogicalRank& r = hosted[i];
+    RankOutput& o = outputs[i];
+    const Inbox& inbox = inboxes.at(r.id);
+    const std::vector<Message>& states = inbox.messages();
+    std::vector<Range> groups;
+    for (const Range& t : r.tokens) {
+      if (const Range g = grid.round_group(t, round); !g.empty()) groups.push_back(g);
+    }
+    std::vector<std::size_t> manifest_order(states.size());
+    for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
+    backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
+                         dim);
+    if (o.checks) {
+      merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
+                              o.checks->probe);
+      merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
+    }
+    for (const Message& m : states) o.merged_states.push_back(m.header);
+  }
 }
 
 }  // namespace protocol

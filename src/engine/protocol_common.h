@@ -22,12 +22,24 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
 /// Rows `tokens` of a shard for every (batch, head): the layout [B][heads][rows][width].
 std::vector<float> rows_of(const Shard& shard, const Range& tokens);
 
-/// A query range somebody computes states for: its owner, its tokens, its rows
-/// ([B][owner's heads][tokens][D]).
+/// Query rows somebody computes states for: their owner, their tokens, and where their rows
+/// are: the row of (batch b, owner's head h, token tokens.begin + i) at
+/// rows + ((b·heads + h)·row_stride + i)·D — a whole range ([B][heads][tokens][D], row_stride =
+/// tokens.size()) or one round's group of it.
 struct QueryPiece {
   const LogicalRank* owner;
   Range tokens;
   const float* rows;
+  std::int64_t row_stride;
+
+  /// A whole range's rows.
+  static QueryPiece range(const LogicalRank* owner, Range tokens, const float* rows) {
+    return QueryPiece{owner, tokens, rows, tokens.size()};
+  }
+  /// The rows of `group` (within tokens) of this piece.
+  QueryPiece group(Range g, int dim) const {
+    return QueryPiece{owner, g, rows + (g.begin - tokens.begin) * dim, row_stride};
+  }
 };
 
 /// K and V rows of one or more token ranges of the owner's KV heads.
@@ -45,10 +57,10 @@ std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& token
 Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
                       const Shard& k, const Shard& v, std::vector<BlockJob>& jobs);
 
-/// States of a query owner's own ranges against every block of `k`/`v` they can see
-/// (ring_kv, allgather_kv: the owner computes them itself).
+/// States of round `round`'s group of a query owner's own ranges (`own_rows[i]`: range i's rows)
+/// against every block of `k`/`v` they can see (ring_kv, allgather_kv: the owner computes them).
 void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
-                const Shard& k, const Shard& v, std::vector<Message>& states,
+                const Shard& k, const Shard& v, int round, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs);
 
 /// Partial states of `jobs` with the path's kernel.
@@ -82,24 +94,30 @@ std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRa
   return inboxes;
 }
 
-/// Each hosted rank's validated states merged in global block order; `keep_states` moves the
-/// states out of the inboxes into the outputs.
-std::vector<RankOutput> merge_owned_states(const CaseGrid& grid,
-                                           const std::vector<LogicalRank>& hosted,
-                                           std::map<int, Inbox>& inboxes, AttentionBackend& backend,
-                                           bool keep_states);
+/// The hosted ranks' outputs before the first round: zeroed rows (and checks when asked).
+std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+                                      bool with_checks);
 
-/// Merge jobs for a rank's query shard `into` from `states` (taken in `order`, indices into
-/// `states`; the merge sorts them by block index anyway).
+/// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged
+/// in global block order into its rows of the round, the merge checks of those rows when the
+/// outputs carry them, and the states' headers recorded.
+void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
+                 std::map<int, Inbox>& inboxes, AttentionBackend& backend,
+                 std::vector<RankOutput>& outputs);
+
+/// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
+/// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
+/// block index anyway).
 std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
+                                       const std::vector<Range>& groups,
                                        const std::vector<Message>& states,
                                        const std::vector<std::size_t>& order, int batch, int dim);
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
-                                  InputStore& store, bool keep_states);
+                                  InputStore& store, bool with_checks);
 std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
-                                    Transport& transport, InputStore& store, bool keep_states);
+                                    Transport& transport, InputStore& store, bool with_checks);
 std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
-                                         Transport& transport, InputStore& store, bool keep_states);
+                                         Transport& transport, InputStore& store, bool with_checks);
 
 }  // namespace cpd::protocol

@@ -91,6 +91,7 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
       RunContext{request.problem, pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
   if (request.include_backward) context_->cp1_backward = &cp1_backward_;
   if (request.include_dlogp) context_->vocab_size = request.vocab_size;
+  context_->round_rows = request.round_rows;
   // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.
   if (std::string(backend_->name()) != "cpu" && request.cpu_check) {
     cpu_backend_ = make_cpu_backend(pool_);

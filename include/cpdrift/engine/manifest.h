@@ -19,20 +19,35 @@ inline bool causally_visible(const Range& block, const Range& tokens) {
   return block.begin < tokens.end;
 }
 
+/// One round's partial states stay within this many bytes per query range (design §4: memory
+/// never grows with the number of KV blocks).
+inline constexpr std::int64_t kRoundStateBytes = std::int64_t{32} << 20;
+
 /// The topology of one case as every rank sees it.
 struct CaseGrid {
   Problem problem;
   CaseSpec spec;
   std::vector<KvBlock> blocks;
   std::vector<LogicalRank> ranks;  // by logical id
+  /// Query rows per round of the partial-state exchange: each query range is cut into groups of
+  /// this many rows from its start, and round i exchanges and merges the i-th group of every
+  /// range, so no process holds a range's states for every block at once. The bits never depend
+  /// on it (kernels are row-independent, the merge is per row).
+  std::int64_t round_rows = 0;
 
-  CaseGrid(const Problem& p, const CaseSpec& s);
+  /// `round_rows` 0: as many rows (a multiple of 16) as keep one round's states of a query range
+  /// within kRoundStateBytes.
+  CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t round_rows = 0);
   /// The logical rank with the given TP rank and CP rank.
   const LogicalRank& at(int tp_rank, int cp_rank) const {
     return ranks[cp_rank * spec.tp + tp_rank];
   }
   /// The blocks a CP rank owns, ascending.
   std::vector<KvBlock> blocks_of(int cp_rank) const;
+  /// Rounds of the state exchange: enough for the longest query range.
+  int rounds() const;
+  /// The rows of `tokens` (a query range) round `round` covers; empty past its end.
+  Range round_group(const Range& tokens, int round) const;
 };
 
 /// Validates arrivals of one kind for one destination rank against the manifest.
@@ -76,9 +91,9 @@ MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                            const KvBlock& block);
 
-/// Every partial state `dst` must receive: for each of its token ranges and each causally
-/// visible block, in (token range, block index) order.
-std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst);
+/// Every partial state `dst` must receive in round `round`: for the round's group of each of its
+/// token ranges, each causally visible block, in (token range, block index) order.
+std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst, int round);
 
 /// Every query range `dst` must receive to serve its blocks under ag_rs: the token ranges of
 /// the other CP ranks (same TP rank) that see at least one of dst's blocks.

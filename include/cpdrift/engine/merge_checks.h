@@ -1,4 +1,5 @@
-// Independent checks of the ordered merge, run on the partial states a query owner received.
+// Independent checks of the ordered merge, run on the partial states a query owner received,
+// one round's rows at a time (the rounds of run_protocol).
 #pragma once
 
 #include <vector>
@@ -8,19 +9,22 @@
 
 namespace cpd {
 
-/// The rank's states merged again from the reverse of their arrival order. The merge sorts by
-/// global block index, so this must equal RankOutput::merged bit for bit (the report's
-/// merge_order_probe).
-AttnShard merge_reversed_arrivals(const RankOutput& rank, int dim, AttentionBackend& backend);
+/// The rows `groups` (one round's groups of rank r's ranges) merged again from `states` (the
+/// round's, manifest order) in the reverse of the order they arrived in (`arrival`: indices into
+/// `states`), into `probe` (layout of r's query shard). The merge sorts by global block index, so
+/// this must equal the canonical merge bit for bit (the report's merge_order_probe).
+void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& groups,
+                             const std::vector<Message>& states,
+                             const std::vector<std::size_t>& arrival, int batch, int dim,
+                             AttentionBackend& backend, AttnShard& probe);
 
-/// |production FP32 fold − FP64 oracle| per element, rounded to FP32: the oracle takes the
-/// same sorted states, subtracts the global max lse first and forms one weighted sum in FP64
-/// (a different but equivalent formulation). Layouts follow RankOutput::merged.
-struct OracleDiffs {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
-OracleDiffs merge_oracle_diffs(const RankOutput& rank, int dim);
+/// |production FP32 fold (`merged`) − FP64 oracle| per element of the rows `groups`, rounded to
+/// FP32, into checks.oracle_out / oracle_lse: the oracle takes the same sorted states, subtracts
+/// the global max lse first and forms one weighted sum in FP64 (a different but equivalent
+/// formulation).
+void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
+                        const std::vector<Message>& states, const AttnShard& merged, int dim,
+                        MergeChecks& checks);
 
 /// The oracle on explicit states, for the start-up self-test and the unit tests: states are
 /// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.

@@ -3,6 +3,7 @@
 // block order. Every protocol yields the same partial states, so the same bits.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "cpdrift/backend/input_store.h"
@@ -29,21 +30,32 @@ struct PathSpec {
   friend bool operator==(const PathSpec&, const PathSpec&) = default;
 };
 
+/// What the checks of the ordered merge found on a rank's rows (design §3), round by round, on
+/// the states the rank received: the rows merged again from the reverse of their arrival order
+/// (the merge sorts by block index, so this must equal `merged` bit for bit: the report's
+/// merge_order_probe), and |production FP32 fold − FP64 oracle| per element (merge_checks.h).
+struct MergeChecks {
+  AttnShard probe;                            // layout of the rank's query shard
+  std::vector<float> oracle_out, oracle_lse;  // layouts of merged.out and merged.lse
+};
+
 /// A path's result on one logical rank hosted by this process.
 struct RankOutput {
   LogicalRank rank;
   AttnShard merged;  // FP32 values, layout of the rank's query shard
-  /// The validated partial states in manifest order, and the order they arrived in; kept
-  /// only when requested (the merge-order probe and the merge oracle read them).
-  std::vector<Message> states;
-  std::vector<std::size_t> arrival_order;
+  /// The headers of every partial state merged, as validated against the manifest (round
+  /// order, manifest order within a round): the record of what ran.
+  std::vector<MessageHeader> merged_states;
+  std::optional<MergeChecks> checks;  // when run with checks
 };
 
 /// Runs `grid.spec.protocol` for one path over the logical ranks this process hosts
-/// (process_of(id, W) == transport.process_index()). Collective over the transport's
-/// processes. Throws ProtocolError when a message contradicts the manifest.
+/// (process_of(id, W) == transport.process_index()), in grid.rounds() rounds: round i
+/// computes, exchanges and merges the states of the i-th row group of every query range, so
+/// states never accumulate beyond one round. `with_checks`: the merge checks too. Collective
+/// over the transport's processes. Throws ProtocolError when a message contradicts the manifest.
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, InputStore& inputs, bool keep_states);
+                                     Transport& transport, InputStore& inputs, bool with_checks);
 
 /// The logical ranks of `grid` that this process hosts.
 std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& transport);
