@@ -25,13 +25,18 @@ struct GradDigests {
   bool operator==(const GradDigests&) const = default;
 };
 
-GradDigests backward_digests(const Problem& p, const CaseSpec& spec) {
+GradDigests backward_digests(const Problem& p, const CaseSpec& spec, std::int64_t round_rows = 0,
+                             std::size_t* dq_partials = nullptr) {
   ThreadPool pool(2);
   InputStore inputs(p, pool);
   InProcessTransport transport(spec.cp * 31 + spec.tp);  // shuffled arrivals too
-  const CaseGrid grid(p, spec);
+  const CaseGrid grid(p, spec, round_rows);
   const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
   const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
+  if (dq_partials != nullptr) {
+    *dq_partials = 0;
+    for (const RankGradients& r : g) *dq_partials += r.dq_partials.size();
+  }
   std::vector<const Shard*> dq, dk, dv;
   for (const RankGradients& r : g) {
     dq.push_back(&r.dq);
@@ -47,6 +52,29 @@ GradDigests backward_digests(const Problem& p, const CaseSpec& spec) {
 }
 
 }  // namespace
+
+TEST_CASE("backward: rounds of query blocks give the bits of one round") {
+  const Problem p = small_problem();
+  for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+    const CaseSpec spec{2, 2, 4, layout, Protocol::ag_rs};
+    std::size_t few = 0, many = 0;
+    const GradDigests ref = backward_digests(p, spec, 32, &few);  // a CP range a round
+    for (const std::int64_t rows : {1, 4, 12}) {
+      CAPTURE(rows);
+      CAPTURE(std::string(to_string(layout)));
+      CHECK(backward_digests(p, spec, rows, &many) == ref);
+      CHECK(many > few);  // the rounds ran: each one's partials are messages of their own
+    }
+  }
+  // The rounds: consecutive blocks, ascending, as many as fit round_rows (at least one).
+  const CaseGrid grid(p, CaseSpec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs}, 10);
+  const std::vector<Range> spans = grid.backward_rounds();
+  REQUIRE(spans.size() == 8);
+  CHECK(spans.front() == Range{0, 8});
+  CHECK(spans.back() == Range{56, 64});
+  CHECK(CaseGrid(p, CaseSpec{1, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, 10)
+            .backward_rounds() == std::vector<Range>{{0, 32}, {32, 64}});
+}
 
 TEST_CASE("backward: split 8, CP=1/2/4, layouts, protocols and TP give the same dq, dk, dv bits") {
   const Problem p = small_problem();

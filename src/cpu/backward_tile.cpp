@@ -91,7 +91,7 @@ void run_backward_units(std::span<const BackwardUnit> units, int dim, float scal
     const std::size_t n = static_cast<std::size_t>(unit.keys.size()) * dim;
     scratch.dk.resize(n);
     scratch.dv.resize(n);
-    bool first = true;
+    bool first = !unit.accumulate;
     for (const QueryBlockRows& qb : unit.blocks) {
       std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0f);
       std::fill(scratch.dv.begin(), scratch.dv.end(), 0.0f);

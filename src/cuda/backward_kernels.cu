@@ -63,6 +63,15 @@ __global__ void dkdv_kernel(const DeviceBackwardUnit* units, const Task* tasks, 
   const float* v = u.v + j * dim;
   const int t = threadIdx.x;
   float dk_total[2] = {0.0f, 0.0f}, dv_total[2] = {0.0f, 0.0f};
+  if (u.accumulate != 0) {
+    for (int c = 0; c < 2; ++c) {
+      const int d = t + c * kThreads;
+      if (d < dim) {
+        dk_total[c] = u.dk_total[j * dim + d];
+        dv_total[c] = u.dv_total[j * dim + d];
+      }
+    }
+  }
   for (int b = 0; b < u.nblocks; ++b) {
     const DeviceBackwardBlock& qb = u.blocks[b];
     // Rows before the key cannot see it; the partial sums the visible ones in order.
@@ -91,9 +100,10 @@ __global__ void dkdv_kernel(const DeviceBackwardUnit* units, const Task* tasks, 
       }
       __syncthreads();
     }
+    const bool first = b == 0 && u.accumulate == 0;
     for (int c = 0; c < 2; ++c) {
-      dk_total[c] = b == 0 ? dk[c] : dk_total[c] + dk[c];
-      dv_total[c] = b == 0 ? dv[c] : dv_total[c] + dv[c];
+      dk_total[c] = first ? dk[c] : dk_total[c] + dk[c];
+      dv_total[c] = first ? dv[c] : dv_total[c] + dv[c];
     }
   }
   float* dk_out = u.dk_total + j * dim;

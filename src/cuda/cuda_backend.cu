@@ -224,8 +224,8 @@ class CudaBackend final : public AttentionBackend {
       const std::size_t keys = static_cast<std::size_t>(unit.keys.size()) * dim;
       k_at.push_back(in.add(unit.k, keys));
       v_at.push_back(in.add(unit.v, keys));
-      dk_at.push_back(out.add(unit.dk_total, keys));
-      dv_at.push_back(out.add(unit.dv_total, keys));
+      dk_at.push_back(out.add(unit.dk_total, keys, unit.accumulate));
+      dv_at.push_back(out.add(unit.dv_total, keys, unit.accumulate));
       for (const QueryBlockRows& b : unit.blocks) {
         const std::size_t rows = static_cast<std::size_t>(b.tokens.size());
         block_at[u].push_back(BlockAt{in.add(b.q, rows * dim), in.add(b.d_out, rows * dim),
@@ -254,7 +254,8 @@ class CudaBackend final : public AttentionBackend {
       const BackwardUnit& unit = units[u];
       dev.push_back(cuda::DeviceBackwardUnit{
           dev_blocks.data() + first_block[u], static_cast<int>(unit.blocks.size()), in.at(k_at[u]),
-          in.at(v_at[u]), unit.keys.begin, unit.keys.end, out.at(dk_at[u]), out.at(dv_at[u])});
+          in.at(v_at[u]), unit.keys.begin, unit.keys.end, out.at(dk_at[u]), out.at(dv_at[u]),
+          unit.accumulate ? 1 : 0});
       long long rows = 0;
       for (const QueryBlockRows& b : unit.blocks) rows += b.tokens.size();
       for (long long r = 0; r < rows; ++r)

@@ -66,6 +66,7 @@ struct DeviceBackwardUnit {
   long long key_begin, key_end;
   float* dk_total;  // [keys][dim]
   float* dv_total;
+  int accumulate;  // 1: the totals hold the fold of earlier query blocks; continue it
 };
 
 /// Per-head partial logits of `rows` tokens.

@@ -58,13 +58,20 @@ class InputPack {
 /// Host output ranges, computed into one device array and scattered back.
 class OutputPack {
  public:
-  std::size_t add(float* p, std::size_t n) {
+  /// `initialized`: the kernels read the range's host values first (they continue a fold).
+  std::size_t add(float* p, std::size_t n, bool initialized = false) {
     const std::size_t at = size_;
-    ranges_.push_back({p, n, at});
+    ranges_.push_back({p, n, at, initialized});
     size_ += n;
     return at;
   }
-  void allocate() { device_.resize(size_); }
+  /// The device array, with the initialized ranges' host values in place.
+  void allocate() {
+    device_.resize(size_);
+    for (const Range& r : ranges_) {
+      if (r.initialized) device_.upload(r.p, r.n, r.at);
+    }
+  }
   float* at(std::size_t offset) { return device_.data() + offset; }
   void download() {
     std::vector<float> host(size_);
@@ -78,6 +85,7 @@ class OutputPack {
   struct Range {
     float* p;
     std::size_t n, at;
+    bool initialized;
   };
   std::vector<Range> ranges_;
   std::size_t size_ = 0;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
@@ -114,40 +116,58 @@ std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o,
   return served;
 }
 
-// Every block pair of the hosted KV owners: the units the backend runs, the partial-dq messages
-// they fill, and the per-head dK/dV totals that the GQA fold then sums.
-struct BlockPairs {
-  std::vector<BackwardUnit> units;
-  std::vector<Message> partials;
-  std::vector<std::vector<float>> head_totals;  // inner buffers stay put as this grows
-  // dK, dV of one (owner, b, KV head g, block): the group's head totals from `first_total`
-  // (dk, dv per head).
+// The dK/dV totals of the hosted KV owners, per (owner, b, KV head g, KV block) and head of the
+// group, kept across the rounds: each continues its fold over the query blocks round by round;
+// the GQA fold then sums the group's heads.
+struct KvTotals {
+  std::vector<std::vector<float>> head_totals;  // dk, dv per head; inner buffers stay put
   struct Fold {
     std::size_t grad;  // index into the gradients
     int b;
     std::int64_t g;
     KvBlock block;
-    std::size_t first_total;
+    std::size_t first_total;  // head_totals index of the group's first head's dk (dv follows)
+    bool started;             // some query block has been folded in
   };
   std::vector<Fold> folds;
+  std::map<std::tuple<std::size_t, int, std::int64_t, int>, std::size_t> index;  // → folds
+
+  void add(std::size_t grad, int b, std::int64_t g, const KvBlock& kb, int group, int dim) {
+    index[{grad, b, g, kb.index}] = folds.size();
+    folds.push_back(Fold{grad, b, g, kb, head_totals.size(), false});
+    const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
+    for (int x = 0; x < 2 * group; ++x) head_totals.emplace_back(n);
+  }
+  Fold& at(std::size_t grad, int b, std::int64_t g, int block) {
+    return folds[index.at({grad, b, g, block})];
+  }
 };
 
-// One head h of batch b against KV block `kb`: every served query block that sees it.
+// One round's block pairs: the units the backend runs and the partial-dq messages they fill.
+struct RoundPairs {
+  std::vector<BackwardUnit> units;
+  std::vector<Message> partials;
+};
+
+// One head h of batch b against KV block `kb`: every query block of the round that sees it, in
+// the served parts `parts[s]` (the round's rows of served range s; message_of[s]: its partial).
 BackwardUnit head_unit(const CaseGrid& grid, const KvBlock& kb, int b, std::int64_t h,
-                       const std::vector<PackedRows>& served,
-                       const std::map<std::size_t, std::size_t>& message_of, BlockPairs& pairs) {
+                       const std::vector<PackedRows>& served, const std::vector<Range>& parts,
+                       const std::map<std::size_t, std::size_t>& message_of, RoundPairs& round) {
   const int dim = grid.problem.dims.head_dim;
   BackwardUnit unit;
   unit.keys = kb.range;
   for (const auto& [s, msg] : message_of) {
     const PackedRows& rows = served[s];
-    float* dq_base = pairs.partials[msg].payload.data();
-    for (const KvBlock& qb : blocks_in(grid, rows.tokens)) {
+    const Range& part = parts[s];
+    float* dq_base = round.partials[msg].payload.data();
+    for (const KvBlock& qb : blocks_in(grid, part)) {
       if (!causally_visible(kb.range, qb.range)) continue;
       const std::int64_t row = qb.range.begin - rows.tokens.begin;
       unit.blocks.push_back(QueryBlockRows{
           qb.range, rows.q(b, h, row), rows.d_out(b, h, row), rows.lse(b, h, row),
-          rows.delta(b, h, row), dq_base + (rows.slot(b, h) * rows.tokens.size() + row) * dim});
+          rows.delta(b, h, row),
+          dq_base + (rows.slot(b, h) * part.size() + (qb.range.begin - part.begin)) * dim});
     }
   }
   std::sort(unit.blocks.begin(), unit.blocks.end(),
@@ -157,51 +177,57 @@ BackwardUnit head_unit(const CaseGrid& grid, const KvBlock& kb, int b, std::int6
   return unit;
 }
 
-// The block pairs of KV owner `o` (gradients grads[grad]; its K, V), for every query range it
-// serves.
-void add_block_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t grad, const Shard& k,
-                     const Shard& v, const std::vector<PackedRows>& served, BlockPairs& pairs) {
-  const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
+// The round `span`'s block pairs of KV owner `o` (gradients grads[grad]; its K, V), for the
+// round's rows of every query range it serves.
+void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t grad, const Shard& k,
+                     const Shard& v, const std::vector<PackedRows>& served, const Range& span,
+                     KvTotals& totals, RoundPairs& round) {
+  const int group = grid.problem.dims.group_size();
+  std::vector<Range> parts;
+  for (const PackedRows& rows : served) parts.push_back(intersection(rows.tokens, span));
   for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
-    // One partial-dq message per served range that sees the block.
+    // One partial-dq message per served part that sees the block.
     std::map<std::size_t, std::size_t> message_of;  // served index → partials index
     for (std::size_t s = 0; s < served.size(); ++s) {
-      if (!causally_visible(kb.range, served[s].tokens)) continue;
-      const MessageHeader h = dq_partial_header(grid, *served[s].owner, served[s].tokens, kb);
-      message_of[s] = pairs.partials.size();
-      pairs.partials.push_back(
+      if (parts[s].empty() || !causally_visible(kb.range, parts[s])) continue;
+      const MessageHeader h = dq_partial_header(grid, *served[s].owner, parts[s], kb);
+      message_of[s] = round.partials.size();
+      round.partials.push_back(
           Message{h, std::vector<float>(static_cast<std::size_t>(h.floats), 0.0f)});
     }
+    if (message_of.empty()) continue;
     const std::int64_t kv_row = k.shape.local_row(kb.range.begin);
-    const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
     for (int b = 0; b < grid.problem.batch; ++b) {
       for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g) {
-        pairs.folds.push_back(BlockPairs::Fold{grad, b, g, kb, pairs.head_totals.size()});
+        KvTotals::Fold& f = totals.at(grad, b, g, kb.index);
         for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-          BackwardUnit unit = head_unit(grid, kb, b, h, served, message_of, pairs);
+          BackwardUnit unit = head_unit(grid, kb, b, h, served, parts, message_of, round);
+          const std::size_t x = f.first_total + 2 * static_cast<std::size_t>(h - g * group);
           unit.k = k.at(b, g, kv_row);
           unit.v = v.at(b, g, kv_row);
-          unit.dk_total = pairs.head_totals.emplace_back(n).data();
-          unit.dv_total = pairs.head_totals.emplace_back(n).data();
-          pairs.units.push_back(std::move(unit));
+          unit.dk_total = totals.head_totals[x].data();
+          unit.dv_total = totals.head_totals[x + 1].data();
+          unit.accumulate = f.started;
+          round.units.push_back(std::move(unit));
         }
+        f.started = true;
       }
     }
   }
 }
 
 // dK, dV: the GQA group's heads folded in ascending order; dK carries the scale.
-void fold_kv_gradients(const CaseGrid& grid, const BlockPairs& pairs,
+void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
                        std::vector<RankGradients>& grads) {
   const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
   const float scale = grid.problem.dims.softmax_scale();
-  for (const BlockPairs::Fold& f : pairs.folds) {
+  for (const KvTotals::Fold& f : totals.folds) {
     RankGradients& rg = grads[f.grad];
     const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
     std::vector<const float*> dk_terms, dv_terms;
     for (int x = 0; x < group; ++x) {
-      dk_terms.push_back(pairs.head_totals[f.first_total + 2 * x].data());
-      dv_terms.push_back(pairs.head_totals[f.first_total + 2 * x + 1].data());
+      dk_terms.push_back(totals.head_totals[f.first_total + 2 * x].data());
+      dv_terms.push_back(totals.head_totals[f.first_total + 2 * x + 1].data());
     }
     const std::int64_t row = rg.dk.shape.local_row(f.block.range.begin);
     float* dk = rg.dk.at(f.b, f.g, row);
@@ -211,8 +237,8 @@ void fold_kv_gradients(const CaseGrid& grid, const BlockPairs& pairs,
   }
 }
 
-// dq of one query block qb of range t (rank r): the partials of the blocks it saw, in ascending
-// block order, then the scale.
+// dq of one query block qb of part t (rank r's rows in a round; the messages' rows): the
+// partials of the blocks it saw, in ascending block order, then the scale.
 void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
                    const std::vector<const Message*>& terms) {
   const LogicalRank& r = rg.rank;
@@ -233,24 +259,25 @@ void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, cons
   }
 }
 
-// Superstep 2: the partial dq to the query owners, folded there in block order.
-void fold_dq(const CaseGrid& grid, std::vector<Message> partials,
+// The round's partial dq to the query owners, folded there in block order.
+void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> partials,
              const std::vector<LogicalRank>& hosted, Transport& transport,
              std::vector<RankGradients>& grads) {
-  std::map<int, Inbox> dq_inboxes =
-      protocol::superstep(transport, hosted, std::move(partials),
-                          [&](const LogicalRank& r) { return expected_dq_partials(grid, r); });
+  std::map<int, Inbox> dq_inboxes = protocol::superstep(
+      transport, hosted, std::move(partials),
+      [&](const LogicalRank& r) { return expected_dq_partials(grid, r, span); });
   for (RankGradients& rg : grads) {
     const std::vector<Message>& arrived = dq_inboxes.at(rg.rank.id).messages();
     for (const Message& m : arrived) rg.dq_partials.push_back(m.header);
     for (const Range& t : rg.rank.tokens) {
-      for (const KvBlock& qb : blocks_in(grid, t)) {
+      const Range part = intersection(t, span);
+      for (const KvBlock& qb : blocks_in(grid, part)) {
         std::vector<const Message*> terms;  // manifest order: ascending block index
         for (const Message& m : arrived) {
-          if (m.header.tokens() == t && causally_visible(m.header.block(), qb.range))
+          if (m.header.tokens() == part && causally_visible(m.header.block(), qb.range))
             terms.push_back(&m);
         }
-        fold_dq_block(grid, rg, t, qb, terms);
+        fold_dq_block(grid, rg, part, qb, terms);
       }
     }
   }
@@ -262,27 +289,38 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
                                         const std::vector<RankOutput>& forward,
                                         Transport& transport, InputStore& inputs) {
   const Problem& p = grid.problem;
-  const int dim = p.dims.head_dim;
+  const int dim = p.dims.head_dim, group = p.dims.group_size();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const ExchangedRows rows = exchange_rows(grid, hosted, forward, transport, inputs);
 
   std::vector<RankGradients> grads;
-  std::vector<Shard> k_shards, v_shards;  // alive until the units ran
-  k_shards.reserve(hosted.size());
-  v_shards.reserve(hosted.size());
-  BlockPairs pairs;
+  std::vector<Shard> k_shards, v_shards;
+  std::vector<std::vector<PackedRows>> served;
+  KvTotals totals;
   for (const LogicalRank& o : hosted) {
     const ShardShape kv_shape{p.batch, o.kv_heads, o.tokens, dim};
     k_shards.push_back(inputs.shard(TensorId::k, kv_shape, InputPrecision::fp32));
     v_shards.push_back(inputs.shard(TensorId::v, kv_shape, InputPrecision::fp32));
     grads.push_back(
         RankGradients{o, Shard(query_shape(grid, o, dim)), Shard(kv_shape), Shard(kv_shape), {}});
-    add_block_pairs(grid, o, grads.size() - 1, k_shards.back(), v_shards.back(),
-                    served_by(grid, o, rows), pairs);
+    served.push_back(served_by(grid, o, rows));
+    for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
+      for (int b = 0; b < p.batch; ++b) {
+        for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g)
+          totals.add(grads.size() - 1, b, g, kb, group, dim);
+      }
+    }
   }
-  inputs.backend().run_backward_units(pairs.units, dim, p.dims.softmax_scale());
-  fold_kv_gradients(grid, pairs, grads);
-  fold_dq(grid, std::move(pairs.partials), hosted, transport, grads);
+  // Rounds of query blocks in ascending order: the dq of the round's rows completes in it; dK and
+  // dV continue their fold over the query blocks from round to round.
+  for (const Range& span : grid.backward_rounds()) {
+    RoundPairs round;
+    for (std::size_t i = 0; i < hosted.size(); ++i)
+      add_round_pairs(grid, hosted[i], i, k_shards[i], v_shards[i], served[i], span, totals, round);
+    inputs.backend().run_backward_units(round.units, dim, p.dims.softmax_scale());
+    fold_dq(grid, span, std::move(round.partials), hosted, transport, grads);
+  }
+  fold_kv_gradients(grid, totals, grads);
   return grads;
 }
 

@@ -31,6 +31,18 @@ int CaseGrid::rounds() const {
   return static_cast<int>((longest + round_rows - 1) / round_rows);
 }
 
+std::vector<Range> CaseGrid::backward_rounds() const {
+  std::vector<Range> spans;
+  for (const KvBlock& b : blocks) {
+    if (!spans.empty() && b.range.end - spans.back().begin <= round_rows) {
+      spans.back().end = b.range.end;
+    } else {
+      spans.push_back(b.range);
+    }
+  }
+  return spans;
+}
+
 Range CaseGrid::round_group(const Range& tokens, int round) const {
   const std::int64_t begin = tokens.begin + std::int64_t{round} * round_rows;
   if (begin >= tokens.end) return Range{tokens.end, tokens.end};
@@ -193,13 +205,15 @@ MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, co
                       grid.problem.dims.head_dim);
 }
 
-std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst) {
-  // One per causally visible (query range, KV block) pair.
+std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst,
+                                                const Range& span) {
   std::vector<MessageHeader> out;
   for (const Range& tokens : dst.tokens) {
+    const Range part = intersection(tokens, span);
+    if (part.empty()) continue;
     for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, tokens))
-        out.push_back(dq_partial_header(grid, dst, tokens, block));
+      if (causally_visible(block.range, part))
+        out.push_back(dq_partial_header(grid, dst, part, block));
     }
   }
   return out;

@@ -80,7 +80,9 @@ struct QueryBlockRows {
 
 /// One head against one KV block: every query block in `blocks` (ascending, each causally
 /// non-empty with the KV block) gets its partial dq; dk_total, dv_total [keys][dim] receive
-/// the fold over the query blocks in order of their per-block partials.
+/// the fold over the query blocks in order of their per-block partials — started from the
+/// first block's, or, with `accumulate`, continued from what they hold (the fold of earlier
+/// query blocks: a backward in rounds).
 struct BackwardUnit {
   std::vector<QueryBlockRows> blocks;
   const float* k = nullptr;
@@ -88,6 +90,7 @@ struct BackwardUnit {
   Range keys;
   float* dk_total = nullptr;
   float* dv_total = nullptr;
+  bool accumulate = false;
 };
 
 /// Per-head partial logits of `rows` tokens: z[r][v] = dot_seq(hidden[r], w[v]) (logprob_math.h).

@@ -3,6 +3,7 @@
 // against it; anything missing, duplicated, unexpected or mis-shaped is a ProtocolError.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -48,6 +49,10 @@ struct CaseGrid {
   int rounds() const;
   /// The rows of `tokens` (a query range) round `round` covers; empty past its end.
   Range round_group(const Range& tokens, int round) const;
+  /// The rounds of the backward: spans of consecutive blocks of the grid, ascending, each
+  /// holding at most round_rows positions (at least one block). dK and dV fold their query blocks
+  /// in ascending order across these rounds, the order of the fold without rounds.
+  std::vector<Range> backward_rounds() const;
 };
 
 /// Validates arrivals of one kind for one destination rank against the manifest.
@@ -115,8 +120,16 @@ std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const Lo
 MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                                 const KvBlock& block);
 
-/// Backward: the partial dq `dst` must receive, one per (token range, causally visible block).
-std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst);
+/// Backward, the round of `span` (a backward round): the partial dq `dst` must receive, one per
+/// (part of a token range in the span, causally visible block).
+std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst,
+                                                const Range& span);
+
+/// The positions of `a` that `b` holds too (empty when none).
+inline Range intersection(const Range& a, const Range& b) {
+  const Range r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
+  return r.empty() ? Range{a.begin, a.begin} : r;
+}
 
 /// dlogp: the per-head partial logits the token owner (TP rank 0 of each CP rank) must receive:
 /// one per token range from every other TP rank of its CP rank. Nothing for other ranks.
