@@ -100,10 +100,10 @@ __global__ void dkdv_kernel(const DeviceBackwardUnit* units, const Task* tasks, 
       }
       __syncthreads();
     }
-    const bool first = b == 0 && u.accumulate == 0;
+    const bool starts = b == 0 && u.accumulate == 0;  // the fold's first term
     for (int c = 0; c < 2; ++c) {
-      dk_total[c] = first ? dk[c] : dk_total[c] + dk[c];
-      dv_total[c] = first ? dv[c] : dv_total[c] + dv[c];
+      dk_total[c] = starts ? dk[c] : dk_total[c] + dk[c];
+      dv_total[c] = starts ? dv[c] : dv_total[c] + dv[c];
     }
   }
   float* dk_out = u.dk_total + j * dim;
