@@ -42,36 +42,34 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Resul
     }
     Entry e{heads, first, Shard(qs), Shard(ShardShape{batch, kv_heads, {rows}, dim}),
             Shard(ShardShape{batch, kv_heads, {rows}, dim})};
-    std::vector<std::vector<float>> totals;  // dk, dv per (b, h) over all keys
-    std::vector<BackwardUnit> units;
-    for (int b = 0; b < batch; ++b) {
-      for (std::int64_t h = heads.begin; h < heads.end; ++h) {
-        totals.emplace_back(static_cast<std::size_t>(seq) * dim);
-        totals.emplace_back(static_cast<std::size_t>(seq) * dim);
-        BackwardUnit u;
-        u.blocks.push_back(QueryBlockRows{rows, q.at(b, h, 0), d_out.at(b, h, 0),
-                                          fwd.lse.at(b, h, 0), delta.at(b, h, 0),
-                                          e.dq.at(b, h, 0)});
-        u.k = k.at(b, h / group, 0);
-        u.v = v.at(b, h / group, 0);
-        u.keys = keys;
-        u.dk_total = totals[totals.size() - 2].data();
-        u.dv_total = totals.back().data();
-        units.push_back(std::move(u));
-      }
-    }
-    inputs.backend().run_backward_units(units, dim, p.dims.softmax_scale());
     const float scale = p.dims.softmax_scale();
-    for (float& x : e.dq.data) x *= scale;  // one block: the fold of one term is the term
     const std::size_t n = static_cast<std::size_t>(rows.size()) * dim,
                       skip = static_cast<std::size_t>(first) * dim;
-    std::size_t unit = 0;
+    // One GQA group at a time: its heads' dk, dv over all keys, then their fold (the totals of
+    // one group are alive at once, not every head's).
+    std::vector<std::vector<float>> totals(2 * static_cast<std::size_t>(group),
+                                           std::vector<float>(static_cast<std::size_t>(seq) * dim));
     for (int b = 0; b < batch; ++b) {
-      for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g, unit += group) {
+      for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) {
+        std::vector<BackwardUnit> units;
+        for (int x = 0; x < group; ++x) {
+          const std::int64_t h = g * group + x;
+          BackwardUnit u;
+          u.blocks.push_back(QueryBlockRows{rows, q.at(b, h, 0), d_out.at(b, h, 0),
+                                            fwd.lse.at(b, h, 0), delta.at(b, h, 0),
+                                            e.dq.at(b, h, 0)});
+          u.k = k.at(b, g, 0);
+          u.v = v.at(b, g, 0);
+          u.keys = keys;
+          u.dk_total = totals[2 * static_cast<std::size_t>(x)].data();
+          u.dv_total = totals[2 * static_cast<std::size_t>(x) + 1].data();
+          units.push_back(std::move(u));
+        }
+        inputs.backend().run_backward_units(units, dim, scale);
         std::vector<const float*> dk_terms, dv_terms;
         for (int x = 0; x < group; ++x) {
-          dk_terms.push_back(totals[2 * (unit + x)].data() + skip);
-          dv_terms.push_back(totals[2 * (unit + x) + 1].data() + skip);
+          dk_terms.push_back(totals[2 * static_cast<std::size_t>(x)].data() + skip);
+          dv_terms.push_back(totals[2 * static_cast<std::size_t>(x) + 1].data() + skip);
         }
         float* dk = e.dk.at(b, g, 0);
         fold_terms(dk_terms, n, dk);
@@ -79,6 +77,7 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Resul
         fold_terms(dv_terms, n, e.dv.at(b, g, 0));
       }
     }
+    for (float& x : e.dq.data) x *= scale;  // one block: the fold of one term is the term
     entries_.push_back(std::move(e));
     entry = &entries_.back();
   }
