@@ -73,10 +73,12 @@ std::vector<double> times_of(int repeats, Run&& run) {
   return times;
 }
 
-void print_row(const char* name, const std::vector<double>& times, double flops,
+// One path: best and median seconds, GFLOP/s of the best, and its fraction of `peak` FLOP/s.
+void print_row(const char* name, const std::vector<double>& times, double flops, double peak,
                const char* note = "") {
-  std::printf("  %-26s %10.3f %10.3f %12.1f%s\n", name, times.front(), times[times.size() / 2],
-              flops / times.front() * 1e-9, note);
+  const double rate = flops / times.front();
+  std::printf("  %-26s %10.3f %10.3f %12.1f %8.0f%%%s\n", name, times.front(),
+              times[times.size() / 2], rate * 1e-9, 100.0 * rate / peak, note);
 }
 
 // The inputs' K and V in a paged cache of `page_size`, physical pages shuffled.
@@ -198,7 +200,11 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
               p.dims.head_dim, threads, threads == 1 ? "" : "s", cpu_simd_isa());
   std::printf("# work per forward: %.1f GFLOP (2*2*B*Hq*D*S^2/2); best and median of %d runs\n",
               flops * 1e-9, o.repeats);
-  std::printf("# %-26s %10s %10s %12s\n", "path", "best (s)", "median (s)", "GFLOP/s");
+  const double peak = measure_fma_peak(pool);
+  std::printf("# FMA peak: %.1f GFLOP/s (independent 16-lane FMAs on %d thread%s)\n", peak * 1e-9,
+              threads, threads == 1 ? "" : "s");
+  std::printf("# %-26s %10s %10s %12s %9s\n", "path", "best (s)", "median (s)", "GFLOP/s",
+              "of peak");
   const auto generated = [&](InputPrecision precision) {
     const auto t = Clock::now();
     Inputs in = make_inputs(p, precision, pool);
@@ -215,12 +221,12 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   };
   const Inputs fp32 = generated(InputPrecision::fp32);
   AttnShard reference;
-  print_row("fp32_reference", timed_forward(fp32, ProbRounding::none, reference), flops);
+  print_row("fp32_reference", timed_forward(fp32, ProbRounding::none, reference), flops, peak);
   std::fflush(stdout);
   {
     const Inputs bf16 = generated(InputPrecision::bf16);
     AttnShard out;
-    print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops);
+    print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops, peak);
     std::fflush(stdout);
   }
   {
@@ -233,13 +239,13 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
       return std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
     };
     const bool equal = same(paged.out, reference.out) && same(paged.lse, reference.lse);
-    print_row("fp32_reference_paged16", times, flops,
+    print_row("fp32_reference_paged16", times, flops, peak,
               equal ? "   bits == contiguous" : "   bits != contiguous");
     std::fflush(stdout);
   }
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
-            2.5 * flops);
+            2.5 * flops, peak);
   return kExitOk;
 }
 
