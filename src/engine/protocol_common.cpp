@@ -234,5 +234,29 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
   }
 }
 
+std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
+                                     Transport& transport, AttentionBackend& backend,
+                                     const std::vector<LogicalRank>& hosted,
+                                     const std::map<int, std::vector<KvPiece>>& kv,
+                                     const std::map<int, std::vector<std::vector<float>>>& own_rows,
+                                     bool with_checks) {
+  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
+  for (int round = 0; round < grid.rounds(); ++round) {
+    std::vector<Message> states;
+    std::vector<BlockJob> jobs;
+    for (const LogicalRank& r : hosted) {
+      for (const KvPiece& piece : kv.at(r.id))
+        own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, round, states, jobs);
+    }
+    run_state_jobs(grid, path, jobs, backend);
+    // The states were computed here, but they are checked against the same manifest.
+    std::map<int, Inbox> inboxes =
+        inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
+    check_local(transport, std::move(states), inboxes);
+    merge_round(grid, round, hosted, inboxes, backend, outputs);
+  }
+  return outputs;
+}
+
 }  // namespace protocol
 }  // namespace cpd

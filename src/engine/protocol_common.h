@@ -105,6 +105,17 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
                  std::map<int, Inbox>& inboxes, AttentionBackend& backend,
                  std::vector<RankOutput>& outputs);
 
+/// The rounds of a protocol whose query owners compute their own states (ring_kv,
+/// allgather_kv): each round, every hosted rank's group rows (`own_rows[id][i]`: its range i)
+/// against the blocks of every K/V piece it holds (`kv[id]`), checked against the manifest and
+/// merged. Collective.
+std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
+                                     Transport& transport, AttentionBackend& backend,
+                                     const std::vector<LogicalRank>& hosted,
+                                     const std::map<int, std::vector<KvPiece>>& kv,
+                                     const std::map<int, std::vector<std::vector<float>>>& own_rows,
+                                     bool with_checks);
+
 /// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
 /// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
 /// block index anyway).

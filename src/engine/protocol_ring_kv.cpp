@@ -46,21 +46,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
     }
   }
 
-  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
-  for (int round = 0; round < grid.rounds(); ++round) {
-    std::vector<Message> states;
-    std::vector<BlockJob> jobs;
-    for (const LogicalRank& r : hosted) {
-      for (const KvPiece& piece : held.at(r.id))
-        own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, round, states, jobs);
-    }
-    run_state_jobs(grid, path, jobs, store.backend());
-    std::map<int, Inbox> inboxes =
-        inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
-    check_local(transport, std::move(states), inboxes);
-    merge_round(grid, round, hosted, inboxes, store.backend(), outputs);
-  }
-  return outputs;
+  return local_rounds(grid, path, transport, store.backend(), hosted, held, own_rows, with_checks);
 }
 
 }  // namespace cpd::protocol

@@ -87,12 +87,7 @@ PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const st
                                    const Collectives& collectives, ThreadPool& pool) {
   const Measurer m(digests, collectives, pool);
   PagedCaseResult r;
-  r.spec = o.spec;
-  r.name = o.name;
-  r.workload = o.workload;
-  r.physical_pages = o.physical_pages;
-  r.block_tables_digest = o.block_tables_digest;
-  r.plans = o.plans;
+  static_cast<PagedCaseFacts&>(r) = o;
   for (std::size_t b = 0; b < r.plans.size(); ++b) {
     if (std::string e = coverage_error(r.plans[b], o.workload.kv_lens[b]); !e.empty())
       r.coverage_errors.push_back("sequence " + std::to_string(b) + ": " + e);
@@ -100,11 +95,9 @@ PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const st
   r.candidate = m.stats(o.candidate);
   r.fp32 = m.stats(o.fp32);
   r.dlogp = m.stats(o.dlogp);
-  r.vocab_size = o.vocab_size;
   for (const InvarianceCheck& inv : o.invariances)
     r.invariances.push_back(
         Invariance{inv.name, inv.compares, inv.applicable, inv.reason, m.stats(inv.rows)});
-  r.processes_used = o.processes_used;
   r.seconds = seconds_since(o.started);
   return r;
 }

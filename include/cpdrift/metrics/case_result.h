@@ -89,20 +89,12 @@ struct Invariance {
   bool bitwise_equal() const { return stats.out.bitwise_equal() && stats.lse.bitwise_equal(); }
 };
 
-struct PagedCaseResult {
-  PagedCaseSpec spec;
-  std::string name;
-  PagedWorkload workload;
-  int physical_pages = 0;
-  std::string block_tables_digest;
-  std::vector<std::vector<Range>> plans;  // per sequence, as the candidate lane ran it
+struct PagedCaseResult : PagedCaseFacts {
   std::vector<std::string> coverage_errors;
   OutLseStats candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
   OutLseStats fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
-  int vocab_size = 0;
   std::vector<Invariance> invariances;
-  int processes_used = 1;
   double seconds = 0.0;
 };
 

@@ -42,25 +42,29 @@ struct InvarianceCheck {
   OutLseComparison rows;
 };
 
-/// What one paged case computed on this process (the counterpart of CaseOutputs).
-struct PagedCaseOutputs {
-  PagedCaseOutputs() = default;
-  PagedCaseOutputs(const PagedCaseOutputs&) = delete;
-  PagedCaseOutputs& operator=(const PagedCaseOutputs&) = delete;
-
+/// What a paged case is and how it ran: what its outputs and its figures both say.
+struct PagedCaseFacts {
   PagedCaseSpec spec;
   std::string name;
   PagedWorkload workload;
   int physical_pages = 0;
   std::string block_tables_digest;
   std::vector<std::vector<Range>> plans;  // per sequence, as the candidate lane ran it
-  std::vector<CaseTensor> tensors;        // in publication order
+  int vocab_size = 0;
+  int processes_used = 1;
+};
+
+/// What one paged case computed on this process (the counterpart of CaseOutputs).
+struct PagedCaseOutputs : PagedCaseFacts {
+  PagedCaseOutputs() = default;
+  PagedCaseOutputs(const PagedCaseOutputs&) = delete;
+  PagedCaseOutputs& operator=(const PagedCaseOutputs&) = delete;
+
+  std::vector<CaseTensor> tensors;  // in publication order
   OutLseComparison candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
   OutLseComparison fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   Comparison dlogp;            // target-token logprobs of the candidate vs the reference cast alike
-  int vocab_size = 0;
   std::vector<InvarianceCheck> invariances;
-  int processes_used = 1;
   std::chrono::steady_clock::time_point started;
   HeldTensors held;
 };
