@@ -48,9 +48,10 @@ Execution and output
                                (default 300)
   --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
   --threads N                  CPU threads per process (default: cores / processes per node)
-  --round-rows N               query rows per round of the partial-state exchange (default:
-                               as many as keep a round's states of a range within 32 MiB);
-                               memory against supersteps, never the bits
+  --round-rows N               query rows per round of the state and partial-dq exchanges
+                               (default: as many as keep a round's states of a range within
+                               32 MiB): memory against supersteps; the FP32 and emulated-BF16
+                               bits never change (cuBLAS's unfused path is fixed per shape)
   --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
   --output PATH                write the JSON report (atomically)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference

@@ -45,36 +45,53 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, LocalCp1Resul
     const float scale = p.dims.softmax_scale();
     const std::size_t n = static_cast<std::size_t>(rows.size()) * dim,
                       skip = static_cast<std::size_t>(first) * dim;
-    // One GQA group at a time: its heads' dk, dv over all keys, then their fold (the totals of
-    // one group are alive at once, not every head's).
-    std::vector<std::vector<float>> totals(2 * static_cast<std::size_t>(group),
-                                           std::vector<float>(static_cast<std::size_t>(seq) * dim));
+    // A few GQA groups at a time (enough units for every thread): their heads' dk, dv over all
+    // keys, then each group's fold; only those groups' totals are alive at once.
+    struct Group {
+      int b;
+      std::int64_t g;
+    };
+    std::vector<Group> groups;
     for (int b = 0; b < batch; ++b) {
-      for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) {
-        std::vector<BackwardUnit> units;
+      for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) groups.push_back(Group{b, g});
+    }
+    const std::size_t per_call = std::max<std::size_t>(
+        1, (static_cast<std::size_t>(inputs.pool().size()) + group - 1) / group);
+    std::vector<std::vector<float>> totals(2 * per_call * group,
+                                           std::vector<float>(static_cast<std::size_t>(seq) * dim));
+    for (std::size_t first_group = 0; first_group < groups.size(); first_group += per_call) {
+      const std::size_t count = std::min(per_call, groups.size() - first_group);
+      std::vector<BackwardUnit> units;
+      for (std::size_t i = 0; i < count; ++i) {
+        const Group& gr = groups[first_group + i];
         for (int x = 0; x < group; ++x) {
-          const std::int64_t h = g * group + x;
+          const std::int64_t h = gr.g * group + x;
+          const std::size_t slot = 2 * (i * group + static_cast<std::size_t>(x));
           BackwardUnit u;
-          u.blocks.push_back(QueryBlockRows{rows, q.at(b, h, 0), d_out.at(b, h, 0),
-                                            fwd.lse.at(b, h, 0), delta.at(b, h, 0),
-                                            e.dq.at(b, h, 0)});
-          u.k = k.at(b, g, 0);
-          u.v = v.at(b, g, 0);
+          u.blocks.push_back(QueryBlockRows{rows, q.at(gr.b, h, 0), d_out.at(gr.b, h, 0),
+                                            fwd.lse.at(gr.b, h, 0), delta.at(gr.b, h, 0),
+                                            e.dq.at(gr.b, h, 0)});
+          u.k = k.at(gr.b, gr.g, 0);
+          u.v = v.at(gr.b, gr.g, 0);
           u.keys = keys;
-          u.dk_total = totals[2 * static_cast<std::size_t>(x)].data();
-          u.dv_total = totals[2 * static_cast<std::size_t>(x) + 1].data();
+          u.dk_total = totals[slot].data();
+          u.dv_total = totals[slot + 1].data();
           units.push_back(std::move(u));
         }
-        inputs.backend().run_backward_units(units, dim, scale);
+      }
+      inputs.backend().run_backward_units(units, dim, scale);
+      for (std::size_t i = 0; i < count; ++i) {
+        const Group& gr = groups[first_group + i];
         std::vector<const float*> dk_terms, dv_terms;
         for (int x = 0; x < group; ++x) {
-          dk_terms.push_back(totals[2 * static_cast<std::size_t>(x)].data() + skip);
-          dv_terms.push_back(totals[2 * static_cast<std::size_t>(x) + 1].data() + skip);
+          const std::size_t slot = 2 * (i * group + static_cast<std::size_t>(x));
+          dk_terms.push_back(totals[slot].data() + skip);
+          dv_terms.push_back(totals[slot + 1].data() + skip);
         }
-        float* dk = e.dk.at(b, g, 0);
+        float* dk = e.dk.at(gr.b, gr.g, 0);
         fold_terms(dk_terms, n, dk);
-        for (std::size_t i = 0; i < n; ++i) dk[i] *= scale;
-        fold_terms(dv_terms, n, e.dv.at(b, g, 0));
+        for (std::size_t j = 0; j < n; ++j) dk[j] *= scale;
+        fold_terms(dv_terms, n, e.dv.at(gr.b, gr.g, 0));
       }
     }
     for (float& x : e.dq.data) x *= scale;  // one block: the fold of one term is the term

@@ -19,7 +19,7 @@ constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none,
 
 // A case's arithmetic paths through its protocol, one output per hosted rank each.
 struct PathRuns {
-  std::vector<RankOutput> fp32;      // with the validated states, for the merge checks
+  std::vector<RankOutput> fp32;      // with the merge checks and the record of the states
   std::vector<RankOutput> bf16;      // BF16 inputs, FP32 P (under --dtype bf16)
   std::vector<RankOutput> kernel;    // the BF16 flash kernel
   std::vector<RankOutput> unfused;   // cuBLAS GEMMs (GPU backends)
@@ -100,8 +100,7 @@ ForwardWritten add_forward(const RunContext& ctx, const CaseGrid& grid, PathRuns
         o.held.keep(ctx.cp1_results.get(ctx.inputs, kFp32Path, reference_grid, rows));
     const AttnShard& counterpart =
         o.held.keep(ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, rows));
-    const AttnShard& dtype_written =
-        bf16 ? write_bf16_in_place(runs.bf16[i].merged) : run.merged;
+    const AttnShard& dtype_written = bf16 ? write_bf16_in_place(runs.bf16[i].merged) : run.merged;
     const AttnShard& kernel_written = write_bf16_in_place(runs.kernel[i].merged);
     const MergeChecks& checks = *run.checks;  // the FP32 path runs with them
     o.cp_merge_fp32.add(r, run.merged, ref);

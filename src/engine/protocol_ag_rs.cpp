@@ -43,15 +43,16 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
   // Each round: states of every served range's group against the owner's blocks, to the
   // query owners, merged there.
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
-  for (int round = 0; round < grid.rounds(); ++round) {
+  const int rounds = grid.rounds();
+  for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
     for (const LogicalRank& owner : hosted) {
       const RankInputs& in = inputs.at(owner.id);
-      for (const QueryPiece& range : served.at(owner.id)) {
-        const Range group = grid.round_group(range.tokens, round);
+      for (const QueryPiece& piece : served.at(owner.id)) {
+        const Range group = grid.round_group(piece.tokens, round);
         if (group.empty()) continue;
-        const QueryPiece q = range.group(group, dim);
+        const QueryPiece q = piece.group(group, dim);
         for (const KvBlock& block : grid.blocks_of(owner.cp_rank)) {
           if (causally_visible(block.range, q.tokens))
             states.push_back(state_message(grid, q, block, in.k, in.v, jobs));

@@ -26,14 +26,18 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
                 [&](const LogicalRank& r) { return expected_kv_allgather(grid, r); });
 
   // Every hosted rank's K/V: its own, then what it gathered; and its own query rows.
-  std::map<int, std::vector<KvPiece>> kv;
+  std::map<int, std::vector<KvPiece>> gathered;
   std::map<int, std::vector<std::vector<float>>> own_rows;
   for (const LogicalRank& r : hosted) {
-    const RankInputs& in = inputs.at(r.id);
-    kv[r.id].push_back(KvPiece{in.k, in.v});
     for (const Message& m : kv_inboxes.at(r.id).messages())
-      kv[r.id].push_back(kv_piece_of(m, grid));
-    for (const Range& t : r.tokens) own_rows[r.id].push_back(rows_of(in.q, t));
+      gathered[r.id].push_back(kv_piece_of(m, grid));
+    for (const Range& t : r.tokens) own_rows[r.id].push_back(rows_of(inputs.at(r.id).q, t));
+  }
+  std::map<int, std::vector<KvView>> kv;
+  for (const LogicalRank& r : hosted) {
+    const RankInputs& in = inputs.at(r.id);
+    kv[r.id].push_back(KvView{&in.k, &in.v});
+    for (const KvPiece& piece : gathered[r.id]) kv[r.id].push_back(KvView{&piece.k, &piece.v});
   }
 
   return local_rounds(grid, path, transport, store.backend(), hosted, kv, own_rows, with_checks);

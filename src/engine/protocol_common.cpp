@@ -198,7 +198,7 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
     const ShardShape out = query_shape(grid, r, dim), lse = query_shape(grid, r, 1);
-    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, {}, std::nullopt};
+    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, std::nullopt, {}};
     if (with_checks) {
       o.checks = MergeChecks{AttnShard{Shard(out), Shard(lse)}, std::vector<float>(out.size()),
                              std::vector<float>(lse.size())};
@@ -225,11 +225,10 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
     backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
                          dim);
-    if (o.checks) {
-      merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
-                              o.checks->probe);
-      merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
-    }
+    if (!o.checks) continue;
+    merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
+                            o.checks->probe);
+    merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
     for (const Message& m : states) o.merged_states.push_back(m.header);
   }
 }
@@ -237,16 +236,17 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
 std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, AttentionBackend& backend,
                                      const std::vector<LogicalRank>& hosted,
-                                     const std::map<int, std::vector<KvPiece>>& kv,
+                                     const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<std::vector<float>>>& own_rows,
                                      bool with_checks) {
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
-  for (int round = 0; round < grid.rounds(); ++round) {
+  const int rounds = grid.rounds();
+  for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
     for (const LogicalRank& r : hosted) {
-      for (const KvPiece& piece : kv.at(r.id))
-        own_states(grid, r, own_rows.at(r.id).data(), piece.k, piece.v, round, states, jobs);
+      for (const KvView& piece : kv.at(r.id))
+        own_states(grid, r, own_rows.at(r.id).data(), *piece.k, *piece.v, round, states, jobs);
     }
     run_state_jobs(grid, path, jobs, backend);
     // The states were computed here, but they are checked against the same manifest.

@@ -48,6 +48,12 @@ struct KvPiece {
 };
 /// A K/V message's payload as a piece (K rows, then V rows).
 KvPiece kv_piece_of(const Message& m, const CaseGrid& grid);
+
+/// K and V rows a rank reads, held elsewhere (its own shards, or a piece that arrived).
+struct KvView {
+  const Shard* k;
+  const Shard* v;
+};
 /// The K then V rows of `tokens`, as a message payload.
 std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens);
 
@@ -99,8 +105,8 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
                                       bool with_checks);
 
 /// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged
-/// in global block order into its rows of the round, the merge checks of those rows when the
-/// outputs carry them, and the states' headers recorded.
+/// in global block order into its rows of the round; when the outputs carry checks, the merge
+/// checks of those rows and the states' headers.
 void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
                  std::map<int, Inbox>& inboxes, AttentionBackend& backend,
                  std::vector<RankOutput>& outputs);
@@ -112,7 +118,7 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
 std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, AttentionBackend& backend,
                                      const std::vector<LogicalRank>& hosted,
-                                     const std::map<int, std::vector<KvPiece>>& kv,
+                                     const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<std::vector<float>>>& own_rows,
                                      bool with_checks);
 

@@ -20,8 +20,9 @@ inline bool causally_visible(const Range& block, const Range& tokens) {
   return block.begin < tokens.end;
 }
 
-/// One round's partial states stay within this many bytes per query range (design §4: memory
-/// never grows with the number of KV blocks).
+/// The budget of one round's partial states per query range (design §4). Rounds are at least 16
+/// rows, so past about a hundred KV blocks a round holds more (a row's states against every
+/// block); cutting rounds along the blocks too is a later step.
 inline constexpr std::int64_t kRoundStateBytes = std::int64_t{32} << 20;
 
 /// The topology of one case as every rank sees it.
@@ -30,14 +31,16 @@ struct CaseGrid {
   CaseSpec spec;
   std::vector<KvBlock> blocks;
   std::vector<LogicalRank> ranks;  // by logical id
-  /// Query rows per round of the partial-state exchange: each query range is cut into groups of
-  /// this many rows from its start, and round i exchanges and merges the i-th group of every
-  /// range, so no process holds a range's states for every block at once. The bits never depend
-  /// on it (kernels are row-independent, the merge is per row).
+  /// Query rows per round: each query range is cut into groups of this many rows from its start,
+  /// and forward round i exchanges and merges the i-th group of every range, so no process holds
+  /// a range's states for every block at once; the backward's rounds are runs of whole query
+  /// blocks up to this many positions. The FP32 and emulated-BF16 bits never depend on it
+  /// (kernels are row-independent, every fold keeps its order); cuBLAS's unfused GEMMs are
+  /// reproducible for a fixed shape only, so theirs can.
   std::int64_t round_rows = 0;
 
-  /// `round_rows` 0: as many rows (a multiple of 16) as keep one round's states of a query range
-  /// within kRoundStateBytes.
+  /// `round_rows` 0: as many rows (a multiple of 16, at least 16) as keep one round's states of
+  /// a query range within kRoundStateBytes; never more than the longest range.
   CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t round_rows = 0);
   /// The logical rank with the given TP rank and CP rank.
   const LogicalRank& at(int tp_rank, int cp_rank) const {
@@ -69,8 +72,6 @@ class Inbox {
   const std::vector<Message>& messages() const { return slots_; }
   /// Arrival order, for the merge-order probe.
   const std::vector<std::size_t>& arrival_order() const { return arrival_; }
-  /// Moves the messages out (the inbox is spent).
-  std::vector<Message> take_messages() { return std::move(slots_); }
 
  private:
   // A message is identified by what it carries (kind, destination, block, token range and, for

@@ -43,10 +43,10 @@ struct MergeChecks {
 struct RankOutput {
   LogicalRank rank;
   AttnShard merged;  // FP32 values, layout of the rank's query shard
-  /// The headers of every partial state merged, as validated against the manifest (round
-  /// order, manifest order within a round): the record of what ran.
+  /// With checks: the merge checks, and the headers of every partial state merged as validated
+  /// against the manifest (round order, manifest order within a round): the record of what ran.
+  std::optional<MergeChecks> checks;
   std::vector<MessageHeader> merged_states;
-  std::optional<MergeChecks> checks;  // when run with checks
 };
 
 /// Runs `grid.spec.protocol` for one path over the logical ranks this process hosts

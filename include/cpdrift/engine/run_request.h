@@ -59,7 +59,7 @@ struct RunRequest {
   double comm_timeout_seconds = 300.0;  // GPU transports: a wait longer than this is an error
   int staging_mib = 64;                 // cuda_ipc: each process's receive window
   int threads = 0;                      // 0: the CPUs this process may use (default_threads)
-  std::int64_t round_rows = 0;  // query rows per round of the state exchange; 0: by a budget
+  std::int64_t round_rows = 0;  // CaseGrid::round_rows (forward and backward); 0: by a budget
 
   /// Whether `mode` is asked for.
   bool runs(RunMode mode) const;
