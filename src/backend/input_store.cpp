@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/numerics/bf16.h"
@@ -57,11 +59,13 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
     }
   }
   if (missing.empty()) return;
-  const ShardShape fill{shape.batch, shape.heads, missing, shape.width};
-  const Shard fresh = backend_->generate_shard(problem_, tensor, fill, InputPrecision::fp32);
+  // One head at a time: the generation buffer stays a head's rows (values do not depend on how
+  // the rows are requested).
   const int d = problem_.dims.head_dim;
-  for (int b = 0; b < shape.batch; ++b) {
-    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+  for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+    const ShardShape fill{shape.batch, Range{h, h + 1}, missing, shape.width};
+    const Shard fresh = backend_->generate_shard(problem_, tensor, fill, InputPrecision::fp32);
+    for (int b = 0; b < shape.batch; ++b) {
       Plane& p = plane(tensor, b, h);
       for (const Range& r : missing) {
         std::memcpy(p.rows.get() + r.begin * d, fresh.at(b, h, fill.local_row(r.begin)),
@@ -72,6 +76,18 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
       }
     }
   }
+}
+
+void InputStore::prepare(TensorId tensor, const ShardShape& shape) { ensure(tensor, shape); }
+
+const float* InputStore::row(TensorId tensor, int b, std::int64_t h, std::int64_t position) {
+  Plane& p = plane(tensor, b, h);
+  if (position < 0 || position >= problem_.seq_len ||
+      !p.generated[static_cast<std::size_t>(position / kBlockRows)]) {
+    throw std::logic_error("InputStore::row: position " + std::to_string(position) +
+                           " was not prepared");
+  }
+  return p.rows.get() + position * problem_.dims.head_dim;
 }
 
 Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision precision) {

@@ -41,16 +41,31 @@ struct PackedRows {
   }
 };
 
-std::vector<float> pack_rows(const Shard& q, const Shard& d_out, const AttnShard& fwd,
-                             const Range& tokens, int dim) {
-  std::vector<float> payload = protocol::rows_of(q, tokens);
-  const std::vector<float> o = protocol::rows_of(d_out, tokens);
-  payload.insert(payload.end(), o.begin(), o.end());
-  const std::vector<float> lse = protocol::rows_of(fwd.lse, tokens);
+// The backward inputs of rank r's rows `part` packed as one payload (PackedRows' layout): q and
+// dO read in place from the input memo (prepared), lse and Δ from the saved forward.
+std::vector<float> pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard& fwd,
+                             const Range& part, int dim) {
+  const int batch = inputs.problem().batch;
+  const std::size_t n = static_cast<std::size_t>(part.size()) * dim;
+  std::vector<float> payload;
+  payload.reserve(static_cast<std::size_t>(batch * r.q_heads.size()) * (2 * n + 2 * part.size()));
+  for (const TensorId t : {TensorId::q, TensorId::d_out}) {
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+        const float* rows = inputs.row(t, b, h, part.begin);
+        payload.insert(payload.end(), rows, rows + n);
+      }
+    }
+  }
+  const std::vector<float> lse = protocol::rows_of(fwd.lse, part);
   payload.insert(payload.end(), lse.begin(), lse.end());
-  const std::vector<float> outs = protocol::rows_of(fwd.out, tokens);
-  for (std::size_t r = 0; r < lse.size(); ++r) {
-    payload.push_back(backward_delta(o.data() + r * dim, outs.data() + r * dim, dim));
+  for (int b = 0; b < batch; ++b) {
+    for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+      const float* d_out = inputs.row(TensorId::d_out, b, h, part.begin);
+      const float* out = fwd.out.at(b, h, fwd.out.shape.local_row(part.begin));
+      for (std::int64_t i = 0; i < part.size(); ++i)
+        payload.push_back(backward_delta(d_out + i * dim, out + i * dim, dim));
+    }
   }
   return payload;
 }
@@ -65,50 +80,55 @@ std::vector<KvBlock> blocks_in(const CaseGrid& grid, const Range& tokens) {
   return out;
 }
 
-// Superstep 1: every hosted rank's query ranges, packed (q, dO, lse, Δ), to the owners of the
-// KV blocks they see. `own[id][t]`: hosted rank id's token range t; `inboxes`: what arrived.
+// A round's query rows, packed (q, dO, lse, Δ): each hosted rank's ranges cut to the round's
+// span (`own[id][t]`, empty where range t has no row in it) and what arrived from the other CP
+// ranks for the KV blocks hosted here.
 struct ExchangedRows {
   std::map<int, std::vector<std::vector<float>>> own;
   std::map<int, Inbox> inboxes;
 };
 
-ExchangedRows exchange_rows(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
-                            const std::vector<RankOutput>& forward, Transport& transport,
+ExchangedRows exchange_rows(const CaseGrid& grid, const Range& span,
+                            const std::vector<LogicalRank>& hosted,
+                            const std::map<int, const RankOutput*>& forward, Transport& transport,
                             InputStore& inputs) {
   const int dim = grid.problem.dims.head_dim;
-  std::map<int, const RankOutput*> fwd;
-  for (const RankOutput& o : forward) fwd[o.rank.id] = &o;
   ExchangedRows rows;
   for (const LogicalRank& r : hosted) {
-    const ShardShape shape = query_shape(grid, r, dim);
-    const Shard q = inputs.shard(TensorId::q, shape, InputPrecision::fp32);
-    const Shard d_out = inputs.shard(TensorId::d_out, shape, InputPrecision::fp32);
-    for (const Range& t : r.tokens)
-      rows.own[r.id].push_back(pack_rows(q, d_out, fwd.at(r.id)->merged, t, dim));
+    for (const Range& t : r.tokens) {
+      const Range part = intersection(t, span);
+      rows.own[r.id].push_back(part.empty()
+                                   ? std::vector<float>{}
+                                   : pack_rows(inputs, r, forward.at(r.id)->merged, part, dim));
+    }
   }
   std::vector<Message> outgoing;
   for (const LogicalRank& dst : grid.ranks) {
-    for (const MessageHeader& h : expected_backward_rows(grid, dst)) {
+    for (const MessageHeader& h : expected_backward_rows(grid, dst, span)) {
       if (rows.own.count(h.src) == 0) continue;
       const LogicalRank& src = grid.ranks[static_cast<std::size_t>(h.src)];
-      const auto at =
-          std::find(src.tokens.begin(), src.tokens.end(), h.tokens()) - src.tokens.begin();
+      const auto at = std::find_if(src.tokens.begin(), src.tokens.end(),
+                                   [&](const Range& t) { return t.contains(h.tokens()); }) -
+                      src.tokens.begin();
       outgoing.push_back(Message{h, rows.own.at(h.src)[static_cast<std::size_t>(at)]});
     }
   }
-  rows.inboxes =
-      protocol::superstep(transport, hosted, std::move(outgoing),
-                          [&](const LogicalRank& r) { return expected_backward_rows(grid, r); });
+  rows.inboxes = protocol::superstep(
+      transport, hosted, std::move(outgoing),
+      [&](const LogicalRank& r) { return expected_backward_rows(grid, r, span); });
   return rows;
 }
 
-// The query ranges KV owner `o` serves: its own, then those that arrived.
-std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o,
+// The round's query rows KV owner `o` serves: its own, then those that arrived.
+std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o, const Range& span,
                                   const ExchangedRows& rows) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   std::vector<PackedRows> served;
-  for (std::size_t t = 0; t < o.tokens.size(); ++t)
-    served.push_back(PackedRows{&o, o.tokens[t], rows.own.at(o.id)[t].data(), batch, dim});
+  for (std::size_t t = 0; t < o.tokens.size(); ++t) {
+    const Range part = intersection(o.tokens[t], span);
+    if (!part.empty())
+      served.push_back(PackedRows{&o, part, rows.own.at(o.id)[t].data(), batch, dim});
+  }
   for (const Message& m : rows.inboxes.at(o.id).messages()) {
     served.push_back(PackedRows{&grid.ranks[static_cast<std::size_t>(m.header.src)],
                                 m.header.tokens(), m.payload.data(), batch, dim});
@@ -177,14 +197,14 @@ BackwardUnit head_unit(const CaseGrid& grid, const KvBlock& kb, int b, std::int6
   return unit;
 }
 
-// The round `span`'s block pairs of KV owner `o` (gradients grads[grad]; its K, V), for the
-// round's rows of every query range it serves.
-void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t grad, const Shard& k,
-                     const Shard& v, const std::vector<PackedRows>& served, const Range& span,
-                     KvTotals& totals, RoundPairs& round) {
+// The round's block pairs of KV owner `o` (gradients grads[grad]; its K and V read in place from
+// the input memo), for the round's rows it serves.
+void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t grad,
+                     InputStore& inputs, const std::vector<PackedRows>& served, KvTotals& totals,
+                     RoundPairs& round) {
   const int group = grid.problem.dims.group_size();
   std::vector<Range> parts;
-  for (const PackedRows& rows : served) parts.push_back(intersection(rows.tokens, span));
+  for (const PackedRows& rows : served) parts.push_back(rows.tokens);
   for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
     // One partial-dq message per served part that sees the block.
     std::map<std::size_t, std::size_t> message_of;  // served index → partials index
@@ -196,15 +216,14 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
           Message{h, std::vector<float>(static_cast<std::size_t>(h.floats), 0.0f)});
     }
     if (message_of.empty()) continue;
-    const std::int64_t kv_row = k.shape.local_row(kb.range.begin);
     for (int b = 0; b < grid.problem.batch; ++b) {
       for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g) {
         KvTotals::Fold& f = totals.at(grad, b, g, kb.index);
         for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
           BackwardUnit unit = head_unit(grid, kb, b, h, served, parts, message_of, round);
           const std::size_t x = f.first_total + 2 * static_cast<std::size_t>(h - g * group);
-          unit.k = k.at(b, g, kv_row);
-          unit.v = v.at(b, g, kv_row);
+          unit.k = inputs.row(TensorId::k, b, g, kb.range.begin);
+          unit.v = inputs.row(TensorId::v, b, g, kb.range.begin);
           unit.dk_total = totals.head_totals[x].data();
           unit.dv_total = totals.head_totals[x + 1].data();
           unit.accumulate = f.started;
@@ -291,19 +310,19 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, group = p.dims.group_size();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
-  const ExchangedRows rows = exchange_rows(grid, hosted, forward, transport, inputs);
+  std::map<int, const RankOutput*> fwd;
+  for (const RankOutput& o : forward) fwd[o.rank.id] = &o;
 
   std::vector<RankGradients> grads;
-  std::vector<Shard> k_shards, v_shards;
-  std::vector<std::vector<PackedRows>> served;
   KvTotals totals;
   for (const LogicalRank& o : hosted) {
     const ShardShape kv_shape{p.batch, o.kv_heads, o.tokens, dim};
-    k_shards.push_back(inputs.shard(TensorId::k, kv_shape, InputPrecision::fp32));
-    v_shards.push_back(inputs.shard(TensorId::v, kv_shape, InputPrecision::fp32));
-    grads.push_back(
-        RankGradients{o, Shard(query_shape(grid, o, dim)), Shard(kv_shape), Shard(kv_shape), {}});
-    served.push_back(served_by(grid, o, rows));
+    const ShardShape q_shape = query_shape(grid, o, dim);
+    inputs.prepare(TensorId::q, q_shape);
+    inputs.prepare(TensorId::d_out, q_shape);
+    inputs.prepare(TensorId::k, kv_shape);
+    inputs.prepare(TensorId::v, kv_shape);
+    grads.push_back(RankGradients{o, Shard(q_shape), Shard(kv_shape), Shard(kv_shape), {}});
     for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
       for (int b = 0; b < p.batch; ++b) {
         for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g)
@@ -311,12 +330,16 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
       }
     }
   }
-  // Rounds of query blocks in ascending order: the dq of the round's rows completes in it; dK and
-  // dV continue their fold over the query blocks from round to round.
+  // Rounds of query blocks in ascending order: the round's rows travel to the KV owners, whose
+  // partial dq complete those rows' dq; dK and dV continue their fold over the query blocks
+  // from round to round.
   for (const Range& span : grid.backward_rounds()) {
+    const ExchangedRows rows = exchange_rows(grid, span, hosted, fwd, transport, inputs);
     RoundPairs round;
-    for (std::size_t i = 0; i < hosted.size(); ++i)
-      add_round_pairs(grid, hosted[i], i, k_shards[i], v_shards[i], served[i], span, totals, round);
+    for (std::size_t i = 0; i < hosted.size(); ++i) {
+      add_round_pairs(grid, hosted[i], i, inputs, served_by(grid, hosted[i], span, rows), totals,
+                      round);
+    }
     inputs.backend().run_backward_units(round.units, dim, p.dims.softmax_scale());
     fold_dq(grid, span, std::move(round.partials), hosted, transport, grads);
   }

@@ -9,8 +9,10 @@
 namespace cpd::case_legs {
 
 std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
-                                   const std::vector<RankOutput>& fp32, CaseOutputs& o) {
+                                   const std::string& name, const std::vector<RankOutput>& fp32,
+                                   CaseSink& sink) {
   const int dim = grid.problem.dims.head_dim;
+  CasePart o(grid.spec.cp);
   BackwardComparisons& c = o.backward.emplace();
   std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
   std::vector<Received> folded;
@@ -18,8 +20,8 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
     const int r = g.rank.cp_rank;
     for (const MessageHeader& h : g.dq_partials)
       folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
-    LocalCp1Backward::Result ref = ctx.cp1_backward->get(
-        ctx.inputs, ctx.cp1_results, query_shape(grid, g.rank, dim), g.dk.shape);
+    LocalCp1Backward::Result ref =
+        ctx.cp1_backward->get(ctx.inputs, query_shape(grid, g.rank, dim), g.dk.shape);
     const Shard& rq = o.held.keep(std::move(ref.dq));
     const Shard& rk = o.held.keep(std::move(ref.dk));
     const Shard& rv = o.held.keep(std::move(ref.dv));
@@ -29,9 +31,9 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
     c.dq.add(r, q, rq);
     c.dk.add(r, k, rk);
     c.dv.add(r, v, rv);
-    c.bf16_dq.add(r, o.held.keep(bf16_written(q)), rq);
-    c.bf16_dk.add(r, o.held.keep(bf16_written(k)), rk);
-    c.bf16_dv.add(r, o.held.keep(bf16_written(v)), rv);
+    c.bf16_dq.add(r, q, rq, true);
+    c.bf16_dk.add(r, k, rk, true);
+    c.bf16_dv.add(r, v, rv, true);
     dq.push_back(&q);
     dk.push_back(&k);
     dv.push_back(&v);
@@ -39,7 +41,7 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
     ref_dk.push_back(&rk);
     ref_dv.push_back(&rv);
   }
-  const std::string base = case_group(o.name) + "/";
+  const std::string base = case_group(name) + "/";
   const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
                            HeadKind heads, bool digest, Comparison* candidate_of) {
     if (candidate_of != nullptr)
@@ -53,13 +55,14 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
   publish("reference_fp32/dq", ref_dq, HeadKind::query, false, nullptr);
   publish("reference_fp32/dk", ref_dk, HeadKind::kv, false, nullptr);
   publish("reference_fp32/dv", ref_dv, HeadKind::kv, false, nullptr);
+  sink.prefill_part(o);
   return folded;
 }
 
-void add_dlogp(const RunContext& ctx, const CaseGrid& grid,
+void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                const std::vector<const AttnShard*>& candidate,
-               const std::vector<const AttnShard*>& reference, CaseOutputs& o) {
-  o.vocab_size = ctx.vocab_size;
+               const std::vector<const AttnShard*>& reference, CaseSink& sink) {
+  CasePart o(grid.spec.cp);
   Comparison& c = o.dlogp.emplace();
   std::vector<const Shard*> cand_logp, ref_logp;
   for (TokenLogprobs& lp :
@@ -82,12 +85,13 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid,
   }
   // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP
   // rank.
-  const std::string base = case_group(o.name) + "/";
+  const std::string base = case_group(name) + "/";
   c.candidate_tensor = static_cast<int>(o.tensors.size());
   o.tensors.push_back(case_tensor(grid, ctx.transport, base + "candidate/logp", cand_logp, 1,
                                   HeadKind::token, false, true));
   o.tensors.push_back(case_tensor(grid, ctx.transport, base + "reference/logp", ref_logp, 1,
                                   HeadKind::token, false, false));
+  sink.prefill_part(o);
 }
 
 }  // namespace cpd::case_legs

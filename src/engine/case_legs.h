@@ -2,25 +2,27 @@
 // computes, compares and publishes, added to the case's outputs.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "case_execution.h"
-#include "cpdrift/engine/case_outputs.h"
+#include "cpdrift/engine/case_sink.h"
 #include "cpdrift/engine/protocol.h"
 #include "cpdrift/engine/run_context.h"
 
 namespace cpd::case_legs {
 
 /// The FP32 backward from the FP32 path's forward (`fp32`, one per hosted rank) vs the CP=1
-/// reference backward, and the gradients' BF16 final write.
-/// Returns the partial dq the hosted query owners folded (for the record of what ran).
+/// reference backward, and the gradients' BF16 final write: one part of case `name`, handed
+/// to `sink`. Returns the partial dq the hosted query owners folded (the record of what ran).
 std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
-                                   const std::vector<RankOutput>& fp32, CaseOutputs& o);
+                                   const std::string& name, const std::vector<RankOutput>& fp32,
+                                   CaseSink& sink);
 
 /// Target-token logprobs of `candidate` vs `reference` (attention outputs per hosted rank)
-/// through the synthetic lm_head, over the active tokens.
-void add_dlogp(const RunContext& ctx, const CaseGrid& grid,
+/// through the synthetic lm_head, over the active tokens: one part of case `name`.
+void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                const std::vector<const AttnShard*>& candidate,
-               const std::vector<const AttnShard*>& reference, CaseOutputs& o);
+               const std::vector<const AttnShard*>& reference, CaseSink& sink);
 
 }  // namespace cpd::case_legs

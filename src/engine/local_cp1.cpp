@@ -16,9 +16,21 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
   const Range kv_heads{rows.heads.begin / group, (rows.heads.end - 1) / group + 1};
   const ShardShape qs{rows.batch, rows.heads, rows.tokens, dim};
   const ShardShape kvs{rows.batch, kv_heads, {Range{0, kv_end}}, dim};
-  const Shard q = inputs.shard(TensorId::q, qs, path.inputs);
-  const Shard k = inputs.shard(TensorId::k, kvs, path.inputs);
-  const Shard v = inputs.shard(TensorId::v, kvs, path.inputs);
+  // FP32 inputs are read in place from the memo; BF16 ones are rounded copies.
+  const bool in_place = path.inputs == InputPrecision::fp32;
+  Shard q, k, v;
+  if (in_place) {
+    inputs.prepare(TensorId::q, qs);
+    inputs.prepare(TensorId::k, kvs);
+    inputs.prepare(TensorId::v, kvs);
+  } else {
+    q = inputs.shard(TensorId::q, qs, path.inputs);
+    k = inputs.shard(TensorId::k, kvs, path.inputs);
+    v = inputs.shard(TensorId::v, kvs, path.inputs);
+  }
+  const auto at = [&](TensorId t, const Shard& copy, int b, std::int64_t h, std::int64_t pos) {
+    return in_place ? inputs.row(t, b, h, pos) : copy.at(b, h, copy.shape.local_row(pos));
+  };
 
   AttnShard result{Shard(qs), Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
   std::vector<FoldJob> jobs;
@@ -26,9 +38,10 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
     for (std::int64_t h = rows.heads.begin; h < rows.heads.end; ++h) {
       for (const Range& t : rows.tokens) {
         const std::int64_t row = qs.local_row(t.begin);
-        jobs.push_back(FoldJob{q.at(b, h, row), t.begin, t.size(), k.at(b, h / group, 0),
-                               v.at(b, h / group, 0), 0, grid, result.out.at(b, h, row),
-                               result.lse.at(b, h, row)});
+        jobs.push_back(FoldJob{at(TensorId::q, q, b, h, t.begin), t.begin, t.size(),
+                               at(TensorId::k, k, b, h / group, 0),
+                               at(TensorId::v, v, b, h / group, 0), 0, grid,
+                               result.out.at(b, h, row), result.lse.at(b, h, row)});
       }
     }
   }
@@ -64,9 +77,19 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   for (const Range& t : rows.tokens) {
     if (find(t) == nullptr) missing.push_back(t);
   }
-  if (!missing.empty()) {
-    const AttnShard fresh =
-        compute_local_cp1(inputs, path, grid, ShardShape{rows.batch, rows.heads, missing, dim});
+  if (missing.empty()) {
+    AttnShard result{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}),
+                     Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+    for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
+    return result;
+  }
+  AttnShard fresh =
+      compute_local_cp1(inputs, path, grid, ShardShape{rows.batch, rows.heads, missing, dim});
+  const std::size_t bytes = (fresh.out.data.size() + fresh.lse.data.size()) * sizeof(float);
+  if (held_bytes_ + bytes > budget_bytes_) {
+    if (missing.size() == rows.tokens.size()) return fresh;  // nothing memoised: as computed
+  } else {
+    held_bytes_ += bytes;
     for (const Range& t : missing) {
       Entry e{rows.heads, t,
               AttnShard{Shard(ShardShape{rows.batch, rows.heads, {t}, dim}),
@@ -75,9 +98,13 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
       entries.push_back(std::move(e));
     }
   }
+  // Some rows memoised, the others fresh.
   AttnShard result{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}),
                    Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
-  for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
+  for (const Range& t : rows.tokens) {
+    const Entry* e = find(t);
+    copy_rows(e != nullptr ? e->data : fresh, result, rows.heads, t);
+  }
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include "cpdrift/engine/manifest.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "cpdrift/core/errors.h"
 
@@ -174,27 +175,45 @@ std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRa
   return out;
 }
 
-std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst) {
-  std::vector<MessageHeader> out;
+namespace {
+
+// The query rows of the other CP ranks (same TP rank as dst) inside `span` that one of dst's
+// KV blocks sees: (their owner, the rows), one per owner's range.
+std::vector<std::pair<const LogicalRank*, Range>> rows_seen_by(const CaseGrid& grid,
+                                                               const LogicalRank& dst,
+                                                               const Range& span) {
+  std::vector<std::pair<const LogicalRank*, Range>> out;
   const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
   for (int r = 0; r < grid.spec.cp; ++r) {
     if (r == dst.cp_rank) continue;
     const LogicalRank& src = grid.at(dst.tp_rank, r);
     for (const Range& tokens : src.tokens) {
-      const bool needed = std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
-        return causally_visible(b.range, tokens);
-      });
-      if (needed) out.push_back(q_shard_header(grid, src, dst, tokens));
+      const Range part = intersection(tokens, span);
+      const bool seen =
+          !part.empty() && std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
+            return causally_visible(b.range, part);
+          });
+      if (seen) out.emplace_back(&src, part);
     }
   }
   return out;
 }
 
-std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst) {
-  std::vector<MessageHeader> out = expected_q_shards(grid, dst);
-  for (MessageHeader& h : out) {
-    h = rows_header(grid, MessageKind::backward_rows, grid.ranks[static_cast<std::size_t>(h.src)],
-                    dst, h.tokens(), h.heads(), 2LL * grid.problem.dims.head_dim + 2);
+}  // namespace
+
+std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst) {
+  std::vector<MessageHeader> out;
+  for (const auto& [src, rows] : rows_seen_by(grid, dst, Range{0, grid.problem.seq_len}))
+    out.push_back(q_shard_header(grid, *src, dst, rows));
+  return out;
+}
+
+std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst,
+                                                  const Range& span) {
+  std::vector<MessageHeader> out;
+  for (const auto& [src, rows] : rows_seen_by(grid, dst, span)) {
+    out.push_back(rows_header(grid, MessageKind::backward_rows, *src, dst, rows, src->q_heads,
+                              2LL * grid.problem.dims.head_dim + 2));
   }
   return out;
 }

@@ -16,7 +16,7 @@ class Measurer {
     std::vector<DiffPart> parts;
     for (const ComparedPiece& p : c.pieces) {
       if (!only_cp_rank || p.cp_rank == *only_cp_rank)
-        parts.push_back(DiffPart{p.candidate, p.reference, p.count});
+        parts.push_back(DiffPart{p.candidate, p.reference, p.count, p.bf16_candidate});
     }
     DiffStats s = compute_diff_stats(parts, collectives_, &pool_);
     if (!only_cp_rank && c.candidate_tensor >= 0 && collectives_.root())
@@ -55,32 +55,47 @@ BackwardDrift measure_backward(const Measurer& m, const BackwardComparisons& c, 
 
 }  // namespace
 
-CaseResult measure_case(const CaseOutputs& o, std::span<const std::string> digests,
-                        const Collectives& collectives, ThreadPool& pool) {
+void measure_case_part(const CasePart& part, std::span<const std::string> digests,
+                       const Collectives& collectives, ThreadPool& pool, CaseResult& into) {
   const Measurer m(digests, collectives, pool);
-  CaseResult r;
-  r.spec = o.spec;
-  r.name = o.name;
-  r.cp_merge_fp32 = m.stats(o.cp_merge_fp32);
-  r.dtype_path = m.stats(o.dtype_path);
-  r.bf16_kernel = m.stats(o.bf16_kernel);
-  r.topology = m.stats(o.topology);
-  r.merge_probe = m.stats(o.merge_probe);
-  r.merge_oracle = m.stats(o.merge_oracle);
-  if (o.cublas_unfused) r.cublas_unfused = m.stats(*o.cublas_unfused);
-  if (o.cuda_vs_cpu_fp32) r.cuda_vs_cpu_fp32 = m.stats(*o.cuda_vs_cpu_fp32);
-  r.topology_required = o.topology_required;
-  r.topology_reference = o.topology_reference;
-  const int cp_ranks = static_cast<int>(o.executed.query_tokens.size());  // as the grid ran
-  for (int cp = 0; cp < cp_ranks; ++cp) {
-    r.per_rank.push_back(PerRankDrift{cp, o.executed.query_tokens[static_cast<std::size_t>(cp)],
-                                      m.stats(o.dtype_path, cp), m.stats(o.cp_merge_fp32, cp)});
+  const auto set = [&](const std::optional<OutLseComparison>& c, OutLseStats& figure) {
+    if (c) figure = m.stats(*c);
+  };
+  set(part.cp_merge_fp32, into.cp_merge_fp32);
+  set(part.dtype_path, into.dtype_path);
+  set(part.bf16_kernel, into.bf16_kernel);
+  set(part.topology, into.topology);
+  set(part.merge_probe, into.merge_probe);
+  set(part.merge_oracle, into.merge_oracle);
+  if (part.cublas_unfused) into.cublas_unfused = m.stats(*part.cublas_unfused);
+  if (part.cuda_vs_cpu_fp32) into.cuda_vs_cpu_fp32 = m.stats(*part.cuda_vs_cpu_fp32);
+  if (part.dtype_path || part.cp_merge_fp32) {
+    into.per_rank.resize(static_cast<std::size_t>(part.cp_ranks));
+    for (int cp = 0; cp < part.cp_ranks; ++cp) {
+      PerRankDrift& r = into.per_rank[static_cast<std::size_t>(cp)];
+      r.cp_rank = cp;
+      if (part.dtype_path) r.candidate = m.stats(*part.dtype_path, cp);
+      if (part.cp_merge_fp32) r.cp_merge = m.stats(*part.cp_merge_fp32, cp);
+    }
   }
-  if (o.backward) r.backward = measure_backward(m, *o.backward, cp_ranks);
-  if (o.dlogp) r.dlogp = DlogpDrift{true, o.vocab_size, m.stats(*o.dlogp)};
-  r.executed = o.executed;
-  r.seconds = seconds_since(o.executed.started);
-  return r;
+  if (part.backward) into.backward = measure_backward(m, *part.backward, part.cp_ranks);
+  if (part.dlogp) {
+    into.dlogp.available = true;
+    into.dlogp.drift = m.stats(*part.dlogp);
+  }
+}
+
+void finish_case(const CaseRecord& record, CaseResult& into) {
+  into.spec = record.spec;
+  into.name = record.name;
+  into.topology_required = record.topology_required;
+  into.topology_reference = record.topology_reference;
+  into.dlogp.vocab_size = record.vocab_size;
+  const std::vector<std::vector<Range>>& tokens = record.executed.query_tokens;  // as the grid ran
+  for (std::size_t cp = 0; cp < into.per_rank.size() && cp < tokens.size(); ++cp)
+    into.per_rank[cp].tokens = tokens[cp];
+  into.executed = record.executed;
+  into.seconds = seconds_since(record.executed.started);
 }
 
 PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const std::string> digests,

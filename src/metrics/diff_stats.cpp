@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cpdrift/numerics/bf16.h"
 #include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
@@ -22,13 +23,17 @@ float from_bits(std::uint32_t u) {
   return x;
 }
 
+float candidate_at(const DiffPart& p, std::size_t i) {
+  return p.bf16_candidate ? round_bf16(p.candidate[i]) : p.candidate[i];
+}
+
 float diff_at(const DiffPart& p, std::size_t i) {
-  return p.reference == nullptr ? p.candidate[i] : abs_diff(p.candidate[i], p.reference[i]);
+  return p.reference == nullptr ? candidate_at(p, i) : abs_diff(candidate_at(p, i), p.reference[i]);
 }
 
 bool mismatch_at(const DiffPart& p, std::size_t i) {
-  return p.reference == nullptr ? p.candidate[i] != 0.0f
-                                : bits(p.candidate[i]) != bits(p.reference[i]);
+  return p.reference == nullptr ? candidate_at(p, i) != 0.0f
+                                : bits(candidate_at(p, i)) != bits(p.reference[i]);
 }
 
 constexpr std::size_t kBins = 1u << 16;
@@ -199,7 +204,7 @@ void first_pass(const Piece& c, LocalFirst& acc) {
     if (mismatch_at(p, i)) ++acc.counters[FirstPass::kMismatch];
     acc.max_bits = std::max<std::uint64_t>(acc.max_bits, u);
     if (p.reference != nullptr)
-      acc.max_ulp = std::max(acc.max_ulp, ulp_distance(p.candidate[i], p.reference[i]));
+      acc.max_ulp = std::max(acc.max_ulp, ulp_distance(candidate_at(p, i), p.reference[i]));
   }
   acc.counters[FirstPass::kCount] += c.end - c.begin;
 }

@@ -46,16 +46,21 @@ void RunRecorder::rope(const RopeOutputs& o) {
   report_.rope = measure_rope(o, publish(o.tensors), collectives_, pool_);
 }
 
-void RunRecorder::prefill_case(const CaseOutputs& o) {
-  const CaseSpec& spec = o.spec;
-  annotate(case_group(o.name),
+void RunRecorder::prefill_part(const CasePart& part) {
+  measure_case_part(part, publish(part.tensors), collectives_, pool_, pending_);
+}
+
+void RunRecorder::prefill_case(const CaseRecord& record) {
+  const CaseSpec& spec = record.spec;
+  annotate(case_group(record.name),
            {{"tp_world_size", std::int64_t{spec.tp}},
             {"cp_world_size", std::int64_t{spec.cp}},
             {"split", spec.split ? DumpValue(*spec.split) : DumpValue(std::string("none"))},
             {"layout", std::string(to_string(spec.layout))},
             {"protocol", std::string(to_string(spec.protocol))}});
-  const std::vector<std::string> digests = publish(o.tensors);
-  report_.cases.push_back(measure_case(o, digests, collectives_, pool_));
+  finish_case(record, pending_);
+  report_.cases.push_back(std::move(pending_));
+  pending_ = CaseResult{};
   if (on_case) on_case(report_.cases.back());
 }
 

@@ -26,6 +26,13 @@ class InputStore {
   /// does), so each row's random numbers and RoPE are computed once.
   Shard shard(TensorId tensor, const ShardShape& shape, InputPrecision precision);
 
+  /// Generates the FP32 rows of `shape` into the memo where missing, without copying them out;
+  /// row() then reads them in place.
+  void prepare(TensorId tensor, const ShardShape& shape);
+  /// The memo's FP32 row of (tensor, b, h) at `position`: the rows of one (b, h) are
+  /// consecutive, [S][D]. Valid while the store lives; std::logic_error if not prepared.
+  const float* row(TensorId tensor, int b, std::int64_t h, std::int64_t position);
+
   const Problem& problem() const { return problem_; }
   ThreadPool& pool() { return pool_; }
   /// The compute backend of the run: inputs, partial states, merges, gradients.

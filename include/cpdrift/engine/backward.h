@@ -30,24 +30,27 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
                                         Transport& transport, InputStore& inputs);
 
 /// The CP=1 reference backward (`cp1_backward_reference`: one block [0, S), from the CP=1 FP32
-/// forward) computed locally, memoised like LocalCp1Results.
+/// forward) computed locally from the input memo, a few GQA groups at a time (their forward,
+/// dq and key totals are all it holds beyond the result); results memoised up to a budget.
 class LocalCp1Backward {
  public:
+  explicit LocalCp1Backward(std::size_t budget_bytes = kCp1MemoBytes)
+      : budget_bytes_(budget_bytes) {}
+
   /// dq of `q_rows` (query heads, tokens) and dk/dv of `kv_rows` (the matching KV heads).
   struct Result {
     Shard dq, dk, dv;
   };
-  Result get(InputStore& inputs, LocalCp1Results& forward, const ShardShape& q_rows,
-             const ShardShape& kv_rows);
+  Result get(InputStore& inputs, const ShardShape& q_rows, const ShardShape& kv_rows);
 
  private:
-  // Gradients of a head range for rows [first, S) (dq) and keys [first, S) (dk, dv).
   struct Entry {
-    Range q_heads;
-    std::int64_t first = 0;
-    Shard dq, dk, dv;  // tokens {[first, S)}
+    ShardShape q_rows, kv_rows;
+    Result result;
   };
   std::vector<Entry> entries_;
+  std::size_t budget_bytes_;
+  std::size_t held_bytes_ = 0;
 };
 
 }  // namespace cpd

@@ -1,6 +1,6 @@
-// What one prefill/chunked case computed on this process: every comparison its report makes,
-// every tensor it publishes, and the record of what ran. The metrics, dump and report layers
-// read it (engine/case_sink.h); the engine never sees a statistic.
+// What one prefill/chunked case computed on this process, part by part: every comparison its
+// report makes, every tensor it publishes, and the record of what ran. The metrics, dump and report
+// layers read it (engine/case_sink.h); the engine never sees a statistic.
 #pragma once
 
 #include <chrono>
@@ -65,29 +65,38 @@ struct BackwardComparisons {
   Comparison bf16_dq, bf16_dk, bf16_dv;
 };
 
-struct CaseOutputs {
-  CaseOutputs() = default;
-  CaseOutputs(const CaseOutputs&) = delete;
-  CaseOutputs& operator=(const CaseOutputs&) = delete;
+/// A part of a prefill case that is complete: the comparisons it makes and the tensors it
+/// publishes. The engine hands a case's parts to the sink as they complete and frees each once
+/// the sink returns, so no more than one part's tensors are alive beyond what later parts need.
+/// A comparison that is set is the whole of it (every process sets the same ones).
+struct CasePart {
+  explicit CasePart(int cp_ranks_that_ran) : cp_ranks(cp_ranks_that_ran) {}
+  CasePart(const CasePart&) = delete;
+  CasePart& operator=(const CasePart&) = delete;
 
-  CaseSpec spec;  // as requested
-  std::string name;
-  std::vector<CaseTensor> tensors;  // in publication order
-  OutLseComparison cp_merge_fp32;   // FP32 CP/chunked vs FP32 CP=1 prefill
-  OutLseComparison dtype_path;      // problem dtype inputs + final write vs FP32 reference
-  OutLseComparison bf16_kernel;     // emulated BF16 flash kernel vs FP32 reference
-  OutLseComparison topology;        // FP32 candidate vs FP32 CP=1 with the same split and layout
-  OutLseComparison merge_probe;     // reversed arrival order vs canonical: must be exactly 0
-  OutLseComparison merge_oracle;    // FP32 fold vs FP64 oracle on the same states (diffs)
-  std::optional<OutLseComparison> cublas_unfused;    // GPU backends
+  int cp_ranks = 1;                 // CP ranks of the grid that ran (the per-rank figures)
+  std::vector<CaseTensor> tensors;  // in publication order; candidate_tensor indexes these
+  std::optional<OutLseComparison> cp_merge_fp32;  // FP32 CP/chunked vs FP32 CP=1 prefill
+  std::optional<OutLseComparison> dtype_path;     // problem dtype inputs + final write vs reference
+  std::optional<OutLseComparison> bf16_kernel;    // emulated BF16 flash kernel vs FP32 reference
+  std::optional<OutLseComparison> topology;  // FP32 candidate vs FP32 CP=1, same split and layout
+  std::optional<OutLseComparison> merge_probe;     // reversed arrival order vs canonical: exactly 0
+  std::optional<OutLseComparison> merge_oracle;    // FP32 fold vs FP64 oracle, same states (diffs)
+  std::optional<OutLseComparison> cublas_unfused;  // GPU backends
   std::optional<OutLseComparison> cuda_vs_cpu_fp32;  // GPU runs: the FP32 path again on the CPU
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
-  int vocab_size = 0;
+  HeldTensors held;
+};
+
+/// What a prefill case was and did, handed to the sink after its last part.
+struct CaseRecord {
+  CaseSpec spec;  // as requested
+  std::string name;
+  int vocab_size = 0;              // the dlogp leg's, when it ran
   bool topology_required = false;  // the block grids are equal, so the bits must be
   std::string topology_reference;  // the CP=1 counterpart's case name
   CaseExecution executed;
-  HeldTensors held;
 };
 
 /// BF16 RoPE output vs FP32 for the whole Q and K tensors (the report's drift.rope), shared by

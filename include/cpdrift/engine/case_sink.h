@@ -10,10 +10,13 @@ namespace cpd {
 class CaseSink {
  public:
   virtual ~CaseSink() = default;
-  /// Each call is collective (every process gets the same calls in the same order); the
-  /// outputs live until it returns.
+  /// Each call is collective (every process gets the same calls in the same order); what it is
+  /// given lives until it returns.
   virtual void rope(const RopeOutputs& outputs) = 0;
-  virtual void prefill_case(const CaseOutputs& outputs) = 0;
+  /// A prefill case arrives as its parts, in the order they complete, then its record; each
+  /// part's tensors are freed when the call returns.
+  virtual void prefill_part(const CasePart& part) = 0;
+  virtual void prefill_case(const CaseRecord& record) = 0;
   virtual void paged_case(const PagedCaseOutputs& outputs) = 0;
 };
 

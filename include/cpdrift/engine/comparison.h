@@ -15,12 +15,14 @@ namespace cpd {
 
 /// One local piece of a compared tensor: `count` candidate and reference values, or `count`
 /// precomputed non-negative differences (reference null, e.g. against an FP64 oracle), from the
-/// shard of CP rank `cp_rank`.
+/// shard of CP rank `cp_rank`. `bf16_candidate`: the candidate is compared as its BF16 final
+/// write (each value rounded once), which is never stored.
 struct ComparedPiece {
   int cp_rank = 0;
   const float* candidate = nullptr;
   const float* reference = nullptr;
   std::size_t count = 0;
+  bool bf16_candidate = false;
 };
 
 /// The pieces of one comparison this process holds; the statistics combine them across
@@ -31,11 +33,14 @@ struct Comparison {
   /// carry; -1 when none is published.
   int candidate_tensor = -1;
 
-  void add(int cp_rank, const float* candidate, const float* reference, std::size_t count) {
-    pieces.push_back(ComparedPiece{cp_rank, candidate, reference, count});
+  void add(int cp_rank, const float* candidate, const float* reference, std::size_t count,
+           bool bf16_candidate = false) {
+    pieces.push_back(ComparedPiece{cp_rank, candidate, reference, count, bf16_candidate});
   }
-  void add(int cp_rank, const Shard& candidate, const Shard& reference) {
-    add(cp_rank, candidate.data.data(), reference.data.data(), candidate.data.size());
+  void add(int cp_rank, const Shard& candidate, const Shard& reference,
+           bool bf16_candidate = false) {
+    add(cp_rank, candidate.data.data(), reference.data.data(), candidate.data.size(),
+        bf16_candidate);
   }
   void add_diffs(int cp_rank, const std::vector<float>& diffs) {
     add(cp_rank, diffs.data(), nullptr, diffs.size());

@@ -4,6 +4,7 @@
 // beyond the rows it owns and the keys they see.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -13,18 +14,29 @@
 
 namespace cpd {
 
-/// Memoised CP=1 results of this process. A request whose rows lie inside an earlier
-/// request's rows (same path, grid and heads or more) is served by copying, which is exact:
-/// kernels are row-independent.
+/// How much a CP=1 memo of a process may hold: past it results are computed again when asked
+/// (the same bits), so long sequences keep memory linear in S while the many small cases of a
+/// matrix share their references.
+inline constexpr std::size_t kCp1MemoBytes = std::size_t{64} << 20;
+
+/// Memoised CP=1 results of this process, up to `budget_bytes`. A request whose rows lie inside
+/// an earlier request's rows (same path, grid and heads or more) is served by copying, which is
+/// exact: kernels are row-independent.
 class LocalCp1Results {
  public:
+  explicit LocalCp1Results(std::size_t budget_bytes = kCp1MemoBytes)
+      : budget_bytes_(budget_bytes) {}
+
   /// out/lse of `rows` (batch, heads, token ranges; width ignored) folded over `grid`
   /// (ascending blocks tiling [0, S)) under `path`.
   AttnShard get(InputStore& inputs, const PathSpec& path, const std::vector<Range>& grid,
                 const ShardShape& rows);
 
   /// Drops everything (between runs of different problems).
-  void clear() { entries_.clear(); }
+  void clear() {
+    entries_.clear();
+    held_bytes_ = 0;
+  }
 
  private:
   struct Entry {
@@ -34,6 +46,8 @@ class LocalCp1Results {
   };
   using Key = std::tuple<int, int, std::vector<Range>>;  // inputs, rounding, grid
   std::map<Key, std::vector<Entry>> entries_;
+  std::size_t budget_bytes_;
+  std::size_t held_bytes_ = 0;
 };
 
 /// Computes out/lse of `rows` folded over `grid`, without memoisation.

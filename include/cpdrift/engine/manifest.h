@@ -113,9 +113,11 @@ MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, cons
 /// to one of dst's query ranges.
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst);
 
-/// Backward: the query ranges (q, dO, lse, Δ) `dst` must receive to serve its KV blocks —
-/// the same ranges as expected_q_shards.
-std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst);
+/// Backward, the round of `span` (a backward round): the query rows (q, dO, lse, Δ) `dst` must
+/// receive to serve its KV blocks — each other CP rank's (same TP rank) range cut to the span,
+/// where one of dst's blocks sees it.
+std::vector<MessageHeader> expected_backward_rows(const CaseGrid& grid, const LogicalRank& dst,
+                                                  const Range& span);
 
 /// Header of the partial dq of `dst`'s query rows `tokens` against `block`.
 MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,

@@ -100,9 +100,11 @@ struct PagedCaseResult : PagedCaseFacts {
 
 /// The figures of what the engine computed: every comparison's statistics (collective: every
 /// process calls these alike), with at rank 0 the digest of each comparison's candidate
-/// (`digests[i]` belongs to outputs.tensors[i]; "" elsewhere and for tensors not digested).
-CaseResult measure_case(const CaseOutputs& outputs, std::span<const std::string> digests,
-                        const Collectives& collectives, ThreadPool& pool);
+/// (`digests[i]` belongs to the outputs' tensors[i]; "" elsewhere and for tensors not digested).
+/// A prefill case is measured part by part into `into`, then finished with its record.
+void measure_case_part(const CasePart& part, std::span<const std::string> digests,
+                       const Collectives& collectives, ThreadPool& pool, CaseResult& into);
+void finish_case(const CaseRecord& record, CaseResult& into);
 PagedCaseResult measure_paged_case(const PagedCaseOutputs& outputs,
                                    std::span<const std::string> digests,
                                    const Collectives& collectives, ThreadPool& pool);

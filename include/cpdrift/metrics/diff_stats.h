@@ -28,10 +28,13 @@ class ThreadPool;
 
 /// One local piece of a compared tensor. Either (candidate, reference) pairs, or precomputed
 /// non-negative FP32 differences (`reference == nullptr`), e.g. against an FP64 oracle.
+/// `bf16_candidate`: each candidate value is read rounded once to BF16 (a final write taken
+/// without storing it).
 struct DiffPart {
   const float* candidate = nullptr;
   const float* reference = nullptr;
   std::size_t count = 0;
+  bool bf16_candidate = false;
 };
 
 struct DiffStats {

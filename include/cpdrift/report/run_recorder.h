@@ -24,7 +24,8 @@ class RunRecorder final : public CaseSink {
   std::function<void(const CaseResult&)> on_case;
 
   void rope(const RopeOutputs& outputs) override;
-  void prefill_case(const CaseOutputs& outputs) override;
+  void prefill_part(const CasePart& part) override;
+  void prefill_case(const CaseRecord& record) override;
   void paged_case(const PagedCaseOutputs& outputs) override;
 
  private:
@@ -37,6 +38,7 @@ class RunRecorder final : public CaseSink {
   ThreadPool& pool_;
   bool dumping_;
   TensorDump* dump_;
+  CaseResult pending_;  // the prefill case whose parts are arriving
 };
 
 }  // namespace cpd
