@@ -284,6 +284,53 @@ TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
 }
 #endif
 
+TEST_CASE(
+    "plan: every case's messages and bytes are what the run counts, on 1, 2 and 4 processes") {
+  const std::string cases =
+      "--seq-len 48 --tp-world-sizes 1,2 --cp-world-sizes 1,2,3 --kv-chunk-sizes none,5 "
+      "--cp-layouts contiguous,zigzag --protocols ag_rs,ring_kv,allgather_kv --include-backward "
+      "--include-dlogp --threads 1";
+  const Result planned = run("plan --profile cpu " + cases + " --json");
+  REQUIRE(planned.status == 0);
+  const cpd::json::Value plan_doc = cpd::json::parse(planned.out);
+  const cpd::json::Array& plan = plan_doc.at("cases").as_array();
+  for (const int np : {1, 2, 4}) {
+    CAPTURE(np);
+#if defined(CPD_HAVE_MPI)
+    const Result ran = np == 1 ? run(cases + " --json") : run_mpi(np, cases + " --json");
+#else
+    if (np > 1) continue;
+    const Result ran = run(cases + " --json");
+#endif
+    REQUIRE(ran.status == 0);
+    const cpd::json::Value report_doc = cpd::json::parse(ran.out);
+    const cpd::json::Array& report = report_doc.at("cases").as_array();
+    REQUIRE(report.size() == plan.size());
+    REQUIRE(report.size() > 20);
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      CAPTURE(plan[i].at("name").as_string());
+      CHECK(report[i].at("case_name").as_string() == plan[i].at("name").as_string());
+      CHECK(report[i].at("execution").at("messages") == plan[i].at("messages"));
+      CHECK(report[i].at("execution").at("bytes_moved") == plan[i].at("bytes_moved"));
+    }
+  }
+}
+
+TEST_CASE("plan: the table, the protocol pick and bad input") {
+  const Result r =
+      run("plan --seq-len 32768 --tp-world-sizes 2 --cp-world-sizes 2 "
+          "--kv-chunk-sizes 512 --include-backward");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("# case qwen3_8b_tp2_cp2_chunk512_bf16: 4 ranks, 64 KV blocks") !=
+        std::string::npos);
+  CHECK(r.out.find("  protocol: ") != std::string::npos);
+  CHECK(r.out.find("# estimated total: ") != std::string::npos);
+  expect_usage_error("plan --profile tpu", "unknown profile 'tpu'");
+  expect_usage_error("plan --profile cpu --fp32-tflops 10", "--profile cpu measures");
+  expect_usage_error("plan --dump x.h5", "--dump does not apply");
+  expect_usage_error("plan --nvlink-gbs 0", "--nvlink-gbs: must be more than 0");
+}
+
 #if defined(CPD_HAVE_HDF5)
 TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
   const std::string dir = tmp_dir();

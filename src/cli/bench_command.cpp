@@ -16,62 +16,13 @@
 #include "cpdrift/engine/run_session.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "cpdrift/paged/paged_cache.h"
+#include "kernel_timing.h"
 #include "torch_sdpa.h"
 
 namespace cpd {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-struct Inputs {
-  Shard q, k, v;
-};
-
-Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool) {
-  const Range all{0, p.seq_len};
-  const ShardShape qs{p.batch, Range{0, p.dims.num_q_heads}, {all}, p.dims.head_dim};
-  const ShardShape kvs{p.batch, Range{0, p.dims.num_kv_heads}, {all}, p.dims.head_dim};
-  return Inputs{generate_shard(p, TensorId::q, qs, precision, pool),
-                generate_shard(p, TensorId::k, kvs, precision, pool),
-                generate_shard(p, TensorId::v, kvs, precision, pool)};
-}
-
-// One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
-// gets its time. With `cache`, K and V are read in place from its (shuffled) pages.
-AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
-                  double& seconds, const PagedKvCache* cache = nullptr) {
-  const int group = p.dims.group_size();
-  AttnShard out{Shard(in.q.shape),
-                Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
-  const std::vector<Range> grid{Range{0, p.seq_len}};
-  std::vector<FoldJob> jobs;
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.dims.num_q_heads; ++h) {
-      const auto [k, v] = cache != nullptr ? cache->rows(b, h / group)
-                                           : std::pair<KvRows, KvRows>{in.k.at(b, h / group, 0),
-                                                                       in.v.at(b, h / group, 0)};
-      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, k, v, 0, grid, out.out.at(b, h, 0),
-                             out.lse.at(b, h, 0)});
-    }
-  }
-  const auto t = Clock::now();
-  run_fold_jobs(jobs, p.dims.head_dim, p.dims.softmax_scale(), rounding, pool);
-  seconds = seconds_since(t);
-  return out;
-}
-
-// Seconds of `repeats` runs of `run` (sorted); `run` returns its own time.
-template <class Run>
-std::vector<double> times_of(int repeats, Run&& run) {
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) times.push_back(run());
-  std::sort(times.begin(), times.end());
-  return times;
-}
+using namespace kernel_timing;
 
 // One path: best and median seconds, GFLOP/s of the best, and its fraction of `peak` FLOP/s.
 void print_row(const char* name, const std::vector<double>& times, double flops, double peak,
@@ -91,46 +42,6 @@ PagedKvCache paged_copy(const Problem& p, const Inputs& in, int page_size) {
       cache.write_sequence(b, h, in.k.at(b, h, 0), in.v.at(b, h, 0));
   }
   return cache;
-}
-
-// Times of the CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out
-// and lse, the reference backward's work; dO and Δ are prepared once.
-std::vector<double> time_backward(const Problem& p, const Inputs& in, const AttnShard& fwd,
-                                  int repeats, ThreadPool& pool) {
-  const int dim = p.dims.head_dim, group = p.dims.group_size();
-  const Range all{0, p.seq_len};
-  const Shard d_out = generate_shard(p, TensorId::d_out, in.q.shape, InputPrecision::fp32, pool);
-  Shard delta(fwd.lse.shape), dq(in.q.shape);
-  for (std::size_t r = 0; r < delta.data.size(); ++r) {
-    delta.data[r] = backward_delta(d_out.data.data() + r * dim, fwd.out.data.data() + r * dim, dim);
-  }
-  std::vector<std::vector<float>> totals;
-  std::vector<BackwardUnit> units;
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.dims.num_q_heads; ++h) {
-      totals.emplace_back(static_cast<std::size_t>(p.seq_len) * dim);
-      totals.emplace_back(static_cast<std::size_t>(p.seq_len) * dim);
-      BackwardUnit u;
-      u.blocks.push_back(QueryBlockRows{all, in.q.at(b, h, 0), d_out.at(b, h, 0),
-                                        fwd.lse.at(b, h, 0), delta.at(b, h, 0), dq.at(b, h, 0)});
-      u.k = in.k.at(b, h / group, 0);
-      u.v = in.v.at(b, h / group, 0);
-      u.keys = all;
-      u.dk_total = totals[totals.size() - 2].data();
-      u.dv_total = totals.back().data();
-      units.push_back(std::move(u));
-    }
-  }
-  return times_of(repeats, [&] {
-    const auto t = Clock::now();
-    run_backward_units(units, dim, p.dims.softmax_scale(), pool);
-    return seconds_since(t);
-  });
-}
-
-double forward_flops(const Problem& p) {
-  return 2.0 * 2.0 * p.batch * p.dims.num_q_heads * p.dims.head_dim *
-         static_cast<double>(p.seq_len) * static_cast<double>(p.seq_len) / 2.0;
 }
 
 // "123.4 GFLOP/s" for the FP32 reference (a one-thread-per-row canonical fold), TFLOP/s for

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
         return run_command(cl.run, *comm, shell_join(all));
       case CommandLine::Command::accept:
         return accept_command(cl.accept, *comm, shell_join(all));
+      case CommandLine::Command::plan:
+        return plan_command(cl.plan, *comm);
     }
   } catch (const UsageError& e) {
     // Agreed on every process: one line from rank 0, the same status everywhere, no hang.

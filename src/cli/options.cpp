@@ -290,6 +290,7 @@ void add_output_flags(FlagReader& r, RunOptions& o) {
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
   r.toggle("--json", [&] { o.json = true; });
   r.toggle("--quiet", [&] { o.quiet = true; });
+  r.toggle("--progress", [&] { o.progress = true; });
   r.toggle("--smoke", [&] { o.smoke = true; });
 }
 
@@ -318,7 +319,9 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
   }
 }
 
-RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
+// `extra`: the flags of a command that takes the run's flags and more (plan).
+RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+                     const std::function<void(FlagReader&)>& extra = {}) {
   RunOptions o;
   RunRequest& q = o.request;
   bool seq_len_given = false, splits_given = false, modes_given = false;
@@ -328,6 +331,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   add_paged_flags(r, q, paged_flags);
   add_execution_flags(r, q);
   add_output_flags(r, o);
+  if (extra) extra(r);
   r.read(args, first);
   check_run_options(o, paged_flags, modes_given);
   if (o.smoke) {
@@ -337,16 +341,55 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   return o;
 }
 
+PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
+  PlanOptions plan;
+  bool figures_given = false;
+  const auto figure = [&](const char* flag, double& slot) {
+    r.value(flag, [&](const std::string& f, const std::string& v) {
+      slot = parse_threshold(f, v);
+      if (slot <= 0) bad(f + ": must be more than 0");
+      figures_given = true;
+    });
+  };
+  plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
+    fr.value("--profile", [&](const std::string& f, const std::string& v) {
+      if (v != "h200" && v != "cpu") bad(f + ": unknown profile '" + v + "' (h200, cpu)");
+      plan.profile = v;
+    });
+    figure("--bf16-tflops", plan.bf16_tflops);
+    figure("--fp32-tflops", plan.fp32_tflops);
+    figure("--hbm-tbs", plan.hbm_tbs);
+    figure("--nvlink-gbs", plan.nvlink_gbs);
+    figure("--network-gbs", plan.network_gbs);
+    fr.value("--gpus-per-node", [&](const std::string& f, const std::string& v) {
+      plan.gpus_per_node = parse_int<int>(f, v, 1);
+    });
+    fr.value("--processes", [&](const std::string& f, const std::string& v) {
+      plan.processes = parse_int<int>(f, v, 1);
+    });
+  });
+  if (!plan.run.dump.empty()) bad("plan: --dump does not apply (a plan runs nothing)");
+  if (figures_given && plan.profile == "cpu") {
+    bad("plan: --profile cpu measures this machine; the device figures apply to h200");
+  }
+  return plan;
+}
+
 }  // namespace
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine cl;
   std::size_t first = 0;
-  if (!args.empty() && (args[0] == "run" || args[0] == "bench" || args[0] == "accept")) {
-    cl.command = args[0] == "run"     ? CommandLine::Command::run
-                 : args[0] == "bench" ? CommandLine::Command::bench
-                                      : CommandLine::Command::accept;
-    first = 1;
+  const std::map<std::string, CommandLine::Command> commands{
+      {"run", CommandLine::Command::run},
+      {"bench", CommandLine::Command::bench},
+      {"accept", CommandLine::Command::accept},
+      {"plan", CommandLine::Command::plan}};
+  if (!args.empty()) {
+    if (const auto c = commands.find(args[0]); c != commands.end()) {
+      cl.command = c->second;
+      first = 1;
+    }
   }
   bool help = false;
   FlagReader r;
@@ -358,6 +401,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       break;
     case CommandLine::Command::accept:
       parse_accept(r, args, first, help, cl.accept);
+      break;
+    case CommandLine::Command::plan:
+      cl.plan = parse_plan(r, args, first);
       break;
     default:
       cl.run = parse_run(r, args, first);

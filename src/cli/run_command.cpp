@@ -155,8 +155,8 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   const bool root = comm.rank() == 0;
   std::FILE* table = options.json ? stderr : stdout;
   const bool verbose = root && !options.quiet;
-  const bool progress =
-      verbose && (isatty(STDERR_FILENO) != 0 || options.request.problem.seq_len >= 1024);
+  // Progress lines on a terminal, or when asked for (a batch job's log); never with --quiet.
+  const bool progress = verbose && (isatty(STDERR_FILENO) != 0 || options.progress);
   if (verbose) print_header(table, report, plan.cases.size(), plan.paged.size());
 
   RunRecorder recorder(report, comm.collectives(), session.pool(), !options.dump.empty(),

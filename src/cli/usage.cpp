@@ -9,6 +9,9 @@ std::string usage_text() {
                                       --device cuda the GPU paths vs PyTorch SDPA
        cpdrift accept --mode manifest|run --output DIR/acceptance.json
                                       the fail-closed acceptance matrix (design section 7)
+       cpdrift plan [run options] [plan options]
+                                      what that run would cost, per case and rank, without
+                                      running it: FLOPs, bytes, time, the quickest protocol
 
 Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
@@ -61,7 +64,18 @@ Execution and output
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
   --quiet                      only the verdict line and errors
+  --progress                   progress on stderr (each case's phases, the share of the run's
+                               work done, the time left) also when stderr is not a terminal,
+                               as in a batch job's log; on a terminal it is always on
   -h, --help                   this text
+
+Plan (the run options say what is planned; --json / --output write the plan as JSON)
+  --profile h200|cpu           the machine estimated (default h200); cpu measures this one's
+                               kernels and memcpy first, shared by --processes N processes
+                               (default: the largest case's ranks)
+  --bf16-tflops X --fp32-tflops X --hbm-tbs X --nvlink-gbs X --network-gbs X
+                               h200's figures (990, 67, 4.8, 450, 50)
+  --gpus-per-node N            ranks sharing NVLink (default 8); one logical rank per GPU
 
 Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
   --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cpdrift/cpu/attention.h"
+#include "cpdrift/cpu/kernel_work.h"
 #include "simd16.h"
 #include "simd16_math.h"
 #include "tile_kernels.h"
@@ -39,13 +40,15 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   // Visible keys per row (causal by global position), counted from keys.begin.
   std::int64_t visible[kTileRows] = {};
   float visible_f[kTileRows] = {};
-  std::int64_t n = 0;
+  std::int64_t n = 0, pairs = 0;
   for (int r = 0; r < rows; ++r) {
     const std::int64_t last = std::min(keys.end, first_pos + r + 1);
     visible[r] = std::max<std::int64_t>(0, last - keys.begin);
     visible_f[r] = static_cast<float>(visible[r]);
     n = std::max(n, visible[r]);
+    pairs += visible[r];
   }
+  kernel_work_counters::add_forward(static_cast<std::uint64_t>(pairs));
   for (int r = 0; r < rows; ++r) {
     if (visible[r] > 0) continue;
     std::fill(out + r * dim, out + (r + 1) * dim, 0.0f);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cpdrift/cpu/attention_backward.h"
+#include "cpdrift/cpu/kernel_work.h"
 #include "simd16_math.h"
 #include "tile_kernels.h"
 
@@ -21,14 +22,16 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
   // Visible keys per row; keys past the tile's last row are never visible here.
   std::int64_t visible[kTileRows] = {};
   float visible_f[kTileRows] = {}, lse_lanes[kTileRows] = {}, delta_lanes[kTileRows] = {};
-  std::int64_t n = 0;
+  std::int64_t n = 0, pairs = 0;
   for (int r = 0; r < rows; ++r) {
     visible[r] = std::clamp<std::int64_t>(first_pos + r + 1 - keys.begin, 0, keys.size());
     visible_f[r] = static_cast<float>(visible[r]);
     lse_lanes[r] = lse[r];
     delta_lanes[r] = delta[r];
     n = std::max(n, visible[r]);
+    pairs += visible[r];
   }
+  kernel_work_counters::add_backward(static_cast<std::uint64_t>(pairs));
   s.q_t.resize(static_cast<std::size_t>(dim) * kTileRows);
   s.d_out_t.resize(s.q_t.size());
   const std::size_t tile = static_cast<std::size_t>(n) * kTileRows;

@@ -1,6 +1,8 @@
 #include "cpdrift/engine/case_runner.h"
 
+#include <functional>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 
 #include "case_execution.h"
@@ -106,13 +108,16 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
 }
 
 // The forward: the FP32 path (with the merge checks), then each other path in turn, each
-// measured and freed before the next runs. Returns the dtype path's output as written (the
-// dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
+// measured and freed before the next runs (work_plan.h's forward_paths lists them for the plan:
+// keep the two in step; the plan's tests compare a case's bytes). Returns the dtype path's output
+// as written (the dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
 HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                             std::vector<RankOutput>& fp32, std::vector<RankOutput>& dtype_runs,
-                            const HostedAttention& reference, CaseSink& sink) {
+                            const HostedAttention& reference, CaseSink& sink,
+                            const std::function<void(const char*, bool)>& done) {
   fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
   fp32_part(ctx, grid, name, fp32, reference, sink);
+  done("FP32 path and the CP=1 reference", true);
   for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
   HostedAttention dtype_written = merged_of(fp32);
   if (ctx.problem.dtype == DType::bf16) {
@@ -120,12 +125,14 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
     path_part(ctx, grid, name, dtype_runs, reference, "candidate_bf16", true, &CasePart::dtype_path,
               sink);
     dtype_written = merged_of(dtype_runs);
+    done("BF16-inputs path", false);
   }
   {
     std::vector<RankOutput> kernel =
         run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
     path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
               sink);
+    done("BF16-kernel path", false);
   }
   // Decided alike on every process (a process may host no rank of the case, and every process
   // must publish and measure the same tensors).
@@ -134,12 +141,14 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
         run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, false);
     path_part(ctx, grid, name, unfused, reference, "cublas_unfused", true,
               &CasePart::cublas_unfused, sink);
+    done("cuBLAS path", false);
   }
   if (ctx.cpu_rerun_inputs != nullptr) {
     std::vector<RankOutput> cpu =
         run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, false);
     path_part(ctx, grid, name, cpu, merged_of(fp32), "cpu_fp32", false, &CasePart::cuda_vs_cpu_fp32,
               sink);
+    done("FP32 path on the CPU", false);
   }
   return dtype_written;
 }
@@ -185,9 +194,20 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
     reference.push_back(&references.keep(ctx.cp1_results.get(
         ctx.inputs, kFp32Path, {Range{0, p.seq_len}}, query_shape(grid, r, p.dims.head_dim))));
   }
+  // Progress: each forward path is one pass of the plan's work; the first carries the CP=1
+  // reference forwards, the backward its CP=1 reference.
+  std::optional<CaseWork> work;
+  if (ctx.progress != nullptr)
+    work = plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size);
+  const auto done = [&](const char* phase, bool with_reference) {
+    if (!work) return;
+    ctx.progress->phase_done(phase,
+                             RunProgress::forward_pass_flops(p, *work) +
+                                 (with_reference ? RunProgress::reference_flops(p, *work) : 0.0));
+  };
   std::vector<RankOutput> fp32, dtype_runs;
   const HostedAttention dtype_written =
-      run_forward(ctx, grid, record.name, fp32, dtype_runs, reference, sink);
+      run_forward(ctx, grid, record.name, fp32, dtype_runs, reference, sink, done);
   if (ctx.vocab_size > 0) {
     // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the
     // FP32 CP=1 output cast the same way.
@@ -203,6 +223,9 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
   std::vector<Received> dq_partials;
   if (ctx.cp1_backward != nullptr)
     dq_partials = case_legs::add_backward(ctx, grid, record.name, fp32, sink);
+  if (work && ctx.cp1_backward != nullptr)
+    ctx.progress->phase_done("backward and its CP=1 reference",
+                             RunProgress::backward_flops(p, *work));
   record.executed = record_execution(ctx, grid, fp32, dq_partials, before, record.executed.started);
   sink.prefill_case(record);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/work_plan.h"
 
 namespace cpd {
 namespace {
@@ -106,13 +108,24 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
   const RunContext& ctx = *context_;
   const bool say = progress && comm_.rank() == 0;
   if (ctx.problem.rope) run_rope_check(ctx, sink);
-  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
-    if (say) {
-      std::fprintf(stderr, "cpdrift: [%zu/%zu] %s ...\n", i + 1, plan.cases.size(),
-                   case_name(plan.cases[i], ctx.problem.dtype).c_str());
+  std::optional<RunProgress> progress_of;
+  RunContext with_progress = ctx;
+  if (say) {
+    const std::size_t paths = forward_paths(ctx.problem.dtype, backend_->has_unfused_gemm(),
+                                            ctx.cpu_rerun_inputs != nullptr)
+                                  .size();
+    double total = 0;
+    for (const CaseSpec& spec : plan.cases) {
+      const CaseGrid grid(ctx.problem, spec, ctx.round_rows);
+      total += RunProgress::case_flops(
+          ctx.problem, plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size), paths);
     }
+    with_progress.progress = &progress_of.emplace(total, plan.cases.size(), stderr);
+  }
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem.dtype));
     if (i == 0) maybe_die_for_test(comm_);
-    run_case(ctx, plan.cases[i], sink);
+    run_case(with_progress, plan.cases[i], sink);
   }
   if (plan.paged.empty()) return;
   if (say) std::fprintf(stderr, "cpdrift: %zu paged cases ...\n", plan.paged.size());

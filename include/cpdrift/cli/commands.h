@@ -21,6 +21,11 @@ int run_command(const RunOptions& options, const CommContext& comm,
 int accept_command(const AcceptOptions& options, const CommContext& comm,
                    const std::string& command_line);
 
+/// `cpdrift plan`: per case and logical rank, the kernels' FLOPs and the bytes each phase moves
+/// (exactly what a run counts), the estimated time on the profile's machine and the protocol it
+/// would pick; nothing runs. Rank 0 prints; other processes only agree.
+int plan_command(const PlanOptions& options, const CommContext& comm);
+
 /// `cpdrift bench`: the kernels' throughput (CPU FP32 and BF16-emulated, or the GPU paths).
 int bench_command(const BenchOptions& options, const CommContext& comm);
 

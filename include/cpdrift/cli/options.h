@@ -1,5 +1,5 @@
-// The command line: `cpdrift [run] [options]`, `cpdrift bench [options]` and
-// `cpdrift accept [options]`, parsed into what each command needs.
+// The command line: `cpdrift [run] [options]`, `cpdrift bench [options]`,
+// `cpdrift accept [options]` and `cpdrift plan [options]`, parsed into what each command needs.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,7 @@ struct RunOptions {
   bool dump_inputs = false;
   bool json = false;  // print the JSON report on stdout
   bool quiet = false;
+  bool progress = false;  // progress lines on stderr even when it is not a terminal
   bool smoke = false;
   Thresholds thresholds;  // design §7's; accept's flags override them for its evidence run
 };
@@ -32,6 +33,17 @@ struct BenchOptions {
   Device device = Device::auto_select;
 };
 
+/// `cpdrift plan`: what the run the same flags describe would cost, predicted, not run.
+struct PlanOptions {
+  RunOptions run;  // the run planned (--output/--json: where the plan goes)
+  /// The machine the estimates are for: "h200" (figures below, overridable) or "cpu" (this
+  /// machine's kernels and copies, measured when the plan starts).
+  std::string profile = "h200";
+  double bf16_tflops = 990, fp32_tflops = 67, hbm_tbs = 4.8, nvlink_gbs = 450, network_gbs = 50;
+  int gpus_per_node = 8;
+  int processes = 0;  // the CPU profile's processes (default: the largest case's ranks)
+};
+
 struct AcceptOptions {
   std::string mode;    // "manifest" or "run"
   std::string output;  // DIR/acceptance.json; the drift report goes beside it
@@ -41,9 +53,10 @@ struct AcceptOptions {
 };
 
 struct CommandLine {
-  enum class Command { run, bench, accept, help } command = Command::run;
+  enum class Command { run, bench, accept, plan, help } command = Command::run;
   RunOptions run;
   BenchOptions bench;
+  PlanOptions plan;
   AcceptOptions accept;
 };
 

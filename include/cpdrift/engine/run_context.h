@@ -7,6 +7,7 @@
 #include "cpdrift/comm/transport.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/local_cp1.h"
+#include "cpdrift/engine/run_progress.h"
 
 namespace cpd {
 
@@ -21,8 +22,9 @@ struct RunContext {
   /// Set on GPU runs: the CPU backend's inputs, to run the FP32 path again on the CPU and show
   /// the two backends agree bit for bit (cuda_vs_cpu_fp32).
   InputStore* cpu_rerun_inputs = nullptr;
-  int vocab_size = 0;           // > 0: run the dlogp leg (--include-dlogp)
-  std::int64_t round_rows = 0;  // CaseGrid::round_rows of every case (0: from the budget)
+  int vocab_size = 0;               // > 0: run the dlogp leg (--include-dlogp)
+  std::int64_t round_rows = 0;      // CaseGrid::round_rows of every case (0: from the budget)
+  RunProgress* progress = nullptr;  // set: run_case reports each phase as it ends
 };
 
 }  // namespace cpd

@@ -34,7 +34,8 @@ class RunSession {
 
   /// Runs the plan's cases in order and hands each to `sink`: the RoPE check (when the problem
   /// has RoPE), the prefill/chunked cases, then the paged cases. `progress`: rank 0 says on
-  /// stderr when each case starts. Collective.
+  /// stderr when each case starts and each of its phases ends, with the share of the run's
+  /// planned work done and the time left at that pace. Collective.
   void run(const RunPlan& plan, CaseSink& sink, bool progress);
 
  private:

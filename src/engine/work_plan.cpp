@@ -1,0 +1,203 @@
+#include "cpdrift/engine/work_plan.h"
+
+#include <algorithm>
+
+#include "cpdrift/core/plan.h"
+
+namespace cpd {
+namespace {
+
+constexpr std::uint64_t kHeaderBytes = sizeof(MessageHeader);
+
+std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
+
+// The forward's partial states of every query range against every block: computed by the
+// block's owner (ag_rs, and sent to the query owner) or by the query owner (ring_kv,
+// allgather_kv, which check them locally and send none). Round i sends the i-th row group of a
+// range against each block some row of the group can see.
+void forward_states(const CaseGrid& grid, PhaseWork& w) {
+  const std::int64_t dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  const bool at_block_owner = grid.spec.protocol == Protocol::ag_rs;
+  for (const LogicalRank& dst : grid.ranks) {
+    const std::int64_t heads = dst.q_heads.size();
+    for (const Range& t : dst.tokens) {
+      const std::int64_t groups = (t.size() + grid.round_rows - 1) / grid.round_rows;
+      for (const KvBlock& b : grid.blocks) {
+        const int owner = grid.at(dst.tp_rank, b.owner_cp_rank).id;
+        w.pairs[u64(at_block_owner ? owner : dst.id)] +=
+            u64(batch * heads) * causal_pairs(t, b.range);
+        if (!at_block_owner) continue;
+        // Groups wholly before the block see none of it.
+        const std::int64_t blind =
+            b.range.begin >= t.end
+                ? groups
+                : std::max<std::int64_t>(0, b.range.begin - t.begin) / grid.round_rows;
+        if (blind == groups) continue;
+        const std::int64_t rows = t.end - (t.begin + blind * grid.round_rows);
+        w.add(owner, dst.id, u64(groups - blind), u64(batch * heads * rows * (dim + 1)));
+      }
+    }
+  }
+}
+
+void add_all(PhaseWork& w, const std::vector<MessageHeader>& headers) {
+  for (const MessageHeader& h : headers) w.add(h.src, h.dst, 1, u64(h.floats));
+}
+
+// What moves before the states: query rows (ag_rs) or K/V shards (the others).
+void forward_shards(const CaseGrid& grid, PhaseWork& w) {
+  for (const LogicalRank& dst : grid.ranks) {
+    switch (grid.spec.protocol) {
+      case Protocol::ag_rs:
+        add_all(w, expected_q_shards(grid, dst));
+        break;
+      case Protocol::allgather_kv:
+        add_all(w, expected_kv_allgather(grid, dst));
+        break;
+      case Protocol::ring_kv:
+        for (int step = 1; step < grid.spec.cp; ++step)
+          add_all(w, expected_kv_ring(grid, dst, step));
+        break;
+    }
+  }
+}
+
+// The backward, round by round: query rows (q, dO, lse, Δ) to the owners of the blocks that see
+// them, every block pair at its owner, partial dq back to the query owner.
+void backward_work(const CaseGrid& grid, PhaseWork& w) {
+  const std::int64_t dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  const int cp = grid.spec.cp;
+  const Range all{0, grid.problem.seq_len};
+  // Per CP rank: where its first block starts, and how many of its blocks start before each
+  // grid block (blocks are sorted by position).
+  std::vector<std::int64_t> first_begin(static_cast<std::size_t>(cp), grid.problem.seq_len);
+  std::vector<std::vector<std::int64_t>> owned_before(static_cast<std::size_t>(cp));
+  for (auto& v : owned_before) v.assign(grid.blocks.size() + 1, 0);
+  for (std::size_t i = 0; i < grid.blocks.size(); ++i) {
+    const KvBlock& b = grid.blocks[i];
+    auto& mine = first_begin[static_cast<std::size_t>(b.owner_cp_rank)];
+    mine = std::min(mine, b.range.begin);
+    for (int r = 0; r < cp; ++r) {
+      owned_before[static_cast<std::size_t>(r)][i + 1] =
+          owned_before[static_cast<std::size_t>(r)][i] + (b.owner_cp_rank == r ? 1 : 0);
+    }
+  }
+  for (const KvBlock& b : grid.blocks) {
+    for (int t = 0; t < grid.spec.tp; ++t) {
+      const LogicalRank& owner = grid.at(t, b.owner_cp_rank);
+      w.pairs[u64(owner.id)] += u64(batch * owner.q_heads.size()) * causal_pairs(all, b.range);
+    }
+  }
+  for (const Range& span : grid.backward_rounds()) {
+    for (const LogicalRank& q : grid.ranks) {
+      const std::int64_t heads = q.q_heads.size();
+      for (const Range& t : q.tokens) {
+        const Range part = intersection(t, span);
+        if (part.empty()) continue;
+        // Rows to every other CP rank with a block that sees them.
+        for (int r = 0; r < cp; ++r) {
+          if (r != q.cp_rank && first_begin[static_cast<std::size_t>(r)] < part.end)
+            w.add(q.id, grid.at(q.tp_rank, r).id, 1,
+                  u64(batch * heads * part.size() * (2 * dim + 2)));
+        }
+        // A partial dq from each block that sees the part, sent by its owner.
+        const std::size_t seen = static_cast<std::size_t>(
+            std::lower_bound(grid.blocks.begin(), grid.blocks.end(), part.end,
+                             [](const KvBlock& b, std::int64_t e) { return b.range.begin < e; }) -
+            grid.blocks.begin());
+        for (int r = 0; r < cp; ++r) {
+          const std::int64_t n = owned_before[static_cast<std::size_t>(r)][seen];
+          if (n > 0) {
+            w.add(grid.at(q.tp_rank, r).id, q.id, u64(n),
+                  u64(n * batch * heads * part.size() * dim));
+          }
+        }
+      }
+    }
+  }
+}
+
+void reference_work(const CaseGrid& grid, bool backward, CaseWork& w) {
+  const Problem& p = grid.problem;
+  const Range all{0, p.seq_len};
+  const bool counterpart_differs =
+      kv_block_bounds(cp1_counterpart(grid.spec), p.seq_len) != std::vector<Range>{all};
+  for (const LogicalRank& r : grid.ranks) {
+    const std::uint64_t heads = u64(p.batch * r.q_heads.size());
+    std::uint64_t own = 0;
+    std::int64_t first = p.seq_len;
+    for (const Range& t : r.tokens) {
+      own += causal_pairs(t, all);
+      first = std::min(first, t.begin);
+    }
+    const std::uint64_t tail = backward ? causal_pairs(Range{first, p.seq_len}, all) : 0;
+    w.reference_forward_pairs.push_back(heads * own * (counterpart_differs ? 2 : 1));
+    w.reference_backward_pairs.push_back(heads * tail);
+  }
+}
+
+}  // namespace
+
+PhaseWork::PhaseWork(int ranks)
+    : pairs(static_cast<std::size_t>(ranks), 0),
+      sent(static_cast<std::size_t>(ranks)),
+      received(static_cast<std::size_t>(ranks)),
+      bytes_between(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks), 0) {}
+
+void PhaseWork::add(int src, int dst, std::uint64_t messages, std::uint64_t payload_floats) {
+  const Traffic t{messages, messages * kHeaderBytes + payload_floats * sizeof(float)};
+  sent[u64(src)] += t;
+  received[u64(dst)] += t;
+  bytes_between[u64(src) * pairs.size() + u64(dst)] += t.bytes;
+}
+
+std::uint64_t PhaseWork::total_pairs() const {
+  std::uint64_t n = 0;
+  for (const std::uint64_t p : pairs) n += p;
+  return n;
+}
+
+Traffic PhaseWork::total_sent() const {
+  Traffic t;
+  for (const Traffic& s : sent) t += s;
+  return t;
+}
+
+std::vector<ForwardPath> forward_paths(DType dtype, bool gpu, bool cpu_check) {
+  std::vector<ForwardPath> paths{{"fp32"}};
+  if (dtype == DType::bf16) paths.push_back({"bf16_inputs"});
+  paths.push_back({"bf16_kernel", true});
+  if (gpu) paths.push_back({"cublas_unfused", true});
+  if (gpu && cpu_check) paths.push_back({"cpu_fp32", false, true});
+  return paths;
+}
+
+std::uint64_t causal_pairs(const Range& rows, const Range& keys) {
+  if (rows.empty() || keys.empty()) return 0;
+  const std::int64_t c = keys.begin, d = keys.end;
+  std::uint64_t n = 0;
+  // Rows inside the keys see keys.begin … themselves: 1, 2, … pairs.
+  const std::int64_t lo = std::max(rows.begin, c) - c, hi = std::min(rows.end, d) - c;
+  if (lo < hi) n += u64(hi * (hi + 1) / 2 - lo * (lo + 1) / 2);
+  // Rows past the keys see all of them.
+  const std::int64_t past = std::max(rows.begin, d);
+  if (past < rows.end) n += u64((rows.end - past) * (d - c));
+  return n;
+}
+
+CaseWork plan_case_work(const CaseGrid& grid, bool backward, int vocab) {
+  const int ranks = grid.spec.num_logical_ranks();
+  CaseWork w{
+      PhaseWork(ranks), PhaseWork(backward ? ranks : 0), PhaseWork(vocab > 0 ? ranks : 0), {}, {}};
+  forward_shards(grid, w.forward);
+  forward_states(grid, w.forward);
+  if (backward) backward_work(grid, w.backward);
+  reference_work(grid, backward, w);
+  if (vocab > 0) {
+    for (const LogicalRank& dst : grid.ranks)
+      add_all(w.dlogp, expected_logit_partials(grid, dst, vocab));
+  }
+  return w;
+}
+
+}  // namespace cpd
