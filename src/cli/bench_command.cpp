@@ -2,12 +2,15 @@
 // paths against PyTorch's SDPA) on the causal Qwen3 problem.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
+#include "cpdrift/cli/eager_baseline.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/cpu/attention_backward.h"
@@ -89,6 +92,37 @@ int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens)
   return kExitOk;
 }
 
+// The eager baseline beside the FP32 reference: its time on the same inputs and FLOP count,
+// how far its output is from the reference's, and the ratio of the two times.
+void eager_row(const Problem& p, const Inputs& in, const AttnShard& reference,
+               double reference_seconds, int repeats, int threads, double flops, double peak,
+               ThreadPool& pool) {
+  std::unique_ptr<EagerAttention> eager;
+  try {
+    eager = std::make_unique<EagerAttention>(threads);
+  } catch (const std::runtime_error& e) {
+    std::printf("  %-26s not measured: %s\n", "eager_openblas", e.what());
+    return;
+  }
+  AttnShard out;
+  const std::vector<double> times = times_of(repeats, [&] {
+    const auto t = Clock::now();
+    out = eager->forward(in.q, in.k, in.v, p.dims.softmax_scale(), pool);
+    return seconds_since(t);
+  });
+  double worst = 0;
+  for (std::size_t i = 0; i < out.out.data.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(out.out.data[i] - reference.out.data[i])));
+  char note[96];
+  std::snprintf(note, sizeof note,
+                "   max |out - fp32_reference| %.1e; fp32_reference is %.2fx faster", worst,
+                times.front() / reference_seconds);
+  print_row("eager_openblas (S*S scores)", times, flops, peak, note);
+  std::printf("  %-26s %s, %s; %s\n", "  (OpenBLAS)", eager->corename().c_str(),
+              eager->core_choice().c_str(), eager->config().c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
@@ -132,8 +166,10 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   };
   const Inputs fp32 = generated(InputPrecision::fp32);
   AttnShard reference;
-  print_row("fp32_reference", timed_forward(fp32, ProbRounding::none, reference), flops, peak);
+  const std::vector<double> reference_times = timed_forward(fp32, ProbRounding::none, reference);
+  print_row("fp32_reference", reference_times, flops, peak);
   std::fflush(stdout);
+  eager_row(p, fp32, reference, reference_times.front(), o.repeats, threads, flops, peak, pool);
   {
     const Inputs bf16 = generated(InputPrecision::bf16);
     AttnShard out;
