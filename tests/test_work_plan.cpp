@@ -12,6 +12,7 @@
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/dlogp.h"
+#include "cpdrift/engine/local_run.h"
 #include "cpdrift/engine/run_progress.h"
 #include "cpdrift/engine/work_plan.h"
 #include "recorded_run.h"
@@ -146,14 +147,8 @@ TEST_CASE("plan: a whole case's kernel pairs and bytes are what run_case counts"
         const CaseSpec spec{tp, cp, split, CpLayout::zigzag, protocol};
         CAPTURE(case_name(spec, p.dtype));
         ThreadPool pool(2);
-        InputStore inputs(p, pool);
-        InProcessTransport transport;
-        LocalCollectives one;
-        LocalCp1Results cp1;
-        LocalCp1Backward cp1_backward;
-        RunContext ctx{p, pool, inputs, transport, one, cp1};
-        ctx.cp1_backward = &cp1_backward;
-        ctx.vocab_size = 17;
+        LocalRun local(p, pool, true, 17);
+        const RunContext& ctx = local.ctx;
 
         const CaseWork plan = plan_case_work(CaseGrid(p, spec), true, ctx.vocab_size);
         const std::uint64_t passes = forward_paths(p.dtype, false, false).size();

@@ -7,6 +7,7 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/util/work_timers.h"
 
 namespace cpd {
 
@@ -24,26 +25,32 @@ class CpuBackend final : public AttentionBackend {
 
   Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                        InputPrecision precision) override {
+    const WorkTimer t(WorkKind::inputs);
     return cpd::generate_shard(problem, tensor, shape, precision, pool_);
   }
   void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale,
                       ProbRounding rounding) override {
+    const WorkTimer t(WorkKind::kernels);
     cpd::run_block_jobs(jobs, dim, scale, rounding, pool_);
   }
   void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale,
                      ProbRounding rounding) override {
+    const WorkTimer t(WorkKind::kernels);
     cpd::run_fold_jobs(jobs, dim, scale, rounding, pool_);
   }
   void merge_states(std::span<const MergeJob> jobs, int dim) override {
+    const WorkTimer t(WorkKind::merge);
     pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
       const MergeJob& j = jobs[static_cast<std::size_t>(i)];
       merge_in_block_order(j.states, j.rows, dim, j.out, j.lse);
     });
   }
   void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) override {
+    const WorkTimer t(WorkKind::kernels);
     cpd::run_backward_units(units, dim, scale, pool_);
   }
   void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) override {
+    const WorkTimer t(WorkKind::projection);
     pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
       const ProjectionJob& j = jobs[static_cast<std::size_t>(i)];
       for (std::int64_t r = 0; r < j.rows; ++r)

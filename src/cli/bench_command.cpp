@@ -16,9 +16,13 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/cpu/simd_info.h"
+#include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/local_run.h"
 #include "cpdrift/engine/run_session.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "cpdrift/paged/paged_cache.h"
+#include "cpdrift/report/run_recorder.h"
+#include "cpdrift/util/work_timers.h"
 #include "kernel_timing.h"
 #include "torch_sdpa.h"
 
@@ -123,6 +127,35 @@ void eager_row(const Problem& p, const Inputs& in, const AttnShard& reference,
   std::fflush(stdout);
 }
 
+// One whole case in this process (every logical rank, the in-process transport): its wall
+// time against the work timers' kinds, so the time outside the kernels shows.
+void whole_case(const Problem& p, ThreadPool& pool) {
+  const CaseSpec spec{2, 2, std::min<std::int64_t>(512, p.seq_len / 4), CpLayout::contiguous,
+                      Protocol::ag_rs};
+  if (!validate_case(spec, p).empty()) return;
+  LocalRun local(p, pool, true, RunRequest{}.vocab_size);
+  RunReport report;
+  RunRecorder recorder(report, local.one, pool, false, nullptr);
+  reset_work_seconds();
+  const auto t = Clock::now();
+  run_case(local.ctx, spec, recorder);
+  const double total = seconds_since(t);
+  std::printf(
+      "# whole case %s (forward paths, backward, dlogp; %d logical ranks in this "
+      "process): %.2f s\n",
+      case_name(spec, p.dtype).c_str(), spec.num_logical_ranks(), total);
+  double timed = 0;
+  for (std::size_t k = 0; k < kWorkKindNames.size(); ++k) {
+    const double s = work_seconds(static_cast<WorkKind>(k));
+    timed += s;
+    std::printf("  %-26s %10.3f %9.1f%%\n", kWorkKindNames[k], s, 100 * s / total);
+  }
+  std::printf("  %-26s %10.3f %9.1f%%\n", "other (copies, bookkeeping)", total - timed,
+              100 * (total - timed) / total);
+  std::printf("  %-26s %10.2f\n", "case / kernels", total / work_seconds(WorkKind::kernels));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
@@ -193,6 +226,8 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
             2.5 * flops, peak);
+  std::fflush(stdout);
+  whole_case(p, pool);
   return kExitOk;
 }
 

@@ -159,6 +159,7 @@ void deliver(Transport& transport, std::map<int, Inbox>& inboxes) {
 }
 
 void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes) {
+  const WorkTimer t(WorkKind::messages);
   accept_all(
       transport, [&] { return std::move(states); }, inboxes);
 }
@@ -228,7 +229,10 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     if (!o.checks) continue;
     merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
                             o.checks->probe);
-    merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
+    {
+      const WorkTimer t(WorkKind::checks);
+      merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
+    }
     for (const Message& m : states) o.merged_states.push_back(m.header);
   }
 }

@@ -8,6 +8,7 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/engine/protocol.h"
+#include "cpdrift/util/work_timers.h"
 
 namespace cpd::protocol {
 
@@ -94,6 +95,7 @@ std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, Expecte
 template <class ExpectedFn>
 std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
                                std::vector<Message> outgoing, ExpectedFn&& expected) {
+  const WorkTimer t(WorkKind::messages);
   std::map<int, Inbox> inboxes = inboxes_for(hosted, expected);
   transport.start(std::move(outgoing));
   deliver(transport, inboxes);

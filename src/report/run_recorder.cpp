@@ -1,6 +1,7 @@
 #include "cpdrift/report/run_recorder.h"
 
 #include "cpdrift/metrics/digest.h"
+#include "cpdrift/util/work_timers.h"
 
 namespace cpd {
 
@@ -13,6 +14,7 @@ void RunRecorder::annotate(const std::string& group, const DumpAttributes& attri
 }
 
 std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& tensors) {
+  const WorkTimer timer(WorkKind::digests);
   std::vector<std::string> digests(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
@@ -43,11 +45,15 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
 }
 
 void RunRecorder::rope(const RopeOutputs& o) {
-  report_.rope = measure_rope(o, publish(o.tensors), collectives_, pool_);
+  const std::vector<std::string> digests = publish(o.tensors);
+  const WorkTimer timer(WorkKind::statistics);
+  report_.rope = measure_rope(o, digests, collectives_, pool_);
 }
 
 void RunRecorder::prefill_part(const CasePart& part) {
-  measure_case_part(part, publish(part.tensors), collectives_, pool_, pending_);
+  const std::vector<std::string> digests = publish(part.tensors);
+  const WorkTimer timer(WorkKind::statistics);
+  measure_case_part(part, digests, collectives_, pool_, pending_);
 }
 
 void RunRecorder::prefill_case(const CaseRecord& record) {
