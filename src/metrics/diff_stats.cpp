@@ -23,17 +23,22 @@ float from_bits(std::uint32_t u) {
   return x;
 }
 
-float candidate_at(const DiffPart& p, std::size_t i) {
-  return p.bf16_candidate ? round_bf16(p.candidate[i]) : p.candidate[i];
+// abs_diff and ulp_distance, inline for the statistics' loops.
+inline float abs_diff_of(float candidate, float reference) {
+  if (candidate == reference) return 0.0f;
+  return std::fabs(candidate - reference);
 }
 
-float diff_at(const DiffPart& p, std::size_t i) {
-  return p.reference == nullptr ? candidate_at(p, i) : abs_diff(candidate_at(p, i), p.reference[i]);
-}
-
-bool mismatch_at(const DiffPart& p, std::size_t i) {
-  return p.reference == nullptr ? candidate_at(p, i) != 0.0f
-                                : bits(candidate_at(p, i)) != bits(p.reference[i]);
+inline std::uint64_t ulp_distance_of(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
+  // Map the float ordering onto the integers: negative values mirror below zero.
+  const auto ordinal = [](float x) -> std::int64_t {
+    const std::uint32_t u = bits(x);
+    return (u & 0x80000000u) ? -static_cast<std::int64_t>(u & 0x7fffffffu)
+                             : static_cast<std::int64_t>(u);
+  };
+  const std::int64_t d = ordinal(a) - ordinal(b);
+  return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
 constexpr std::size_t kBins = 1u << 16;
@@ -114,22 +119,9 @@ Located locate(std::span<const std::uint64_t> hist, std::uint64_t k) {
 
 }  // namespace
 
-float abs_diff(float candidate, float reference) {
-  if (candidate == reference) return 0.0f;
-  return std::fabs(candidate - reference);
-}
+float abs_diff(float candidate, float reference) { return abs_diff_of(candidate, reference); }
 
-std::uint64_t ulp_distance(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
-  // Map the float ordering onto the integers: negative values mirror below zero.
-  const auto ordinal = [](float x) -> std::int64_t {
-    const std::uint32_t u = bits(x);
-    return (u & 0x80000000u) ? -static_cast<std::int64_t>(u & 0x7fffffffu)
-                             : static_cast<std::int64_t>(u);
-  };
-  const std::int64_t d = ordinal(a) - ordinal(b);
-  return static_cast<std::uint64_t>(d < 0 ? -d : d);
-}
+std::uint64_t ulp_distance(float a, float b) { return ulp_distance_of(a, b); }
 
 double sorted_quantile(std::span<const float> sorted, double q) {
   if (sorted.empty()) return 0.0;
@@ -189,24 +181,79 @@ struct LocalFirst {
   std::uint64_t max_bits = 0, max_ulp = 0;
 };
 
-void first_pass(const Piece& c, LocalFirst& acc) {
+// The loop specialised on what the part holds, so the hot loop reads each value once and
+// carries no per-element test of the part's kind (the same operations, so the same counts).
+template <bool kReference, bool kBf16>
+void first_pass_of(const Piece& c, LocalFirst& acc) {
   const DiffPart& p = *c.part;
+  const std::span<std::uint64_t> hist = acc.counters.hist(), sum_bins = acc.counters.sum_bins();
+  std::uint64_t mismatches = 0, nonfinite = 0, zeros = 0, max_bits = acc.max_bits,
+                max_ulp = acc.max_ulp;
   for (std::size_t i = c.begin; i < c.end; ++i) {
-    const float d = diff_at(p, i);
+    const float candidate = kBf16 ? round_bf16(p.candidate[i]) : p.candidate[i];
+    float d;
+    if constexpr (kReference) {
+      const float reference = p.reference[i];
+      d = abs_diff_of(candidate, reference);
+      mismatches += bits(candidate) != bits(reference) ? 1 : 0;
+      max_ulp = std::max(max_ulp, ulp_distance_of(candidate, reference));
+    } else {
+      d = candidate;
+      mismatches += candidate != 0.0f ? 1 : 0;
+    }
     const std::uint32_t u = bits(d);
-    ++acc.counters.hist()[u >> 16];
+    if (u == 0) {
+      // +0, the common case of the invariance checks: counted in a register, as a run of
+      // increments of one bin would serialise on memory.
+      ++zeros;
+      continue;
+    }
+    ++hist[u >> 16];
     if (u >= 0x7f800000u) {
-      ++acc.counters[FirstPass::kNonfinite];
+      ++nonfinite;
     } else {
       const std::uint32_t e = u >> 23;
-      acc.counters.sum_bins()[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
+      sum_bins[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
     }
-    if (mismatch_at(p, i)) ++acc.counters[FirstPass::kMismatch];
-    acc.max_bits = std::max<std::uint64_t>(acc.max_bits, u);
-    if (p.reference != nullptr)
-      acc.max_ulp = std::max(acc.max_ulp, ulp_distance(candidate_at(p, i), p.reference[i]));
+    max_bits = std::max<std::uint64_t>(max_bits, u);
   }
+  hist[0] += zeros;
+  acc.counters[FirstPass::kMismatch] += mismatches;
+  acc.counters[FirstPass::kNonfinite] += nonfinite;
   acc.counters[FirstPass::kCount] += c.end - c.begin;
+  acc.max_bits = max_bits;
+  acc.max_ulp = max_ulp;
+}
+
+// The second pass over a piece: per distinct high bin, a histogram of the low 16 bits.
+template <bool kReference, bool kBf16>
+void low_bits_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
+  const DiffPart& p = *c.part;
+  for (std::size_t i = c.begin; i < c.end; ++i) {
+    const float candidate = kBf16 ? round_bf16(p.candidate[i]) : p.candidate[i];
+    const std::uint32_t u = bits(kReference ? abs_diff_of(candidate, p.reference[i]) : candidate);
+    for (std::size_t b = 0; b < bins.size(); ++b) {
+      if ((u >> 16) == bins[b]) ++h[b * kBins + (u & 0xffffu)];
+    }
+  }
+}
+
+void low_bits_pass(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
+  const bool reference = c.part->reference != nullptr, bf16 = c.part->bf16_candidate;
+  if (reference) {
+    bf16 ? low_bits_of<true, true>(c, bins, h) : low_bits_of<true, false>(c, bins, h);
+  } else {
+    bf16 ? low_bits_of<false, true>(c, bins, h) : low_bits_of<false, false>(c, bins, h);
+  }
+}
+
+void first_pass(const Piece& c, LocalFirst& acc) {
+  const bool reference = c.part->reference != nullptr, bf16 = c.part->bf16_candidate;
+  if (reference) {
+    bf16 ? first_pass_of<true, true>(c, acc) : first_pass_of<true, false>(c, acc);
+  } else {
+    bf16 ? first_pass_of<false, true>(c, acc) : first_pass_of<false, false>(c, acc);
+  }
 }
 
 }  // namespace
@@ -253,30 +300,32 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
   Located where[4];
   for (int i = 0; i < 4; ++i) where[i] = locate(first.hist(), wanted[i]);
 
-  // Second pass: the low 16 bits of the values in each located high bin.
+  // Second pass: the low 16 bits of the values in each located high bin (the four wanted ranks
+  // often share bins: each distinct bin is histogrammed once).
+  std::vector<std::uint32_t> bins;
+  int slot_of[4];
+  for (int w = 0; w < 4; ++w) {
+    const auto at = std::find(bins.begin(), bins.end(), where[w].bin);
+    slot_of[w] = static_cast<int>(at - bins.begin());
+    if (at == bins.end()) bins.push_back(where[w].bin);
+  }
   std::vector<std::vector<std::uint64_t>> partial(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
     std::vector<std::uint64_t>& h = partial[c];
-    h.assign(4 * kBins, 0);
-    for (const Piece& piece : chunks[c]) {
-      const DiffPart& p = *piece.part;
-      for (std::size_t i = piece.begin; i < piece.end; ++i) {
-        const std::uint32_t u = bits(diff_at(p, i));
-        for (int w = 0; w < 4; ++w) {
-          if ((u >> 16) == where[w].bin) ++h[w * kBins + (u & 0xffffu)];
-        }
-      }
-    }
+    h.assign(bins.size() * kBins, 0);
+    for (const Piece& piece : chunks[c]) low_bits_pass(piece, bins, h.data());
   });
-  std::vector<std::uint64_t> second(4 * kBins, 0);
+  std::vector<std::uint64_t> second(bins.size() * kBins, 0);
   for (const auto& h : partial) {
     for (std::size_t i = 0; i < second.size(); ++i) second[i] += h[i];
   }
   reduce.sum(second);
   float value[4];
   for (int w = 0; w < 4; ++w) {
-    const Located low = locate(std::span<const std::uint64_t>(second.data() + w * kBins, kBins),
-                               where[w].rank_in_bin);
+    const Located low =
+        locate(std::span<const std::uint64_t>(
+                   second.data() + static_cast<std::size_t>(slot_of[w]) * kBins, kBins),
+               where[w].rank_in_bin);
     value[w] = from_bits((where[w].bin << 16) | low.bin);
   }
   for (int i = 0; i < 2; ++i) {
