@@ -11,25 +11,8 @@
 #include "tile_kernels.h"
 
 namespace cpd {
-namespace {
 
 using simd::F16;
-
-// P·V for four rows of the tile and 64 columns starting at `col`, each row stopping exactly at
-// its last visible key, divided by the row sums: out = acc / l.
-void pv_rows4(const float* p, const KvRows& v, int dim, int col, int r0,
-              const std::int64_t* visible, int nrows, float* out, const float* l) {
-  F16 acc[4][4];
-  tile::rows4_times(p, v, dim, col, r0, visible, nrows, acc);
-  for (int r = 0; r < nrows; ++r) {
-    if (visible[r0 + r] == 0) continue;
-    const F16 lr = simd::splat(l[r0 + r]);
-    for (int x = 0; x < 4; ++x)
-      simd::store(out + (r0 + r) * dim + col + 16 * x, simd::div(acc[r][x], lr));
-  }
-}
-
-}  // namespace
 
 void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows& k, const KvRows& v,
                  Range keys, int dim, float scale, ProbRounding rounding, TileScratch& scratch,
@@ -82,11 +65,17 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   simd::store(l_rows, l);
   simd::store(m_rows, m);
 
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    const int nrows = std::min(4, rows - r0);
-    for (int col = 0; col < dim; col += 64) {
-      pv_rows4(scores, v, dim, col, r0, visible, nrows, out, l_rows);
+  // P·V, each row stopping exactly at its last visible key, then divided by the row's sum:
+  // out = acc / l (rows that see no key keep the zeros written above).
+  tile::rows_times(scores, v, dim, visible, rows, out);
+  for (int r = 0; r < rows; ++r) {
+    if (visible[r] == 0) {
+      std::fill(out + r * dim, out + (r + 1) * dim, 0.0f);
+      continue;
     }
+    const F16 lr = simd::splat(l_rows[r]);
+    for (int c = 0; c < dim; c += 16)
+      simd::store(out + r * dim + c, simd::div(simd::load(out + r * dim + c), lr));
   }
   for (int r = 0; r < rows; ++r) {
     if (visible[r] > 0) lse[r] = m_rows[r] + log_f32(l_rows[r]);

@@ -54,16 +54,7 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
                 simd::mul(p, simd::sub(simd::load(s.dp.data() + j * kTileRows), delta16)));
   }
   // dq: each row over exactly its visible keys.
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    const int nrows = std::min(4, rows - r0);
-    for (int col = 0; col < dim; col += 64) {
-      F16 acc[4][4];
-      tile::rows4_times(s.ds.data(), k, dim, col, r0, visible, nrows, acc);
-      for (int r = 0; r < nrows; ++r) {
-        for (int x = 0; x < 4; ++x) simd::store(dq + (r0 + r) * dim + col + 16 * x, acc[r][x]);
-      }
-    }
-  }
+  tile::rows_times(s.ds.data(), k, dim, visible, rows, dq);
   // dk, dv over the tile's rows in order. A row that cannot see key j (it comes before j) has
   // P = exp(-inf) = +0 and dS = ±0, and every earlier row cannot see j either, so j's
   // accumulators are still the +0 they started from: adding ±0 keeps +0, the same bits as

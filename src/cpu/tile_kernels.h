@@ -54,18 +54,17 @@ inline void dot_all_keys(const float* qt, const KvRows& k, std::int64_t n, int d
   for (; j < n; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out);
 }
 
-/// For rows r0 … r0+nrows-1 (nrows ≤ 4) and columns [col, col+64):
-///   acc[r] = sequential over j < limit[r0+r]:  fma(coef[j][r0+r], b[j][col…], acc[r])   (from +0)
-/// Rows share the loop up to their smallest limit, then each finishes on its own, so every
-/// row stops exactly at its limit.
+/// For rows r0 … r0+nrows-1 (nrows ≤ 4), columns [col, col+64) and keys [j0, j1):
+///   acc[r] = sequential over j0 ≤ j < min(limit[r0+r], j1):  fma(coef[j][r0+r], b[j][col…],
+///   acc[r])
+/// continuing from the acc given. Rows share the loop up to their smallest limit, then each
+/// finishes on its own, so every row stops exactly at its limit.
 inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, int r0,
-                        const std::int64_t* limit, int nrows, F16 acc[4][4]) {
-  std::int64_t common = limit[r0];
+                        const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
+                        F16 acc[4][4]) {
+  std::int64_t common = std::min(limit[r0], j1);
   for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
-  for (int r = 0; r < 4; ++r) {
-    for (int x = 0; x < 4; ++x) acc[r][x] = simd::splat(0.0f);
-  }
-  for (std::int64_t j = 0; j < common; ++j) {
+  for (std::int64_t j = j0; j < common; ++j) {
     const float* bj = b.row(j, dim) + col;
     const F16 b0 = simd::load(bj), b1 = simd::load(bj + 16), b2 = simd::load(bj + 32),
               b3 = simd::load(bj + 48);
@@ -79,10 +78,49 @@ inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, in
     }
   }
   for (int r = 0; r < nrows; ++r) {
-    for (std::int64_t j = common; j < limit[r0 + r]; ++j) {
+    const std::int64_t end = std::min(limit[r0 + r], j1);
+    for (std::int64_t j = std::max(common, j0); j < end; ++j) {
       const F16 c = simd::splat(coef[j * kTileRows + r0 + r]);
       const float* bj = b.row(j, dim) + col;
       for (int x = 0; x < 4; ++x) acc[r][x] = simd::fma(c, simd::load(bj + 16 * x), acc[r][x]);
+    }
+  }
+}
+
+/// Keys per chunk of rows_times: a chunk of b (kKeyChunk rows of dim floats) stays in cache
+/// while every row group and column block of the tile goes over it.
+inline constexpr std::int64_t kKeyChunk = 128;
+
+/// For rows r < nrows (≤ 16) of a tile and every column:
+///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
+/// rows4_times over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
+/// float stores and loads) from chunk to chunk: every element keeps its one sequential order,
+/// while b is read from memory once per tile instead of once per row group.
+inline void rows_times(const float* coef, const KvRows& b, int dim, const std::int64_t* limit,
+                       int nrows, float* out) {
+  std::int64_t n = 0;
+  for (int r = 0; r < nrows; ++r) n = std::max(n, limit[r]);
+  std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
+  for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
+    const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+      const int rows = std::min(4, nrows - r0);
+      bool any = false;
+      for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
+      if (!any) continue;
+      for (int col = 0; col < dim; col += 64) {
+        F16 acc[4][4];
+        for (int r = 0; r < 4; ++r) {
+          for (int x = 0; x < 4; ++x) {
+            acc[r][x] =
+                r < rows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
+          }
+        }
+        rows4_times(coef, b, dim, col, r0, limit, rows, j0, j1, acc);
+        for (int r = 0; r < rows; ++r) {
+          for (int x = 0; x < 4; ++x) simd::store(out + (r0 + r) * dim + col + 16 * x, acc[r][x]);
+        }
+      }
     }
   }
 }
