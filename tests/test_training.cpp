@@ -9,10 +9,12 @@
 
 #include "case_digests.h"
 #include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/dlogp.h"
 #include "cpdrift/numerics/logprob_math.h"
+#include "fault_transport.h"
 
 using namespace cpd;
 using testing::kFp32;
@@ -121,6 +123,48 @@ TEST_CASE("backward: the distributed CP=1 prefill equals the local reference bit
     CHECK(reference.get(inputs, r.dq.shape, r.dk.shape).dq.data == ref.dq.data);
     CHECK(unmemoised.get(inputs, r.dq.shape, r.dk.shape).dk.data == ref.dk.data);
   }
+}
+
+TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's own, bit for bit") {
+  // Each rank's reference computed by itself over rows [its first row, S) (LocalCp1Backward) vs
+  // computed once per TP group, a KV head per CP rank over the whole sequence, and shipped.
+  const Problem p = small_problem();
+  for (const auto& [tp, cp] : {std::pair{1, 2}, {2, 2}, {1, 4}, {2, 4}, {8, 2}, {1, 3}}) {
+    for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+      const CaseSpec spec{tp, cp, 4, layout, Protocol::ag_rs};
+      if (!validate_case(spec, p).empty()) continue;
+      CAPTURE(case_name(spec, p.dtype));
+      ThreadPool pool(2);
+      InputStore inputs(p, pool);
+      InProcessTransport transport(7);  // shuffled arrivals
+      const CaseGrid grid(p, spec);
+      LocalCp1Backward memo, own(0);
+      const std::vector<LocalCp1Backward::Result> shared =
+          shared_cp1_backward(grid, transport, inputs, memo);
+      const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
+      REQUIRE(shared.size() == hosted.size());
+      for (std::size_t i = 0; i < hosted.size(); ++i) {
+        const LocalCp1Backward::Result mine =
+            own.get(inputs, query_shape(grid, hosted[i], p.dims.head_dim), shared[i].dk.shape);
+        CHECK(shared[i].dq.data == mine.dq.data);
+        CHECK(shared[i].dk.data == mine.dk.data);
+        CHECK(shared[i].dv.data == mine.dv.data);
+      }
+    }
+  }
+}
+
+TEST_CASE("backward: a shared reference message that goes missing is an error (negative control)") {
+  const Problem p = small_problem();
+  ThreadPool pool(1);
+  InputStore inputs(p, pool);
+  InProcessTransport inner;
+  testing::FaultInjectingTransport transport(inner, MessageKind::reference_grads,
+                                             [](std::vector<Message>& m) { m.pop_back(); });
+  const CaseGrid grid(p, CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
+  LocalCp1Backward memo;
+  CHECK_THROWS_WITH_AS(shared_cp1_backward(grid, transport, inputs, memo),
+                       doctest::Contains("missing reference_grads"), ProtocolError);
 }
 
 namespace {

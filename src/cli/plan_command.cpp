@@ -89,8 +89,8 @@ struct PhaseEstimate {
   double total() const { return compute + comm; }
 };
 
-// The slowest process of a phase: its kernels at `rate`, then its messages (no overlap: the
-// exchanges are supersteps). A message to a logical rank on the same process is a move;
+// The slowest process of a phase: its kernels at `rate` and its messages through memory, then
+// its messages over the links (no overlap: the exchanges are supersteps). A message to a logical rank on the same process is a move;
 // between processes it takes the slower of the sender's and the receiver's link time.
 PhaseEstimate estimate(const PhaseWork& w, double flops_per_pair, double rate, const Profile& pf,
                        int processes) {
@@ -100,8 +100,12 @@ PhaseEstimate estimate(const PhaseWork& w, double flops_per_pair, double rate, c
   const auto proc = [&](std::size_t r) {
     return static_cast<std::size_t>(process_of(static_cast<int>(r), processes));
   };
-  for (std::size_t r = 0; r < ranks; ++r)
-    compute[proc(r)] += static_cast<double>(w.pairs[r]) * flops_per_pair / rate;
+  // Its kernels, and every message it receives written and read once through memory (the
+  // partial states a merge reads back, the rows a kernel reads).
+  for (std::size_t r = 0; r < ranks; ++r) {
+    compute[proc(r)] += static_cast<double>(w.pairs[r]) * flops_per_pair / rate +
+                        2.0 * static_cast<double>(w.received[r].bytes) / pf.hbm;
+  }
   for (std::size_t s = 0; s < ranks; ++s) {
     for (std::size_t d = 0; d < ranks; ++d) {
       const double bytes = static_cast<double>(w.bytes_between[s * ranks + d]);

@@ -16,6 +16,7 @@ constexpr EnumName<MessageKind> kMessageKinds[] = {
     {MessageKind::backward_rows, "backward_rows"},
     {MessageKind::dq_partial, "dq_partial"},
     {MessageKind::logit_partial, "logit_partial"},
+    {MessageKind::reference_grads, "reference_grads"},
 };
 
 }  // namespace

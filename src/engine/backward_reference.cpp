@@ -6,6 +6,7 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
+#include "protocol_common.h"
 
 namespace cpd {
 namespace {
@@ -121,6 +122,90 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
     entries_.push_back(Entry{q_rows, kv_rows, r});
   }
   return r;
+}
+
+namespace {
+
+// The rows `tokens` of a whole-sequence result of KV head g's group, packed as the
+// reference_grads payload: dq [B][group][rows][D], then dk, dv [B][rows][D].
+std::vector<float> pack_reference(const LocalCp1Backward::Result& full, std::int64_t g,
+                                  std::int64_t group, const Range& tokens) {
+  const int batch = full.dk.shape.batch, dim = full.dk.shape.width;
+  const std::size_t n = static_cast<std::size_t>(tokens.size()) * dim;
+  std::vector<float> payload;
+  payload.reserve(static_cast<std::size_t>(batch) * (group + 2) * n);
+  const auto append = [&](const float* rows) { payload.insert(payload.end(), rows, rows + n); };
+  for (int b = 0; b < batch; ++b) {
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
+      append(full.dq.at(b, h, tokens.begin));
+  }
+  for (int b = 0; b < batch; ++b) append(full.dk.at(b, g, tokens.begin));
+  for (int b = 0; b < batch; ++b) append(full.dv.at(b, g, tokens.begin));
+  return payload;
+}
+
+void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Result& into) {
+  const MessageHeader& h = m.header;
+  const int batch = h.batch, dim = h.width;
+  const Range tokens = h.tokens();
+  const std::size_t n = static_cast<std::size_t>(tokens.size()) * dim;
+  const float* at = m.payload.data();
+  const auto take = [&](float* rows) {
+    std::copy(at, at + n, rows);
+    at += n;
+  };
+  const std::int64_t g = h.head_begin;
+  const std::int64_t q_row = into.dq.shape.local_row(tokens.begin),
+                     kv_row = into.dk.shape.local_row(tokens.begin);
+  for (int b = 0; b < batch; ++b) {
+    for (std::int64_t q = g * group; q < (g + 1) * group; ++q) take(into.dq.at(b, q, q_row));
+  }
+  for (int b = 0; b < batch; ++b) take(into.dk.at(b, g, kv_row));
+  for (int b = 0; b < batch; ++b) take(into.dv.at(b, g, kv_row));
+}
+
+}  // namespace
+
+std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
+                                                          Transport& transport, InputStore& inputs,
+                                                          LocalCp1Backward& memo) {
+  const Problem& p = grid.problem;
+  const int dim = p.dims.head_dim, batch = p.batch;
+  const std::int64_t group = p.dims.group_size();
+  const Range all{0, p.seq_len};
+  const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
+  std::vector<LocalCp1Backward::Result> out;
+  for (const LogicalRank& r : hosted) {
+    out.push_back(LocalCp1Backward::Result{Shard(query_shape(grid, r, dim)),
+                                           Shard(ShardShape{batch, r.kv_heads, r.tokens, dim}),
+                                           Shard(ShardShape{batch, r.kv_heads, r.tokens, dim})});
+  }
+  // A round at a time: each CP rank's KV head of the round, computed, shipped and freed.
+  for (int round = 0; round < reference_rounds(grid); ++round) {
+    std::vector<Message> outgoing;
+    for (const LogicalRank& r : hosted) {
+      const std::int64_t g = reference_kv_head(grid, r, round);
+      if (g < 0) continue;
+      const LocalCp1Backward::Result full =
+          memo.get(inputs, ShardShape{batch, Range{g * group, (g + 1) * group}, {all}, dim},
+                   ShardShape{batch, Range{g, g + 1}, {all}, dim});
+      for (int c = 0; c < grid.spec.cp; ++c) {
+        const LogicalRank& dst = grid.at(r.tp_rank, c);
+        for (const Range& t : dst.tokens) {
+          outgoing.push_back(Message{reference_grads_header(grid, r, dst, t, g),
+                                     pack_reference(full, g, group, t)});
+        }
+      }
+    }
+    std::map<int, Inbox> inboxes = protocol::superstep(
+        transport, hosted, std::move(outgoing),
+        [&](const LogicalRank& dst) { return expected_reference_grads(grid, dst, round); });
+    for (std::size_t i = 0; i < hosted.size(); ++i) {
+      for (const Message& m : inboxes.at(hosted[i].id).messages())
+        unpack_reference(m, group, out[i]);
+    }
+  }
+  return out;
 }
 
 }  // namespace cpd

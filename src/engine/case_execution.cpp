@@ -67,7 +67,7 @@ std::vector<std::vector<int>> merged_indices(const CaseGrid& grid,
 CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
                                const std::vector<RankOutput>& fp32,
                                const std::vector<Received>& dq_partials,
-                               const TransportCounters& before,
+                               const TransportCounters& before, const TransportCounters& excluded,
                                std::chrono::steady_clock::time_point started) {
   std::vector<Received> states;
   for (const RankOutput& o : fp32) {
@@ -86,8 +86,9 @@ CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
   for (const KvBlock& b : grid.blocks) e.block_bounds.push_back(b.range);
   for (int r = 0; r < grid.spec.cp; ++r) e.query_tokens.push_back(grid.at(0, r).tokens);
   const TransportCounters& after = ctx.transport.counters();
-  std::uint64_t moved[3] = {after.messages - before.messages, after.bytes - before.bytes,
-                            after.remote_bytes - before.remote_bytes};
+  std::uint64_t moved[3] = {after.messages - before.messages - excluded.messages,
+                            after.bytes - before.bytes - excluded.bytes,
+                            after.remote_bytes - before.remote_bytes - excluded.remote_bytes};
   ctx.collectives.sum(moved);
   e.moved = TransportCounters{moved[0], moved[1], moved[2]};
   return e;

@@ -20,11 +20,12 @@ struct Received {
 /// Which blocks every query owner merged (from the headers of the FP32 path's validated
 /// states, `fp32`: one per hosted rank) and folded into its dq (`dq_partials`, when the backward
 /// ran), which backend, device and transport ran, on how many processes, and what the transport
-/// moved since `before`. Collective: every process returns the same record.
+/// moved since `before` but for `excluded` (the CP=1 reference's exchange: this tool's check).
+/// Collective: every process returns the same record.
 CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
                                const std::vector<RankOutput>& fp32,
                                const std::vector<Received>& dq_partials,
-                               const TransportCounters& before,
+                               const TransportCounters& before, const TransportCounters& excluded,
                                std::chrono::steady_clock::time_point started);
 
 }  // namespace cpd

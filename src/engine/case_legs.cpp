@@ -8,20 +8,27 @@
 
 namespace cpd::case_legs {
 
-std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
-                                   const std::string& name, const std::vector<RankOutput>& fp32,
-                                   CaseSink& sink) {
+BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
+                            const std::vector<RankOutput>& fp32, CaseSink& sink) {
   const int dim = grid.problem.dims.head_dim;
   CasePart o(grid.spec.cp);
   BackwardComparisons& c = o.backward.emplace();
   std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
-  std::vector<Received> folded;
-  for (RankGradients& g : run_backward(grid, fp32, ctx.transport, ctx.inputs)) {
+  BackwardRecord record;
+  std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
+  const TransportCounters before = ctx.transport.counters();
+  std::vector<LocalCp1Backward::Result> refs =
+      shared_cp1_backward(grid, ctx.transport, ctx.inputs, *ctx.cp1_backward);
+  const TransportCounters& after = ctx.transport.counters();
+  record.reference_traffic =
+      TransportCounters{after.messages - before.messages, after.bytes - before.bytes,
+                        after.remote_bytes - before.remote_bytes};
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    RankGradients& g = grads[i];
+    LocalCp1Backward::Result& ref = refs[i];
     const int r = g.rank.cp_rank;
     for (const MessageHeader& h : g.dq_partials)
-      folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
-    LocalCp1Backward::Result ref =
-        ctx.cp1_backward->get(ctx.inputs, query_shape(grid, g.rank, dim), g.dk.shape);
+      record.folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
     const Shard& rq = o.held.keep(std::move(ref.dq));
     const Shard& rk = o.held.keep(std::move(ref.dk));
     const Shard& rv = o.held.keep(std::move(ref.dv));
@@ -56,7 +63,7 @@ std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
   publish("reference_fp32/dk", ref_dk, HeadKind::kv, false, nullptr);
   publish("reference_fp32/dv", ref_dv, HeadKind::kv, false, nullptr);
   sink.prefill_part(o);
-  return folded;
+  return record;
 }
 
 void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,

@@ -12,12 +12,18 @@
 
 namespace cpd::case_legs {
 
+/// What the backward leg leaves for the case's record.
+struct BackwardRecord {
+  std::vector<Received> folded;  // the partial dq the hosted query owners folded
+  /// What the CP=1 reference's exchange moved (this tool's check, not the case's traffic).
+  TransportCounters reference_traffic;
+};
+
 /// The FP32 backward from the FP32 path's forward (`fp32`, one per hosted rank) vs the CP=1
-/// reference backward, and the gradients' BF16 final write: one part of case `name`, handed
-/// to `sink`. Returns the partial dq the hosted query owners folded (the record of what ran).
-std::vector<Received> add_backward(const RunContext& ctx, const CaseGrid& grid,
-                                   const std::string& name, const std::vector<RankOutput>& fp32,
-                                   CaseSink& sink);
+/// reference backward (shared_cp1_backward), and the gradients' BF16 final write: one part of
+/// case `name`, handed to `sink`.
+BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
+                            const std::vector<RankOutput>& fp32, CaseSink& sink);
 
 /// Target-token logprobs of `candidate` vs `reference` (attention outputs per hosted rank)
 /// through the synthetic lm_head, over the active tokens: one part of case `name`.

@@ -220,13 +220,14 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
   }
   dtype_runs.clear();
   references = HeldTensors{};
-  std::vector<Received> dq_partials;
+  case_legs::BackwardRecord backward;
   if (ctx.cp1_backward != nullptr)
-    dq_partials = case_legs::add_backward(ctx, grid, record.name, fp32, sink);
+    backward = case_legs::add_backward(ctx, grid, record.name, fp32, sink);
   if (work && ctx.cp1_backward != nullptr)
     ctx.progress->phase_done("backward and its CP=1 reference",
                              RunProgress::backward_flops(p, *work));
-  record.executed = record_execution(ctx, grid, fp32, dq_partials, before, record.executed.started);
+  record.executed = record_execution(ctx, grid, fp32, backward.folded, before,
+                                     backward.reference_traffic, record.executed.started);
   sink.prefill_case(record);
 }
 

@@ -278,4 +278,34 @@ std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalR
   return out;
 }
 
+int reference_rounds(const CaseGrid& grid) {
+  const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
+  return static_cast<int>((kv + grid.spec.cp - 1) / grid.spec.cp);
+}
+
+std::int64_t reference_kv_head(const CaseGrid& grid, const LogicalRank& r, int round) {
+  const std::int64_t g = r.kv_heads.begin + std::int64_t{round} * grid.spec.cp + r.cp_rank;
+  return g < r.kv_heads.end ? g : -1;
+}
+
+MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& src,
+                                     const LogicalRank& dst, const Range& tokens, std::int64_t g) {
+  // dq of the group's query heads, dk and dv: (group + 2) rows of head_dim per (batch, token).
+  const std::int64_t group = grid.problem.dims.group_size();
+  return rows_header(grid, MessageKind::reference_grads, src, dst, tokens, Range{g, g + 1},
+                     (group + 2) * grid.problem.dims.head_dim);
+}
+
+std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
+                                                    int round) {
+  std::vector<MessageHeader> out;
+  for (int c = 0; c < grid.spec.cp; ++c) {
+    const LogicalRank& src = grid.at(dst.tp_rank, c);
+    const std::int64_t g = reference_kv_head(grid, src, round);
+    if (g < 0) continue;
+    for (const Range& t : dst.tokens) out.push_back(reference_grads_header(grid, src, dst, t, g));
+  }
+  return out;
+}
+
 }  // namespace cpd

@@ -125,14 +125,15 @@ void reference_work(const CaseGrid& grid, bool backward, CaseWork& w) {
   for (const LogicalRank& r : grid.ranks) {
     const std::uint64_t heads = u64(p.batch * r.q_heads.size());
     std::uint64_t own = 0;
-    std::int64_t first = p.seq_len;
-    for (const Range& t : r.tokens) {
-      own += causal_pairs(t, all);
-      first = std::min(first, t.begin);
-    }
-    const std::uint64_t tail = backward ? causal_pairs(Range{first, p.seq_len}, all) : 0;
+    for (const Range& t : r.tokens) own += causal_pairs(t, all);
     w.reference_forward_pairs.push_back(heads * own * (counterpart_differs ? 2 : 1));
-    w.reference_backward_pairs.push_back(heads * tail);
+    // The CP=1 backward of each KV head this rank computes for its TP group, whole sequence.
+    std::uint64_t shared = 0;
+    for (int round = 0; backward && round < reference_rounds(grid); ++round) {
+      if (reference_kv_head(grid, r, round) >= 0)
+        shared += u64(p.batch * p.dims.group_size()) * causal_pairs(all, all);
+    }
+    w.reference_backward_pairs.push_back(shared);
   }
 }
 

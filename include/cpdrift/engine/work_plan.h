@@ -47,8 +47,9 @@ struct CaseWork {
   /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical
   /// rank, as an upper bound (a memo may serve them from an earlier case): the FP32 reference
   /// forward of its rows, again over the topology counterpart's grid when that differs from the
-  /// reference's one block; and with the backward, the CP=1 backward's block pairs over the rows
-  /// from the rank's first position to S, whose forward it runs first (as many forward pairs).
+  /// reference's one block; and with the backward, the CP=1 backward of the KV heads the rank
+  /// computes for its TP group (shared_cp1_backward: whole sequence, its forward first, as many
+  /// forward pairs), whose exchange the case's counts leave out.
   std::vector<std::uint64_t> reference_forward_pairs, reference_backward_pairs;
 };
 
