@@ -90,8 +90,8 @@ struct PhaseEstimate {
 };
 
 // The slowest process of a phase: its kernels at `rate` and its messages through memory, then
-// its messages over the links (no overlap: the exchanges are supersteps). A message to a logical rank on the same process is a move;
-// between processes it takes the slower of the sender's and the receiver's link time.
+// its messages over the links (no overlap: the exchanges are supersteps), the larger of what it
+// sends and what it receives. A message to a logical rank on the same process is a move.
 PhaseEstimate estimate(const PhaseWork& w, double flops_per_pair, double rate, const Profile& pf,
                        int processes) {
   const std::size_t ranks = w.pairs.size();
@@ -390,6 +390,7 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   if (comm.rank() != 0) return kExitOk;  // nothing runs; rank 0 answers
   int processes = o.processes;
   if (processes == 0) {
+    processes = 1;  // a run of paged cases only
     for (const CaseSpec& s : run.cases) processes = std::max(processes, s.num_logical_ranks());
   }
   const Profile pf = o.profile == "cpu" ? measure_cpu(processes) : device_profile(o);
