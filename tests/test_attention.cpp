@@ -89,6 +89,30 @@ PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t 
 
 }  // namespace
 
+TEST_CASE("tile kernel across key chunks: rows whose last key falls on either side of a chunk") {
+  // P·V runs over chunks of tile::kKeyChunk (128) keys; rows of one 4-row group stopping in
+  // different chunks, exactly at a boundary, one past it, and in the third chunk.
+  const std::vector<float> q = random_rows(16, 11), k = random_rows(700, 12),
+                           v = random_rows(700, 13);
+  TileScratch scratch;
+  for (const std::int64_t first : {114LL, 125LL, 126LL, 127LL, 250LL, 255LL, 380LL, 620LL}) {
+    const Range keys{0, 700};
+    std::vector<float> out(16 * kDim), lse(16);
+    attend_tile(q.data(), first, 16, k.data(), v.data(), keys, kDim, kScale, ProbRounding::none,
+                scratch, out.data(), lse.data());
+    for (int r = 0; r < 16; ++r) {
+      const int visible = static_cast<int>(std::min<std::int64_t>(700, first + r + 1));
+      float ref_out[kDim], ref_lse;
+      partial_state_row(q.data() + r * kDim, k.data(), v.data(), visible, kDim, kScale,
+                        ProbRounding::none, ref_out, &ref_lse);
+      CAPTURE(first);
+      CAPTURE(r);
+      CHECK(same_bits(out.data() + r * kDim, ref_out, kDim));
+      CHECK(bits_of(lse[r]) == bits_of(ref_lse));
+    }
+  }
+}
+
 TEST_CASE("tile kernel reads paged K/V in place: the bits of contiguous rows, wherever pages lie") {
   // Page sizes that divide the block, cut through it, and are one row; key blocks starting on
   // and off a page boundary; both roundings. The negative control swaps two entries of the

@@ -329,6 +329,10 @@ TEST_CASE("plan: the table, the protocol pick and bad input") {
   expect_usage_error("plan --profile cpu --fp32-tflops 10", "--profile cpu measures");
   expect_usage_error("plan --dump x.h5", "--dump does not apply");
   expect_usage_error("plan --nvlink-gbs 0", "--nvlink-gbs: must be more than 0");
+  expect_usage_error("plan --processes 4", "--processes applies to --profile cpu");
+  expect_usage_error("plan --output /nonexistent-dir/plan.json", "--output: cannot write");
+  expect_usage_error("plan --seq-len 1073741824 --tp-world-sizes 8 --cp-world-sizes 32",
+                     "more (row, key) pairs than the plan counts");
 }
 
 #if defined(CPD_HAVE_HDF5)

@@ -15,6 +15,7 @@
 #include "cpdrift/engine/dlogp.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "fault_transport.h"
+#include "random_rows.h"
 
 using namespace cpd;
 using testing::kFp32;
@@ -128,27 +129,36 @@ TEST_CASE("backward: the distributed CP=1 prefill equals the local reference bit
 TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's own, bit for bit") {
   // Each rank's reference computed by itself over rows [its first row, S) (LocalCp1Backward) vs
   // computed once per TP group, a KV head per CP rank over the whole sequence, and shipped.
-  const Problem p = small_problem();
-  for (const auto& [tp, cp] : {std::pair{1, 2}, {2, 2}, {1, 4}, {2, 4}, {8, 2}, {1, 3}}) {
-    for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
-      const CaseSpec spec{tp, cp, 4, layout, Protocol::ag_rs};
-      if (!validate_case(spec, p).empty()) continue;
-      CAPTURE(case_name(spec, p.dtype));
-      ThreadPool pool(2);
-      InputStore inputs(p, pool);
-      InProcessTransport transport(7);  // shuffled arrivals
-      const CaseGrid grid(p, spec);
-      LocalCp1Backward memo, own(0);
-      const std::vector<LocalCp1Backward::Result> shared =
-          shared_cp1_backward(grid, transport, inputs, memo);
-      const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
-      REQUIRE(shared.size() == hosted.size());
-      for (std::size_t i = 0; i < hosted.size(); ++i) {
-        const LocalCp1Backward::Result mine =
-            own.get(inputs, query_shape(grid, hosted[i], p.dims.head_dim), shared[i].dk.shape);
-        CHECK(shared[i].dq.data == mine.dq.data);
-        CHECK(shared[i].dk.data == mine.dk.data);
-        CHECK(shared[i].dv.data == mine.dv.data);
+  // Batches of 1 and 2; 1 thread (a KV head a round) and 16 (four a round).
+  for (const int batch : {1, 2}) {
+    Problem p = small_problem();
+    p.batch = batch;
+    for (const auto& [tp, cp] : {std::pair{1, 2}, {2, 2}, {1, 4}, {2, 4}, {8, 2}, {1, 3}, {2, 3}}) {
+      for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+        for (const int threads : {1, 16}) {
+          const CaseSpec spec{tp, cp, 4, layout, Protocol::ag_rs};
+          if (!validate_case(spec, p).empty()) continue;
+          CAPTURE(case_name(spec, p.dtype));
+          CAPTURE(batch);
+          CAPTURE(threads);
+          ThreadPool pool(threads);
+          InputStore inputs(p, pool);
+          InProcessTransport transport(7);  // shuffled arrivals
+          const LocalCollectives one;
+          const CaseGrid grid(p, spec);
+          LocalCp1Backward memo, own(0);
+          const std::vector<LocalCp1Backward::Result> shared =
+              shared_cp1_backward(grid, transport, one, inputs, memo);
+          const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
+          REQUIRE(shared.size() == hosted.size());
+          for (std::size_t i = 0; i < hosted.size(); ++i) {
+            const LocalCp1Backward::Result mine =
+                own.get(inputs, query_shape(grid, hosted[i], p.dims.head_dim), shared[i].dk.shape);
+            CHECK(testing::same_bits(shared[i].dq.data, mine.dq.data));
+            CHECK(testing::same_bits(shared[i].dk.data, mine.dk.data));
+            CHECK(testing::same_bits(shared[i].dv.data, mine.dv.data));
+          }
+        }
       }
     }
   }
@@ -163,7 +173,8 @@ TEST_CASE("backward: a shared reference message that goes missing is an error (n
                                              [](std::vector<Message>& m) { m.pop_back(); });
   const CaseGrid grid(p, CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
   LocalCp1Backward memo;
-  CHECK_THROWS_WITH_AS(shared_cp1_backward(grid, transport, inputs, memo),
+  const LocalCollectives one;
+  CHECK_THROWS_WITH_AS(shared_cp1_backward(grid, transport, one, inputs, memo),
                        doctest::Contains("missing reference_grads"), ProtocolError);
 }
 

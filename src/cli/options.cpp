@@ -372,6 +372,10 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
   if (figures_given && plan.profile == "cpu") {
     bad("plan: --profile cpu measures this machine; the device figures apply to h200");
   }
+  if (plan.processes > 0 && plan.profile != "cpu") {
+    bad("plan: --processes applies to --profile cpu (on a GPU profile every logical rank has "
+        "its own GPU)");
+  }
   return plan;
 }
 

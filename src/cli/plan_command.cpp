@@ -143,12 +143,18 @@ struct CasePlan {
   }
 };
 
+// Whether the planned run is a CUDA one (its forward paths, so its bytes): as --device says,
+// else as the profile's machine is.
+bool gpu_run(const RunRequest& q, const Profile& pf) {
+  return q.device == Device::cuda || (q.device == Device::auto_select && pf.name != "cpu");
+}
+
 CasePlan plan_case(const Problem& p, const RunRequest& q, const CaseSpec& spec, const Profile& pf,
                    int processes) {
   const CaseGrid grid(p, spec, q.round_rows);
   CasePlan c(spec, grid,
              plan_case_work(grid, q.include_backward, q.include_dlogp ? q.vocab_size : 0),
-             forward_paths(p.dtype, pf.name != "cpu", q.cpu_check));
+             forward_paths(p.dtype, gpu_run(q, pf), q.cpu_check));
   const int dim = p.dims.head_dim;
   const int world = std::min(processes, spec.num_logical_ranks());
   for (const ForwardPath& path : c.paths) {
@@ -382,11 +388,34 @@ json::Value case_json(const Problem& p, const CasePlan& c, const Pick& pick) {
   return v;
 }
 
+// The plan counts pairs in 64-bit integers: refuse a problem whose pair count could not be
+// held (S²·B·Hq/2 ≥ 2^63, past S ≈ 5·10^8 for Qwen3), rather than print a wrapped number.
+void check_countable(const RunRequest& q, const RunPlan& run) {
+  if (run.cases.empty()) return;
+  const double pairs = static_cast<double>(q.problem.seq_len) *
+                       static_cast<double>(q.problem.seq_len) * q.problem.batch *
+                       q.problem.dims.num_q_heads / 2;
+  if (pairs >= 9.2e18) {
+    throw UsageError("plan: --seq-len " + std::to_string(q.problem.seq_len) + " with --batch " +
+                     std::to_string(q.problem.batch) +
+                     " has more (row, key) pairs than the plan counts (2^63)");
+  }
+}
+
 }  // namespace
 
 int plan_command(const PlanOptions& o, const CommContext& comm) {
   const RunRequest& q = o.run.request;
   const RunPlan run = plan_run(q);
+  check_output_path(o.run.output, comm);
+  check_countable(q, run);
+  if (o.profile == "cpu" && comm.size() > 1) {
+    // The other processes would idle in MPI while rank 0 times the kernels, and a busy-waiting
+    // MPI halves what it measures.
+    throw UsageError(
+        "plan --profile cpu measures this machine: run it as one process "
+        "(--processes N says how many the planned run has)");
+  }
   if (comm.rank() != 0) return kExitOk;  // nothing runs; rank 0 answers
   int processes = o.processes;
   if (processes == 0) {
@@ -414,7 +443,8 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
     }
     std::fprintf(out,
                  "# FLOPs: 4*D per visible (row, key) pair forward, 10*D backward; bytes: "
-                 "header + payload of every message, as the run counts them\n");
+                 "header + payload of every message, as a %s run counts them\n",
+                 gpu_run(q, pf) ? "CUDA" : "CPU");
     if (!run.paged.empty()) {
       std::fprintf(out, "# %zu paged case%s not planned (one process each, no messages)\n",
                    run.paged.size(), run.paged.size() == 1 ? "" : "s");
@@ -423,6 +453,7 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   json::Value doc = json::Value::object();
   doc["schema_version"] = "cpdrift_plan/v1";
   doc["profile"] = pf.name;
+  doc["device"] = gpu_run(q, pf) ? "cuda" : "cpu";  // whose forward paths the counts are
   doc["profile_source"] = pf.source;
   doc["processes"] = processes;
   doc["seq_len"] = p.seq_len;

@@ -31,21 +31,6 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
   return dump;
 }
 
-// Rank 0 makes sure the report can be written before any work: a long run must not end in an
-// unwritable path.
-void check_output_path(const std::string& path, const CommContext& comm) {
-  if (path.empty()) return;
-  agree_or_throw(comm, comm.rank() == 0, "--output: ", [&] {
-    const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
-    FILE* f = std::fopen(probe.c_str(), "w");
-    if (f == nullptr) {
-      throw std::runtime_error("cannot write next to \"" + path + "\": " + std::strerror(errno));
-    }
-    std::fclose(f);
-    std::remove(probe.c_str());
-  });
-}
-
 // q, k, v after RoPE (FP32) written by rank 0 itself, a block of positions at a time: the
 // inputs are a function of their coordinates, so nothing needs to travel.
 void dump_inputs(TensorDump& dump, const Problem& p, ThreadPool& pool) {
@@ -141,6 +126,19 @@ void finish(const RunOptions& options, const RunReport& report, TensorDump* dump
 }
 
 }  // namespace
+
+void check_output_path(const std::string& path, const CommContext& comm) {
+  if (path.empty()) return;
+  agree_or_throw(comm, comm.rank() == 0, "--output: ", [&] {
+    const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
+    FILE* f = std::fopen(probe.c_str(), "w");
+    if (f == nullptr) {
+      throw std::runtime_error("cannot write next to \"" + path + "\": " + std::strerror(errno));
+    }
+    std::fclose(f);
+    std::remove(probe.c_str());
+  });
+}
 
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {

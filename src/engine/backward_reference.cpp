@@ -167,7 +167,9 @@ void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Re
 }  // namespace
 
 std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
-                                                          Transport& transport, InputStore& inputs,
+                                                          Transport& transport,
+                                                          const Collectives& collectives,
+                                                          InputStore& inputs,
                                                           LocalCp1Backward& memo) {
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
@@ -180,26 +182,35 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
                                            Shard(ShardShape{batch, r.kv_heads, r.tokens, dim}),
                                            Shard(ShardShape{batch, r.kv_heads, r.tokens, dim})});
   }
-  // A round at a time: each CP rank's KV head of the round, computed, shipped and freed.
-  for (int round = 0; round < reference_rounds(grid); ++round) {
+  // KV heads a round: enough units (query heads × batch) for the widest process's threads,
+  // agreed, since every process must count the same rounds.
+  std::uint64_t threads[1] = {static_cast<std::uint64_t>(inputs.pool().size())};
+  collectives.max(threads);
+  const int per_round = static_cast<int>(
+      std::max<std::uint64_t>(1, (threads[0] + group * batch - 1) / (group * batch)));
+  // A round at a time: each CP rank's KV heads of the round, computed, shipped and freed.
+  for (int round = 0; round < reference_rounds(grid, per_round); ++round) {
     std::vector<Message> outgoing;
     for (const LogicalRank& r : hosted) {
-      const std::int64_t g = reference_kv_head(grid, r, round);
-      if (g < 0) continue;
-      const LocalCp1Backward::Result full =
-          memo.get(inputs, ShardShape{batch, Range{g * group, (g + 1) * group}, {all}, dim},
-                   ShardShape{batch, Range{g, g + 1}, {all}, dim});
-      for (int c = 0; c < grid.spec.cp; ++c) {
-        const LogicalRank& dst = grid.at(r.tp_rank, c);
-        for (const Range& t : dst.tokens) {
-          outgoing.push_back(Message{reference_grads_header(grid, r, dst, t, g),
-                                     pack_reference(full, g, group, t)});
+      const Range heads = reference_kv_heads(grid, r, round, per_round);
+      if (heads.empty()) continue;
+      const LocalCp1Backward::Result full = memo.get(
+          inputs, ShardShape{batch, Range{heads.begin * group, heads.end * group}, {all}, dim},
+          ShardShape{batch, heads, {all}, dim});
+      for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+        for (int c = 0; c < grid.spec.cp; ++c) {
+          const LogicalRank& dst = grid.at(r.tp_rank, c);
+          for (const Range& t : dst.tokens) {
+            outgoing.push_back(Message{reference_grads_header(grid, r, dst, t, g),
+                                       pack_reference(full, g, group, t)});
+          }
         }
       }
     }
-    std::map<int, Inbox> inboxes = protocol::superstep(
-        transport, hosted, std::move(outgoing),
-        [&](const LogicalRank& dst) { return expected_reference_grads(grid, dst, round); });
+    std::map<int, Inbox> inboxes =
+        protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
+          return expected_reference_grads(grid, dst, round, per_round);
+        });
     for (std::size_t i = 0; i < hosted.size(); ++i) {
       for (const Message& m : inboxes.at(hosted[i].id).messages())
         unpack_reference(m, group, out[i]);

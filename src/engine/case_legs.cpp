@@ -18,7 +18,7 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
   std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
   const TransportCounters before = ctx.transport.counters();
   std::vector<LocalCp1Backward::Result> refs =
-      shared_cp1_backward(grid, ctx.transport, ctx.inputs, *ctx.cp1_backward);
+      shared_cp1_backward(grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward);
   const TransportCounters& after = ctx.transport.counters();
   record.reference_traffic =
       TransportCounters{after.messages - before.messages, after.bytes - before.bytes,

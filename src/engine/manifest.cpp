@@ -278,14 +278,26 @@ std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalR
   return out;
 }
 
-int reference_rounds(const CaseGrid& grid) {
+namespace {
+
+// KV heads of a TP group per CP rank in the shared reference.
+std::int64_t reference_block(const CaseGrid& grid) {
   const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
-  return static_cast<int>((kv + grid.spec.cp - 1) / grid.spec.cp);
+  return (kv + grid.spec.cp - 1) / grid.spec.cp;
 }
 
-std::int64_t reference_kv_head(const CaseGrid& grid, const LogicalRank& r, int round) {
-  const std::int64_t g = r.kv_heads.begin + std::int64_t{round} * grid.spec.cp + r.cp_rank;
-  return g < r.kv_heads.end ? g : -1;
+}  // namespace
+
+int reference_rounds(const CaseGrid& grid, int per_round) {
+  return static_cast<int>((reference_block(grid) + per_round - 1) / per_round);
+}
+
+Range reference_kv_heads(const CaseGrid& grid, const LogicalRank& r, int round, int per_round) {
+  const std::int64_t block = reference_block(grid);
+  const std::int64_t first = r.kv_heads.begin + r.cp_rank * block;
+  const std::int64_t end = std::min(first + block, r.kv_heads.end);
+  const std::int64_t begin = first + std::int64_t{round} * per_round;
+  return Range{std::min(begin, end), std::min(begin + per_round, end)};
 }
 
 MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& src,
@@ -297,13 +309,14 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
 }
 
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
-                                                    int round) {
+                                                    int round, int per_round) {
   std::vector<MessageHeader> out;
   for (int c = 0; c < grid.spec.cp; ++c) {
     const LogicalRank& src = grid.at(dst.tp_rank, c);
-    const std::int64_t g = reference_kv_head(grid, src, round);
-    if (g < 0) continue;
-    for (const Range& t : dst.tokens) out.push_back(reference_grads_header(grid, src, dst, t, g));
+    const Range heads = reference_kv_heads(grid, src, round, per_round);
+    for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+      for (const Range& t : dst.tokens) out.push_back(reference_grads_header(grid, src, dst, t, g));
+    }
   }
   return out;
 }

@@ -128,12 +128,10 @@ void reference_work(const CaseGrid& grid, bool backward, CaseWork& w) {
     for (const Range& t : r.tokens) own += causal_pairs(t, all);
     w.reference_forward_pairs.push_back(heads * own * (counterpart_differs ? 2 : 1));
     // The CP=1 backward of each KV head this rank computes for its TP group, whole sequence.
-    std::uint64_t shared = 0;
-    for (int round = 0; backward && round < reference_rounds(grid); ++round) {
-      if (reference_kv_head(grid, r, round) >= 0)
-        shared += u64(p.batch * p.dims.group_size()) * causal_pairs(all, all);
-    }
-    w.reference_backward_pairs.push_back(shared);
+    const std::uint64_t heads_here =
+        backward ? u64(reference_kv_heads(grid, r, 0, p.dims.num_kv_heads).size()) : 0;
+    w.reference_backward_pairs.push_back(heads_here * u64(p.batch * p.dims.group_size()) *
+                                         causal_pairs(all, all));
   }
 }
 

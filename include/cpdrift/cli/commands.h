@@ -21,6 +21,10 @@ int run_command(const RunOptions& options, const CommContext& comm,
 int accept_command(const AcceptOptions& options, const CommContext& comm,
                    const std::string& command_line);
 
+/// Rank 0 makes sure `path` (a report; "" for none) can be written before any work, so a long
+/// run never ends in an unwritable path: a UsageError on every process otherwise. Collective.
+void check_output_path(const std::string& path, const CommContext& comm);
+
 /// `cpdrift plan`: per case and logical rank, the kernels' FLOPs and the bytes each phase moves
 /// (exactly what a run counts), the estimated time on the profile's machine and the protocol it
 /// would pick; nothing runs. Rank 0 prints; other processes only agree.

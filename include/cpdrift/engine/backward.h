@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpdrift/comm/collectives.h"
 #include "cpdrift/engine/local_cp1.h"
 #include "cpdrift/engine/protocol.h"
 
@@ -54,13 +55,16 @@ class LocalCp1Backward {
 };
 
 /// The CP=1 reference backward of every logical rank hosted here, computed once per TP group:
-/// the group's KV heads are shared among its CP ranks (reference_kv_head), each computes its
+/// the group's KV heads are shared among its CP ranks (reference_kv_heads), each computes its
 /// heads' gradients over the whole sequence (`memo`, rows [0, S): the bits do not depend on
 /// where it runs or from which row — rows before a key add +0 to its dK and dV) and sends every
-/// rank of the group the rows it owns, checked against the manifest. Results in hosted_ranks
-/// order. Collective over the transport's processes.
+/// rank of the group the rows it owns, checked against the manifest. A round computes as many
+/// KV heads as keep the widest process's threads busy (one unit per query head and batch entry).
+/// Results in hosted_ranks order. Collective over the transport's processes.
 std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
-                                                          Transport& transport, InputStore& inputs,
+                                                          Transport& transport,
+                                                          const Collectives& collectives,
+                                                          InputStore& inputs,
                                                           LocalCp1Backward& memo);
 
 }  // namespace cpd

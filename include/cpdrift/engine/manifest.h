@@ -139,21 +139,22 @@ inline Range intersection(const Range& a, const Range& b) {
 std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
                                                    int vocab);
 
-/// The CP=1 reference backward is computed once per TP group: its KV heads are shared among
-/// the group's CP ranks, round `round` giving KV head kv_heads.begin + round·CP + c to CP rank c.
-/// How many rounds that takes, and the KV head `r` computes in `round` (-1: none).
-int reference_rounds(const CaseGrid& grid);
-std::int64_t reference_kv_head(const CaseGrid& grid, const LogicalRank& r, int round);
+/// The CP=1 reference backward is computed once per TP group: CP rank c takes the contiguous
+/// block of ⌈kv / CP⌉ of the group's KV heads starting at kv_heads.begin + c·⌈kv / CP⌉ (the last
+/// ranks fewer, or none), `per_round` of them a round. How many rounds that takes, and the KV
+/// heads `r` computes in `round` (empty: none). Every process must pass the same `per_round`.
+int reference_rounds(const CaseGrid& grid, int per_round);
+Range reference_kv_heads(const CaseGrid& grid, const LogicalRank& r, int round, int per_round);
 
 /// Header of the CP=1 reference gradients of KV head `g`'s group for `dst`'s rows `tokens`,
 /// computed by `src`.
 MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& src,
                                      const LogicalRank& dst, const Range& tokens, std::int64_t g);
 
-/// The CP=1 reference gradients `dst` must receive in round `round`: for the KV head of dst's
+/// The CP=1 reference gradients `dst` must receive in round `round`: for each KV head of dst's
 /// that round covers, one per token range of dst, from the CP rank that computes it.
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
-                                                    int round);
+                                                    int round, int per_round);
 
 /// ring_kv, step s ≥ 1: the K/V ranges of CP rank (dst - s) mod CP, forwarded by the previous
 /// rank on the ring, (dst - 1) mod CP.
