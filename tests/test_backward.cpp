@@ -73,6 +73,23 @@ Grads kernel_grads(const Head& h, ThreadPool& pool) {
   return g;
 }
 
+// The tiled backward of query block qb against KV block kb vs backward_block_pair, bitwise.
+void check_block_pair(const Head& h, Range qb, Range kb, ThreadPool& pool) {
+  const int nq = static_cast<int>(qb.size()), nk = static_cast<int>(kb.size());
+  std::vector<float> dq(nq * kDim), dk(nk * kDim), dv(nk * kDim);
+  BackwardUnit unit = unit_of(h, kb, dk.data(), dv.data());
+  unit.blocks.push_back(rows_of(h, qb, dq.data()));
+  run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
+  std::vector<float> rdq(dq.size()), rdk(dk.size()), rdv(dv.size());
+  backward_block_pair(&h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim], &h.lse[qb.begin],
+                      &h.delta[qb.begin], qb.begin, nq, &h.k[kb.begin * kDim],
+                      &h.v[kb.begin * kDim], kb.begin, nk, kDim, kScale, rdq.data(), rdk.data(),
+                      rdv.data());
+  CHECK(same_bits(dq.data(), rdq.data(), dq.size()));
+  CHECK(same_bits(dk.data(), rdk.data(), dk.size()));
+  CHECK(same_bits(dv.data(), rdv.data(), dv.size()));
+}
+
 }  // namespace
 
 TEST_CASE("tiled backward equals the canonical block-pair definition bit for bit") {
@@ -85,19 +102,7 @@ TEST_CASE("tiled backward equals the canonical block-pair definition bit for bit
       if (!(kb.begin < qb.end)) continue;
       CAPTURE(qb.begin);
       CAPTURE(kb.begin);
-      const int nq = static_cast<int>(qb.size()), nk = static_cast<int>(kb.size());
-      std::vector<float> dq(nq * kDim), dk(nk * kDim), dv(nk * kDim);
-      BackwardUnit unit = unit_of(h, kb, dk.data(), dv.data());
-      unit.blocks.push_back(rows_of(h, qb, dq.data()));
-      run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
-      std::vector<float> rdq(dq.size()), rdk(dk.size()), rdv(dv.size());
-      backward_block_pair(&h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim], &h.lse[qb.begin],
-                          &h.delta[qb.begin], qb.begin, nq, &h.k[kb.begin * kDim],
-                          &h.v[kb.begin * kDim], kb.begin, nk, kDim, kScale, rdq.data(), rdk.data(),
-                          rdv.data());
-      CHECK(same_bits(dq.data(), rdq.data(), dq.size()));
-      CHECK(same_bits(dk.data(), rdk.data(), dk.size()));
-      CHECK(same_bits(dv.data(), rdv.data(), dv.size()));
+      check_block_pair(h, qb, kb, pool);
     }
   }
 }
@@ -108,21 +113,8 @@ TEST_CASE("tiled backward across key chunks: dq rows stopping on either side of 
   const Head h(440, 21);
   ThreadPool pool(2);
   for (const Range qb : {Range{0, 420}, Range{20, 440}}) {
-    const Range kb{0, 420};
-    const int nq = static_cast<int>(qb.size()), nk = static_cast<int>(kb.size());
-    std::vector<float> dq(nq * kDim), dk(nk * kDim), dv(nk * kDim);
-    BackwardUnit unit = unit_of(h, kb, dk.data(), dv.data());
-    unit.blocks.push_back(rows_of(h, qb, dq.data()));
-    run_backward_units(std::span<const BackwardUnit>(&unit, 1), kDim, kScale, pool);
-    std::vector<float> rdq(dq.size()), rdk(dk.size()), rdv(dv.size());
-    backward_block_pair(&h.q[qb.begin * kDim], &h.d_out[qb.begin * kDim], &h.lse[qb.begin],
-                        &h.delta[qb.begin], qb.begin, nq, &h.k[kb.begin * kDim],
-                        &h.v[kb.begin * kDim], kb.begin, nk, kDim, kScale, rdq.data(), rdk.data(),
-                        rdv.data());
     CAPTURE(qb.begin);
-    CHECK(same_bits(dq.data(), rdq.data(), dq.size()));
-    CHECK(same_bits(dk.data(), rdk.data(), dk.size()));
-    CHECK(same_bits(dv.data(), rdv.data(), dv.size()));
+    check_block_pair(h, qb, Range{0, 420}, pool);
   }
 }
 
