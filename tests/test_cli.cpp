@@ -289,7 +289,7 @@ TEST_CASE(
   const std::string cases =
       "--seq-len 48 --tp-world-sizes 1,2 --cp-world-sizes 1,2,3 --kv-chunk-sizes none,5 "
       "--cp-layouts contiguous,zigzag --protocols ag_rs,ring_kv,allgather_kv --include-backward "
-      "--include-dlogp --threads 1";
+      "--include-dlogp";
   const Result planned = run("plan --profile cpu " + cases + " --json");
   REQUIRE(planned.status == 0);
   const cpd::json::Value plan_doc = cpd::json::parse(planned.out);
@@ -297,10 +297,11 @@ TEST_CASE(
   for (const int np : {1, 2, 4}) {
     CAPTURE(np);
 #if defined(CPD_HAVE_MPI)
-    const Result ran = np == 1 ? run(cases + " --json") : run_mpi(np, cases + " --json");
+    const std::string args = cases + " --threads 1 --json";
+    const Result ran = np == 1 ? run(args) : run_mpi(np, args);
 #else
     if (np > 1) continue;
-    const Result ran = run(cases + " --json");
+    const Result ran = run(cases + " --threads 1 --json");
 #endif
     REQUIRE(ran.status == 0);
     const cpd::json::Value report_doc = cpd::json::parse(ran.out);
@@ -330,6 +331,9 @@ TEST_CASE("plan: the table, the protocol pick and bad input") {
   expect_usage_error("plan --dump x.h5", "--dump does not apply");
   expect_usage_error("plan --nvlink-gbs 0", "--nvlink-gbs: must be more than 0");
   expect_usage_error("plan --processes 4", "--processes applies to --profile cpu");
+  expect_usage_error("plan --progress", "--progress does not apply");
+  expect_usage_error("plan --threads 2", "--threads does not apply");
+  expect_usage_error("plan --transport mpi", "--transport, --comm-timeout and --staging-mib");
   expect_usage_error("plan --output /nonexistent-dir/plan.json", "--output: cannot write");
   expect_usage_error("plan --seq-len 1073741824 --tp-world-sizes 8 --cp-world-sizes 32",
                      "more (row, key) pairs than the plan counts");

@@ -368,7 +368,19 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
       plan.processes = parse_int<int>(f, v, 1);
     });
   });
+  // The run's execution flags say how a run moves and reports; a plan runs nothing.
+  const RunRequest& q = plan.run.request;
+  const RunRequest defaults;
   if (!plan.run.dump.empty()) bad("plan: --dump does not apply (a plan runs nothing)");
+  if (plan.run.progress) bad("plan: --progress does not apply (a plan runs nothing)");
+  if (q.threads != 0) {
+    bad("plan: --threads does not apply (--profile cpu uses every core, shared by --processes)");
+  }
+  if (q.transport != defaults.transport ||
+      q.comm_timeout_seconds != defaults.comm_timeout_seconds ||
+      q.staging_mib != defaults.staging_mib) {
+    bad("plan: --transport, --comm-timeout and --staging-mib do not apply (a plan moves nothing)");
+  }
   if (figures_given && plan.profile == "cpu") {
     bad("plan: --profile cpu measures this machine; the device figures apply to h200");
   }

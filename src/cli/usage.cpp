@@ -69,7 +69,9 @@ Execution and output
                                as in a batch job's log; on a terminal it is always on
   -h, --help                   this text
 
-Plan (the run options say what is planned; --json / --output write the plan as JSON)
+Plan (the run options say what is planned; --json / --output write the plan as JSON; the
+options of how a run executes -- --dump, --progress, --threads, --transport, --comm-timeout,
+--staging-mib -- do not apply)
   --profile h200|cpu           the machine estimated (default h200); cpu measures this one's
                                kernels and memcpy first, shared by --processes N processes
                                (default: the largest case's ranks)
