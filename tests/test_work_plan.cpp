@@ -175,24 +175,33 @@ TEST_CASE("plan: a whole case's kernel pairs and bytes are what run_case counts"
 }
 
 TEST_CASE("progress: the share of the planned work and the time left, phase by phase") {
+  // Two cases of one forward path each: 100 + 0 (reference) + 0 (backward), then 300.
+  const Problem p = testing::small_problem();
+  const CaseWork w =
+      plan_case_work(CaseGrid(p, CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}), true, 0);
+  CaseFlops first(p, w, 1), second(p, w, 1);
+  first.forward_pass = 100;
+  first.reference = first.backward = 0;
+  second.forward_pass = 300;
+  second.reference = second.backward = 0;
   char buf[4096] = {};
   std::FILE* out = fmemopen(buf, sizeof buf, "w");
   REQUIRE(out != nullptr);
   {
-    RunProgress progress(400.0, 2, out, 0.0);
+    RunProgress progress({first, second}, out, 0.0);
     progress.start_case(0, "first");
-    progress.phase_done("FP32 path", 100.0);
+    progress.path_done("FP32 path", true);
     progress.start_case(1, "second");
-    progress.phase_done("backward", 300.0);
+    progress.path_done("FP32 path", true);
   }
   std::fclose(out);
   const std::string text = buf;
   CHECK(text.find("cpdrift: [1/2] first ...\n") != std::string::npos);
-  CHECK(text.find("cpdrift: [1/2] first: FP32 path done; 25% of the run's work in 0 s") !=
-        std::string::npos);
+  CHECK(text.find("cpdrift: [1/2] first: FP32 path and the CP=1 reference done; 25% of the "
+                  "run's work in 0 s") != std::string::npos);
   CHECK(text.find("about 0 s left") != std::string::npos);
-  CHECK(text.find("cpdrift: [2/2] second: backward done; 100% of the run's work") !=
-        std::string::npos);
+  CHECK(text.find("cpdrift: [2/2] second: FP32 path and the CP=1 reference done; 100% of the "
+                  "run's work") != std::string::npos);
   CHECK(text.find("left\ncpdrift: [2/2] second ...") != std::string::npos);
 }
 
@@ -200,9 +209,8 @@ TEST_CASE("progress: a case's planned FLOPs are its phases' sum") {
   const Problem p = testing::small_problem();
   const CaseWork w =
       plan_case_work(CaseGrid(p, CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}), true, 0);
-  const double pass = RunProgress::forward_pass_flops(p, w);
-  CHECK(pass == 4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs()));
-  CHECK(RunProgress::case_flops(p, w, 3) ==
-        3 * pass + RunProgress::reference_flops(p, w) + RunProgress::backward_flops(p, w));
-  CHECK(RunProgress::backward_flops(p, w) > 0);
+  const CaseFlops f(p, w, 3);
+  CHECK(f.forward_pass == 4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs()));
+  CHECK(f.backward > 10.0 * p.dims.head_dim * static_cast<double>(w.backward.total_pairs()));
+  CHECK(f.total() == 3 * f.forward_pass + f.reference + f.backward);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -89,10 +90,19 @@ struct PhaseEstimate {
   double total() const { return compute + comm; }
 };
 
-// The slowest process of a phase: its kernels at `rate` and its messages through memory, then
-// its messages over the links (no overlap: the exchanges are supersteps), the larger of what it
-// sends and what it receives. A message to a logical rank on the same process is a move.
-PhaseEstimate estimate(const PhaseWork& w, double flops_per_pair, double rate, const Profile& pf,
+// Per logical rank, its kernels' seconds: `pairs` at `flops_per_pair` and `rate`.
+std::vector<double> kernel_seconds(const std::vector<std::uint64_t>& pairs, double flops_per_pair,
+                                   double rate) {
+  std::vector<double> s;
+  for (const std::uint64_t n : pairs) s.push_back(static_cast<double>(n) * flops_per_pair / rate);
+  return s;
+}
+
+// The slowest process of a phase: its kernels (`kernels`, per logical rank) and its messages
+// through memory, then its messages over the links (no overlap: the exchanges are supersteps),
+// the larger of what it sends and what it receives. A message to a logical rank on the same
+// process is a move.
+PhaseEstimate estimate(const PhaseWork& w, const std::vector<double>& kernels, const Profile& pf,
                        int processes) {
   const std::size_t ranks = w.pairs.size();
   std::vector<double> compute(static_cast<std::size_t>(processes), 0.0), send(compute),
@@ -103,8 +113,7 @@ PhaseEstimate estimate(const PhaseWork& w, double flops_per_pair, double rate, c
   // Its kernels, and every message it receives written and read once through memory (the
   // partial states a merge reads back, the rows a kernel reads).
   for (std::size_t r = 0; r < ranks; ++r) {
-    compute[proc(r)] += static_cast<double>(w.pairs[r]) * flops_per_pair / rate +
-                        2.0 * static_cast<double>(w.received[r].bytes) / pf.hbm;
+    compute[proc(r)] += kernels[r] + 2.0 * static_cast<double>(w.received[r].bytes) / pf.hbm;
   }
   for (std::size_t s = 0; s < ranks; ++s) {
     for (std::size_t d = 0; d < ranks; ++d) {
@@ -159,25 +168,31 @@ CasePlan plan_case(const Problem& p, const RunRequest& q, const CaseSpec& spec, 
   const int world = std::min(processes, spec.num_logical_ranks());
   for (const ForwardPath& path : c.paths) {
     // The host's re-run is not costed: the profile describes the device.
-    c.forward.push_back(path.host
-                            ? PhaseEstimate{}
-                            : estimate(c.work.forward, 4.0 * dim,
-                                       path.bf16_rate ? pf.bf16_flops : pf.fp32_flops, pf, world));
+    const double rate = path.bf16_rate ? pf.bf16_flops : pf.fp32_flops;
+    c.forward.push_back(path.host ? PhaseEstimate{}
+                                  : estimate(c.work.forward,
+                                             kernel_seconds(c.work.forward.pairs, 4.0 * dim, rate),
+                                             pf, world));
   }
-  if (q.include_backward)
-    c.backward = estimate(c.work.backward, 10.0 * dim, pf.fp32_backward_flops, pf, world);
-  if (q.include_dlogp) c.dlogp = estimate(c.work.dlogp, 0, 1, pf, world);
+  if (q.include_backward) {
+    c.backward = estimate(c.work.backward,
+                          kernel_seconds(c.work.backward.pairs, 10.0 * dim, pf.fp32_backward_flops),
+                          pf, world);
+  }
+  if (q.include_dlogp)
+    c.dlogp =
+        estimate(c.work.dlogp, std::vector<double>(c.work.dlogp.pairs.size(), 0.0), pf, world);
   c.seconds = c.forward_seconds() + c.backward.total() + c.dlogp.total();
   if (pf.name == "cpu") {
-    // This tool's CP=1 checks run beside the case on the CPU: cost them as a phase of their own.
-    PhaseWork ref(spec.num_logical_ranks());
-    PhaseWork ref_bwd(spec.num_logical_ranks());
-    ref.pairs = c.work.reference_forward_pairs;
-    ref_bwd.pairs = c.work.reference_backward_pairs;
-    // The CP=1 backward runs its forward first: its pairs count at the forward's rate too.
-    c.reference = estimate(ref, 4.0 * dim, pf.fp32_flops, pf, world);
-    c.reference.compute += estimate(ref_bwd, 4.0 * dim, pf.fp32_flops, pf, world).compute +
-                           estimate(ref_bwd, 10.0 * dim, pf.fp32_backward_flops, pf, world).compute;
+    // This tool's CP=1 checks run beside the case on the CPU, a phase of their own with no
+    // messages costed: the reference forwards, and the CP=1 backward with its own forward.
+    std::vector<double> s =
+        kernel_seconds(c.work.reference_forward_pairs, 4.0 * dim, pf.fp32_flops);
+    for (std::size_t r = 0; r < s.size(); ++r) {
+      s[r] += static_cast<double>(c.work.reference_backward_pairs[r]) *
+              (4.0 * dim / pf.fp32_flops + 10.0 * dim / pf.fp32_backward_flops);
+    }
+    c.reference = estimate(PhaseWork(spec.num_logical_ranks()), s, pf, world);
     c.seconds += c.reference.total();
   }
   return c;
@@ -206,23 +221,27 @@ struct Pick {
   std::string why;
 };
 
-Pick pick_protocol(const Problem& p, const RunRequest& q, const CaseSpec& spec, const Profile& pf,
-                   int processes) {
-  Pick best{spec.protocol, ""};
+Pick pick_protocol(const Problem& p, const RunRequest& q, const CasePlan& planned,
+                   const Profile& pf, int processes) {
+  // The others' forward only (the backward and dlogp do not depend on the protocol).
+  RunRequest forward_only = q;
+  forward_only.include_backward = forward_only.include_dlogp = false;
+  Pick best{planned.spec.protocol, ""};
   double best_s = -1;
   std::uint64_t best_bytes = 0;
   std::string why;
   for (const Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
-    CaseSpec s = spec;
+    CaseSpec s = planned.spec;
     s.protocol = protocol;
-    const CasePlan c = plan_case(p, q, s, pf, processes);
+    std::optional<CasePlan> other;
+    if (protocol != planned.spec.protocol) other = plan_case(p, forward_only, s, pf, processes);
+    const CasePlan& c = other ? *other : planned;
     const double t = c.forward[0].total();
+    const std::uint64_t bytes = c.work.forward.total_sent().bytes;
     char part[128];
     std::snprintf(part, sizeof part, "%s%s %s (%.3g GB moved)", why.empty() ? "" : ", ",
-                  to_string(protocol), duration(t).c_str(),
-                  static_cast<double>(c.work.forward.total_sent().bytes) * 1e-9);
+                  to_string(protocol), duration(t).c_str(), static_cast<double>(bytes) * 1e-9);
     why += part;
-    const std::uint64_t bytes = c.work.forward.total_sent().bytes;
     if (best_s < 0 || t < best_s * (1 - 1e-9) || (t <= best_s * (1 + 1e-9) && bytes < best_bytes)) {
       best_s = t;
       best_bytes = bytes;
@@ -462,7 +481,7 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   double total = 0;
   for (const CaseSpec& spec : run.cases) {
     const CasePlan c = plan_case(p, q, spec, pf, processes);
-    const Pick pick = pick_protocol(p, q, spec, pf, processes);
+    const Pick pick = pick_protocol(p, q, c, pf, processes);
     if (verbose) print_case(out, p, c, pick);
     cases.push_back(case_json(p, c, pick));
     total += c.seconds;

@@ -117,7 +117,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
                             const std::function<void(const char*, bool)>& done) {
   fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
   fp32_part(ctx, grid, name, fp32, reference, sink);
-  done("FP32 path and the CP=1 reference", true);
+  done("FP32 path", true);
   for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
   HostedAttention dtype_written = merged_of(fp32);
   if (ctx.problem.dtype == DType::bf16) {
@@ -194,16 +194,8 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
     reference.push_back(&references.keep(ctx.cp1_results.get(
         ctx.inputs, kFp32Path, {Range{0, p.seq_len}}, query_shape(grid, r, p.dims.head_dim))));
   }
-  // Progress: each forward path is one pass of the plan's work; the first carries the CP=1
-  // reference forwards, the backward its CP=1 reference.
-  std::optional<CaseWork> work;
-  if (ctx.progress != nullptr)
-    work = plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size);
-  const auto done = [&](const char* phase, bool with_reference) {
-    if (!work) return;
-    ctx.progress->phase_done(phase,
-                             RunProgress::forward_pass_flops(p, *work) +
-                                 (with_reference ? RunProgress::reference_flops(p, *work) : 0.0));
+  const auto done = [&](const char* path, bool first) {
+    if (ctx.progress != nullptr) ctx.progress->path_done(path, first);
   };
   std::vector<RankOutput> fp32, dtype_runs;
   const HostedAttention dtype_written =
@@ -223,9 +215,7 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
   case_legs::BackwardRecord backward;
   if (ctx.cp1_backward != nullptr)
     backward = case_legs::add_backward(ctx, grid, record.name, fp32, sink);
-  if (work && ctx.cp1_backward != nullptr)
-    ctx.progress->phase_done("backward and its CP=1 reference",
-                             RunProgress::backward_flops(p, *work));
+  if (ctx.progress != nullptr && ctx.cp1_backward != nullptr) ctx.progress->backward_done();
   record.executed = record_execution(ctx, grid, fp32, backward.folded, before,
                                      backward.reference_traffic, record.executed.started);
   sink.prefill_case(record);

@@ -1,6 +1,7 @@
 #include "cpdrift/engine/run_progress.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace cpd {
 namespace {
@@ -27,25 +28,43 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-RunProgress::RunProgress(double total_flops, std::size_t cases, std::FILE* out,
-                         double quiet_seconds)
-    : total_(total_flops),
-      cases_(cases),
+CaseFlops::CaseFlops(const Problem& p, const CaseWork& w, std::size_t paths)
+    : forward_pass(4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs())),
+      reference(4.0 * p.dims.head_dim * sum(w.reference_forward_pairs)),
+      // The CP=1 backward runs its own forward first: 4·D + 10·D a pair.
+      backward(10.0 * p.dims.head_dim * static_cast<double>(w.backward.total_pairs()) +
+               14.0 * p.dims.head_dim * sum(w.reference_backward_pairs)),
+      forward_paths(paths) {}
+
+RunProgress::RunProgress(std::vector<CaseFlops> cases, std::FILE* out, double quiet_seconds)
+    : cases_(std::move(cases)),
       out_(out),
       quiet_seconds_(quiet_seconds),
       started_(std::chrono::steady_clock::now()),
-      last_line_(started_) {}
+      last_line_(started_) {
+  for (const CaseFlops& c : cases_) total_ += c.total();
+}
 
 void RunProgress::start_case(std::size_t index, const std::string& name) {
   index_ = index;
   name_ = name;
   if (out_ == nullptr) return;
-  std::fprintf(out_, "cpdrift: [%zu/%zu] %s ...\n", index_ + 1, cases_, name_.c_str());
+  std::fprintf(out_, "cpdrift: [%zu/%zu] %s ...\n", index_ + 1, cases_.size(), name_.c_str());
   std::fflush(out_);
   last_line_ = std::chrono::steady_clock::now();
 }
 
-void RunProgress::phase_done(const char* phase, double flops) {
+void RunProgress::path_done(const char* path, bool first) {
+  const CaseFlops& c = cases_.at(index_);
+  done(std::string(path) + (first ? " and the CP=1 reference" : ""),
+       c.forward_pass + (first ? c.reference : 0.0));
+}
+
+void RunProgress::backward_done() {
+  done("backward and its CP=1 reference", cases_.at(index_).backward);
+}
+
+void RunProgress::done(const std::string& phase, double flops) {
   done_ += flops;
   const auto now = std::chrono::steady_clock::now();
   if (out_ == nullptr || std::chrono::duration<double>(now - last_line_).count() < quiet_seconds_)
@@ -57,27 +76,9 @@ void RunProgress::phase_done(const char* phase, double flops) {
   if (fraction > 0 && fraction < 1)
     left = ", about " + clock_text(elapsed * (1 - fraction) / fraction) + " left";
   std::fprintf(out_, "cpdrift: [%zu/%zu] %s: %s done; %.0f%% of the run's work in %s%s\n",
-               index_ + 1, cases_, name_.c_str(), phase, 100 * fraction,
+               index_ + 1, cases_.size(), name_.c_str(), phase.c_str(), 100 * fraction,
                clock_text(elapsed).c_str(), left.c_str());
   std::fflush(out_);
-}
-
-double RunProgress::forward_pass_flops(const Problem& p, const CaseWork& w) {
-  return 4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs());
-}
-
-double RunProgress::reference_flops(const Problem& p, const CaseWork& w) {
-  return 4.0 * p.dims.head_dim * sum(w.reference_forward_pairs);
-}
-
-double RunProgress::backward_flops(const Problem& p, const CaseWork& w) {
-  return 10.0 * p.dims.head_dim * static_cast<double>(w.backward.total_pairs()) +
-         14.0 * p.dims.head_dim * sum(w.reference_backward_pairs);
-}
-
-double RunProgress::case_flops(const Problem& p, const CaseWork& w, std::size_t forward_paths) {
-  return static_cast<double>(forward_paths) * forward_pass_flops(p, w) + reference_flops(p, w) +
-         backward_flops(p, w);
 }
 
 }  // namespace cpd

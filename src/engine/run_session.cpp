@@ -114,13 +114,13 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
     const std::size_t paths = forward_paths(ctx.problem.dtype, backend_->has_unfused_gemm(),
                                             ctx.cpu_rerun_inputs != nullptr)
                                   .size();
-    double total = 0;
+    std::vector<CaseFlops> work;
     for (const CaseSpec& spec : plan.cases) {
       const CaseGrid grid(ctx.problem, spec, ctx.round_rows);
-      total += RunProgress::case_flops(
-          ctx.problem, plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size), paths);
+      work.emplace_back(ctx.problem,
+                        plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size), paths);
     }
-    with_progress.progress = &progress_of.emplace(total, plan.cases.size(), stderr);
+    with_progress.progress = &progress_of.emplace(std::move(work), stderr);
   }
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
     if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem.dtype));

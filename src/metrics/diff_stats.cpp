@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "cpdrift/numerics/bf16.h"
 #include "cpdrift/util/thread_pool.h"
@@ -238,22 +239,28 @@ void low_bits_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint6
   }
 }
 
-void low_bits_pass(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
+// Calls fn(reference, bf16) with each as a std::bool_constant, for the piece's part: one
+// specialised loop per kind of part.
+template <class Fn>
+void by_kind(const Piece& c, Fn&& fn) {
   const bool reference = c.part->reference != nullptr, bf16 = c.part->bf16_candidate;
   if (reference) {
-    bf16 ? low_bits_of<true, true>(c, bins, h) : low_bits_of<true, false>(c, bins, h);
+    bf16 ? fn(std::true_type{}, std::true_type{}) : fn(std::true_type{}, std::false_type{});
   } else {
-    bf16 ? low_bits_of<false, true>(c, bins, h) : low_bits_of<false, false>(c, bins, h);
+    bf16 ? fn(std::false_type{}, std::true_type{}) : fn(std::false_type{}, std::false_type{});
   }
 }
 
+void low_bits_pass(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
+  by_kind(c, [&](auto reference, auto bf16) {
+    low_bits_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, h);
+  });
+}
+
 void first_pass(const Piece& c, LocalFirst& acc) {
-  const bool reference = c.part->reference != nullptr, bf16 = c.part->bf16_candidate;
-  if (reference) {
-    bf16 ? first_pass_of<true, true>(c, acc) : first_pass_of<true, false>(c, acc);
-  } else {
-    bf16 ? first_pass_of<false, true>(c, acc) : first_pass_of<false, false>(c, acc);
-  }
+  by_kind(c, [&](auto reference, auto bf16) {
+    first_pass_of<decltype(reference)::value, decltype(bf16)::value>(c, acc);
+  });
 }
 
 }  // namespace
