@@ -284,6 +284,33 @@ TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
 }
 #endif
 
+TEST_CASE("under mpirun: the report gives each process's peak resident memory") {
+  // One case, two logical ranks per process: at S=2048 each process holds at least its ranks'
+  // query rows and their merged output at once (2 ranks x 2 tensors x 16 heads x 1024 rows x
+  // 128 floats = 33.5 MB) on top of what the S=64 run needs.
+  const auto peaks = [](const Result& r) {
+    REQUIRE(r.status == 0);
+    const cpd::json::Value report = cpd::json::parse(r.out);
+    std::vector<std::int64_t> bytes;
+    for (const cpd::json::Value& v :
+         report.at("summary").at("peak_rss_bytes_per_process").as_array())
+      bytes.push_back(v.as_int64());
+    REQUIRE(bytes.size() == 2);
+    return bytes;
+  };
+  const std::string args = "--tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes none --json";
+  const std::vector<std::int64_t> small = peaks(run_mpi(2, args + " --seq-len 64"));
+  const std::vector<std::int64_t> large = peaks(run_mpi(2, args + " --seq-len 2048"));
+  for (std::size_t p = 0; p < 2; ++p) {
+    CHECK(small[p] > 0);
+    CHECK(large[p] - small[p] >= 2 * 2 * 16 * 1024 * 128 * 4);
+    CHECK(large[p] < (std::int64_t{4} << 30));
+  }
+  const Result table = run_mpi(2, "--tp-world-sizes 2 --cp-world-sizes 2 --seq-len 64");
+  REQUIRE(table.status == 0);
+  CHECK(table.out.find("resident per process (2 processes)") != std::string::npos);
+}
+
 TEST_CASE(
     "plan: every case's messages and bytes are what the run counts, on 1, 2 and 4 processes") {
   const std::string cases =

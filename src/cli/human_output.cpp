@@ -1,7 +1,23 @@
 #include "cpdrift/cli/human_output.h"
 
+#include <algorithm>
+
 namespace cpd {
 namespace {
+
+// "281-295 MB", "1.71-1.75 GB", "40 MB": the range of per-process byte counts, in the unit
+// of the largest.
+std::string memory_range(const std::vector<std::uint64_t>& bytes) {
+  const auto [low, high] = std::minmax_element(bytes.begin(), bytes.end());
+  const bool giga = *high >= 1'000'000'000;
+  const double unit = giga ? 1e9 : 1e6;
+  const char* format = giga ? "%.2f" : "%.0f";
+  char lo[32], hi[32];
+  std::snprintf(lo, sizeof lo, format, static_cast<double>(*low) / unit);
+  std::snprintf(hi, sizeof hi, format, static_cast<double>(*high) / unit);
+  return (std::string(lo) == hi ? std::string(hi) : std::string(lo) + "-" + hi) +
+         (giga ? " GB" : " MB");
+}
 
 std::string sci(const DiffStats& s) {
   if (!s.finite()) return "nonfinite";
@@ -128,6 +144,11 @@ void print_footer(std::FILE* out, const RunReport& r) {
   }
   for (const std::string& f : r.failed_checks) std::fprintf(out, "# FAILED: %s\n", f.c_str());
   std::fprintf(out, "# Wall time : %.2f s\n", r.wall_seconds);
+  if (!r.peak_rss_bytes.empty()) {
+    std::fprintf(out, "# Peak memory : %s resident per process (%zu process%s)\n",
+                 memory_range(r.peak_rss_bytes).c_str(), r.peak_rss_bytes.size(),
+                 r.peak_rss_bytes.size() == 1 ? "" : "es");
+  }
   std::fprintf(out, "# Drift check : %s\n", r.passed() ? "OK" : "FAILED");
   std::fflush(out);
 }

@@ -17,6 +17,7 @@
 #include "cpdrift/engine/run_session.h"
 #include "cpdrift/report/provenance.h"
 #include "cpdrift/report/run_recorder.h"
+#include "cpdrift/util/process_memory.h"
 
 namespace cpd {
 namespace {
@@ -163,6 +164,9 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   session.run(plan, recorder, progress);
   if (verbose) print_paged_rows(table, report);
   report.failed_checks = agreed_verdict(report, comm);
+  report.peak_rss_bytes.assign(static_cast<std::size_t>(comm.size()), 0);
+  report.peak_rss_bytes[static_cast<std::size_t>(comm.rank())] = peak_rss_bytes();
+  comm.allreduce_sum(report.peak_rss_bytes);
   report.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (root) finish(options, report, dump.get(), session.pool(), table, verbose);

@@ -7,6 +7,7 @@
 #include "comm_impl.h"
 #include "cpdrift/util/sha256.h"
 #include "mpi_check.h"
+#include "mpi_wait.h"
 
 namespace cpd {
 
@@ -55,14 +56,17 @@ void MpiCollectives::stream_to_root(
       buffer.resize(s.floats);
       for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
         const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
-        CPD_MPI_CHECK(MPI_Recv(buffer.data() + at, n, MPI_FLOAT, s.owner, kStreamTag, world,
-                               MPI_STATUS_IGNORE));
+        MPI_Request r;
+        CPD_MPI_CHECK(MPI_Irecv(buffer.data() + at, n, MPI_FLOAT, s.owner, kStreamTag, world, &r));
+        wait_one(r);
       }
       sink(i, buffer.data());
     } else if (s.owner == comm_.rank()) {
       for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
         const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
-        CPD_MPI_CHECK(MPI_Send(s.data + at, n, MPI_FLOAT, 0, kStreamTag, world));
+        MPI_Request r;
+        CPD_MPI_CHECK(MPI_Isend(s.data + at, n, MPI_FLOAT, 0, kStreamTag, world, &r));
+        wait_one(r);
       }
     }
   }
@@ -103,29 +107,41 @@ std::string CommContext::library_version() const {
 
 void CommContext::allreduce_sum(std::span<std::uint64_t> values) const {
   if (size_ == 1 || values.empty()) return;
-  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                              MPI_UINT64_T, MPI_SUM, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                               MPI_UINT64_T, MPI_SUM, impl_->world, &r));
+  wait_one(r);
 }
 
 void CommContext::allreduce_max(std::span<std::uint64_t> values) const {
   if (size_ == 1 || values.empty()) return;
-  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                              MPI_UINT64_T, MPI_MAX, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                               MPI_UINT64_T, MPI_MAX, impl_->world, &r));
+  wait_one(r);
 }
 
 bool CommContext::any(bool flag) const {
   int value = flag ? 1 : 0;
-  if (size_ > 1)
-    CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world));
+  if (size_ > 1) {
+    MPI_Request r;
+    CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world, &r));
+    wait_one(r);
+  }
   return value != 0;
 }
 
 std::string CommContext::broadcast(const std::string& text, int root) const {
   std::uint64_t length = text.size();
-  CPD_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_UINT64_T, root, impl_->world, &r));
+  wait_one(r);
   std::string out = rank_ == root ? text : std::string(length, '\0');
   if (length > 0) {
-    CPD_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, root, impl_->world));
+    MPI_Request r;
+    CPD_MPI_CHECK(
+        MPI_Ibcast(out.data(), static_cast<int>(length), MPI_CHAR, root, impl_->world, &r));
+    wait_one(r);
   }
   return out;
 }
@@ -136,14 +152,18 @@ bool CommContext::same_everywhere(const std::string& text) const {
   const std::uint64_t h = std::stoull(digest.substr(0, 16), nullptr, 16);
   std::uint64_t v[2] = {h,
                         ~h};  // max of h and of ~h: both equal to this process's only if all agree
-  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, impl_->world, &r));
+  wait_one(r);
   return v[0] == h && v[1] == ~h;
 }
 
 std::string CommContext::agree(const std::string& local_error) const {
   if (size_ == 1) return local_error;
   int first = local_error.empty() ? size_ : rank_;
-  CPD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, impl_->world, &r));
+  wait_one(r);
   if (first == size_) return "";
   return broadcast(local_error, first);
 }
@@ -152,15 +172,18 @@ std::vector<std::string> CommContext::allgather(const std::string& bytes) const 
   const auto n = static_cast<std::size_t>(size_);
   std::vector<int> lengths(n), offsets(n);
   const int mine = static_cast<int>(bytes.size());
-  CPD_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, impl_->world));
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, impl_->world, &r));
+  wait_one(r);
   int total = 0;
   for (std::size_t p = 0; p < n; ++p) {
     offsets[p] = total;
     total += lengths[p];
   }
   std::string all(static_cast<std::size_t>(total), '\0');
-  CPD_MPI_CHECK(MPI_Allgatherv(bytes.data(), mine, MPI_CHAR, all.data(), lengths.data(),
-                               offsets.data(), MPI_CHAR, impl_->world));
+  CPD_MPI_CHECK(MPI_Iallgatherv(bytes.data(), mine, MPI_CHAR, all.data(), lengths.data(),
+                                offsets.data(), MPI_CHAR, impl_->world, &r));
+  wait_one(r);
   std::vector<std::string> out;
   for (std::size_t p = 0; p < n; ++p)
     out.push_back(all.substr(static_cast<std::size_t>(offsets[p]), lengths[p]));
@@ -169,11 +192,17 @@ std::vector<std::string> CommContext::allgather(const std::string& bytes) const 
 
 void CommContext::alltoall(std::span<const std::uint64_t> send,
                            std::span<std::uint64_t> recv) const {
+  MPI_Request r;
   CPD_MPI_CHECK(
-      MPI_Alltoall(send.data(), 1, MPI_UINT64_T, recv.data(), 1, MPI_UINT64_T, impl_->world));
+      MPI_Ialltoall(send.data(), 1, MPI_UINT64_T, recv.data(), 1, MPI_UINT64_T, impl_->world, &r));
+  wait_one(r);
 }
 
-void CommContext::barrier() const { CPD_MPI_CHECK(MPI_Barrier(impl_->world)); }
+void CommContext::barrier() const {
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Ibarrier(impl_->world, &r));
+  wait_one(r);
+}
 
 void CommContext::abort(int status) const {
   std::fflush(stdout);

@@ -6,6 +6,7 @@
 #include "cpdrift/comm/comm_context.h"
 #include "cpdrift/comm/packed_messages.h"
 #include "mpi_check.h"
+#include "mpi_wait.h"
 
 namespace cpd {
 namespace {
@@ -54,8 +55,7 @@ void MpiTransport::start(std::vector<Message> outgoing) {
 
 std::vector<Message> MpiTransport::finish() {
   if (!requests_.empty()) {
-    CPD_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    wait_all(requests_);
     requests_.clear();
   }
   std::vector<Message> out = arrived(recv_);

@@ -1,4 +1,5 @@
 // The run's RoPE check: Q and K after RoPE as the candidate dtype rounds them, vs FP32.
+#include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/engine/case_runner.h"
 
 namespace cpd {
@@ -16,9 +17,11 @@ void run_rope_check(const RunContext& ctx, CaseSink& sink) {
   for (const TensorId t : {TensorId::q, TensorId::k}) {
     const int heads = heads_of(p.dims, t);
     const ShardShape shape{p.batch, Range{0, heads}, {tokens}, p.dims.head_dim};
-    const Shard& exact = o.held.keep(ctx.inputs.shard(t, shape, InputPrecision::fp32));
-    const Shard& cast =
-        o.held.keep(ctx.inputs.shard(t, shape, bf16 ? InputPrecision::bf16 : InputPrecision::fp32));
+    // Generated here rather than through the input memo: these rows are every head's, at
+    // positions unrelated to the cases' shards, and the memo would hold them all run.
+    AttentionBackend& backend = ctx.inputs.backend();
+    const Shard& exact = o.held.keep(backend.generate_shard(p, t, shape, InputPrecision::fp32));
+    const Shard& cast = o.held.keep(bf16 ? bf16_written(exact) : Shard(exact));
     Comparison& c = t == TensorId::q ? o.q : o.k;
     c.add(0, cast, exact);
     c.candidate_tensor = static_cast<int>(o.tensors.size());

@@ -279,6 +279,9 @@ Value report_json(const RunReport& r) {
   for (const std::string& f : r.failed_checks) failed.push_back(f);
   summary["failed_checks"] = std::move(failed);
   summary["wall_seconds"] = r.wall_seconds;
+  Value rss = Value::array();
+  for (const std::uint64_t bytes : r.peak_rss_bytes) rss.push_back(bytes);
+  summary["peak_rss_bytes_per_process"] = std::move(rss);
   summary["case_count"] = r.cases.size();
   summary["paged_case_count"] = r.paged_cases.size();
   v["summary"] = std::move(summary);

@@ -1,6 +1,7 @@
 // Everything a run produced, and the JSON report (report-contract.md) built from it.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,6 +49,8 @@ struct RunReport {
   std::vector<PagedCaseResult> paged_cases;
   std::vector<std::string> failed_checks;
   double wall_seconds = 0.0;
+  /// Per process (MPI rank order): its peak resident set over the run, in bytes.
+  std::vector<std::uint64_t> peak_rss_bytes;
 
   bool passed() const { return failed_checks.empty(); }
 };
