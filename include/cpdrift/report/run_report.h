@@ -49,7 +49,8 @@ struct RunReport {
   std::vector<PagedCaseResult> paged_cases;
   std::vector<std::string> failed_checks;
   double wall_seconds = 0.0;
-  /// Per process (MPI rank order): its peak resident set over the run, in bytes.
+  /// Per process (MPI rank order): its peak resident set over the cases, in bytes (read after
+  /// the last case, before the report and the dump are written out).
   std::vector<std::uint64_t> peak_rss_bytes;
 
   bool passed() const { return failed_checks.empty(); }
