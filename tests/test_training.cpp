@@ -13,6 +13,7 @@
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/engine/backward.h"
 #include "cpdrift/engine/dlogp.h"
+#include "cpdrift/engine/local_cp1.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "fault_transport.h"
 #include "random_rows.h"
@@ -126,9 +127,30 @@ TEST_CASE("backward: the distributed CP=1 prefill equals the local reference bit
   }
 }
 
+namespace {
+
+// The shared CP=1 reference backward as a case runs it: each hosted rank's CP=1 forward, its
+// rows gathered by KV head, then the backward from them.
+std::vector<LocalCp1Backward::Result> shared_reference(const CaseGrid& grid, Transport& transport,
+                                                       InputStore& inputs, LocalCp1Backward& memo) {
+  const Problem& p = grid.problem;
+  std::vector<AttnShard> forward;
+  for (const LogicalRank& r : hosted_ranks(grid, transport)) {
+    forward.push_back(compute_local_cp1(inputs, kFp32, {Range{0, p.seq_len}},
+                                        query_shape(grid, r, p.dims.head_dim)));
+  }
+  std::vector<const AttnShard*> rows;
+  for (const AttnShard& f : forward) rows.push_back(&f);
+  const LocalCollectives one;
+  return shared_cp1_backward(grid, transport, one, inputs, memo, rows);
+}
+
+}  // namespace
+
 TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's own, bit for bit") {
-  // Each rank's reference computed by itself over rows [its first row, S) (LocalCp1Backward) vs
-  // computed once per TP group, a KV head per CP rank over the whole sequence, and shipped.
+  // Each rank's reference computed by itself over rows [its first row, S) (LocalCp1Backward,
+  // with its own forward) vs computed once per TP group, a KV head per CP rank over the whole
+  // sequence from the forward rows the group's ranks sent it, and shipped.
   // Batches of 1 and 2; 1 thread (a KV head a round) and 16 (four a round).
   for (const int batch : {1, 2}) {
     Problem p = small_problem();
@@ -144,11 +166,10 @@ TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's ow
           ThreadPool pool(threads);
           InputStore inputs(p, pool);
           InProcessTransport transport(7);  // shuffled arrivals
-          const LocalCollectives one;
           const CaseGrid grid(p, spec);
           LocalCp1Backward memo, own(0);
           const std::vector<LocalCp1Backward::Result> shared =
-              shared_cp1_backward(grid, transport, one, inputs, memo);
+              shared_reference(grid, transport, inputs, memo);
           const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
           REQUIRE(shared.size() == hosted.size());
           for (std::size_t i = 0; i < hosted.size(); ++i) {
@@ -166,16 +187,19 @@ TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's ow
 
 TEST_CASE("backward: a shared reference message that goes missing is an error (negative control)") {
   const Problem p = small_problem();
-  ThreadPool pool(1);
-  InputStore inputs(p, pool);
-  InProcessTransport inner;
-  testing::FaultInjectingTransport transport(inner, MessageKind::reference_grads,
-                                             [](std::vector<Message>& m) { m.pop_back(); });
-  const CaseGrid grid(p, CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
-  LocalCp1Backward memo;
-  const LocalCollectives one;
-  CHECK_THROWS_WITH_AS(shared_cp1_backward(grid, transport, one, inputs, memo),
-                       doctest::Contains("missing reference_grads"), ProtocolError);
+  for (const MessageKind kind : {MessageKind::reference_forward, MessageKind::reference_grads}) {
+    CAPTURE(to_string(kind));
+    ThreadPool pool(1);
+    InputStore inputs(p, pool);
+    InProcessTransport inner;
+    testing::FaultInjectingTransport transport(inner, kind,
+                                               [](std::vector<Message>& m) { m.pop_back(); });
+    const CaseGrid grid(p, CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
+    LocalCp1Backward memo;
+    CHECK_THROWS_WITH_AS(shared_reference(grid, transport, inputs, memo),
+                         doctest::Contains((std::string("missing ") + to_string(kind)).c_str()),
+                         ProtocolError);
+  }
 }
 
 namespace {

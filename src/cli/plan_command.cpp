@@ -185,12 +185,13 @@ CasePlan plan_case(const Problem& p, const RunRequest& q, const CaseSpec& spec, 
   c.seconds = c.forward_seconds() + c.backward.total() + c.dlogp.total();
   if (pf.name == "cpu") {
     // This tool's CP=1 checks run beside the case on the CPU, a phase of their own with no
-    // messages costed: the reference forwards, and the CP=1 backward with its own forward.
+    // messages costed: the reference forwards, and the CP=1 backward (from the reference
+    // forward's rows, gathered by KV head).
     std::vector<double> s =
         kernel_seconds(c.work.reference_forward_pairs, 4.0 * dim, pf.fp32_flops);
     for (std::size_t r = 0; r < s.size(); ++r) {
-      s[r] += static_cast<double>(c.work.reference_backward_pairs[r]) *
-              (4.0 * dim / pf.fp32_flops + 10.0 * dim / pf.fp32_backward_flops);
+      s[r] += static_cast<double>(c.work.reference_backward_pairs[r]) * 10.0 * dim /
+              pf.fp32_backward_flops;
     }
     c.reference = estimate(PhaseWork(spec.num_logical_ranks()), s, pf, world);
     c.seconds += c.reference.total();
@@ -394,8 +395,7 @@ json::Value case_json(const Problem& p, const CasePlan& c, const Pick& pick) {
   for (std::size_t r = 0; r < c.work.reference_forward_pairs.size(); ++r) {
     json::Value x = json::Value::object();
     x["rank"] = r;
-    x["forward_pairs_at_most"] =
-        c.work.reference_forward_pairs[r] + c.work.reference_backward_pairs[r];
+    x["forward_pairs_at_most"] = c.work.reference_forward_pairs[r];
     x["backward_pairs_at_most"] = c.work.reference_backward_pairs[r];
     reference.push_back(std::move(x));
   }

@@ -17,6 +17,7 @@ constexpr EnumName<MessageKind> kMessageKinds[] = {
     {MessageKind::dq_partial, "dq_partial"},
     {MessageKind::logit_partial, "logit_partial"},
     {MessageKind::reference_grads, "reference_grads"},
+    {MessageKind::reference_forward, "reference_forward"},
 };
 
 }  // namespace

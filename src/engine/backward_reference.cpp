@@ -18,9 +18,10 @@ std::size_t floats_of(const LocalCp1Backward::Result& r) {
 // The gradients of `q_rows` and `kv_rows` for the KV heads `kv_heads` (a chunk of the rows'
 // KV heads): the reference's rows [first, S) against keys [0, S) (the dq of those rows is
 // complete, rows being independent, and so are the dk, dv of keys from `first` on, which
-// earlier rows cannot see), in place from the input memo. `totals` and `dq` are scratch.
+// earlier rows cannot see), in place from the input memo. The CP=1 forward of those rows is
+// `forward`'s where given (it holds them), else computed here. `totals` and `dq` are scratch.
 void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t first,
-                    const ShardShape& q_rows, const ShardShape& kv_rows,
+                    const ShardShape& q_rows, const ShardShape& kv_rows, const AttnShard* forward,
                     std::vector<std::vector<float>>& totals, LocalCp1Backward::Result& r) {
   const Problem& p = inputs.problem();
   const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
@@ -28,20 +29,23 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
   const Range heads{kv_heads.begin * group, kv_heads.end * group}, rows{first, p.seq_len},
       keys{0, p.seq_len};
   const ShardShape qs{batch, heads, {rows}, dim};
-  const AttnShard fwd = compute_local_cp1(inputs, PathSpec{}, {keys}, qs);
+  const AttnShard computed =
+      forward != nullptr ? AttnShard{} : compute_local_cp1(inputs, PathSpec{}, {keys}, qs);
+  const AttnShard& fwd = forward != nullptr ? *forward : computed;
+  const std::int64_t fwd_row = fwd.out.shape.local_row(first);
   Shard delta(ShardShape{batch, heads, {rows}, 1}), dq(qs);
   std::vector<BackwardUnit> units;
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = heads.begin; h < heads.end; ++h) {
       const float* d_out = inputs.row(TensorId::d_out, b, h, first);
-      const float* out = fwd.out.at(b, h, 0);
+      const float* out = fwd.out.at(b, h, fwd_row);
       float* d = delta.at(b, h, 0);
       for (std::int64_t i = 0; i < rows.size(); ++i)
         d[i] = backward_delta(d_out + i * dim, out + i * dim, dim);
       const std::size_t slot = 2 * units.size();
       BackwardUnit u;
       u.blocks.push_back(QueryBlockRows{rows, inputs.row(TensorId::q, b, h, first), d_out,
-                                        fwd.lse.at(b, h, 0), d, dq.at(b, h, 0)});
+                                        fwd.lse.at(b, h, fwd_row), d, dq.at(b, h, 0)});
       u.k = inputs.row(TensorId::k, b, h / group, 0);
       u.v = inputs.row(TensorId::v, b, h / group, 0);
       u.keys = keys;
@@ -86,7 +90,8 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
 }  // namespace
 
 LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardShape& q_rows,
-                                               const ShardShape& kv_rows) {
+                                               const ShardShape& kv_rows,
+                                               const AttnShard* forward) {
   for (const Entry& e : entries_) {
     if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
   }
@@ -114,7 +119,7 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
       std::vector<float>(static_cast<std::size_t>(seq) * dim));
   for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
     backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
-                   totals, r);
+                   forward, totals, r);
   }
   const std::size_t bytes = floats_of(r) * sizeof(float);
   if (held_bytes_ + bytes <= budget_bytes_) {
@@ -164,13 +169,82 @@ void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Re
   for (int b = 0; b < batch; ++b) take(into.dv.at(b, g, kv_row));
 }
 
+// The rows round `round` of the shared reference backward starts from: each hosted rank's
+// CP=1 forward (`reference`) sent, per KV head of the round, to the CP rank of its TP group
+// that computes it. Per hosted rank, the out and lse of its round's query heads, whole
+// sequence (no heads when it computes none).
+std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& transport,
+                                            const std::vector<LogicalRank>& hosted,
+                                            const std::vector<const AttnShard*>& reference,
+                                            int round, int per_round) {
+  const Problem& p = grid.problem;
+  const int dim = p.dims.head_dim, batch = p.batch;
+  const std::int64_t group = p.dims.group_size();
+  const auto block_of = [&](const LogicalRank& r) {
+    return reference_kv_heads(grid, r, round, per_round);
+  };
+  std::vector<Message> outgoing;
+  for (std::size_t i = 0; i < hosted.size(); ++i) {
+    const LogicalRank& src = hosted[i];
+    const AttnShard& rows = *reference[i];
+    for (int c = 0; c < grid.spec.cp; ++c) {
+      const LogicalRank& dst = grid.at(src.tp_rank, c);
+      const Range heads = block_of(dst);
+      for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+        for (const Range& t : src.tokens) {
+          Message m{reference_forward_header(grid, src, dst, t, g), {}};
+          m.payload.reserve(static_cast<std::size_t>(m.header.floats));
+          const std::int64_t row = rows.out.shape.local_row(t.begin);
+          for (int b = 0; b < batch; ++b) {
+            for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+              const float* out = rows.out.at(b, h, row);
+              m.payload.insert(m.payload.end(), out, out + t.size() * dim);
+            }
+          }
+          for (int b = 0; b < batch; ++b) {
+            for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+              const float* lse = rows.lse.at(b, h, row);
+              m.payload.insert(m.payload.end(), lse, lse + t.size());
+            }
+          }
+          outgoing.push_back(std::move(m));
+        }
+      }
+    }
+  }
+  std::map<int, Inbox> inboxes =
+      protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
+        return expected_reference_forward(grid, dst, round, per_round);
+      });
+  std::vector<AttnShard> out;
+  for (const LogicalRank& r : hosted) {
+    const Range block = block_of(r);
+    const Range heads{block.begin * group, block.end * group}, all{0, p.seq_len};
+    AttnShard f{Shard(ShardShape{batch, heads, {all}, dim}),
+                Shard(ShardShape{batch, heads, {all}, 1})};
+    for (const Message& m : inboxes.at(r.id).messages()) {
+      const Range t = m.header.tokens();
+      const std::int64_t g = m.header.head_begin;
+      const float* at = m.payload.data();
+      for (int b = 0; b < batch; ++b) {
+        for (std::int64_t h = g * group; h < (g + 1) * group; ++h, at += t.size() * dim)
+          std::copy(at, at + t.size() * dim, f.out.at(b, h, t.begin));
+      }
+      for (int b = 0; b < batch; ++b) {
+        for (std::int64_t h = g * group; h < (g + 1) * group; ++h, at += t.size())
+          std::copy(at, at + t.size(), f.lse.at(b, h, t.begin));
+      }
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
-                                                          Transport& transport,
-                                                          const Collectives& collectives,
-                                                          InputStore& inputs,
-                                                          LocalCp1Backward& memo) {
+std::vector<LocalCp1Backward::Result> shared_cp1_backward(
+    const CaseGrid& grid, Transport& transport, const Collectives& collectives, InputStore& inputs,
+    LocalCp1Backward& memo, const std::vector<const AttnShard*>& reference) {
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
   const std::int64_t group = p.dims.group_size();
@@ -190,13 +264,16 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
       std::max<std::uint64_t>(1, (threads[0] + group * batch - 1) / (group * batch)));
   // A round at a time: each CP rank's KV heads of the round, computed, shipped and freed.
   for (int round = 0; round < reference_rounds(grid, per_round); ++round) {
+    const std::vector<AttnShard> forward =
+        gather_round_forward(grid, transport, hosted, reference, round, per_round);
     std::vector<Message> outgoing;
-    for (const LogicalRank& r : hosted) {
+    for (std::size_t i = 0; i < hosted.size(); ++i) {
+      const LogicalRank& r = hosted[i];
       const Range heads = reference_kv_heads(grid, r, round, per_round);
       if (heads.empty()) continue;
       const LocalCp1Backward::Result full = memo.get(
           inputs, ShardShape{batch, Range{heads.begin * group, heads.end * group}, {all}, dim},
-          ShardShape{batch, heads, {all}, dim});
+          ShardShape{batch, heads, {all}, dim}, &forward[i]);
       for (std::int64_t g = heads.begin; g < heads.end; ++g) {
         for (int c = 0; c < grid.spec.cp; ++c) {
           const LogicalRank& dst = grid.at(r.tp_rank, c);

@@ -9,20 +9,25 @@
 namespace cpd::case_legs {
 
 BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                            const std::vector<RankOutput>& fp32, CaseSink& sink) {
+                            const std::vector<RankOutput>& fp32,
+                            const std::vector<const AttnShard*>& reference,
+                            const std::function<void()>& release_reference, CaseSink& sink) {
   const int dim = grid.problem.dims.head_dim;
   CasePart o(grid.spec.cp);
   BackwardComparisons& c = o.backward.emplace();
   std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
   BackwardRecord record;
-  std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
+  // The CP=1 reference first: its forward rows are freed before the case's backward runs.
   const TransportCounters before = ctx.transport.counters();
-  std::vector<LocalCp1Backward::Result> refs =
-      shared_cp1_backward(grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward);
+  std::vector<LocalCp1Backward::Result> refs;
+  refs = shared_cp1_backward(grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward,
+                             reference);
+  release_reference();
   const TransportCounters& after = ctx.transport.counters();
   record.reference_traffic =
       TransportCounters{after.messages - before.messages, after.bytes - before.bytes,
                         after.remote_bytes - before.remote_bytes};
+  std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     RankGradients& g = grads[i];
     LocalCp1Backward::Result& ref = refs[i];

@@ -2,6 +2,7 @@
 // computes, compares and publishes, added to the case's outputs.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,13 @@ struct BackwardRecord {
 };
 
 /// The FP32 backward from the FP32 path's forward (`fp32`, one per hosted rank) vs the CP=1
-/// reference backward (shared_cp1_backward), and the gradients' BF16 final write: one part of
-/// case `name`, handed to `sink`.
+/// reference backward (shared_cp1_backward, from `reference`: the CP=1 FP32 forward of each
+/// hosted rank, released through `release_reference` once the reference backward has the rows
+/// it needs), and the gradients' BF16 final write: one part of case `name`, handed to `sink`.
 BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                            const std::vector<RankOutput>& fp32, CaseSink& sink);
+                            const std::vector<RankOutput>& fp32,
+                            const std::vector<const AttnShard*>& reference,
+                            const std::function<void()>& release_reference, CaseSink& sink);
 
 /// Target-token logprobs of `candidate` vs `reference` (attention outputs per hosted rank)
 /// through the synthetic lm_head, over the active tokens: one part of case `name`.

@@ -211,10 +211,16 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
     record.vocab_size = ctx.vocab_size;
   }
   dtype_runs.clear();
-  references = HeldTensors{};
+  const auto release_references = [&] {
+    reference.clear();
+    references = HeldTensors{};
+  };
   case_legs::BackwardRecord backward;
-  if (ctx.cp1_backward != nullptr)
-    backward = case_legs::add_backward(ctx, grid, record.name, fp32, sink);
+  if (ctx.cp1_backward != nullptr) {
+    backward =
+        case_legs::add_backward(ctx, grid, record.name, fp32, reference, release_references, sink);
+  }
+  release_references();
   if (ctx.progress != nullptr && ctx.cp1_backward != nullptr) ctx.progress->backward_done();
   record.executed = record_execution(ctx, grid, fp32, backward.folded, before,
                                      backward.reference_traffic, record.executed.started);

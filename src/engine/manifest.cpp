@@ -308,6 +308,29 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
                      (group + 2) * grid.problem.dims.head_dim);
 }
 
+MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
+                                       const LogicalRank& dst, const Range& tokens,
+                                       std::int64_t g) {
+  // out of the group's query heads, then their lse: group · (D + 1) floats per (batch, token).
+  const std::int64_t group = grid.problem.dims.group_size();
+  return rows_header(grid, MessageKind::reference_forward, src, dst, tokens, Range{g, g + 1},
+                     group * (grid.problem.dims.head_dim + 1));
+}
+
+std::vector<MessageHeader> expected_reference_forward(const CaseGrid& grid, const LogicalRank& dst,
+                                                      int round, int per_round) {
+  std::vector<MessageHeader> out;
+  const Range heads = reference_kv_heads(grid, dst, round, per_round);
+  for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+    for (int c = 0; c < grid.spec.cp; ++c) {
+      const LogicalRank& src = grid.at(dst.tp_rank, c);
+      for (const Range& t : src.tokens)
+        out.push_back(reference_forward_header(grid, src, dst, t, g));
+    }
+  }
+  return out;
+}
+
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
                                                     int round, int per_round) {
   std::vector<MessageHeader> out;

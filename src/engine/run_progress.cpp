@@ -31,9 +31,9 @@ std::string clock_text(double seconds) {
 CaseFlops::CaseFlops(const Problem& p, const CaseWork& w, std::size_t paths)
     : forward_pass(4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs())),
       reference(4.0 * p.dims.head_dim * sum(w.reference_forward_pairs)),
-      // The CP=1 backward runs its own forward first: 4·D + 10·D a pair.
-      backward(10.0 * p.dims.head_dim * static_cast<double>(w.backward.total_pairs()) +
-               14.0 * p.dims.head_dim * sum(w.reference_backward_pairs)),
+      // The CP=1 backward starts from the reference forward's rows: 10·D a pair.
+      backward(10.0 * p.dims.head_dim *
+               (static_cast<double>(w.backward.total_pairs()) + sum(w.reference_backward_pairs))),
       forward_paths(paths) {}
 
 RunProgress::RunProgress(std::vector<CaseFlops> cases, std::FILE* out, double quiet_seconds)

@@ -125,6 +125,11 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
     if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem.dtype));
     if (i == 0) maybe_die_for_test(comm_);
+    if (i + 1 == plan.cases.size() && plan.paged.empty()) {
+      // Nothing runs after this case: a memoised result could serve no one.
+      cp1_results_.stop_memoising();
+      cp1_backward_.stop_memoising();
+    }
     run_case(with_progress, plan.cases[i], sink);
   }
   if (plan.paged.empty()) return;

@@ -13,17 +13,20 @@
 namespace cpd {
 
 enum class MessageKind : std::int32_t {
-  q_shard = 1,          // query rows of one token range: [B][heads][rows][D]
-  kv_shard = 2,         // K then V rows of one token range: 2 × [B][kv heads][rows][D]
-  partial_state = 3,    // (out, lse) of a query range against one KV block:
-                        // [B][heads][rows][D] then [B][heads][rows]
-  backward_rows = 4,    // what the backward needs of a query range: q, dO ([B][heads][rows][D]
-                        // each), then lse, Δ ([B][heads][rows] each)
-  dq_partial = 5,       // partial dq of a query range against one KV block: [B][heads][rows][D]
-  logit_partial = 6,    // per-head partial logits of a token range, candidate then reference:
-                        // [2][B][heads][rows][vocab]
-  reference_grads = 7,  // the CP=1 reference backward of one KV head's GQA group for a token
-                        // range: dq [B][group][rows][D], then dk, dv [B][rows][D] each
+  q_shard = 1,            // query rows of one token range: [B][heads][rows][D]
+  kv_shard = 2,           // K then V rows of one token range: 2 × [B][kv heads][rows][D]
+  partial_state = 3,      // (out, lse) of a query range against one KV block:
+                          // [B][heads][rows][D] then [B][heads][rows]
+  backward_rows = 4,      // what the backward needs of a query range: q, dO ([B][heads][rows][D]
+                          // each), then lse, Δ ([B][heads][rows] each)
+  dq_partial = 5,         // partial dq of a query range against one KV block: [B][heads][rows][D]
+  logit_partial = 6,      // per-head partial logits of a token range, candidate then reference:
+                          // [2][B][heads][rows][vocab]
+  reference_grads = 7,    // the CP=1 reference backward of one KV head's GQA group for a token
+                          // range: dq [B][group][rows][D], then dk, dv [B][rows][D] each
+  reference_forward = 8,  // the CP=1 reference forward of one KV head's GQA group for a token
+                          // range, to the rank computing that group's reference backward:
+                          // out [B][group][rows][D], then lse [B][group][rows]
 };
 const char* to_string(MessageKind);
 

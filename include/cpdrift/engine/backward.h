@@ -42,7 +42,14 @@ class LocalCp1Backward {
   struct Result {
     Shard dq, dk, dv;
   };
-  Result get(InputStore& inputs, const ShardShape& q_rows, const ShardShape& kv_rows);
+  /// `forward`: the CP=1 FP32 forward (out, lse) of q_rows' heads over rows [first, S) at
+  /// least, first being the least row of q_rows and kv_rows (rows from [0, S) hold it), used
+  /// instead of computing it; the same bits either way (the kernels are row-independent).
+  Result get(InputStore& inputs, const ShardShape& q_rows, const ShardShape& kv_rows,
+             const AttnShard* forward = nullptr);
+
+  /// Keeps nothing new from now on (what is held is still served): for the run's last case.
+  void stop_memoising() { budget_bytes_ = 0; }
 
  private:
   struct Entry {
@@ -61,10 +68,13 @@ class LocalCp1Backward {
 /// rank of the group the rows it owns, checked against the manifest. A round computes as many
 /// KV heads as keep the widest process's threads busy (one unit per query head and batch entry).
 /// Results in hosted_ranks order. Collective over the transport's processes.
-std::vector<LocalCp1Backward::Result> shared_cp1_backward(const CaseGrid& grid,
-                                                          Transport& transport,
-                                                          const Collectives& collectives,
-                                                          InputStore& inputs,
-                                                          LocalCp1Backward& memo);
+/// The reference backward starts from the CP=1 FP32 forward that the case computed
+/// (`reference`: each hosted rank's out and lse, hosted_ranks order): each round, every rank
+/// of a TP group first sends the rows of the round's KV heads to the CP rank computing them
+/// (reference_forward messages, checked against the manifest), so no rank computes a forward
+/// it was given.
+std::vector<LocalCp1Backward::Result> shared_cp1_backward(
+    const CaseGrid& grid, Transport& transport, const Collectives& collectives, InputStore& inputs,
+    LocalCp1Backward& memo, const std::vector<const AttnShard*>& reference);
 
 }  // namespace cpd

@@ -32,6 +32,10 @@ class LocalCp1Results {
   AttnShard get(InputStore& inputs, const PathSpec& path, const std::vector<Range>& grid,
                 const ShardShape& rows);
 
+  /// Keeps nothing new from now on (what is held is still served): for the run's last case,
+  /// whose results no later request can ask for.
+  void stop_memoising() { budget_bytes_ = 0; }
+
   /// Drops everything (between runs of different problems).
   void clear() {
     entries_.clear();

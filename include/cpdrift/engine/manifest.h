@@ -156,6 +156,17 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
                                                     int round, int per_round);
 
+/// Header of the CP=1 reference forward rows `tokens` of KV head `g`'s group, from their owner
+/// `src` to `dst`, the CP rank that computes the group's reference backward.
+MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
+                                       const LogicalRank& dst, const Range& tokens, std::int64_t g);
+
+/// The CP=1 reference forward rows `dst` must receive before round `round` of its reference
+/// backward: for each KV head it computes that round, one per token range of every CP rank
+/// of its TP group.
+std::vector<MessageHeader> expected_reference_forward(const CaseGrid& grid, const LogicalRank& dst,
+                                                      int round, int per_round);
+
 /// ring_kv, step s ≥ 1: the K/V ranges of CP rank (dst - s) mod CP, forwarded by the previous
 /// rank on the ring, (dst - 1) mod CP.
 std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalRank& dst, int step);

@@ -48,8 +48,8 @@ struct CaseWork {
   /// rank, as an upper bound (a memo may serve them from an earlier case): the FP32 reference
   /// forward of its rows, again over the topology counterpart's grid when that differs from the
   /// reference's one block; and with the backward, the CP=1 backward of the KV heads the rank
-  /// computes for its TP group (shared_cp1_backward: whole sequence, its forward first, as many
-  /// forward pairs), whose exchange the case's counts leave out.
+  /// computes for its TP group (shared_cp1_backward: whole sequence, from the reference
+  /// forward's rows, gathered by KV head), whose exchange the case's counts leave out.
   std::vector<std::uint64_t> reference_forward_pairs, reference_backward_pairs;
 };
 
