@@ -1,6 +1,7 @@
 // The CP=1 reference backward, computed by whoever needs it from the memoised inputs: one block
 // pair [0, S) × [0, S), from the CP=1 FP32 forward, a few GQA groups at a time.
 #include <algorithm>
+#include <stdexcept>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
@@ -250,6 +251,8 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
   const std::int64_t group = p.dims.group_size();
   const Range all{0, p.seq_len};
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
+  if (reference.size() != hosted.size())
+    throw std::invalid_argument("shared_cp1_backward: one reference forward per hosted rank");
   std::vector<LocalCp1Backward::Result> out;
   for (const LogicalRank& r : hosted) {
     out.push_back(LocalCp1Backward::Result{Shard(query_shape(grid, r, dim)),

@@ -17,11 +17,11 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
   BackwardComparisons& c = o.backward.emplace();
   std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
   BackwardRecord record;
-  // The CP=1 reference first: its forward rows are freed before the case's backward runs.
+  // The CP=1 reference backward first, from the case's reference forward, which is released
+  // before the case's own backward runs.
   const TransportCounters before = ctx.transport.counters();
-  std::vector<LocalCp1Backward::Result> refs;
-  refs = shared_cp1_backward(grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward,
-                             reference);
+  std::vector<LocalCp1Backward::Result> refs = shared_cp1_backward(
+      grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward, reference);
   release_reference();
   const TransportCounters& after = ctx.transport.counters();
   record.reference_traffic =
