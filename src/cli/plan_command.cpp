@@ -163,7 +163,7 @@ CasePlan plan_case(const Problem& p, const RunRequest& q, const CaseSpec& spec, 
   const CaseGrid grid(p, spec, q.round_rows);
   CasePlan c(spec, grid,
              plan_case_work(grid, q.include_backward, q.include_dlogp ? q.vocab_size : 0),
-             forward_paths(p.dtype, gpu_run(q, pf), q.cpu_check));
+             forward_paths(p.dtype, gpu_run(q, pf), gpu_run(q, pf) && q.cpu_check));
   const int dim = p.dims.head_dim;
   const int world = std::min(processes, spec.num_logical_ranks());
   for (const ForwardPath& path : c.paths) {

@@ -9,6 +9,7 @@
 #include "case_legs.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/tensor_layout.h"
+#include "cpdrift/engine/work_plan.h"
 #include "cpdrift/numerics/bf16.h"
 
 namespace cpd {
@@ -107,48 +108,59 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   sink.prefill_part(part);
 }
 
-// The forward: the FP32 path (with the merge checks), then each other path in turn, each
-// measured and freed before the next runs (work_plan.h's forward_paths lists them for the plan:
-// keep the two in step; the plan's tests compare a case's bytes). Returns the dtype path's output
-// as written (the dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
+// The forward: forward_paths' list in its order, the FP32 path first (with the merge checks),
+// each path measured and freed before the next runs. Returns the dtype path's output as
+// written (the dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
 HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                             std::vector<RankOutput>& fp32, std::vector<RankOutput>& dtype_runs,
                             const HostedAttention& reference, CaseSink& sink,
                             const std::function<void(const char*, bool)>& done) {
-  fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
-  fp32_part(ctx, grid, name, fp32, reference, sink);
-  done("FP32 path", true);
-  for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
-  HostedAttention dtype_written = merged_of(fp32);
-  if (ctx.problem.dtype == DType::bf16) {
-    dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, false);
-    path_part(ctx, grid, name, dtype_runs, reference, "candidate_bf16", true, &CasePart::dtype_path,
-              sink);
-    dtype_written = merged_of(dtype_runs);
-    done("BF16-inputs path", false);
-  }
-  {
-    std::vector<RankOutput> kernel =
-        run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
-    path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
-              sink);
-    done("BF16-kernel path", false);
-  }
+  HostedAttention dtype_written;
   // Decided alike on every process (a process may host no rank of the case, and every process
   // must publish and measure the same tensors).
-  if (ctx.inputs.backend().has_unfused_gemm()) {
-    std::vector<RankOutput> unfused =
-        run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, false);
-    path_part(ctx, grid, name, unfused, reference, "cublas_unfused", true,
-              &CasePart::cublas_unfused, sink);
-    done("cuBLAS path", false);
-  }
-  if (ctx.cpu_rerun_inputs != nullptr) {
-    std::vector<RankOutput> cpu =
-        run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, false);
-    path_part(ctx, grid, name, cpu, merged_of(fp32), "cpu_fp32", false, &CasePart::cuda_vs_cpu_fp32,
-              sink);
-    done("FP32 path on the CPU", false);
+  for (const ForwardPath& path :
+       forward_paths(ctx.problem.dtype, ctx.inputs.backend().has_unfused_gemm(),
+                     ctx.cpu_rerun_inputs != nullptr)) {
+    switch (path.kind) {
+      case ForwardPathKind::fp32:
+        fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
+        fp32_part(ctx, grid, name, fp32, reference, sink);
+        done("FP32 path", true);
+        for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
+        dtype_written = merged_of(fp32);
+        break;
+      case ForwardPathKind::bf16_inputs:
+        dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, false);
+        path_part(ctx, grid, name, dtype_runs, reference, "candidate_bf16", true,
+                  &CasePart::dtype_path, sink);
+        dtype_written = merged_of(dtype_runs);
+        done("BF16-inputs path", false);
+        break;
+      case ForwardPathKind::bf16_kernel: {
+        std::vector<RankOutput> kernel =
+            run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
+        path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
+                  sink);
+        done("BF16-kernel path", false);
+        break;
+      }
+      case ForwardPathKind::cublas_unfused: {
+        std::vector<RankOutput> unfused =
+            run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, false);
+        path_part(ctx, grid, name, unfused, reference, "cublas_unfused", true,
+                  &CasePart::cublas_unfused, sink);
+        done("cuBLAS path", false);
+        break;
+      }
+      case ForwardPathKind::cpu_fp32: {
+        std::vector<RankOutput> cpu =
+            run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, false);
+        path_part(ctx, grid, name, cpu, merged_of(fp32), "cpu_fp32", false,
+                  &CasePart::cuda_vs_cpu_fp32, sink);
+        done("FP32 path on the CPU", false);
+        break;
+      }
+    }
   }
   return dtype_written;
 }

@@ -163,11 +163,12 @@ Traffic PhaseWork::total_sent() const {
 }
 
 std::vector<ForwardPath> forward_paths(DType dtype, bool gpu, bool cpu_check) {
-  std::vector<ForwardPath> paths{{"fp32"}};
-  if (dtype == DType::bf16) paths.push_back({"bf16_inputs"});
-  paths.push_back({"bf16_kernel", true});
-  if (gpu) paths.push_back({"cublas_unfused", true});
-  if (gpu && cpu_check) paths.push_back({"cpu_fp32", false, true});
+  using K = ForwardPathKind;
+  std::vector<ForwardPath> paths{{K::fp32, "fp32"}};
+  if (dtype == DType::bf16) paths.push_back({K::bf16_inputs, "bf16_inputs"});
+  paths.push_back({K::bf16_kernel, "bf16_kernel", true});
+  if (gpu) paths.push_back({K::cublas_unfused, "cublas_unfused", true});
+  if (cpu_check) paths.push_back({K::cpu_fp32, "cpu_fp32", false, true});
   return paths;
 }
 

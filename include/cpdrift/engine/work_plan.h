@@ -53,11 +53,15 @@ struct CaseWork {
   std::vector<std::uint64_t> reference_forward_pairs, reference_backward_pairs;
 };
 
-/// The forward paths run_case runs, in its order, each one exchange of the protocol: the FP32
-/// path, the dtype path under bf16, the BF16 kernel, and with a GPU backend the cuBLAS path and
-/// (`cpu_check`) the FP32 path again on the host's CPU backend. `bf16_rate`: its kernels run at
-/// the BF16 rate; `host`: on the CPU.
+/// The forward paths a case runs, in order, each one exchange of the protocol: the FP32 path,
+/// the dtype path under bf16, the BF16 kernel, with a GPU backend (`gpu`) the cuBLAS path, and
+/// with `cpu_check` (a GPU run's, by default) the FP32 path again on the host's CPU backend.
+/// run_case runs this list, and
+/// the plan and the progress lines count it. `bf16_rate`: its kernels run at the BF16 rate;
+/// `host`: on the CPU.
+enum class ForwardPathKind { fp32, bf16_inputs, bf16_kernel, cublas_unfused, cpu_fp32 };
 struct ForwardPath {
+  ForwardPathKind kind;
   const char* name;
   bool bf16_rate = false;
   bool host = false;
