@@ -132,42 +132,50 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
 
 namespace {
 
+// Appends rows `tokens` of heads `heads` of `s`, [B][heads][rows][width]: a payload piece.
+void append_rows(const Shard& s, const Range& heads, const Range& tokens,
+                 std::vector<float>& payload) {
+  const std::int64_t row = s.shape.local_row(tokens.begin), n = tokens.size() * s.shape.width;
+  for (int b = 0; b < s.shape.batch; ++b) {
+    for (std::int64_t h = heads.begin; h < heads.end; ++h) {
+      const float* from = s.at(b, h, row);
+      payload.insert(payload.end(), from, from + n);
+    }
+  }
+}
+
+// The inverse of append_rows: reads the piece at `at` into `s`; returns what follows it.
+const float* take_rows(const float* at, Shard& s, const Range& heads, const Range& tokens) {
+  const std::int64_t row = s.shape.local_row(tokens.begin), n = tokens.size() * s.shape.width;
+  for (int b = 0; b < s.shape.batch; ++b) {
+    for (std::int64_t h = heads.begin; h < heads.end; ++h, at += n)
+      std::copy(at, at + n, s.at(b, h, row));
+  }
+  return at;
+}
+
+// The query heads of KV head g's GQA group.
+Range group_heads(std::int64_t g, std::int64_t group) { return Range{g * group, (g + 1) * group}; }
+
 // The rows `tokens` of a whole-sequence result of KV head g's group, packed as the
 // reference_grads payload: dq [B][group][rows][D], then dk, dv [B][rows][D].
 std::vector<float> pack_reference(const LocalCp1Backward::Result& full, std::int64_t g,
                                   std::int64_t group, const Range& tokens) {
-  const int batch = full.dk.shape.batch, dim = full.dk.shape.width;
-  const std::size_t n = static_cast<std::size_t>(tokens.size()) * dim;
   std::vector<float> payload;
-  payload.reserve(static_cast<std::size_t>(batch) * (group + 2) * n);
-  const auto append = [&](const float* rows) { payload.insert(payload.end(), rows, rows + n); };
-  for (int b = 0; b < batch; ++b) {
-    for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
-      append(full.dq.at(b, h, tokens.begin));
-  }
-  for (int b = 0; b < batch; ++b) append(full.dk.at(b, g, tokens.begin));
-  for (int b = 0; b < batch; ++b) append(full.dv.at(b, g, tokens.begin));
+  payload.reserve(static_cast<std::size_t>(full.dk.shape.batch * (group + 2) * tokens.size() *
+                                           full.dk.shape.width));
+  append_rows(full.dq, group_heads(g, group), tokens, payload);
+  append_rows(full.dk, Range{g, g + 1}, tokens, payload);
+  append_rows(full.dv, Range{g, g + 1}, tokens, payload);
   return payload;
 }
 
 void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Result& into) {
-  const MessageHeader& h = m.header;
-  const int batch = h.batch, dim = h.width;
-  const Range tokens = h.tokens();
-  const std::size_t n = static_cast<std::size_t>(tokens.size()) * dim;
-  const float* at = m.payload.data();
-  const auto take = [&](float* rows) {
-    std::copy(at, at + n, rows);
-    at += n;
-  };
-  const std::int64_t g = h.head_begin;
-  const std::int64_t q_row = into.dq.shape.local_row(tokens.begin),
-                     kv_row = into.dk.shape.local_row(tokens.begin);
-  for (int b = 0; b < batch; ++b) {
-    for (std::int64_t q = g * group; q < (g + 1) * group; ++q) take(into.dq.at(b, q, q_row));
-  }
-  for (int b = 0; b < batch; ++b) take(into.dk.at(b, g, kv_row));
-  for (int b = 0; b < batch; ++b) take(into.dv.at(b, g, kv_row));
+  const std::int64_t g = m.header.head_begin;
+  const Range tokens = m.header.tokens();
+  const float* at = take_rows(m.payload.data(), into.dq, group_heads(g, group), tokens);
+  at = take_rows(at, into.dk, Range{g, g + 1}, tokens);
+  take_rows(at, into.dv, Range{g, g + 1}, tokens);
 }
 
 // The rows round `round` of the shared reference backward starts from: each hosted rank's
@@ -195,19 +203,8 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
         for (const Range& t : src.tokens) {
           Message m{reference_forward_header(grid, src, dst, t, g), {}};
           m.payload.reserve(static_cast<std::size_t>(m.header.floats));
-          const std::int64_t row = rows.out.shape.local_row(t.begin);
-          for (int b = 0; b < batch; ++b) {
-            for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-              const float* out = rows.out.at(b, h, row);
-              m.payload.insert(m.payload.end(), out, out + t.size() * dim);
-            }
-          }
-          for (int b = 0; b < batch; ++b) {
-            for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-              const float* lse = rows.lse.at(b, h, row);
-              m.payload.insert(m.payload.end(), lse, lse + t.size());
-            }
-          }
+          append_rows(rows.out, group_heads(g, group), t, m.payload);
+          append_rows(rows.lse, group_heads(g, group), t, m.payload);
           outgoing.push_back(std::move(m));
         }
       }
@@ -224,17 +221,8 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
     AttnShard f{Shard(ShardShape{batch, heads, {all}, dim}),
                 Shard(ShardShape{batch, heads, {all}, 1})};
     for (const Message& m : inboxes.at(r.id).messages()) {
-      const Range t = m.header.tokens();
-      const std::int64_t g = m.header.head_begin;
-      const float* at = m.payload.data();
-      for (int b = 0; b < batch; ++b) {
-        for (std::int64_t h = g * group; h < (g + 1) * group; ++h, at += t.size() * dim)
-          std::copy(at, at + t.size() * dim, f.out.at(b, h, t.begin));
-      }
-      for (int b = 0; b < batch; ++b) {
-        for (std::int64_t h = g * group; h < (g + 1) * group; ++h, at += t.size())
-          std::copy(at, at + t.size(), f.lse.at(b, h, t.begin));
-      }
+      const Range heads_of_m = group_heads(m.header.head_begin, group), t = m.header.tokens();
+      take_rows(take_rows(m.payload.data(), f.out, heads_of_m, t), f.lse, heads_of_m, t);
     }
     out.push_back(std::move(f));
   }

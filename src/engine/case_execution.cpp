@@ -85,10 +85,8 @@ CaseExecution record_execution(const RunContext& ctx, const CaseGrid& grid,
     e.backward_blocks = executed_blocks(grid, dq_partials, ctx.collectives);
   for (const KvBlock& b : grid.blocks) e.block_bounds.push_back(b.range);
   for (int r = 0; r < grid.spec.cp; ++r) e.query_tokens.push_back(grid.at(0, r).tokens);
-  const TransportCounters& after = ctx.transport.counters();
-  std::uint64_t moved[3] = {after.messages - before.messages - excluded.messages,
-                            after.bytes - before.bytes - excluded.bytes,
-                            after.remote_bytes - before.remote_bytes - excluded.remote_bytes};
+  const TransportCounters case_moved = ctx.transport.counters() - before - excluded;
+  std::uint64_t moved[3] = {case_moved.messages, case_moved.bytes, case_moved.remote_bytes};
   ctx.collectives.sum(moved);
   e.moved = TransportCounters{moved[0], moved[1], moved[2]};
   return e;

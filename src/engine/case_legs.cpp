@@ -23,10 +23,7 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
   std::vector<LocalCp1Backward::Result> refs = shared_cp1_backward(
       grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward, reference);
   release_reference();
-  const TransportCounters& after = ctx.transport.counters();
-  record.reference_traffic =
-      TransportCounters{after.messages - before.messages, after.bytes - before.bytes,
-                        after.remote_bytes - before.remote_bytes};
+  record.reference_traffic = ctx.transport.counters() - before;
   std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     RankGradients& g = grads[i];

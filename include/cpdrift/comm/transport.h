@@ -18,6 +18,13 @@ struct TransportCounters {
   std::uint64_t messages = 0;
   std::uint64_t bytes = 0;         // header + payload bytes of every delivered message
   std::uint64_t remote_bytes = 0;  // of which crossed between processes
+
+  /// What moved between two readings (`later` - `earlier`).
+  friend TransportCounters operator-(const TransportCounters& later,
+                                     const TransportCounters& earlier) {
+    return {later.messages - earlier.messages, later.bytes - earlier.bytes,
+            later.remote_bytes - earlier.remote_bytes};
+  }
 };
 
 class Transport {
