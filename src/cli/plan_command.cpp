@@ -11,6 +11,7 @@
 
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/engine/memory_plan.h"
 #include "cpdrift/engine/work_plan.h"
 #include "cpdrift/report/json.h"
 #include "kernel_timing.h"
@@ -144,6 +145,7 @@ struct CasePlan {
   std::vector<PhaseEstimate> forward;  // per path
   PhaseEstimate backward, dlogp, reference;
   double seconds = 0;
+  std::vector<ProcessMemory> memory;  // per process of the run
 
   double forward_seconds() const {
     double s = 0;
@@ -262,6 +264,28 @@ std::uint64_t received_from_others(const PhaseWork& w, std::size_t r) {
   return w.received[r].bytes - w.bytes_between[r * w.pairs.size() + r];
 }
 
+// The largest process's peak phase, its buffers largest first.
+void print_memory(std::FILE* out, const std::vector<ProcessMemory>& memory) {
+  std::size_t widest = 0;
+  for (std::size_t i = 0; i < memory.size(); ++i) {
+    if (memory[i].peak().bytes() > memory[widest].peak().bytes()) widest = i;
+  }
+  const PhaseMemory& peak = memory[widest].peak();
+  std::vector<MemoryTerm> terms = peak.terms;
+  std::sort(terms.begin(), terms.end(),
+            [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  std::string list;
+  for (const MemoryTerm& t : terms) {
+    if (t.bytes < (std::uint64_t{1} << 20)) continue;
+    char part[96];
+    std::snprintf(part, sizeof part, "%s%s %.0f", list.empty() ? "" : ", ", t.name.c_str(),
+                  static_cast<double>(t.bytes) * 1e-6);
+    list += part;
+  }
+  std::fprintf(out, "  memory: peak %.0f MB (process %zu, %s): %s MB\n",
+               static_cast<double>(peak.bytes()) * 1e-6, widest, peak.phase.c_str(), list.c_str());
+}
+
 void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick& pick) {
   const CaseGrid& g = c.grid;
   const int dim = p.dims.head_dim;
@@ -287,8 +311,15 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
   const bool giga = largest >= 100'000'000'000ULL;
   const double unit = giga ? 1e-9 : 1e-6;
   const char* u = giga ? "GB" : "MB";
-  std::fprintf(out, "  %5s %3s %3s %9s %10s %8s%s %8s%s %10s %8s%s %8s%s\n", "rank", "tp", "cp",
-               "tokens", "fwd GFLOP", "sent ", u, "recv ", u, "bwd GFLOP", "sent ", u, "recv ", u);
+  std::fprintf(out, "  %5s %3s %3s %9s %10s %8s%s %8s%s %10s %8s%s %8s%s %9s\n", "rank", "tp", "cp",
+               "tokens", "fwd GFLOP", "sent ", u, "recv ", u, "bwd GFLOP", "sent ", u, "recv ", u,
+               "peak MB");
+  const int processes = static_cast<int>(c.memory.size());
+  const auto peak_mb = [&](const LogicalRank& r) {
+    return static_cast<double>(
+               c.memory[static_cast<std::size_t>(process_of(r.id, processes))].peak().bytes()) *
+           1e-6;
+  };
   const auto row = [&](const LogicalRank& r) {
     const std::size_t i = static_cast<std::size_t>(r.id);
     std::fprintf(out, "  %5d %3d %3d %9lld %10.1f %10.1f %10.1f", r.id, r.tp_rank, r.cp_rank,
@@ -297,12 +328,13 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
                  static_cast<double>(sent_to_others(c.work.forward, i)) * unit,
                  static_cast<double>(received_from_others(c.work.forward, i)) * unit);
     if (bwd) {
-      std::fprintf(out, " %10.1f %10.1f %10.1f\n", gflop(c.work.backward.pairs[i], 10.0 * dim),
+      std::fprintf(out, " %10.1f %10.1f %10.1f", gflop(c.work.backward.pairs[i], 10.0 * dim),
                    static_cast<double>(sent_to_others(c.work.backward, i)) * unit,
                    static_cast<double>(received_from_others(c.work.backward, i)) * unit);
     } else {
-      std::fprintf(out, " %10s %10s %10s\n", "-", "-", "-");
+      std::fprintf(out, " %10s %10s %10s", "-", "-", "-");
     }
+    std::fprintf(out, " %9.0f\n", peak_mb(r));
   };
   // Every rank up to 16; past that the first CP rank's TP group, "...", and the last rank.
   const bool all = g.ranks.size() <= 16;
@@ -313,7 +345,11 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
     std::fprintf(out, "  %5s\n", "...");
     row(g.ranks.back());
   }
-  std::fprintf(out, "  (per forward pass; sent and received: to and from other ranks)\n");
+  std::fprintf(out,
+               "  (per forward pass; sent and received: to and from other ranks; peak: the "
+               "resident memory of the rank's process, %d process%s)\n",
+               processes, processes == 1 ? "" : "es");
+  print_memory(out, c.memory);
   std::string forward;
   for (std::size_t i = 0; i < c.paths.size(); ++i) {
     forward +=
@@ -400,6 +436,26 @@ json::Value case_json(const Problem& p, const CasePlan& c, const Pick& pick) {
     reference.push_back(std::move(x));
   }
   v["cp1_checks"] = std::move(reference);
+  json::Value memory = json::Value::array();
+  for (std::size_t i = 0; i < c.memory.size(); ++i) {
+    json::Value x = json::Value::object();
+    x["process"] = i;
+    x["peak_bytes"] = c.memory[i].peak().bytes();
+    x["peak_phase"] = c.memory[i].peak().phase;
+    json::Value phases = json::Value::array();
+    for (const PhaseMemory& ph : c.memory[i].phases) {
+      json::Value y = json::Value::object();
+      y["phase"] = ph.phase;
+      y["bytes"] = ph.bytes();
+      json::Value terms = json::Value::object();
+      for (const MemoryTerm& t : ph.terms) terms[t.name] = t.bytes;
+      y["terms"] = std::move(terms);
+      phases.push_back(std::move(y));
+    }
+    x["phases"] = std::move(phases);
+    memory.push_back(std::move(x));
+  }
+  v["memory"] = std::move(memory);
   json::Value best = json::Value::object();
   best["protocol"] = to_string(pick.protocol);
   best["why"] = pick.why;
@@ -479,8 +535,18 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   doc["batch"] = p.batch;
   json::Value cases = json::Value::array();
   double total = 0;
-  for (const CaseSpec& spec : run.cases) {
-    const CasePlan c = plan_case(p, q, spec, pf, processes);
+  // Host threads per process as a run's default (cores shared by the node's processes).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  RunMemoryPlan memory(p, processes,
+                       std::max(1, cores / std::min(processes, pf.processes_per_node)));
+  std::uint64_t peak_memory = 0;
+  for (std::size_t i = 0; i < run.cases.size(); ++i) {
+    const CaseSpec& spec = run.cases[i];
+    CasePlan c = plan_case(p, q, spec, pf, processes);
+    c.memory = memory.add_case(
+        c.grid, CaseMemoryOptions{c.paths, q.include_backward, q.include_dlogp ? q.vocab_size : 0,
+                                  i + 1 == run.cases.size() && run.paged.empty()});
+    for (const ProcessMemory& m : c.memory) peak_memory = std::max(peak_memory, m.peak().bytes());
     const Pick pick = pick_protocol(p, q, c, pf, processes);
     if (verbose) print_case(out, p, c, pick);
     cases.push_back(case_json(p, c, pick));
@@ -488,7 +554,11 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   }
   doc["cases"] = std::move(cases);
   doc["estimated_seconds"] = total;
-  if (verbose) std::fprintf(out, "\n# estimated total: %s\n", duration(total).c_str());
+  doc["peak_memory_bytes_per_process"] = peak_memory;
+  if (verbose) {
+    std::fprintf(out, "\n# estimated total: %s; peak memory %.0f MB per process\n",
+                 duration(total).c_str(), static_cast<double>(peak_memory) * 1e-6);
+  }
   const std::string text = json::to_string(doc);
   if (!o.run.output.empty()) json::write_file_atomic(o.run.output, text);
   if (o.run.json) std::fwrite(text.data(), 1, text.size(), stdout);

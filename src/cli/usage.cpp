@@ -11,7 +11,8 @@ std::string usage_text() {
                                       the fail-closed acceptance matrix (design section 7)
        cpdrift plan [run options] [plan options]
                                       what that run would cost, per case and rank, without
-                                      running it: FLOPs, bytes, time, the quickest protocol
+                                      running it: FLOPs, bytes, peak memory per process,
+                                      time, the quickest protocol
 
 Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 

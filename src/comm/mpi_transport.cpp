@@ -1,10 +1,12 @@
-// The MPI transport: one superstep = an all-to-all of byte counts, then nonblocking sends and
-// receives of one packed buffer per peer process, completed by finish().
+// The MPI transport: one superstep = an all-to-all of how many messages each process sends each
+// other, their headers as one block per peer, then every payload sent from and received into
+// its own Message (no packed copy on either side), completed by finish().
+#include <string>
 #include <vector>
 
 #include "comm_impl.h"
 #include "cpdrift/comm/comm_context.h"
-#include "cpdrift/comm/packed_messages.h"
+#include "cpdrift/core/plan.h"
 #include "mpi_check.h"
 #include "mpi_wait.h"
 
@@ -14,42 +16,99 @@ namespace {
 constexpr int kDataTag = 7000;
 constexpr std::size_t kMaxBytesPerMessage = std::size_t{1} << 30;  // MPI counts are int
 
-class MpiTransport final : public PackedTransport {
+// A message's header and the length of the payload that follows it, as sent: the receiver sizes
+// its buffer by what is sent, never by what the header claims (the inboxes check that against
+// the manifest), so a wrong header cannot leave a send unmatched.
+struct WireHeader {
+  MessageHeader header;
+  std::uint64_t floats;
+};
+
+class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(const CommContext& comm) : PackedTransport(comm) {}
+  explicit MpiTransport(const CommContext& comm) : comm_(comm) {}
   const char* name() const override { return "mpi"; }
+  int world_size() const override { return comm_.size(); }
+  int process_index() const override { return comm_.rank(); }
+  std::string agree(const std::string& local_error) override { return comm_.agree(local_error); }
   void start(std::vector<Message> outgoing) override;
   std::vector<Message> finish() override;
 
  private:
-  void post(std::vector<std::byte>& buffer, int peer, bool send);
+  // Posts a nonblocking send or receive of `bytes` at `data` with `peer`, in pieces MPI can
+  // count; MPI matches the pieces in the order they are posted.
+  void post(void* data, std::size_t bytes, int peer, bool send);
 
-  std::vector<std::vector<std::byte>> recv_;
+  const CommContext& comm_;
+  std::vector<Message> local_;                  // to logical ranks of this process
+  std::vector<std::vector<Message>> out_, in_;  // [peer process]
+  std::vector<std::vector<WireHeader>> out_headers_, in_headers_;
   std::vector<MPI_Request> requests_;
 };
 
-void MpiTransport::post(std::vector<std::byte>& buffer, int peer, bool send) {
+void MpiTransport::post(void* data, std::size_t bytes, int peer, bool send) {
   const MPI_Comm world = comm_.impl().world;
-  for (std::size_t at = 0; at < buffer.size(); at += kMaxBytesPerMessage) {
-    const int n = static_cast<int>(std::min(kMaxBytesPerMessage, buffer.size() - at));
+  auto* base = static_cast<std::byte*>(data);
+  for (std::size_t at = 0; at < bytes; at += kMaxBytesPerMessage) {
+    const int n = static_cast<int>(std::min(kMaxBytesPerMessage, bytes - at));
     MPI_Request r;
     if (send) {
-      CPD_MPI_CHECK(MPI_Isend(buffer.data() + at, n, MPI_BYTE, peer, kDataTag, world, &r));
+      CPD_MPI_CHECK(MPI_Isend(base + at, n, MPI_BYTE, peer, kDataTag, world, &r));
     } else {
-      CPD_MPI_CHECK(MPI_Irecv(buffer.data() + at, n, MPI_BYTE, peer, kDataTag, world, &r));
+      CPD_MPI_CHECK(MPI_Irecv(base + at, n, MPI_BYTE, peer, kDataTag, world, &r));
     }
     requests_.push_back(r);
   }
 }
 
 void MpiTransport::start(std::vector<Message> outgoing) {
-  pack_and_size(std::move(outgoing));
-  recv_.assign(send_.size(), {});
-  for (std::size_t p = 0; p < send_.size(); ++p) {
-    if (static_cast<int>(p) == comm_.rank()) continue;
-    recv_[p].resize(recv_sizes_[p]);
-    if (!recv_[p].empty()) post(recv_[p], static_cast<int>(p), false);
-    if (!send_[p].empty()) post(send_[p], static_cast<int>(p), true);
+  const int world = comm_.size(), me = comm_.rank();
+  const std::size_t peers = static_cast<std::size_t>(world);
+  out_.assign(peers, {});
+  in_.assign(peers, {});
+  out_headers_.assign(peers, {});
+  in_headers_.assign(peers, {});
+  std::vector<std::uint64_t> counts(peers, 0);
+  for (Message& m : outgoing) {
+    const std::uint64_t payload = m.payload.size() * sizeof(float);
+    ++counters_.messages;
+    counters_.bytes += sizeof(MessageHeader) + payload;
+    const int peer = process_of(m.header.dst, world);
+    if (peer == me) {
+      local_.push_back(std::move(m));
+      continue;
+    }
+    counters_.remote_bytes += sizeof(MessageHeader) + payload;
+    const std::size_t p = static_cast<std::size_t>(peer);
+    ++counts[p];
+    out_headers_[p].push_back(WireHeader{m.header, m.payload.size()});
+    out_[p].push_back(std::move(m));
+  }
+  if (world == 1) return;
+  std::vector<std::uint64_t> in_counts(peers, 0);
+  comm_.alltoall(counts, in_counts);
+
+  // The headers first: each says how large a payload to receive.
+  for (std::size_t p = 0; p < peers; ++p) {
+    if (static_cast<int>(p) == me) continue;
+    in_headers_[p].resize(in_counts[p]);
+    post(in_headers_[p].data(), in_headers_[p].size() * sizeof(WireHeader), static_cast<int>(p),
+         false);
+    post(out_headers_[p].data(), out_headers_[p].size() * sizeof(WireHeader), static_cast<int>(p),
+         true);
+  }
+  wait_all(requests_);
+  requests_.clear();
+  // Then every payload in header order, from and into the messages themselves.
+  for (std::size_t p = 0; p < peers; ++p) {
+    if (static_cast<int>(p) == me) continue;
+    for (const WireHeader& w : in_headers_[p]) {
+      in_[p].push_back(Message{w.header, std::vector<float>(w.floats)});
+      Message& m = in_[p].back();
+      post(m.payload.data(), m.payload.size() * sizeof(float), static_cast<int>(p), false);
+    }
+    for (Message& m : out_[p])
+      post(m.payload.data(), m.payload.size() * sizeof(float), static_cast<int>(p), true);
   }
 }
 
@@ -58,9 +117,16 @@ std::vector<Message> MpiTransport::finish() {
     wait_all(requests_);
     requests_.clear();
   }
-  std::vector<Message> out = arrived(recv_);
-  recv_.clear();
-  return out;
+  std::vector<Message> arrived = std::move(local_);
+  local_.clear();
+  out_.clear();
+  out_headers_.clear();
+  in_headers_.clear();
+  for (std::vector<Message>& from : in_) {
+    for (Message& m : from) arrived.push_back(std::move(m));
+  }
+  in_.clear();
+  return arrived;
 }
 
 }  // namespace

@@ -12,6 +12,16 @@ PackedSuperstep pack_messages(std::vector<Message> outgoing, int world, int me,
                               TransportCounters& counters) {
   PackedSuperstep s;
   s.to_peer.assign(static_cast<std::size_t>(world), {});
+  // Each peer's buffer sized once (no regrowth copies), and each payload freed as soon as its
+  // bytes are in it: a superstep holds its remote payloads once, not twice.
+  std::vector<std::size_t> size(s.to_peer.size(), 0);
+  for (const Message& m : outgoing) {
+    const int peer = process_of(m.header.dst, world);
+    if (peer != me)
+      size[static_cast<std::size_t>(peer)] +=
+          sizeof(MessageHeader) + m.payload.size() * sizeof(float);
+  }
+  for (std::size_t p = 0; p < size.size(); ++p) s.to_peer[p].reserve(size[p]);
   for (Message& m : outgoing) {
     const std::size_t payload = m.payload.size() * sizeof(float);
     ++counters.messages;
@@ -27,6 +37,7 @@ PackedSuperstep pack_messages(std::vector<Message> outgoing, int world, int me,
     buf.resize(at + sizeof(MessageHeader) + payload);
     std::memcpy(buf.data() + at, &m.header, sizeof(MessageHeader));
     std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
+    std::vector<float>().swap(m.payload);
   }
   return s;
 }

@@ -1,7 +1,7 @@
 // The GPU transports (design §4): `nccl`, NCCL bootstrapped from MPI with grouped
 // ncclSend/ncclRecv; `cuda_ipc`, cpdrift's own exchange through CUDA IPC windows on one node.
-// Both move the same packed bytes as the MPI transport (packed_messages.h), so every protocol
-// gives the same bits over every transport. Built with the CUDA backend only.
+// Both move the messages packed per peer (packed_messages.h); every transport delivers the same
+// headers and payloads, so every protocol gives the same bits over every transport. Built with the CUDA backend only.
 #pragma once
 
 #include <cstdint>

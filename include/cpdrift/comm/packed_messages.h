@@ -1,5 +1,6 @@
-// One superstep's messages as bytes per peer process: what every transport between processes
-// moves (MPI, NCCL, CUDA IPC), and the checks on what arrives.
+// One superstep's messages as bytes per peer process: what the GPU transports move through their
+// staging buffers (NCCL, CUDA IPC), and the checks on what arrives. The MPI transport sends each
+// payload from its own message instead (mpi_transport.cpp).
 #pragma once
 
 #include <cstddef>

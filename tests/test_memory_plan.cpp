@@ -1,0 +1,139 @@
+// The plan's memory model (engine/memory_plan.h) term by term against the buffers' shapes worked
+// out by hand, for a grid small enough to follow. Its total against a run's measured resident
+// peak is tests/plan_memory.py's (under mpirun, S = 4096 and 16384).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cpdrift/engine/memory_plan.h"
+
+using namespace cpd;
+
+namespace {
+
+constexpr std::uint64_t kF = sizeof(float);
+
+Problem problem_of(std::int64_t seq) {
+  Problem p;
+  p.seq_len = seq;
+  return p;
+}
+
+CaseSpec tp2_cp2(std::int64_t split) {
+  CaseSpec s;
+  s.tp = 2;
+  s.cp = 2;
+  s.split = split;
+  return s;
+}
+
+const PhaseMemory& phase(const ProcessMemory& m, const std::string& name) {
+  for (const PhaseMemory& p : m.phases) {
+    if (p.phase == name) return p;
+  }
+  FAIL("no phase " << name);
+  throw;
+}
+
+std::uint64_t term(const PhaseMemory& p, const std::string& name) {
+  for (const MemoryTerm& t : p.terms) {
+    if (t.name == name) return t.bytes;
+  }
+  FAIL("phase " << p.phase << " has no term " << name);
+  return 0;
+}
+
+CaseMemoryOptions full_case() {
+  return CaseMemoryOptions{forward_paths(DType::bf16, false, false), true, 17, true};
+}
+
+}  // namespace
+
+TEST_CASE("memory plan: TP=2 CP=2 S=4096 split 512 on 4 processes, by hand") {
+  const Problem p = problem_of(4096);
+  const CaseGrid grid(p, tp2_cp2(512));
+  RunMemoryPlan plan(p, 4, 1);
+  const std::vector<ProcessMemory> m = plan.add_case(grid, full_case());
+  REQUIRE(m.size() == 4);
+  // Rank r on process r: 16 query heads, 4 KV heads, 2048 tokens, D = 128.
+  const std::uint64_t q = 16ull * 2048 * 128 * kF, lse = 16ull * 2048 * kF,
+                      kv = 4ull * 2048 * 128 * kF, plane = 4096ull * 128 * kF;
+  for (int proc = 0; proc < 4; ++proc) {
+    const PhaseMemory& bwd = phase(m[proc], "backward");
+    CHECK(term(bwd, "gradients (dq, dk, dv)") == q + 2 * kv);
+    CHECK(term(bwd, "reference gradients") == q + 2 * kv);
+    CHECK(term(bwd, "FP32 output kept") == q + lse);
+    CHECK(term(bwd, "dK/dV totals per query head") == 2 * 4 * kv);  // 2 x group x KV
+    // Planes: q of its 16 heads, k and v of its 4, and dO of its 16 (8 of them for the
+    // reference backward of its 2 KV heads).
+    CHECK(term(bwd, "input memo") == (16 + 4 + 4 + 16) * plane);
+    CHECK(term(bwd, "CP=1 memos") == 0);  // the run's last case keeps nothing
+    CHECK(term(bwd, "process baseline") == kProcessBaselineBytes);
+    const PhaseMemory& fp32 = phase(m[proc], "forward: fp32");
+    CHECK(term(fp32, "outputs, merge-order probe, FP64 oracle") == 3 * (q + lse));
+    CHECK(term(fp32, "path inputs (q, k, v)") == q + 2 * kv);
+    CHECK(term(fp32, "outputs of earlier paths") == 0);
+    CHECK(term(phase(m[proc], "forward: bf16_kernel"), "outputs of earlier paths") ==
+          2 * (q + lse));
+  }
+  // The last backward round (rows 3584..4095, CP rank 1's): rank 2 packs its 512 rows (q, dO,
+  // lse, delta), computes the partial dq of its 4 blocks, and receives CP rank 0's 4 partials.
+  // Rank 0 receives rank 2's rows and computes and sends the 4 partials for them.
+  const std::uint64_t rows = 16ull * 512 * (2 * 128 + 2) * kF, partial = 16ull * 512 * 128 * kF;
+  CHECK(term(phase(m[2], "backward"), "one round's rows and partial dq") ==
+        rows + 4 * partial + 4 * partial);
+  CHECK(term(phase(m[0], "backward"), "one round's rows and partial dq") == rows + 4 * partial);
+  // Where the peak is.
+  CHECK(m[0].peak().phase == "backward");
+  CHECK(m[2].peak().bytes() > m[0].peak().bytes());
+}
+
+TEST_CASE("memory plan: one process hosting every rank holds the sum of their buffers") {
+  const Problem p = problem_of(1024);
+  const CaseGrid grid(p, tp2_cp2(256));
+  RunMemoryPlan four(p, 4, 1), one(p, 1, 1);
+  const std::vector<ProcessMemory> apart = four.add_case(grid, full_case());
+  const std::vector<ProcessMemory> together = one.add_case(grid, full_case());
+  REQUIRE(together.size() == 1);
+  for (const char* name : {"gradients (dq, dk, dv)", "reference gradients", "FP32 output kept",
+                           "dK/dV totals per query head"}) {
+    std::uint64_t sum = 0;
+    for (const ProcessMemory& m : apart) sum += term(phase(m, "backward"), name);
+    CHECK_MESSAGE(term(phase(together[0], "backward"), name) == sum, name);
+  }
+  // The input memo is shared: every plane of the problem, once (q, dO of 32 heads, k, v of 8).
+  CHECK(term(phase(together[0], "backward"), "input memo") ==
+        (32 + 32 + 8 + 8) * 1024ull * 128 * kF);
+}
+
+TEST_CASE("memory plan: phases follow the case's legs; memos carry into later cases") {
+  const Problem p = problem_of(256);
+  const CaseGrid grid(p, tp2_cp2(64));
+  RunMemoryPlan plan(p, 4, 1);
+  CaseMemoryOptions forward_only{forward_paths(DType::bf16, false, false), false, 0, false};
+  const std::vector<ProcessMemory> first = plan.add_case(grid, forward_only);
+  std::vector<std::string> names;
+  for (const PhaseMemory& ph : first[0].phases) names.push_back(ph.phase);
+  CHECK(names == std::vector<std::string>{"CP=1 reference forward", "forward: fp32",
+                                          "forward: bf16_inputs", "forward: bf16_kernel"});
+  // Not the last case: the CP=1 reference (16 heads x 128 tokens, out and lse) is memoised, and
+  // the next case starts with it held.
+  const std::vector<ProcessMemory> second = plan.add_case(grid, full_case());
+  CHECK(term(second[0].phases.front(), "CP=1 memos") == 16ull * 128 * (128 + 1) * kF);
+  CHECK(phase(second[0], "dlogp").bytes() > 0);
+  CHECK(second[0].peak().bytes() >= first[0].peak().bytes());
+}
+
+TEST_CASE("memory plan: the model grows with S as its buffers do (negative control: S/2)") {
+  const Problem p = problem_of(4096), half = problem_of(2048);
+  RunMemoryPlan a(p, 4, 1), b(half, 4, 1);
+  const std::uint64_t full = a.add_case(CaseGrid(p, tp2_cp2(512)), full_case())[2].peak().bytes();
+  const std::uint64_t smaller =
+      b.add_case(CaseGrid(half, tp2_cp2(512)), full_case())[2].peak().bytes();
+  // Every tensor is linear in S (the split fixed): twice the tokens, twice the bytes beyond the
+  // baseline, to within the blocks' rounding.
+  const double ratio = static_cast<double>(full - kProcessBaselineBytes) /
+                       static_cast<double>(smaller - kProcessBaselineBytes);
+  CHECK(ratio > 1.9);
+  CHECK(ratio < 2.1);
+}
