@@ -18,7 +18,7 @@ template <class Job>
 std::vector<TileRef> tiles_of(std::span<const Job> jobs) {
   std::vector<TileRef> tiles;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    for (std::int64_t r = 0; r < jobs[i].rows; r += kTileRows) tiles.push_back(TileRef{i, r});
+    for (std::int64_t r = 0; r < jobs[i].rows; r += kAttendRows) tiles.push_back(TileRef{i, r});
   }
   // Late rows see the most keys under the causal mask: start the heaviest tiles first so the
   // pool does not end waiting on one long tile.
@@ -41,7 +41,7 @@ void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRo
   pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
     const TileRef& tile = tiles[static_cast<std::size_t>(t)];
     const BlockJob& job = jobs[tile.job];
-    const int rows = static_cast<int>(std::min<std::int64_t>(kTileRows, job.rows - tile.row));
+    const int rows = static_cast<int>(std::min<std::int64_t>(kAttendRows, job.rows - tile.row));
     attend_tile(job.q + tile.row * dim, job.first_pos + tile.row, rows, job.k, job.v, job.keys, dim,
                 scale, rounding, thread_scratch(), job.out + tile.row * dim, job.lse + tile.row);
   });
@@ -53,7 +53,7 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
   pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
     const TileRef& tile = tiles[static_cast<std::size_t>(t)];
     const FoldJob& job = jobs[tile.job];
-    const int rows = static_cast<int>(std::min<std::int64_t>(kTileRows, job.rows - tile.row));
+    const int rows = static_cast<int>(std::min<std::int64_t>(kAttendRows, job.rows - tile.row));
     const std::int64_t first = job.first_pos + tile.row, last = first + rows - 1;
     float* out = job.out + tile.row * dim;
     float* lse = job.lse + tile.row;

@@ -1,6 +1,8 @@
-// The tile kernel: 16 query rows at once, one SIMD lane per row for the scores and the
-// softmax, and the d dimension across lanes for P·V. Every output element follows the
-// canonical sequential order of attention_math.h; the tests compare it bit for bit.
+// The tile kernel: up to 64 query rows at once in lane tiles of 16, one SIMD lane per row for
+// the scores and the softmax, and the d dimension across lanes for P·V; K and V are read a
+// chunk at a time for every lane tile, so a long block streams from memory once per 64 rows. Every
+// output element follows the canonical sequential order of attention_math.h; the tests compare it
+// bit for bit.
 #include <algorithm>
 #include <stdexcept>
 
@@ -18,16 +20,20 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
                  Range keys, int dim, float scale, ProbRounding rounding, TileScratch& scratch,
                  float* out, float* lse) {
   if (dim % 64 != 0 || dim > 256) throw std::invalid_argument("attend_tile: unsupported head dim");
-  if (rows < 1 || rows > kTileRows) throw std::invalid_argument("attend_tile: 1..16 rows");
+  if (rows < 1 || rows > kAttendRows) throw std::invalid_argument("attend_tile: 1..64 rows");
+  const int tiles = (rows + kTileRows - 1) / kTileRows;
 
-  // Visible keys per row (causal by global position), counted from keys.begin.
-  std::int64_t visible[kTileRows] = {};
-  float visible_f[kTileRows] = {};
+  // Visible keys per row (causal by global position), counted from keys.begin; per lane tile,
+  // the most any of its rows sees.
+  std::int64_t visible[kAttendRows] = {};
+  float visible_f[kAttendRows] = {};
+  std::int64_t tile_keys[kAttendRows / kTileRows] = {};
   std::int64_t n = 0, pairs = 0;
   for (int r = 0; r < rows; ++r) {
     const std::int64_t last = std::min(keys.end, first_pos + r + 1);
     visible[r] = std::max<std::int64_t>(0, last - keys.begin);
     visible_f[r] = static_cast<float>(visible[r]);
+    tile_keys[r / kTileRows] = std::max(tile_keys[r / kTileRows], visible[r]);
     n = std::max(n, visible[r]);
     pairs += visible[r];
   }
@@ -39,35 +45,55 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   }
   if (n == 0) return;
 
-  scratch.q_transposed.resize(static_cast<std::size_t>(dim) * kTileRows);
-  tile::transpose(q, rows, dim, scratch.q_transposed.data());
-  if (scratch.scores.size() < static_cast<std::size_t>(n) * kTileRows) {
-    scratch.scores.resize(static_cast<std::size_t>(n) * kTileRows);
+  // Per lane tile t (rows 16t …): its transposed rows and its scores [keys][16], n keys apart.
+  scratch.q_transposed.resize(static_cast<std::size_t>(dim) * kAttendRows);
+  for (int t = 0; t < tiles; ++t) {
+    tile::transpose(q + static_cast<std::ptrdiff_t>(t) * kTileRows * dim,
+                    std::min(kTileRows, rows - t * kTileRows), dim,
+                    scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows);
   }
-  float* scores = scratch.scores.data();
-  const float* qt = scratch.q_transposed.data();
-  const F16 scale16 = simd::splat(scale), vis = simd::load(visible_f);
-
-  tile::dot_all_keys(qt, k, n, dim, scale16, vis, scores);
-
-  F16 m = simd::splat(neg_inf_f32());
-  for (std::int64_t j = 0; j < n; ++j) m = simd::max(simd::load(scores + j * kTileRows), m);
-  // Rows without visible keys keep m = -inf; give them 0 so exp sees -inf, not NaN.
-  m = simd::select(simd::gt(vis, simd::splat(0.0f)), m, simd::splat(0.0f));
-
-  F16 l = simd::splat(0.0f);
-  for (std::int64_t j = 0; j < n; ++j) {
-    const F16 p = simd::exp(simd::sub(simd::load(scores + j * kTileRows), m));
-    l = simd::add(l, p);
-    simd::store(scores + j * kTileRows, rounding == ProbRounding::bf16 ? simd::round_bf16(p) : p);
+  const std::int64_t stride = n * kTileRows;
+  if (scratch.scores.size() < static_cast<std::size_t>(stride * tiles)) {
+    scratch.scores.resize(static_cast<std::size_t>(stride * tiles));
   }
-  float l_rows[kTileRows], m_rows[kTileRows];
-  simd::store(l_rows, l);
-  simd::store(m_rows, m);
+  const F16 scale16 = simd::splat(scale);
+
+  // Scores, a chunk of keys at a time for every lane tile: the chunk of K is read from memory
+  // once for all of them. Each score is the same fma chain over d whichever chunk holds it.
+  for (std::int64_t j0 = 0; j0 < n; j0 += tile::kKeyChunk) {
+    for (int t = 0; t < tiles; ++t) {
+      const std::int64_t j1 = std::min(j0 + tile::kKeyChunk, tile_keys[t]);
+      if (j1 <= j0) continue;
+      tile::dot_key_range(
+          scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows, k, j0, j1,
+          dim, scale16, simd::load(visible_f + t * kTileRows), scratch.scores.data() + t * stride);
+    }
+  }
+
+  // The softmax of each lane tile over its keys: the max, then exp(s - m) and their sum in key
+  // order.
+  float l_rows[kAttendRows], m_rows[kAttendRows];
+  for (int t = 0; t < tiles; ++t) {
+    float* scores = scratch.scores.data() + t * stride;
+    const F16 vis = simd::load(visible_f + t * kTileRows);
+    F16 m = simd::splat(neg_inf_f32());
+    for (std::int64_t j = 0; j < tile_keys[t]; ++j)
+      m = simd::max(simd::load(scores + j * kTileRows), m);
+    // Rows without visible keys keep m = -inf; give them 0 so exp sees -inf, not NaN.
+    m = simd::select(simd::gt(vis, simd::splat(0.0f)), m, simd::splat(0.0f));
+    F16 l = simd::splat(0.0f);
+    for (std::int64_t j = 0; j < tile_keys[t]; ++j) {
+      const F16 p = simd::exp(simd::sub(simd::load(scores + j * kTileRows), m));
+      l = simd::add(l, p);
+      simd::store(scores + j * kTileRows, rounding == ProbRounding::bf16 ? simd::round_bf16(p) : p);
+    }
+    simd::store(l_rows + t * kTileRows, l);
+    simd::store(m_rows + t * kTileRows, m);
+  }
 
   // P·V, each row stopping exactly at its last visible key, then divided by the row's sum:
   // out = acc / l (rows that see no key keep the zeros written above).
-  tile::rows_times(scores, v, dim, visible, rows, out);
+  tile::rows_times(scratch.scores.data(), stride, v, dim, visible, rows, out);
   for (int r = 0; r < rows; ++r) {
     if (visible[r] == 0) {
       std::fill(out + r * dim, out + (r + 1) * dim, 0.0f);

@@ -42,10 +42,10 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
   }
   tile::transpose(q, rows, dim, s.q_t.data());
   tile::transpose(d_out, rows, dim, s.d_out_t.data());
-  tile::dot_all_keys(s.q_t.data(), k, n, dim, simd::splat(scale), simd::load(visible_f),
-                     s.p.data());
-  tile::dot_all_keys(s.d_out_t.data(), v, n, dim, simd::splat(1.0f),
-                     simd::splat(static_cast<float>(n + 1)), s.dp.data());
+  tile::dot_key_range(s.q_t.data(), k, 0, n, dim, simd::splat(scale), simd::load(visible_f),
+                      s.p.data());
+  tile::dot_key_range(s.d_out_t.data(), v, 0, n, dim, simd::splat(1.0f),
+                      simd::splat(static_cast<float>(n + 1)), s.dp.data());
   const F16 lse16 = simd::load(lse_lanes), delta16 = simd::load(delta_lanes);
   for (std::int64_t j = 0; j < n; ++j) {
     const F16 p = simd::exp(simd::sub(simd::load(s.p.data() + j * kTileRows), lse16));
@@ -54,7 +54,7 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
                 simd::mul(p, simd::sub(simd::load(s.dp.data() + j * kTileRows), delta16)));
   }
   // dq: each row over exactly its visible keys.
-  tile::rows_times(s.ds.data(), k, dim, visible, rows, dq);
+  tile::rows_times(s.ds.data(), 0, k, dim, visible, rows, dq);
   // dk, dv over the tile's rows in order. A row that cannot see key j (it comes before j) has
   // P = exp(-inf) = +0 and dS = ±0, and every earlier row cannot see j either, so j's
   // accumulators are still the +0 they started from: adding ±0 keeps +0, the same bits as

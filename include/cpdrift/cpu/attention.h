@@ -12,16 +12,18 @@
 
 namespace cpd {
 
-/// Rows handled together by one kernel call: one SIMD lane per row.
+/// Rows of one lane tile: one SIMD lane per row.
 inline constexpr int kTileRows = 16;
+/// Rows of one forward kernel call: four lane tiles, which share every K and V row they read.
+inline constexpr int kAttendRows = 4 * kTileRows;
 
-/// Reusable per-thread buffers of the tile kernel (scores of a tile against a block).
+/// Reusable per-thread buffers of the tile kernel (scores of its lane tiles against a block).
 struct TileScratch {
-  std::vector<float> q_transposed;  // [dim][16]
-  std::vector<float> scores;        // [keys][16]
+  std::vector<float> q_transposed;  // per lane tile [dim][16]
+  std::vector<float> scores;        // per lane tile [keys][16]
 };
 
-/// Partial states of `rows` ≤ 16 consecutive query rows (global positions first_pos …) of one
+/// Partial states of `rows` ≤ 64 consecutive query rows (global positions first_pos …) of one
 /// head against the keys `keys` of one KV head. q: [rows][dim]; k, v: keys.size() rows of dim
 /// (row j holds position keys.begin + j), contiguous or paged; out: [rows][dim]; lse: [rows].
 /// Row r sees the keys at positions ≤ first_pos + r. Each row's bits equal partial_state_row
@@ -31,7 +33,7 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
                  Range keys, int dim, float scale, ProbRounding rounding, TileScratch& scratch,
                  float* out, float* lse);
 
-/// Partial states of every job, 16-row tiles spread over the pool.
+/// Partial states of every job, tiles of 64 rows spread over the pool.
 void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding,
                     ThreadPool& pool);
 
