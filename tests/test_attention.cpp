@@ -29,15 +29,16 @@ const float kScale = ModelDims{}.softmax_scale();
 }  // namespace
 
 TEST_CASE("tile kernel equals the canonical scalar definition bit for bit") {
-  // Tiles of 1..16 rows at positions before, across and after the KV block, both roundings:
-  // every row must equal partial_state_row over exactly its visible keys.
-  const std::vector<float> q = random_rows(16, 1), k = random_rows(300, 2), v = random_rows(300, 3);
+  // Calls of 1..64 rows (one to four lane tiles, the last one short) at positions before,
+  // across and after the KV block, both roundings: every row must equal partial_state_row over
+  // exactly its visible keys.
+  const std::vector<float> q = random_rows(64, 1), k = random_rows(300, 2), v = random_rows(300, 3);
   TileScratch scratch;
   for (const ProbRounding rounding : {ProbRounding::none, ProbRounding::bf16}) {
     for (const Range keys : {Range{100, 101}, Range{100, 107}, Range{100, 108}, Range{100, 109},
                              Range{100, 300}, Range{0, 17}}) {
       for (const std::int64_t first : {0LL, 90LL, 100LL, 103LL, 150LL, 290LL, 400LL}) {
-        for (const int rows : {1, 3, 4, 5, 15, 16}) {
+        for (const int rows : {1, 3, 4, 5, 15, 16, 17, 33, 48, 63, 64}) {
           std::vector<float> out(rows * kDim), lse(rows);
           const float* kb = k.data() + keys.begin * kDim;
           const float* vb = v.data() + keys.begin * kDim;
@@ -90,17 +91,18 @@ PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t 
 }  // namespace
 
 TEST_CASE("tile kernel across key chunks: rows whose last key falls on either side of a chunk") {
-  // P·V runs over chunks of tile::kKeyChunk (128) keys; rows of one 4-row group stopping in
-  // different chunks, exactly at a boundary, one past it, and in the third chunk.
-  const std::vector<float> q = random_rows(16, 11), k = random_rows(700, 12),
+  // The scores and P·V run over chunks of tile::kKeyChunk (128) keys for all four lane tiles;
+  // rows of one 4-row group stopping in different chunks, exactly at a boundary, one past it,
+  // and in the third chunk, and lane tiles that stop in different chunks.
+  const std::vector<float> q = random_rows(64, 11), k = random_rows(700, 12),
                            v = random_rows(700, 13);
   TileScratch scratch;
   for (const std::int64_t first : {114LL, 125LL, 126LL, 127LL, 250LL, 255LL, 380LL, 620LL}) {
     const Range keys{0, 700};
-    std::vector<float> out(16 * kDim), lse(16);
-    attend_tile(q.data(), first, 16, k.data(), v.data(), keys, kDim, kScale, ProbRounding::none,
+    std::vector<float> out(64 * kDim), lse(64);
+    attend_tile(q.data(), first, 64, k.data(), v.data(), keys, kDim, kScale, ProbRounding::none,
                 scratch, out.data(), lse.data());
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < 64; ++r) {
       const int visible = static_cast<int>(std::min<std::int64_t>(700, first + r + 1));
       float ref_out[kDim], ref_lse;
       partial_state_row(q.data() + r * kDim, k.data(), v.data(), visible, kDim, kScale,

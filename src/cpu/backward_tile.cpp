@@ -1,6 +1,7 @@
-// Backward tiles: the tile's scores, dP, P and dS with one SIMD lane per query row; dq over
-// the block's keys with d across lanes; dk and dv of the block's keys accumulated over the
-// tile's rows in order. Every element follows attention_backward_math.h exactly.
+// Backward tiles: up to four lane tiles of 16 query rows, a chunk of keys at a time: the scores,
+// dP, P and dS with one SIMD lane per query row; dq over the block's keys with d across lanes;
+// dk and dv of the chunk's keys accumulated over the rows in order. Every element follows
+// attention_backward_math.h exactly.
 #include <algorithm>
 #include <stdexcept>
 
@@ -18,52 +19,75 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
                    int dim, float scale, BackwardScratch& s, float* dq, float* dk, float* dv) {
   if (dim % 64 != 0)
     throw std::invalid_argument("backward_tile: head dim must be a multiple of 64");
-  if (rows < 1 || rows > kTileRows) throw std::invalid_argument("backward_tile: 1..16 rows");
-  // Visible keys per row; keys past the tile's last row are never visible here.
-  std::int64_t visible[kTileRows] = {};
-  float visible_f[kTileRows] = {}, lse_lanes[kTileRows] = {}, delta_lanes[kTileRows] = {};
+  if (rows < 1 || rows > kAttendRows) throw std::invalid_argument("backward_tile: 1..64 rows");
+  const int tiles = (rows + kTileRows - 1) / kTileRows;
+  // Visible keys per row; keys past the tile's last row are never visible here. Per lane tile,
+  // the most any of its rows sees.
+  std::int64_t visible[kAttendRows] = {}, tile_keys[kAttendRows / kTileRows] = {};
+  float visible_f[kAttendRows] = {}, lse_lanes[kAttendRows] = {}, delta_lanes[kAttendRows] = {};
   std::int64_t n = 0, pairs = 0;
   for (int r = 0; r < rows; ++r) {
     visible[r] = std::clamp<std::int64_t>(first_pos + r + 1 - keys.begin, 0, keys.size());
     visible_f[r] = static_cast<float>(visible[r]);
     lse_lanes[r] = lse[r];
     delta_lanes[r] = delta[r];
+    tile_keys[r / kTileRows] = std::max(tile_keys[r / kTileRows], visible[r]);
     n = std::max(n, visible[r]);
     pairs += visible[r];
   }
   kernel_work_counters::add_backward(static_cast<std::uint64_t>(pairs));
-  s.q_t.resize(static_cast<std::size_t>(dim) * kTileRows);
+  constexpr std::int64_t kChunk = tile::kKeyChunk;
+  const std::size_t lanes = static_cast<std::size_t>(dim) * kTileRows,
+                    chunk = static_cast<std::size_t>(kChunk) * kTileRows;
+  s.q_t.resize(lanes * kAttendRows / kTileRows);
   s.d_out_t.resize(s.q_t.size());
-  const std::size_t tile = static_cast<std::size_t>(n) * kTileRows;
-  if (s.p.size() < tile) {
-    s.p.resize(tile);
-    s.ds.resize(tile);
-    s.dp.resize(tile);
+  s.p.resize(chunk * kAttendRows / kTileRows);
+  s.ds.resize(s.p.size());
+  s.dp.resize(s.p.size());
+  for (int t = 0; t < tiles; ++t) {
+    const int tile_rows = std::min(kTileRows, rows - t * kTileRows);
+    tile::transpose(q + t * kTileRows * dim, tile_rows, dim, s.q_t.data() + t * lanes);
+    tile::transpose(d_out + t * kTileRows * dim, tile_rows, dim, s.d_out_t.data() + t * lanes);
   }
-  tile::transpose(q, rows, dim, s.q_t.data());
-  tile::transpose(d_out, rows, dim, s.d_out_t.data());
-  tile::dot_key_range(s.q_t.data(), k, 0, n, dim, simd::splat(scale), simd::load(visible_f),
-                      s.p.data());
-  tile::dot_key_range(s.d_out_t.data(), v, 0, n, dim, simd::splat(1.0f),
-                      simd::splat(static_cast<float>(n + 1)), s.dp.data());
-  const F16 lse16 = simd::load(lse_lanes), delta16 = simd::load(delta_lanes);
-  for (std::int64_t j = 0; j < n; ++j) {
-    const F16 p = simd::exp(simd::sub(simd::load(s.p.data() + j * kTileRows), lse16));
-    simd::store(s.p.data() + j * kTileRows, p);
-    simd::store(s.ds.data() + j * kTileRows,
-                simd::mul(p, simd::sub(simd::load(s.dp.data() + j * kTileRows), delta16)));
-  }
-  // dq: each row over exactly its visible keys.
-  tile::rows_times(s.ds.data(), 0, k, dim, visible, rows, dq);
-  // dk, dv over the tile's rows in order. A row that cannot see key j (it comes before j) has
-  // P = exp(-inf) = +0 and dS = ±0, and every earlier row cannot see j either, so j's
-  // accumulators are still the +0 they started from: adding ±0 keeps +0, the same bits as
-  // leaving the masked rows out, which the definition does.
-  for (int col = 0; col < dim; col += 64) {
-    for (std::int64_t j0 = 0; j0 < n; j0 += 4) {
-      const int nk = static_cast<int>(std::min<std::int64_t>(4, n - j0));
-      tile::keys4_accumulate(s.ds.data(), q, rows, dim, col, j0, nk, dk);
-      tile::keys4_accumulate(s.p.data(), d_out, rows, dim, col, j0, nk, dv);
+  std::fill(dq, dq + static_cast<std::ptrdiff_t>(rows) * dim, 0.0f);
+  // A chunk of keys at a time for every lane tile in row order: the chunk's K, V, dK and dV are
+  // read from memory once for all of them. Per key the rows still add in ascending order, and
+  // each row's dq continues over the keys in ascending order.
+  for (std::int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    for (int t = 0; t < tiles; ++t) {
+      const std::int64_t j1 = std::min(j0 + kChunk, tile_keys[t]);
+      if (j1 <= j0) continue;
+      const int tile_rows = std::min(kTileRows, rows - t * kTileRows);
+      float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk,
+            *dp = s.dp.data() + t * chunk;
+      tile::dot_key_range(s.q_t.data() + t * lanes, k, j0, j1, dim, simd::splat(scale),
+                          simd::load(visible_f + t * kTileRows), p, j0);
+      tile::dot_key_range(s.d_out_t.data() + t * lanes, v, j0, j1, dim, simd::splat(1.0f),
+                          simd::splat(static_cast<float>(tile_keys[t] + 1)), dp, j0);
+      const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
+                delta16 = simd::load(delta_lanes + t * kTileRows);
+      for (std::int64_t j = 0; j < j1 - j0; ++j) {
+        const F16 pj = simd::exp(simd::sub(simd::load(p + j * kTileRows), lse16));
+        simd::store(p + j * kTileRows, pj);
+        simd::store(ds + j * kTileRows,
+                    simd::mul(pj, simd::sub(simd::load(dp + j * kTileRows), delta16)));
+      }
+      // dq: each row over exactly its visible keys.
+      tile::rows_times_range(ds, j0, k, dim, visible + t * kTileRows, tile_rows, j0, j1,
+                             dq + t * kTileRows * dim);
+      // dk, dv over the tile's rows in order. A row that cannot see key j (it comes before j)
+      // has P = exp(-inf) = +0 and dS = ±0, and every earlier row cannot see j either, so j's
+      // accumulators are still the +0 they started from: adding ±0 keeps +0, the same bits as
+      // leaving the masked rows out, which the definition does.
+      const float* q_rows = q + t * kTileRows * dim;
+      const float* d_out_rows = d_out + t * kTileRows * dim;
+      for (int col = 0; col < dim; col += 64) {
+        for (std::int64_t jj = j0; jj < j1; jj += 4) {
+          const int nk = static_cast<int>(std::min<std::int64_t>(4, j1 - jj));
+          tile::keys4_accumulate(ds, j0, q_rows, tile_rows, dim, col, jj, nk, dk);
+          tile::keys4_accumulate(p, j0, d_out_rows, tile_rows, dim, col, jj, nk, dv);
+        }
+      }
     }
   }
 }
@@ -89,8 +113,9 @@ void run_backward_units(std::span<const BackwardUnit> units, int dim, float scal
     for (const QueryBlockRows& qb : unit.blocks) {
       std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0f);
       std::fill(scratch.dv.begin(), scratch.dv.end(), 0.0f);
-      for (std::int64_t r = 0; r < qb.tokens.size(); r += kTileRows) {
-        const int rows = static_cast<int>(std::min<std::int64_t>(kTileRows, qb.tokens.size() - r));
+      for (std::int64_t r = 0; r < qb.tokens.size(); r += kAttendRows) {
+        const int rows =
+            static_cast<int>(std::min<std::int64_t>(kAttendRows, qb.tokens.size() - r));
         backward_tile(qb.q + r * dim, qb.d_out + r * dim, qb.lse + r, qb.delta + r,
                       qb.tokens.begin + r, rows, unit.k, unit.v, unit.keys, dim, scale, scratch,
                       qb.dq_partial + r * dim, scratch.dk.data(), scratch.dv.data());

@@ -23,11 +23,11 @@ inline void transpose(const float* rows, int nrows, int dim, float* out) {
 }
 
 /// Dot products of the tile (transposed, qt) with keys [j0, j0 + kKeys) of `k`: a sequential
-/// fma chain over d each, times `scale`, stored as out[j][r]; lane r gets -inf for keys at or
-/// past visible[r] (counted from key 0 of `k`).
+/// fma chain over d each, times `scale`, stored as out[j - out_first][r]; lane r gets -inf for
+/// keys at or past visible[r] (counted from key 0 of `k`).
 template <int kKeys>
 inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim, F16 scale,
-                     F16 visible, float* out) {
+                     F16 visible, float* out, std::int64_t out_first = 0) {
   F16 acc[kKeys];
   const float* kj[kKeys];
   for (int x = 0; x < kKeys; ++x) {
@@ -42,16 +42,18 @@ inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
   for (int x = 0; x < kKeys; ++x) {
     const F16 s = simd::mul(acc[x], scale);
     const F16 j = simd::splat(static_cast<float>(j0 + x));
-    simd::store(out + (j0 + x) * kTileRows, simd::select(simd::lt(j, visible), s, neg_inf));
+    simd::store(out + (j0 + x - out_first) * kTileRows,
+                simd::select(simd::lt(j, visible), s, neg_inf));
   }
 }
 
-/// dot_keys over keys [j0, j1) (each key's chain is the same whichever call computes it).
+/// dot_keys over keys [j0, j1) (each key's chain is the same whichever call computes it),
+/// key j stored at out[j - out_first].
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
-                          int dim, F16 scale, F16 visible, float* out) {
+                          int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
   std::int64_t j = j0;
-  for (; j + 8 <= j1; j += 8) dot_keys<8>(qt, k, j, dim, scale, visible, out);
-  for (; j < j1; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out);
+  for (; j + 8 <= j1; j += 8) dot_keys<8>(qt, k, j, dim, scale, visible, out, out_first);
+  for (; j < j1; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
 }
 
 /// For rows r0 … r0+nrows-1 (nrows ≤ 4), columns [col, col+64) and keys [j0, j1):
@@ -61,14 +63,14 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
 /// finishes on its own, so every row stops exactly at its limit.
 inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, int r0,
                         const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
-                        F16 acc[4][4]) {
+                        F16 acc[4][4], std::int64_t coef_first = 0) {
   std::int64_t common = std::min(limit[r0], j1);
   for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
   for (std::int64_t j = j0; j < common; ++j) {
     const float* bj = b.row(j, dim) + col;
     const F16 b0 = simd::load(bj), b1 = simd::load(bj + 16), b2 = simd::load(bj + 32),
               b3 = simd::load(bj + 48);
-    const float* cj = coef + j * kTileRows + r0;
+    const float* cj = coef + (j - coef_first) * kTileRows + r0;
     for (int r = 0; r < 4; ++r) {
       const F16 c = simd::splat(cj[r]);
       acc[r][0] = simd::fma(c, b0, acc[r][0]);
@@ -80,7 +82,7 @@ inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, in
   for (int r = 0; r < nrows; ++r) {
     const std::int64_t end = std::min(limit[r0 + r], j1);
     for (std::int64_t j = std::max(common, j0); j < end; ++j) {
-      const F16 c = simd::splat(coef[j * kTileRows + r0 + r]);
+      const F16 c = simd::splat(coef[(j - coef_first) * kTileRows + r0 + r]);
       const float* bj = b.row(j, dim) + col;
       for (int x = 0; x < 4; ++x) acc[r][x] = simd::fma(c, simd::load(bj + 16 * x), acc[r][x]);
     }
@@ -134,11 +136,41 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
   }
 }
 
+/// One lane tile's rows r < nrows (≤ 16), keys [j0, j1) (coefficients of key j at
+/// coef[j - coef_first][r]):
+///   out[r][…] = sequential over j0 ≤ j < min(limit[r], j1):  fma(coef[j][r], b[j][…], ·)
+/// continuing from what out holds (exact float stores and loads), so calls over consecutive key
+/// ranges compose into the one sequential order of rows_times.
+inline void rows_times_range(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
+                             const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
+                             float* out) {
+  for (int r0 = 0; r0 < nrows; r0 += 4) {
+    const int rows = std::min(4, nrows - r0);
+    bool any = false;
+    for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
+    if (!any) continue;
+    for (int col = 0; col < dim; col += 64) {
+      F16 acc[4][4];
+      for (int r = 0; r < 4; ++r) {
+        for (int x = 0; x < 4; ++x) {
+          acc[r][x] =
+              r < rows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
+        }
+      }
+      rows4_times(coef, b, dim, col, r0, limit, rows, j0, j1, acc, coef_first);
+      for (int r = 0; r < rows; ++r) {
+        for (int x = 0; x < 4; ++x) simd::store(out + (r0 + r) * dim + col + 16 * x, acc[r][x]);
+      }
+    }
+  }
+}
+
 /// For keys j0 … j0+nkeys-1 (nkeys ≤ 4) and columns [col, col+64):
 ///   acc_j += sequential over r < nrows:  fma(coef[j][r], rows[r][col…], acc_j)
-/// where acc_j lives in out[j][col…] (loaded, updated, stored).
-inline void keys4_accumulate(const float* coef, const float* rows, int nrows, int dim, int col,
-                             std::int64_t j0, int nkeys, float* out) {
+/// where acc_j lives in out[j][col…] (loaded, updated, stored); key j's coefficients at
+/// coef[j - coef_first].
+inline void keys4_accumulate(const float* coef, std::int64_t coef_first, const float* rows,
+                             int nrows, int dim, int col, std::int64_t j0, int nkeys, float* out) {
   F16 acc[4][4];
   for (int x = 0; x < nkeys; ++x) {
     for (int c = 0; c < 4; ++c) acc[x][c] = simd::load(out + (j0 + x) * dim + col + 16 * c);
@@ -148,7 +180,7 @@ inline void keys4_accumulate(const float* coef, const float* rows, int nrows, in
     const F16 r0 = simd::load(row), r1 = simd::load(row + 16), r2 = simd::load(row + 32),
               r3 = simd::load(row + 48);
     for (int x = 0; x < nkeys; ++x) {
-      const F16 c = simd::splat(coef[(j0 + x) * kTileRows + r]);
+      const F16 c = simd::splat(coef[(j0 + x - coef_first) * kTileRows + r]);
       acc[x][0] = simd::fma(c, r0, acc[x][0]);
       acc[x][1] = simd::fma(c, r1, acc[x][1]);
       acc[x][2] = simd::fma(c, r2, acc[x][2]);

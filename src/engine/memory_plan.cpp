@@ -194,12 +194,11 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
   std::vector<ProcessMemory> out(processes_.size());
   const auto scratch = [&](Process& pr) {
     // Per kernel thread: the forward's scores [keys][64] (four lane tiles); the backward's dk,
-    // dv [keys][D] and p, ds, dp [keys][16] (thread-local, so the longest key range any kernel
-    // has seen).
-    return MemoryTerm{"kernel scratch", u64(threads_) *
-                                            (pr.forward_keys * u64(kAttendRows) +
-                                             pr.scratch_keys * u64(2 * dim + 3 * kTileRows)) *
-                                            kFloat};
+    // dv [keys][D] (thread-local, so the longest key range any kernel has seen).
+    return MemoryTerm{"kernel scratch",
+                      u64(threads_) *
+                          (pr.forward_keys * u64(kAttendRows) + pr.scratch_keys * u64(2 * dim)) *
+                          kFloat};
   };
   const auto kv_heads_of = [&](const LogicalRank& r) {
     return Range{r.q_heads.begin / group, (r.q_heads.end - 1) / group + 1};

@@ -12,12 +12,12 @@
 namespace cpd {
 
 struct BackwardScratch {
-  std::vector<float> q_t, d_out_t;  // [dim][16]
-  std::vector<float> p, ds, dp;     // [keys][16]
+  std::vector<float> q_t, d_out_t;  // per lane tile [dim][16]
+  std::vector<float> p, ds, dp;     // per lane tile [a chunk of keys][16]
   std::vector<float> dk, dv;        // [keys][dim]: one query block's partials
 };
 
-/// One query tile (rows ≤ 16 consecutive positions first_pos …, of one head) against every key
+/// One query tile (rows ≤ 64 consecutive positions first_pos …, of one head) against every key
 /// of one KV block (`keys`; k, v [keys.size()][dim]):
 ///   dq [rows][dim]             ← the rows' partial dq over this block (overwritten)
 ///   dk, dv [keys.size()][dim]  += the rows' contributions, in row order
