@@ -206,6 +206,37 @@ TEST_CASE("progress: the share of the planned work and the time left, phase by p
   CHECK(text.find("left\ncpdrift: [2/2] second ...") != std::string::npos);
 }
 
+TEST_CASE("progress: a whole case names each phase once, in the order it runs them") {
+  Problem p = testing::small_problem();
+  p.seq_len = 32;
+  const CaseSpec spec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
+  ThreadPool pool(2);
+  LocalRun local(p, pool, true, 17);
+  RunContext ctx = local.ctx;
+  char buf[4096] = {};
+  std::FILE* out = fmemopen(buf, sizeof buf, "w");
+  REQUIRE(out != nullptr);
+  {
+    const CaseFlops flops(p, plan_case_work(CaseGrid(p, spec), true, ctx.vocab_size),
+                          forward_paths(p.dtype, false, false).size());
+    RunProgress progress({flops}, out, 0.0);
+    ctx.progress = &progress;
+    progress.start_case(0, "c");
+    testing::recorded_case(ctx, spec);
+  }
+  std::fclose(out);
+  const std::string text = buf;
+  std::size_t at = 0;
+  for (const char* line : {"[1/1] c ...\n", "[1/1] c: FP32 path and the CP=1 reference done; ",
+                           "[1/1] c: BF16-inputs path done; ", "[1/1] c: BF16-kernel path done; ",
+                           "[1/1] c: backward and its CP=1 reference done; 100% of the run's"}) {
+    const std::size_t found = text.find(line, at);
+    CHECK_MESSAGE(found != std::string::npos, line << " after offset " << at << " in\n" << text);
+    if (found != std::string::npos) at = found;
+  }
+  CHECK(text.find("reference and the CP=1 reference") == std::string::npos);
+}
+
 TEST_CASE("progress: a case's planned FLOPs are its phases' sum") {
   const Problem p = testing::small_problem();
   const CaseWork w =
