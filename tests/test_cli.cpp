@@ -191,12 +191,22 @@ TEST_CASE("bench prints a figure for every CPU path, and paged reads keep the bi
   CHECK(r.out.find("bits == contiguous") != std::string::npos);
 }
 
-TEST_CASE("a problem too large for the memory ends with a line saying so, not a stack trace") {
-  // 2 GB of address space for S=65536 (its queries alone take 1 GB per input dtype).
-  const Result r = run_command("ulimit -v 2000000; " + bin() + " --seq-len 65536 --quiet");
-  CHECK(r.status == 3);
-  CHECK(r.err.find("cpdrift: error: rank 0: out of memory") != std::string::npos);
-  CHECK(r.err.find("mpirun -np N") != std::string::npos);
+TEST_CASE("a run too large for the memory is refused before it allocates, with what fits") {
+  // 2 GB of address space for S=65536 (its queries alone take 1 GB per input dtype): the
+  // plan's estimate says so up front (status 2), instead of an out-of-memory error mid-run.
+  Result r = run_command("ulimit -v 2000000; " + bin() + " --seq-len 65536 --quiet");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("cpdrift: error: not enough memory: process 0 would need about ") !=
+        std::string::npos);
+  CHECK(r.err.find("the address-space limit (ulimit -v) 2.0 GB") != std::string::npos);
+  // 2^40 tokens: refused at once from the memo's floor, no grid built.
+  r = run("--seq-len 1099511627776 --quiet");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("not enough memory") != std::string::npos);
+  CHECK(r.err.find("terminate") == std::string::npos);
+  // Negative control: the same address-space limit lets a small run through.
+  r = run_command("ulimit -v 2000000; " + bin() + " --seq-len 256 --quiet");
+  CHECK(r.status == 0);
 }
 
 TEST_CASE("--help prints usage and exits 0") {
@@ -240,6 +250,15 @@ TEST_CASE("under mpirun: bad input ends every process with status 2 and one line
   for (std::size_t at = r.err.find(line); at != std::string::npos; at = r.err.find(line, at + 1))
     ++count;
   CHECK(count == 1);
+}
+
+TEST_CASE("under mpirun: a run too large for the node's memory ends every process at once") {
+  const Result r = run_mpi(2, "--seq-len 1099511627776 --tp-world-sizes 1 --cp-world-sizes 2");
+  CHECK(r.status == 2);
+  const std::string line = "cpdrift: error: not enough memory: process 0 would need about ";
+  CHECK(r.err.find(line) != std::string::npos);
+  CHECK(r.err.find(line, r.err.find(line) + 1) == std::string::npos);  // one line, rank 0's
+  CHECK(r.err.find("MemAvailable") != std::string::npos);
 }
 #endif
 

@@ -13,6 +13,7 @@
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/cpu/simd_info.h"
+#include "cpdrift/engine/memory_plan.h"
 #include "cpdrift/engine/merge_checks.h"
 #include "cpdrift/engine/run_session.h"
 #include "cpdrift/report/provenance.h"
@@ -141,11 +142,38 @@ void check_output_path(const std::string& path, const CommContext& comm) {
   });
 }
 
+// Refuses, before anything is allocated, a run whose planned peak on some process (cpdrift
+// plan's estimate) exceeds the memory that process may count on.
+void check_memory(const RunRequest& q, const RunPlan& plan, const CommContext& comm) {
+  agree_or_throw(comm, true, "", [&] {
+    const MemoryBudget budget = memory_budget(comm.local_size());
+    if (budget.bytes == 0 || plan.cases.empty()) return;
+    // The floor first: a grid of an absurd S would not fit itself.
+    std::uint64_t need = process_memory_floor(q, plan, comm.size());
+    if (need <= budget.bytes) {
+      const int threads = q.threads > 0 ? q.threads : default_threads(comm);
+      need = plan_run_peaks(q, plan, comm.size(), threads,
+                            q.device == Device::cuda)[static_cast<std::size_t>(comm.rank())];
+    }
+    if (need <= budget.bytes) return;
+    const auto gb = [](std::uint64_t bytes) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.3g GB", static_cast<double>(bytes) * 1e-9);
+      return std::string(text);
+    };
+    throw std::runtime_error(
+        "not enough memory: process " + std::to_string(comm.rank()) + " would need about " +
+        gb(need) + " at its peak (cpdrift plan's estimate) and may count on " + gb(budget.bytes) +
+        " (" + budget.source + "); use more processes or nodes, or a smaller --seq-len or --batch");
+  });
+}
+
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   const RunPlan plan = plan_run(options.request);
   check_output_path(options.output, comm);
+  check_memory(options.request, plan, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   RunSession session(options.request, comm);
   RunReport report = start_report(options, session, comm, command_line);

@@ -363,4 +363,33 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
   return out;
 }
 
+std::uint64_t process_memory_floor(const RunRequest& request, const RunPlan& plan, int processes) {
+  const Problem& p = request.problem;
+  std::uint64_t floor = 0;
+  for (const CaseSpec& spec : plan.cases) {
+    if (spec.num_logical_ranks() < processes) continue;
+    floor = std::max(
+        floor, tensor_bytes(p.batch, p.dims.num_q_heads / spec.tp, p.seq_len, p.dims.head_dim));
+  }
+  return floor == 0 ? 0 : floor + kProcessBaselineBytes;
+}
+
+std::vector<std::uint64_t> plan_run_peaks(const RunRequest& request, const RunPlan& plan,
+                                          int processes, int threads, bool gpu) {
+  const Problem& p = request.problem;
+  RunMemoryPlan memory(p, processes, threads);
+  std::vector<std::uint64_t> peaks(static_cast<std::size_t>(std::max(1, processes)), 0);
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    const CaseGrid grid(p, plan.cases[i], request.round_rows);
+    const std::vector<ProcessMemory> m = memory.add_case(
+        grid,
+        CaseMemoryOptions{forward_paths(p.dtype, gpu, gpu && request.cpu_check),
+                          request.include_backward, request.include_dlogp ? request.vocab_size : 0,
+                          i + 1 == plan.cases.size() && plan.paged.empty()});
+    for (std::size_t proc = 0; proc < m.size(); ++proc)
+      peaks[proc] = std::max(peaks[proc], m[proc].peak().bytes());
+  }
+  return peaks;
+}
+
 }  // namespace cpd

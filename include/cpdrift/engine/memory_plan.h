@@ -15,6 +15,7 @@
 
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/engine/manifest.h"
+#include "cpdrift/engine/run_request.h"
 #include "cpdrift/engine/work_plan.h"
 
 namespace cpd {
@@ -81,5 +82,15 @@ class RunMemoryPlan {
   int threads_;
   std::vector<Process> processes_;
 };
+
+/// A floor under every process's peak that needs no grid (so it costs nothing at any S): the
+/// baseline and the input memo's query planes of one rank's heads, for the run's largest case
+/// with at least as many ranks as processes. 0 when no case is that large.
+std::uint64_t process_memory_floor(const RunRequest& request, const RunPlan& plan, int processes);
+
+/// Each process's planned peak over the run's CP cases, as `cpdrift plan` prints it (paged
+/// cases are not modelled; `gpu`: a GPU run's forward paths).
+std::vector<std::uint64_t> plan_run_peaks(const RunRequest& request, const RunPlan& plan,
+                                          int processes, int threads, bool gpu);
 
 }  // namespace cpd
