@@ -530,6 +530,34 @@ TEST_CASE("--dump without HDF5 is refused up front") {
 #endif
 
 #if defined(CPD_HAVE_MPI)
+TEST_CASE("the RL metrics of every case are the same figures on 1, 2 and 4 processes") {
+  // Gathered to rank 0 in (sequence, position) order and computed there, they cannot depend
+  // on where the tokens lived. Negative control: another seed changes them.
+  const std::string args =
+      "--seq-len 48 --batch 2 --tp-world-sizes 1,2 --cp-world-sizes 2 --kv-chunk-sizes 8 "
+      "--cp-layouts zigzag --include-dlogp --json --quiet";
+  std::vector<std::string> runs;
+  for (const auto& [np, extra] : std::vector<std::pair<int, std::string>>{
+           {1, ""}, {2, " --protocols ring_kv"}, {4, ""}, {4, " --seed 7"}}) {
+    const Result r = run_mpi(np, args + extra);
+    REQUIRE(r.status == 0);
+    const cpd::json::Value report = cpd::json::parse(r.out);
+    std::string all;
+    for (const cpd::json::Value& c : report.at("cases").as_array()) {
+      const cpd::json::Value& m = c.at("dlogp").at("rl_metrics");
+      CHECK(m.at("tokens").as_uint64() == 2 * 47);  // every token but each sequence's first
+      CHECK(m.at("worst_tokens").as_array().size() == 5);
+      all += cpd::json::to_string(m);
+    }
+    runs.push_back(all);
+  }
+  CHECK(runs[1] == runs[0]);
+  CHECK(runs[2] == runs[0]);
+  CHECK(runs[3] != runs[0]);
+}
+#endif
+
+#if defined(CPD_HAVE_MPI)
 TEST_CASE(
     "accept --mode run under mpirun -np 4: CPU and paged rows pass, the rest fail closed, exit 1") {
   const std::string dir = tmp_dir() + "/cpdrift_accept_" + std::to_string(::getpid());

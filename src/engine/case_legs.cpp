@@ -1,6 +1,8 @@
 #include "case_legs.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/dlogp.h"
@@ -68,12 +70,70 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
   return record;
 }
 
+namespace {
+
+// Every active token's (candidate, reference) logprobs on rank 0, in (sequence, position)
+// order: each token owner's two shards streamed there (one float a token each).
+// `owned[id]`: the hosted token owners' shards.
+std::vector<TokenPair> gather_tokens(
+    const RunContext& ctx, const CaseGrid& grid,
+    const std::map<int, std::pair<const Shard*, const Shard*>>& owned) {
+  const Problem& p = grid.problem;
+  const int world = ctx.collectives.size();
+  std::vector<StreamSegment> segments;
+  std::vector<const LogicalRank*> owners;
+  for (int c = 0; c < grid.spec.cp; ++c) {
+    const LogicalRank& o = grid.at(0, c);
+    owners.push_back(&o);
+    const auto here = owned.find(o.id);
+    const std::size_t floats = static_cast<std::size_t>(p.batch * total_size(o.tokens));
+    for (int which = 0; which < 2; ++which) {
+      const float* data = nullptr;
+      if (here != owned.end())
+        data = (which == 0 ? here->second.first : here->second.second)->data.data();
+      segments.push_back(StreamSegment{process_of(o.id, world), data, floats});
+    }
+  }
+  std::vector<std::vector<float>> pieces(segments.size());
+  ctx.collectives.stream_to_root(segments, [&](std::size_t i, const float* data) {
+    pieces[i].assign(data, data + segments[i].floats);
+  });
+  std::vector<TokenPair> tokens;
+  if (!ctx.collectives.root()) return tokens;
+  // Each position's owner (CP rank) and its row in that owner's shards.
+  std::vector<int> owner_of(static_cast<std::size_t>(p.seq_len), 0);
+  std::vector<std::int64_t> row_of(owner_of.size(), 0);
+  for (int c = 0; c < grid.spec.cp; ++c) {
+    std::int64_t row = 0;
+    for (const Range& t : owners[static_cast<std::size_t>(c)]->tokens) {
+      for (std::int64_t pos = t.begin; pos < t.end; ++pos, ++row) {
+        owner_of[static_cast<std::size_t>(pos)] = c;
+        row_of[static_cast<std::size_t>(pos)] = row;
+      }
+    }
+  }
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t pos = 1; pos < p.seq_len; ++pos) {  // the active tokens
+      const int c = owner_of[static_cast<std::size_t>(pos)];
+      const std::int64_t rows = total_size(owners[static_cast<std::size_t>(c)]->tokens);
+      const std::size_t at =
+          static_cast<std::size_t>(b * rows + row_of[static_cast<std::size_t>(pos)]);
+      tokens.push_back(TokenPair{b, pos, c, pieces[static_cast<std::size_t>(2 * c)][at],
+                                 pieces[static_cast<std::size_t>(2 * c + 1)][at]});
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
 void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                const std::vector<const AttnShard*>& candidate,
                const std::vector<const AttnShard*>& reference, CaseSink& sink) {
   CasePart o(grid.spec.cp);
   Comparison& c = o.dlogp.emplace();
   std::vector<const Shard*> cand_logp, ref_logp;
+  std::map<int, std::pair<const Shard*, const Shard*>> owned;  // token owner id -> its shards
   for (TokenLogprobs& lp :
        run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs.backend())) {
     // The active tokens: all but each sequence's first.
@@ -91,7 +151,9 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
     c.add(lp.rank.cp_rank, kept.data(), o.held.keep(std::move(ref)).data(), kept.size());
     cand_logp.push_back(&o.held.keep(std::move(lp.candidate)));
     ref_logp.push_back(&o.held.keep(std::move(lp.reference)));
+    owned[lp.rank.id] = {cand_logp.back(), ref_logp.back()};
   }
+  o.dlogp_tokens = gather_tokens(ctx, grid, owned);
   // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP
   // rank.
   const std::string base = case_group(name) + "/";

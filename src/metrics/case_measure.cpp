@@ -82,6 +82,7 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
   if (part.dlogp) {
     into.dlogp.available = true;
     into.dlogp.drift = m.stats(*part.dlogp);
+    into.dlogp.rl = compute_rl_metrics(part.dlogp_tokens);
   }
 }
 

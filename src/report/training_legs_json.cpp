@@ -80,6 +80,52 @@ Value backward_json(const RunReport& r, const CaseResult& c) {
   return v;
 }
 
+Value token_json(const TokenPair& t) {
+  Value v = Value::object();
+  v["sequence"] = t.sequence;
+  v["position"] = t.position;
+  v["cp_rank"] = t.cp_rank;
+  v["logp_train"] = static_cast<double>(t.train);
+  v["logp_rollout"] = static_cast<double>(t.rollout);
+  v["delta"] = static_cast<double>(t.train) - static_cast<double>(t.rollout);
+  return v;
+}
+
+// The RL frameworks' train/rollout figures over the active tokens (metrics/rl_metrics.h).
+Value rl_metrics_json(const RlMetrics& m) {
+  Value v = Value::object();
+  v["sign_convention"] = "delta = logp_train - logp_rollout (candidate - reference)";
+  v["tokens"] = m.tokens;
+  Value a = Value::object();
+  a["mean"] = m.abs_mean;
+  a["std"] = m.abs_std;
+  a["max"] = m.abs_max;
+  a["p50"] = m.abs_p50;
+  a["p99"] = m.abs_p99;
+  v["abs_delta"] = std::move(a);
+  Value r = Value::object();
+  r["mean"] = m.ratio_mean;
+  r["std"] = m.ratio_std;
+  r["min"] = m.ratio_min;
+  r["max"] = m.ratio_max;
+  r["effective_sample_size"] = m.effective_sample_size;
+  r["band"] = m.options.ratio_band;
+  r["outside_band_fraction"] = m.outside_band_fraction;
+  r["tis_clip"] = m.options.tis_clip;
+  r["tis_clip_fraction"] = m.tis_clip_fraction;
+  r["chi_squared"] = m.chi_squared;
+  v["importance_ratio"] = std::move(r);
+  Value kl = Value::object();
+  kl["k1_mean"] = m.k1_mean;
+  kl["k3_mean"] = m.k3_mean;
+  v["kl_rollout_train"] = std::move(kl);
+  v["first_divergent_token"] = m.diverged ? token_json(m.first_divergent) : Value();
+  Value worst = Value::array();
+  for (const TokenPair& t : m.worst) worst.push_back(token_json(t));
+  v["worst_tokens"] = std::move(worst);
+  return v;
+}
+
 Value dlogp_case_json(const CaseResult& c, DType dtype) {
   Value v = Value::object();
   if (!c.dlogp.available) {
@@ -94,6 +140,7 @@ Value dlogp_case_json(const CaseResult& c, DType dtype) {
   v["vocab_size"] = c.dlogp.vocab_size;
   v["active_token_count"] = c.dlogp.drift.active_count;
   v["drift"] = stats_json(c.dlogp.drift);
+  v["rl_metrics"] = rl_metrics_json(c.dlogp.rl);
   return v;
 }
 

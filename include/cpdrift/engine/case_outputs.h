@@ -65,6 +65,15 @@ struct BackwardComparisons {
   Comparison bf16_dq, bf16_dk, bf16_dv;
 };
 
+/// One active token of a logprob comparison: where it is and its two logprobs (the train side,
+/// the case's candidate; the rollout side, its reference).
+struct TokenPair {
+  int sequence = 0;
+  std::int64_t position = 0;
+  int cp_rank = 0;  // the CP rank that owns it
+  float train = 0, rollout = 0;
+};
+
 /// A part of a prefill case that is complete: the comparisons it makes and the tensors it
 /// publishes. The engine hands a case's parts to the sink as they complete and frees each once
 /// the sink returns, so no more than one part's tensors are alive beyond what later parts need.
@@ -86,6 +95,9 @@ struct CasePart {
   std::optional<OutLseComparison> cuda_vs_cpu_fp32;  // GPU runs: the FP32 path again on the CPU
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
+  /// With dlogp, on rank 0 only: every active token's pair in (sequence, position) order (the
+  /// RL metrics' input; one float pair a token).
+  std::vector<TokenPair> dlogp_tokens;
   HeldTensors held;
 };
 

@@ -9,6 +9,7 @@
 
 #include "cpdrift/engine/case_outputs.h"
 #include "cpdrift/metrics/diff_stats.h"
+#include "cpdrift/metrics/rl_metrics.h"
 #include "cpdrift/paged/paged_case.h"
 
 namespace cpd {
@@ -48,6 +49,7 @@ struct DlogpDrift {
   bool available = false;
   int vocab_size = 0;
   DiffStats drift;  // over the active tokens
+  RlMetrics rl;     // the same tokens in the figures RL frameworks log (rank 0)
 };
 
 struct CaseResult {

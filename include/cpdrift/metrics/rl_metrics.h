@@ -1,0 +1,46 @@
+// The train/rollout mismatch figures RL frameworks log, over the active tokens of a logprob
+// comparison, with their sign convention Δ = logp_train − logp_rollout (here: the candidate,
+// the case's CP output, minus the reference, the FP32 CP=1 output cast alike):
+//   |Δ| mean, std, max, p50, p99      slime train_rollout_logprob_abs_diff,
+//                                     SkyRL rollout_train_logprobs_abs_diff_{mean,std,max}
+//   ρ = exp(Δ): mean, std, min, max, effective sample size (Σρ)²/Σρ², the fraction outside
+//     [1 − ε, 1 + ε], the truncated-IS clip fraction ρ > C (slime tis_clipfrac), χ² = E[ρ²] − 1
+//   KL(π_rollout ‖ π_train) by the sampled-token estimators k1 = −Δ and k3 = (ρ − 1) − log ρ
+//     (verl rollout_corr kl, k3_kl)
+//   the first token whose logprob bits differ, and the worst tokens by |Δ|.
+// All in FP64 over the tokens in (sequence, position) order, so the figures are the same
+// however the tokens were spread over processes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cpdrift/engine/case_outputs.h"
+
+namespace cpd {
+
+struct RlMetricOptions {
+  double ratio_band = 0.2;  // ε: ρ outside [1 − ε, 1 + ε] counts as off
+  double tis_clip = 2.0;    // C: ρ > C is clipped by truncated importance sampling
+  int worst = 5;            // how many worst tokens to list
+};
+
+struct RlMetrics {
+  std::uint64_t tokens = 0;
+  double abs_mean = 0, abs_std = 0, abs_max = 0, abs_p50 = 0, abs_p99 = 0;
+  double ratio_mean = 0, ratio_std = 0, ratio_min = 0, ratio_max = 0;
+  double effective_sample_size = 0;  // (Σρ)²/Σρ²; `tokens` when every ρ is 1
+  double outside_band_fraction = 0, tis_clip_fraction = 0, chi_squared = 0;
+  double k1_mean = 0, k3_mean = 0;
+  bool diverged = false;  // some token's logprob bits differ
+  TokenPair first_divergent;
+  std::vector<TokenPair> worst;  // by |Δ| descending, ties in token order
+  RlMetricOptions options;
+};
+
+/// `tokens` in (sequence, position) order. No tokens: every figure 0.
+RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens,
+                             const RlMetricOptions& options = {});
+
+}  // namespace cpd

@@ -1,0 +1,124 @@
+// The RL frameworks' train/rollout figures (metrics/rl_metrics.h) against a plain FP64
+// computation written out here, on tokens whose logprobs are exact in FP32, and their edge
+// cases: no tokens, identical logprobs, ties among the worst tokens.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpdrift/metrics/rl_metrics.h"
+
+using namespace cpd;
+
+namespace {
+
+std::vector<TokenPair> tokens_of(const std::vector<float>& train,
+                                 const std::vector<float>& rollout) {
+  std::vector<TokenPair> t;
+  for (std::size_t i = 0; i < train.size(); ++i)
+    t.push_back(TokenPair{static_cast<int>(i / 4), static_cast<std::int64_t>(i % 4 + 1),
+                          static_cast<int>(i % 2), train[i], rollout[i]});
+  return t;
+}
+
+bool close(double a, double b) { return std::fabs(a - b) <= 1e-12 * std::max(1.0, std::fabs(b)); }
+
+}  // namespace
+
+TEST_CASE("rl metrics: every figure against a plain FP64 computation") {
+  // Deltas 0.5, -0.25, 1.0 (ρ = e > 2: clipped), 0, -0.75, 0.125, 0.0625, -1.5.
+  const std::vector<float> rollout = {-1.0f, -2.0f, -3.0f, -0.5f, -1.25f, -4.0f, -2.5f, -0.25f};
+  const std::vector<float> train = {-0.5f, -2.25f, -2.0f, -0.5f, -2.0f, -3.875f, -2.4375f, -1.75f};
+  const std::vector<TokenPair> t = tokens_of(train, rollout);
+  const RlMetrics m = compute_rl_metrics(t);
+
+  const double n = static_cast<double>(t.size());
+  std::vector<double> d, a;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    d.push_back(static_cast<double>(train[i]) - rollout[i]);
+    a.push_back(std::fabs(d.back()));
+  }
+  double mean_a = 0, mean_r = 0, r_sq = 0, k1 = 0, k3 = 0, rmin = 1e300, rmax = -1e300;
+  int outside = 0, clipped = 0;
+  for (const double x : d) {
+    const double r = std::exp(x);
+    mean_a += std::fabs(x) / n;
+    mean_r += r / n;
+    r_sq += r * r;
+    k1 += -x / n;
+    k3 += (r - 1 - std::log(r)) / n;
+    rmin = std::min(rmin, r);
+    rmax = std::max(rmax, r);
+    outside += (r < 0.8 || r > 1.2) ? 1 : 0;
+    clipped += r > 2.0 ? 1 : 0;
+  }
+  double var_a = 0, var_r = 0;
+  for (const double x : d) {
+    var_a += (std::fabs(x) - mean_a) * (std::fabs(x) - mean_a) / n;
+    var_r += (std::exp(x) - mean_r) * (std::exp(x) - mean_r) / n;
+  }
+  std::vector<double> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  // numpy's default quantile: p50 between ranks 3 and 4 (0.25, 0.5), p99 at rank 6.93.
+  const double p50 = sorted[3] + (sorted[4] - sorted[3]) * 0.5;
+  const double p99 = sorted[6] + (sorted[7] - sorted[6]) * (0.99 * 7 - 6);
+
+  CHECK(m.tokens == 8);
+  CHECK(close(m.abs_mean, mean_a));
+  CHECK(close(m.abs_std, std::sqrt(var_a)));
+  CHECK(m.abs_max == 1.5);
+  CHECK(close(m.abs_p50, p50));
+  CHECK(close(m.abs_p99, p99));
+  CHECK(close(m.ratio_mean, mean_r));
+  CHECK(close(m.ratio_std, std::sqrt(var_r)));
+  CHECK(close(m.ratio_min, rmin));
+  CHECK(close(m.ratio_max, rmax));
+  CHECK(close(m.effective_sample_size, mean_r * n * mean_r * n / r_sq));
+  CHECK(m.outside_band_fraction == outside / n);
+  CHECK(m.tis_clip_fraction == clipped / n);
+  CHECK(clipped == 1);
+  CHECK(close(m.chi_squared, r_sq / n - 1));
+  CHECK(close(m.k1_mean, k1));
+  CHECK(close(m.k3_mean, k3));
+  // The first divergent token is the first one; the worst, by |Δ|: 1.5, 1.0, 0.75, 0.5, 0.25.
+  CHECK(m.diverged);
+  CHECK(m.first_divergent.sequence == 0);
+  CHECK(m.first_divergent.position == 1);
+  REQUIRE(m.worst.size() == 5);
+  const std::int64_t expected[5][2] = {{1, 4}, {0, 3}, {1, 1}, {0, 1}, {0, 2}};
+  for (int i = 0; i < 5; ++i) {
+    CHECK(m.worst[static_cast<std::size_t>(i)].sequence == expected[i][0]);
+    CHECK(m.worst[static_cast<std::size_t>(i)].position == expected[i][1]);
+  }
+}
+
+TEST_CASE("rl metrics: identical logprobs are no drift at all; none is every figure 0") {
+  const std::vector<float> x = {-1.0f, -2.0f, -0.125f, -7.0f, -1.0f};
+  const RlMetrics m = compute_rl_metrics(tokens_of(x, x));
+  CHECK(m.tokens == 5);
+  CHECK_FALSE(m.diverged);
+  CHECK(m.abs_max == 0.0);
+  CHECK(m.abs_mean == 0.0);
+  CHECK(m.ratio_min == 1.0);
+  CHECK(m.ratio_max == 1.0);
+  CHECK(m.effective_sample_size == 5.0);
+  CHECK(m.chi_squared == 0.0);
+  CHECK(m.k1_mean == 0.0);
+  CHECK(m.k3_mean == 0.0);
+  // Ties keep token order.
+  REQUIRE(m.worst.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i)
+    CHECK(m.worst[i].position == static_cast<std::int64_t>(i % 4 + 1));
+  // Negative control: one differing bit anywhere is a divergence, and it is found.
+  std::vector<float> y = x;
+  y[3] = std::nextafter(y[3], 0.0f);
+  const RlMetrics d = compute_rl_metrics(tokens_of(y, x));
+  CHECK(d.diverged);
+  CHECK(d.first_divergent.position == 4);
+  CHECK(d.abs_max > 0.0);
+  const RlMetrics none = compute_rl_metrics({});
+  CHECK(none.tokens == 0);
+  CHECK(none.worst.empty());
+  CHECK_FALSE(none.diverged);
+}
