@@ -122,3 +122,26 @@ TEST_CASE("rl metrics: identical logprobs are no drift at all; none is every fig
   CHECK(none.worst.empty());
   CHECK_FALSE(none.diverged);
 }
+
+TEST_CASE("rl metrics: |delta| binned by distance to the nearest boundary") {
+  // Six tokens at split distances 0, 0, 2, 5, 70 and none; |Δ| 0.5, 0.25, 1, 0, 0.125, 4.
+  std::vector<TokenPair> t = tokens_of({-0.5f, -2.25f, -2.0f, -0.5f, -4.125f, -5.0f},
+                                       {-1.0f, -2.0f, -3.0f, -0.5f, -4.0f, -1.0f});
+  const std::int64_t split[] = {0, 0, 2, 5, 70, -1};
+  for (std::size_t i = 0; i < t.size(); ++i) t[i].split_distance = split[i];
+  const RlMetrics m = compute_rl_metrics(t);
+  REQUIRE(m.by_split_distance.size() == 5);
+  const std::uint64_t counts[] = {2, 1, 1, 0, 1};
+  const double means[] = {0.375, 1.0, 0.0, 0.0, 0.125}, maxima[] = {0.5, 1.0, 0.0, 0.0, 0.125};
+  const std::int64_t mins[] = {0, 1, 4, 16, 64}, maxs[] = {0, 3, 15, 63, -1};
+  for (std::size_t b = 0; b < 5; ++b) {
+    CAPTURE(b);
+    CHECK(m.by_split_distance[b].min == mins[b]);
+    CHECK(m.by_split_distance[b].max == maxs[b]);
+    CHECK(m.by_split_distance[b].tokens == counts[b]);
+    CHECK(m.by_split_distance[b].abs_mean == means[b]);
+    CHECK(m.by_split_distance[b].abs_max == maxima[b]);
+  }
+  // No token has a CP-shard distance: no bins rather than empty ones.
+  CHECK(m.by_shard_distance.empty());
+}

@@ -22,6 +22,33 @@ double stddev(double sum, double sum_sq, double n) {
   return std::sqrt(std::max(0.0, sum_sq / n - mean * mean));
 }
 
+// |Δ| binned by one of the tokens' boundary distances; empty when no token has one.
+std::vector<DistanceBin> bins_by(std::span<const TokenPair> tokens,
+                                 std::int64_t TokenPair::*distance) {
+  constexpr std::int64_t kEdges[] = {0, 1, 4, 16, 64};
+  std::vector<DistanceBin> bins;
+  for (std::size_t i = 0; i < std::size(kEdges); ++i)
+    bins.push_back(DistanceBin{kEdges[i], i + 1 < std::size(kEdges) ? kEdges[i + 1] - 1 : -1});
+  std::vector<double> sums(bins.size(), 0.0);
+  bool any = false;
+  for (const TokenPair& t : tokens) {
+    const std::int64_t d = t.*distance;
+    if (d < 0) continue;
+    any = true;
+    std::size_t b = bins.size() - 1;
+    while (d < bins[b].min) --b;
+    const double a = std::fabs(static_cast<double>(t.train) - t.rollout);
+    ++bins[b].tokens;
+    sums[b] += a;
+    bins[b].abs_max = std::max(bins[b].abs_max, a);
+  }
+  if (!any) return {};
+  for (std::size_t b = 0; b < bins.size(); ++b) {
+    if (bins[b].tokens > 0) bins[b].abs_mean = sums[b] / static_cast<double>(bins[b].tokens);
+  }
+  return bins;
+}
+
 }  // namespace
 
 RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOptions& options) {
@@ -79,6 +106,8 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return abs_of(a) > abs_of(b); });
   for (std::size_t i = 0; i < keep; ++i) m.worst.push_back(tokens[order[i]]);
+  m.by_shard_distance = bins_by(tokens, &TokenPair::shard_distance);
+  m.by_split_distance = bins_by(tokens, &TokenPair::split_distance);
   return m;
 }
 

@@ -88,7 +88,23 @@ Value token_json(const TokenPair& t) {
   v["logp_train"] = static_cast<double>(t.train);
   v["logp_rollout"] = static_cast<double>(t.rollout);
   v["delta"] = static_cast<double>(t.train) - static_cast<double>(t.rollout);
+  v["shard_boundary_distance"] = t.shard_distance;
+  v["split_boundary_distance"] = t.split_distance;
   return v;
+}
+
+Value bins_json(const std::vector<DistanceBin>& bins) {
+  Value a = Value::array();
+  for (const DistanceBin& b : bins) {
+    Value v = Value::object();
+    v["min_distance"] = b.min;
+    v["max_distance"] = b.max < 0 ? Value() : Value(b.max);
+    v["tokens"] = b.tokens;
+    v["abs_delta_mean"] = b.abs_mean;
+    v["abs_delta_max"] = b.abs_max;
+    a.push_back(std::move(v));
+  }
+  return a;
 }
 
 // The RL frameworks' train/rollout figures over the active tokens (metrics/rl_metrics.h).
@@ -123,6 +139,10 @@ Value rl_metrics_json(const RlMetrics& m) {
   Value worst = Value::array();
   for (const TokenPair& t : m.worst) worst.push_back(token_json(t));
   v["worst_tokens"] = std::move(worst);
+  Value by = Value::object();
+  by["cp_shard"] = bins_json(m.by_shard_distance);
+  by["split"] = bins_json(m.by_split_distance);
+  v["abs_delta_by_boundary_distance"] = std::move(by);
   return v;
 }
 

@@ -26,6 +26,13 @@ struct RlMetricOptions {
   int worst = 5;            // how many worst tokens to list
 };
 
+/// |Δ| of the tokens at distances [min, max] (max -1: no bound) from the nearest boundary.
+struct DistanceBin {
+  std::int64_t min = 0, max = -1;
+  std::uint64_t tokens = 0;
+  double abs_mean = 0, abs_max = 0;
+};
+
 struct RlMetrics {
   std::uint64_t tokens = 0;
   double abs_mean = 0, abs_std = 0, abs_max = 0, abs_p50 = 0, abs_p99 = 0;
@@ -36,6 +43,10 @@ struct RlMetrics {
   bool diverged = false;  // some token's logprob bits differ
   TokenPair first_divergent;
   std::vector<TokenPair> worst;  // by |Δ| descending, ties in token order
+  /// |Δ| by distance to the nearest CP-shard and split boundary (bins 0, 1–3, 4–15, 16–63,
+  /// 64+; empty when the case has no such boundary): the bug class reported at CP split
+  /// boundaries and between zigzag and contiguous layouts.
+  std::vector<DistanceBin> by_shard_distance, by_split_distance;
   RlMetricOptions options;
 };
 
