@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpdrift/metrics/rl_metrics.h"
+#include "cpdrift/numerics/logprob_math.h"
 
 using namespace cpd;
 
@@ -144,4 +145,20 @@ TEST_CASE("rl metrics: |delta| binned by distance to the nearest boundary") {
   }
   // No token has a CP-shard distance: no bins rather than empty ones.
   CHECK(m.by_shard_distance.empty());
+}
+
+TEST_CASE("rl metrics: the exact KL over the vocabulary and the perplexities") {
+  // KL of two 2-token distributions, (1/2, 1/2) against (1/4, 3/4), and of one with itself.
+  const float p[2] = {0.0f, 0.0f}, q[2] = {0.0f, static_cast<float>(std::log(3.0))};
+  const double expected = 0.5 * std::log(0.5 / 0.25) + 0.5 * std::log(0.5 / 0.75);
+  CHECK(std::fabs(kl_divergence(p, q, 2) - expected) < 1e-7);  // q's logit is FP32-rounded
+  CHECK(kl_divergence(q, q, 2) == 0.0);
+  // Per-token KLs averaged; perplexities exp(-mean logp) of each side.
+  std::vector<TokenPair> t = tokens_of({-1.0f, -2.0f, -3.0f}, {-1.5f, -2.0f, -2.0f});
+  const float kls[] = {0.25f, 0.5f, 0.125f};
+  for (std::size_t i = 0; i < t.size(); ++i) t[i].kl = kls[i];
+  const RlMetrics m = compute_rl_metrics(t);
+  CHECK(close(m.kl_exact_mean, (0.25 + 0.5 + 0.125) / 3));
+  CHECK(close(m.perplexity_train, std::exp(2.0)));
+  CHECK(close(m.perplexity_rollout, std::exp(5.5 / 3)));
 }

@@ -1,6 +1,7 @@
 #include "case_legs.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <utility>
 
@@ -72,12 +73,11 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
 
 namespace {
 
-// Every active token's (candidate, reference) logprobs on rank 0, in (sequence, position)
-// order: each token owner's two shards streamed there (one float a token each).
+// Every active token's (candidate, reference) logprobs and their KL on rank 0, in (sequence,
+// position) order: each token owner's three shards streamed there (one float a token each).
 // `owned[id]`: the hosted token owners' shards.
-std::vector<TokenPair> gather_tokens(
-    const RunContext& ctx, const CaseGrid& grid,
-    const std::map<int, std::pair<const Shard*, const Shard*>>& owned) {
+std::vector<TokenPair> gather_tokens(const RunContext& ctx, const CaseGrid& grid,
+                                     const std::map<int, std::array<const Shard*, 3>>& owned) {
   const Problem& p = grid.problem;
   const int world = ctx.collectives.size();
   std::vector<StreamSegment> segments;
@@ -87,10 +87,9 @@ std::vector<TokenPair> gather_tokens(
     owners.push_back(&o);
     const auto here = owned.find(o.id);
     const std::size_t floats = static_cast<std::size_t>(p.batch * total_size(o.tokens));
-    for (int which = 0; which < 2; ++which) {
+    for (int which = 0; which < 3; ++which) {
       const float* data = nullptr;
-      if (here != owned.end())
-        data = (which == 0 ? here->second.first : here->second.second)->data.data();
+      if (here != owned.end()) data = here->second[static_cast<std::size_t>(which)]->data.data();
       segments.push_back(StreamSegment{process_of(o.id, world), data, floats});
     }
   }
@@ -139,8 +138,9 @@ std::vector<TokenPair> gather_tokens(
       const std::int64_t rows = total_size(owners[static_cast<std::size_t>(c)]->tokens);
       const std::size_t at =
           static_cast<std::size_t>(b * rows + row_of[static_cast<std::size_t>(pos)]);
-      tokens.push_back(TokenPair{b, pos, c, pieces[static_cast<std::size_t>(2 * c)][at],
-                                 pieces[static_cast<std::size_t>(2 * c + 1)][at],
+      tokens.push_back(TokenPair{b, pos, c, pieces[static_cast<std::size_t>(3 * c)][at],
+                                 pieces[static_cast<std::size_t>(3 * c + 1)][at],
+                                 pieces[static_cast<std::size_t>(3 * c + 2)][at],
                                  distance(shard_edges, pos), distance(split_edges, pos)});
     }
   }
@@ -155,7 +155,7 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   CasePart o(grid.spec.cp);
   Comparison& c = o.dlogp.emplace();
   std::vector<const Shard*> cand_logp, ref_logp;
-  std::map<int, std::pair<const Shard*, const Shard*>> owned;  // token owner id -> its shards
+  std::map<int, std::array<const Shard*, 3>> owned;  // token owner id -> its shards
   for (TokenLogprobs& lp :
        run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs.backend())) {
     // The active tokens: all but each sequence's first.
@@ -173,7 +173,7 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
     c.add(lp.rank.cp_rank, kept.data(), o.held.keep(std::move(ref)).data(), kept.size());
     cand_logp.push_back(&o.held.keep(std::move(lp.candidate)));
     ref_logp.push_back(&o.held.keep(std::move(lp.reference)));
-    owned[lp.rank.id] = {cand_logp.back(), ref_logp.back()};
+    owned[lp.rank.id] = {cand_logp.back(), ref_logp.back(), &o.held.keep(std::move(lp.kl))};
   }
   o.dlogp_tokens = gather_tokens(ctx, grid, owned);
   // The logprob tensors [B, 1, S] (all tokens) live on the token owners: TP rank 0 of each CP

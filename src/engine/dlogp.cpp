@@ -74,7 +74,7 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
   for (const LogicalRank& r : hosted) {
     if (r.tp_rank != 0) continue;
     const ShardShape shape{batch, Range{0, 1}, r.tokens, 1};
-    TokenLogprobs lp{r, Shard(shape), Shard(shape)};
+    TokenLogprobs lp{r, Shard(shape), Shard(shape), Shard(shape)};
     for (std::size_t ti = 0; ti < r.tokens.size(); ++ti) {
       const Range& t = r.tokens[ti];
       // The token range's partials from every TP rank, in ascending head order.
@@ -90,23 +90,27 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
       std::sort(sources.begin(), sources.end(),
                 [](const Source& a, const Source& b) { return a.head_begin < b.head_begin; });
       const std::int64_t rows = t.size();
-      std::vector<float> logits(static_cast<std::size_t>(vocab));
+      std::vector<float> logits[2] = {std::vector<float>(static_cast<std::size_t>(vocab)),
+                                      std::vector<float>(static_cast<std::size_t>(vocab))};
       std::vector<const float*> heads;  // the token's partials, ascending head order
-      for (int which = 0; which < 2; ++which) {
-        Shard& out = which == 0 ? lp.candidate : lp.reference;
-        for (int b = 0; b < batch; ++b) {
-          for (std::int64_t i = 0; i < rows; ++i) {
+      for (int b = 0; b < batch; ++b) {
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const std::int64_t pos = t.begin + i, row = shape.local_row(pos);
+          const int target = logprob_target(b, pos, p.seq_len, vocab);
+          for (int which = 0; which < 2; ++which) {
             heads.clear();
             for (const Source& s : sources) {
               for (std::int64_t hl = 0; hl < s.heads; ++hl) {
                 heads.push_back(s.z + (((which * batch + b) * s.heads + hl) * rows + i) * vocab);
               }
             }
-            fold_head_logits(heads.data(), static_cast<int>(heads.size()), vocab, logits.data());
-            const std::int64_t pos = t.begin + i;
-            out.at(b, 0, shape.local_row(pos))[0] =
-                log_softmax_at(logits.data(), vocab, logprob_target(b, pos, p.seq_len, vocab));
+            fold_head_logits(heads.data(), static_cast<int>(heads.size()), vocab,
+                             logits[which].data());
+            Shard& out = which == 0 ? lp.candidate : lp.reference;
+            out.at(b, 0, row)[0] = log_softmax_at(logits[which].data(), vocab, target);
           }
+          lp.kl.at(b, 0, row)[0] =
+              static_cast<float>(kl_divergence(logits[1].data(), logits[0].data(), vocab));
         }
       }
     }

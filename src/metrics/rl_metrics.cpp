@@ -57,7 +57,8 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
   m.tokens = tokens.size();
   if (tokens.empty()) return m;
   const double n = static_cast<double>(tokens.size());
-  double abs_sum = 0, abs_sq = 0, r_sum = 0, r_sq = 0, k1 = 0, k3 = 0;
+  double abs_sum = 0, abs_sq = 0, r_sum = 0, r_sq = 0, k1 = 0, k3 = 0, kl = 0, lp_train = 0,
+         lp_rollout = 0;
   std::uint64_t outside = 0, clipped = 0;
   std::vector<double> abs_sorted;
   abs_sorted.reserve(tokens.size());
@@ -77,6 +78,9 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
     if (rho > options.tis_clip) ++clipped;
     k1 += -delta;
     k3 += (rho - 1.0) - delta;  // log ρ = Δ
+    kl += t.kl;
+    lp_train += t.train;
+    lp_rollout += t.rollout;
     if (!m.diverged && bits_of(t.train) != bits_of(t.rollout)) {
       m.diverged = true;
       m.first_divergent = t;
@@ -95,6 +99,9 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
   m.chi_squared = r_sq / n - 1.0;
   m.k1_mean = k1 / n;
   m.k3_mean = k3 / n;
+  m.kl_exact_mean = kl / n;
+  m.perplexity_train = std::exp(-lp_train / n);
+  m.perplexity_rollout = std::exp(-lp_rollout / n);
   // The worst tokens: by |Δ| descending; a stable order keeps ties in token order.
   std::vector<std::size_t> order(tokens.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -134,7 +134,13 @@ Value rl_metrics_json(const RlMetrics& m) {
   Value kl = Value::object();
   kl["k1_mean"] = m.k1_mean;
   kl["k3_mean"] = m.k3_mean;
+  kl["exact_mean"] = m.kl_exact_mean;
   v["kl_rollout_train"] = std::move(kl);
+  Value ppl = Value::object();
+  ppl["train"] = m.perplexity_train;
+  ppl["rollout"] = m.perplexity_rollout;
+  ppl["ratio"] = m.perplexity_rollout > 0 ? m.perplexity_train / m.perplexity_rollout : 0.0;
+  v["perplexity"] = std::move(ppl);
   v["first_divergent_token"] = m.diverged ? token_json(m.first_divergent) : Value();
   Value worst = Value::array();
   for (const TokenPair& t : m.worst) worst.push_back(token_json(t));

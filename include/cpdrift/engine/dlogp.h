@@ -14,6 +14,9 @@ namespace cpd {
 struct TokenLogprobs {
   LogicalRank rank;
   Shard candidate, reference;
+  /// Per token, KL(π_reference ‖ π_candidate) over the whole vocabulary (logprob_math.h's
+  /// kl_divergence of the two logit rows), rounded to FP32.
+  Shard kl;
 };
 
 /// `candidate`, `reference`: per hosted rank (hosted_ranks order), the attention outputs the

@@ -5,8 +5,8 @@
 //                                     SkyRL rollout_train_logprobs_abs_diff_{mean,std,max}
 //   ρ = exp(Δ): mean, std, min, max, effective sample size (Σρ)²/Σρ², the fraction outside
 //     [1 − ε, 1 + ε], the truncated-IS clip fraction ρ > C (slime tis_clipfrac), χ² = E[ρ²] − 1
-//   KL(π_rollout ‖ π_train) by the sampled-token estimators k1 = −Δ and k3 = (ρ − 1) − log ρ
-//     (verl rollout_corr kl, k3_kl)
+//   KL(π_rollout ‖ π_train) exactly over the vocabulary, and by the sampled-token estimators
+//     k1 = −Δ and k3 = (ρ − 1) − log ρ (verl rollout_corr kl, k3_kl); both perplexities
 //   the first token whose logprob bits differ, and the worst tokens by |Δ|.
 // All in FP64 over the tokens in (sequence, position) order, so the figures are the same
 // however the tokens were spread over processes.
@@ -40,7 +40,9 @@ struct RlMetrics {
   double effective_sample_size = 0;  // (Σρ)²/Σρ²; `tokens` when every ρ is 1
   double outside_band_fraction = 0, tis_clip_fraction = 0, chi_squared = 0;
   double k1_mean = 0, k3_mean = 0;
-  bool diverged = false;  // some token's logprob bits differ
+  double kl_exact_mean = 0;  // KL(π_rollout ‖ π_train) over the whole vocabulary, per token
+  double perplexity_train = 0, perplexity_rollout = 0;  // exp(−mean logp)
+  bool diverged = false;                                // some token's logprob bits differ
   TokenPair first_divergent;
   std::vector<TokenPair> worst;  // by |Δ| descending, ties in token order
   /// |Δ| by distance to the nearest CP-shard and split boundary (bins 0, 1–3, 4–15, 16–63,

@@ -13,6 +13,7 @@
 // active.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cpdrift/numerics/attention_math.h"
@@ -41,6 +42,25 @@ CPD_HD float log_softmax_at(const float* logits, int vocab, int target) {
   float sum = 0.0f;
   for (int v = 0; v < vocab; ++v) sum = sum + exp_f32(logits[v] - m);
   return logits[target] - (m + log_f32(sum));
+}
+
+/// KL(p ‖ q) = Σ_v p_v (log p_v − log q_v) over the whole vocabulary, p = softmax(p_logits),
+/// q = softmax(q_logits), in FP64 (a measurement, not a path whose bits matter). Host only.
+inline double kl_divergence(const float* p_logits, const float* q_logits, int vocab) {
+  const auto log_norm = [&](const float* z) {
+    double m = z[0];
+    for (int v = 1; v < vocab; ++v) m = z[v] > m ? z[v] : m;
+    double sum = 0;
+    for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
+    return m + std::log(sum);
+  };
+  const double lp = log_norm(p_logits), lq = log_norm(q_logits);
+  double kl = 0;
+  for (int v = 0; v < vocab; ++v) {
+    const double log_p = p_logits[v] - lp, log_q = q_logits[v] - lq;
+    kl += std::exp(log_p) * (log_p - log_q);
+  }
+  return kl;
 }
 
 /// The target token of position s of sequence b.
