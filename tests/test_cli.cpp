@@ -209,6 +209,20 @@ TEST_CASE("a run too large for the memory is refused before it allocates, with w
   CHECK(r.status == 0);
 }
 
+TEST_CASE("the table shows the RL metrics block when dlogp ran, and only then") {
+  const std::string args = "--seq-len 64 --tp-world-sizes 1 --cp-world-sizes 2 --kv-chunk-sizes 16";
+  const Result with = run(args + " --include-dlogp");
+  REQUIRE(with.status == 0);
+  const std::size_t block = with.out.find("# trainer vs rollout on the selected-token logprobs");
+  REQUIRE(block != std::string::npos);
+  const std::size_t row = with.out.find("\n  qwen3_8b_tp1_cp2_chunk16_bf16 ", block);
+  REQUIRE(row != std::string::npos);
+  CHECK(with.out.find("seq 0 pos", row) != std::string::npos);  // BF16 vs FP32 diverges at once
+  const Result without = run(args);
+  REQUIRE(without.status == 0);
+  CHECK(without.out.find("trainer vs rollout") == std::string::npos);
+}
+
 TEST_CASE("--help prints usage and exits 0") {
   const Result r = run("--help");
   CHECK(r.status == 0);

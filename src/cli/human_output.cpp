@@ -128,6 +128,32 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
   std::fflush(out);
 }
 
+void print_rl_rows(std::FILE* out, const RunReport& r) {
+  bool any = false;
+  for (const CaseResult& c : r.cases) any = any || (c.dlogp.available && c.dlogp.rl.tokens > 0);
+  if (!any) return;
+  std::fprintf(out,
+               "#\n# trainer vs rollout on the selected-token logprobs, the figures RL frameworks "
+               "log (Δ = train - rollout:\n# the case's output as written vs the FP32 CP=1 "
+               "reference cast alike; ρ = exp Δ; KL(rollout ‖ train))\n");
+  // Δ and ρ take two bytes each, and printf pads bytes: their columns get one more.
+  std::fprintf(out, "# %-46s %-10s %-10s %-10s %-9s %-9s %-9s %-9s %s\n", "case", "|Δ| mean",
+               "|Δ| p99", "|Δ| max", "ρ min", "ρ max", "k3 KL", "exact KL", "first divergent");
+  for (const CaseResult& c : r.cases) {
+    if (!c.dlogp.available) continue;
+    const RlMetrics& m = c.dlogp.rl;
+    char first[64] = "none (bitwise)";
+    if (m.diverged) {
+      std::snprintf(first, sizeof first, "seq %d pos %lld", m.first_divergent.sequence,
+                    static_cast<long long>(m.first_divergent.position));
+    }
+    std::fprintf(out, "  %-46s %-9.2e %-9.2e %-9.2e %-8.5f %-8.5f %-9.2e %-9.2e %s\n",
+                 c.name.c_str(), m.abs_mean, m.abs_p99, m.abs_max, m.ratio_min, m.ratio_max,
+                 m.k3_mean, m.kl_exact_mean, first);
+  }
+  std::fflush(out);
+}
+
 void print_footer(std::FILE* out, const RunReport& r) {
   std::fprintf(out, "#\n");
   if (!r.cases.empty()) {

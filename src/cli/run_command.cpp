@@ -190,7 +190,10 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
                        dump.get());
   if (verbose) recorder.on_case = [&](const CaseResult& c) { print_case_row(table, c); };
   session.run(plan, recorder, progress);
-  if (verbose) print_paged_rows(table, report);
+  if (verbose) {
+    print_rl_rows(table, report);
+    print_paged_rows(table, report);
+  }
   report.failed_checks = agreed_verdict(report, comm);
   report.peak_rss_bytes.assign(static_cast<std::size_t>(comm.size()), 0);
   report.peak_rss_bytes[static_cast<std::size_t>(comm.rank())] = peak_rss_bytes();

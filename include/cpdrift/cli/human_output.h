@@ -14,6 +14,8 @@ void print_case_row(std::FILE* out, const CaseResult& c);
 /// The failed checks, then `# Drift check : OK` or `FAILED`.
 /// The paged cases' section: a header, then one row per case.
 void print_paged_rows(std::FILE* out, const RunReport& report);
+/// The dlogp leg's RL metrics, one row per case that ran it (nothing when none did).
+void print_rl_rows(std::FILE* out, const RunReport& report);
 void print_footer(std::FILE* out, const RunReport& report);
 
 }  // namespace cpd
