@@ -223,6 +223,34 @@ TEST_CASE("the table shows the RL metrics block when dlogp ran, and only then") 
   CHECK(without.out.find("trainer vs rollout") == std::string::npos);
 }
 
+TEST_CASE("output paths: a directory, one file for two outputs, an existing dump, a missing dir") {
+  const std::string dir = tmp_dir() + "/cpdrift_outputs_" + std::to_string(::getpid());
+  run_command("rm -rf " + dir + "; mkdir -p " + dir);
+  const std::string small = "--seq-len 16 --quiet ";
+  expect_usage_error(small + "--output " + dir, "--output " + dir + ": is a directory");
+  expect_usage_error(small + "--output " + dir + "/", "is a directory");
+  expect_usage_error(small + "--output " + dir + "/nowhere/r.json", "cannot write next to");
+#if defined(CPD_HAVE_HDF5)
+  {
+    expect_usage_error(small + "--dump " + dir, "--dump " + dir + ": is a directory");
+    expect_usage_error(small + "--output " + dir + "/x --dump " + dir + "/./x",
+                       "--output and --dump name the same file");
+    // An existing dump is kept unless --overwrite says to replace it.
+    run_command("echo keep > " + dir + "/d.h5");
+    expect_usage_error(small + "--dump " + dir + "/d.h5", "the file exists (--overwrite");
+    CHECK(slurp(dir + "/d.h5") == "keep\n");
+    CHECK(run(small + "--dump " + dir + "/d.h5 --overwrite").status == 0);
+    CHECK(slurp(dir + "/d.h5") != "keep\n");
+  }
+#endif
+  // accept creates no directory on the way to its file.
+  expect_usage_error("accept --mode manifest --output " + dir + "/missing/acceptance.json",
+                     "does not exist");
+  CHECK(run_command("test -e " + dir + "/missing").status != 0);
+  expect_usage_error("plan --overwrite", "--overwrite does not apply");
+  run_command("rm -rf " + dir);
+}
+
 TEST_CASE("--help prints usage and exits 0") {
   const Result r = run("--help");
   CHECK(r.status == 0);
@@ -575,6 +603,7 @@ TEST_CASE("the RL metrics of every case are the same figures on 1, 2 and 4 proce
 TEST_CASE(
     "accept --mode run under mpirun -np 4: CPU and paged rows pass, the rest fail closed, exit 1") {
   const std::string dir = tmp_dir() + "/cpdrift_accept_" + std::to_string(::getpid());
+  run_command("mkdir -p " + dir);
   // A looser paged LSE gate than design §7's: the rows and the report they cite both use it.
   const Result r = run_mpi(4, "accept --mode run --threads 1 --paged-lse-threshold 0.25 --output " +
                                   dir + "/acceptance.json");
@@ -600,6 +629,7 @@ TEST_CASE(
 
 TEST_CASE("accept --mode manifest executes nothing and fails") {
   const std::string dir = tmp_dir() + "/cpdrift_manifest_" + std::to_string(::getpid());
+  run_command("mkdir -p " + dir);
   const Result r = run("accept --mode manifest --output " + dir +
                        "/acceptance.json --out-threshold 1e-3 --paged-lse-threshold 0.25");
   CHECK(r.status == 1);

@@ -36,9 +36,13 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
                    const std::string& command_line) {
   const bool root = comm.rank() == 0;
   const std::string report_path = directory_of(o.output) + "/report.json";
-  // A bad output directory fails every process before anything runs.
+  // A bad output directory fails every process before anything runs; nothing is created on
+  // the way to it (a missing directory is the user's to make).
   agree_or_throw(comm, root, "--output: ", [&] {
-    std::filesystem::create_directories(directory_of(o.output));  // DIR may not exist yet
+    const std::string dir = directory_of(o.output);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw UsageError("directory \"" + dir + "\" does not exist (mkdir -p it first)");
     json::write_file_atomic(o.output, "{}\n");
   });
 

@@ -288,6 +288,7 @@ void add_output_flags(FlagReader& r, RunOptions& o) {
     o.dump = v;
   });
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
+  r.toggle("--overwrite", [&] { o.overwrite = true; });
   r.toggle("--json", [&] { o.json = true; });
   r.toggle("--quiet", [&] { o.quiet = true; });
   r.toggle("--progress", [&] { o.progress = true; });
@@ -372,6 +373,7 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
   const RunRequest& q = plan.run.request;
   const RunRequest defaults;
   if (!plan.run.dump.empty()) bad("plan: --dump does not apply (a plan runs nothing)");
+  if (plan.run.overwrite) bad("plan: --overwrite does not apply (a plan writes no dump)");
   if (plan.run.progress) bad("plan: --progress does not apply (a plan runs nothing)");
   if (q.threads != 0) {
     bad("plan: --threads does not apply (--profile cpu uses every core, shared by --processes)");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/human_output.h"
@@ -127,18 +128,41 @@ void finish(const RunOptions& options, const RunReport& report, TensorDump* dump
   }
 }
 
-}  // namespace
+// `path` names a file (not a directory) that can be written where it is named: nothing is
+// created on the way, so a missing directory is an error.
+void check_writable(const char* flag, const std::string& path) {
+  std::error_code ec;
+  if (path.back() == '/' || std::filesystem::is_directory(path, ec)) {
+    throw UsageError(std::string(flag) + " " + path + ": is a directory; name a file");
+  }
+  const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
+  FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) {
+    throw UsageError(std::string(flag) + ": cannot write next to \"" + path +
+                     "\": " + std::strerror(errno));
+  }
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
 
-void check_output_path(const std::string& path, const CommContext& comm) {
-  if (path.empty()) return;
-  agree_or_throw(comm, comm.rank() == 0, "--output: ", [&] {
-    const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
-    FILE* f = std::fopen(probe.c_str(), "w");
-    if (f == nullptr) {
-      throw std::runtime_error("cannot write next to \"" + path + "\": " + std::strerror(errno));
+// The output files, checked on rank 0 before anything runs: each writable, not one file, and
+// the dump replacing an existing file only with --overwrite.
+void check_outputs(const RunOptions& o, const CommContext& comm) {
+  namespace fs = std::filesystem;
+  const auto check = check_writable;
+  agree_or_throw(comm, comm.rank() == 0, "", [&] {
+    if (!o.output.empty()) check("--output", o.output);
+    if (o.dump.empty()) return;
+    check("--dump", o.dump);
+    std::error_code ec;
+    if (!o.output.empty() &&
+        fs::weakly_canonical(o.output, ec) == fs::weakly_canonical(o.dump, ec)) {
+      throw UsageError("--output and --dump name the same file, " + o.dump +
+                       ": the report and the dump need two");
     }
-    std::fclose(f);
-    std::remove(probe.c_str());
+    if (fs::exists(o.dump, ec) && !o.overwrite) {
+      throw UsageError("--dump " + o.dump + ": the file exists (--overwrite replaces it)");
+    }
   });
 }
 
@@ -168,11 +192,18 @@ void check_memory(const RunRequest& q, const RunPlan& plan, const CommContext& c
   });
 }
 
+}  // namespace
+
+void check_output_path(const std::string& path, const CommContext& comm) {
+  if (path.empty()) return;
+  agree_or_throw(comm, comm.rank() == 0, "", [&] { check_writable("--output", path); });
+}
+
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line) {
   const auto started = std::chrono::steady_clock::now();
   const RunPlan plan = plan_run(options.request);
-  check_output_path(options.output, comm);
+  check_outputs(options, comm);
   check_memory(options.request, plan, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   RunSession session(options.request, comm);

@@ -18,7 +18,8 @@ struct RunOptions {
   std::string output;  // JSON report path; empty: none
   std::string dump;    // HDF5 tensor dump path; empty: none
   bool dump_inputs = false;
-  bool json = false;  // print the JSON report on stdout
+  bool overwrite = false;  // --dump may replace an existing file
+  bool json = false;       // print the JSON report on stdout
   bool quiet = false;
   bool progress = false;  // progress lines on stderr even when it is not a terminal
   bool smoke = false;
