@@ -191,6 +191,25 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
     for (const LogicalRank* r : hosted[proc]) n += fn(*r, sizes_of(p, *r));
     return n;
   };
+  // The widest round of the forward's states and of the backward's rows and partial dq, per
+  // process (every process's at once: a round is walked once).
+  std::vector<std::uint64_t> forward_peaks(processes_.size(), 0),
+      backward_peaks(processes_.size(), 0);
+  for (int round = 0; round < grid.rounds(); ++round) {
+    const std::vector<Exchange> at = forward_round(grid, counts, round, processes);
+    for (std::size_t proc = 0; proc < at.size(); ++proc)
+      forward_peaks[proc] = std::max(forward_peaks[proc], at[proc].peak());
+  }
+  if (o.backward) {
+    for (const Range& span : grid.backward_rounds()) {
+      const BackwardRound br = backward_round(grid, counts, span, processes);
+      for (std::size_t proc = 0; proc < backward_peaks.size(); ++proc) {
+        backward_peaks[proc] =
+            std::max(backward_peaks[proc],
+                     br.own_rows[proc] + br.rows_received[proc] + br.partials[proc].peak());
+      }
+    }
+  }
   std::vector<ProcessMemory> out(processes_.size());
   const auto scratch = [&](Process& pr) {
     // Per kernel thread: the forward's scores [keys][64] (four lane tiles); the backward's dk,
@@ -268,10 +287,7 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
           }
         }
       }
-      std::uint64_t round_peak = 0;
-      for (int round = 0; round < grid.rounds(); ++round)
-        round_peak =
-            std::max(round_peak, forward_round(grid, counts, round, processes)[proc].peak());
+      const std::uint64_t round_peak = forward_peaks[proc];
       const std::uint64_t outputs = each(
           proc, [&](const LogicalRank&, RankSizes s) { return (fp32 ? 3 : 1) * s.attention(); });
       phase(std::string("forward: ") + o.paths[k].name,
@@ -346,12 +362,7 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
       for (const KvBlock& b : grid.blocks_of(r->cp_rank))
         pr.scratch_keys = std::max(pr.scratch_keys, u64(b.range.size()));
     }
-    std::uint64_t round_peak = 0;
-    for (const Range& span : grid.backward_rounds()) {
-      const BackwardRound br = backward_round(grid, counts, span, processes);
-      round_peak = std::max(round_peak,
-                            br.own_rows[proc] + br.rows_received[proc] + br.partials[proc].peak());
-    }
+    const std::uint64_t round_peak = backward_peaks[proc];
     phase("backward",
           {{"FP32 output kept", fp32_out},
            {"reference gradients", results},
