@@ -2,10 +2,13 @@
 // out by hand, for a grid small enough to follow. Its total against a run's measured resident
 // peak is tests/plan_memory.py's (under mpirun, S = 4096 and 16384).
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cpdrift/engine/memory_plan.h"
+#include "cpdrift/util/process_memory.h"
 
 using namespace cpd;
 
@@ -136,4 +139,22 @@ TEST_CASE("memory plan: the model grows with S as its buffers do (negative contr
                        static_cast<double>(smaller - kProcessBaselineBytes);
   CHECK(ratio > 1.9);
   CHECK(ratio < 2.1);
+}
+
+TEST_CASE("memory budget: the least of what the node, the cgroup and ulimit -v allow") {
+  const MemoryBudget node = memory_budget(1);
+  REQUIRE(node.bytes > 0);  // /proc/meminfo at least
+  // Shared by four processes: each counts on a quarter (or less, if ulimit -v binds).
+  CHECK(memory_budget(4).bytes <= node.bytes / 4 + 1);
+  // An address-space limit below everything else binds, and says so.
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_max, node.bytes / 2);  // below the node's share
+  REQUIRE(low.rlim_cur < node.bytes);
+  REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+  const MemoryBudget limited = memory_budget(1);
+  setrlimit(RLIMIT_AS, &old);
+  CHECK(limited.bytes == low.rlim_cur);
+  CHECK(limited.source.find("ulimit -v") != std::string::npos);
 }

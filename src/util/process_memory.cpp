@@ -29,20 +29,28 @@ bool read_bytes(const char* path, std::uint64_t& out) {
   return true;
 }
 
-// MemAvailable from /proc/meminfo, in bytes; false when absent.
-bool mem_available(std::uint64_t& out) {
-  std::ifstream f("/proc/meminfo");
+// The number after `key` on a line of `path` ("key value ..."); false when absent.
+bool read_field(const char* path, const std::string& key, std::uint64_t& out) {
+  std::ifstream f(path);
   std::string line;
   while (std::getline(f, line)) {
     std::istringstream in(line);
-    std::string key;
-    std::uint64_t kib = 0;
-    if (in >> key >> kib && key == "MemAvailable:") {
-      out = kib * 1024;
+    std::string k;
+    std::uint64_t v = 0;
+    if (in >> k >> v && k == key) {
+      out = v;
       return true;
     }
   }
   return false;
+}
+
+// MemAvailable from /proc/meminfo, in bytes; false when absent.
+bool mem_available(std::uint64_t& out) {
+  std::uint64_t kib = 0;
+  if (!read_field("/proc/meminfo", "MemAvailable:", kib)) return false;
+  out = kib * 1024;
+  return true;
 }
 
 }  // namespace
@@ -62,13 +70,17 @@ MemoryBudget memory_budget(int processes_on_node) {
   };
   std::uint64_t avail = 0;
   if (mem_available(avail)) consider(avail / share, "MemAvailable " + gigabytes(avail) + shared);
-  // cgroup v2, then v1 (a v1 "unlimited" is a huge number, which never binds).
-  std::uint64_t limit = 0, used = 0;
+  // cgroup v2, then v1 (a v1 "unlimited" is a huge number, which never binds). What it uses
+  // less its inactive file pages (the kernel reclaims those before it refuses memory).
+  std::uint64_t limit = 0, used = 0, reclaimable = 0;
   if (read_bytes("/sys/fs/cgroup/memory.max", limit)) {
     read_bytes("/sys/fs/cgroup/memory.current", used);
+    read_field("/sys/fs/cgroup/memory.stat", "inactive_file", reclaimable);
   } else if (read_bytes("/sys/fs/cgroup/memory/memory.limit_in_bytes", limit)) {
     read_bytes("/sys/fs/cgroup/memory/memory.usage_in_bytes", used);
+    read_field("/sys/fs/cgroup/memory/memory.stat", "total_inactive_file", reclaimable);
   }
+  used = used > reclaimable ? used - reclaimable : 0;
   if (limit > 0) {
     const std::uint64_t left = limit > used ? limit - used : 0;
     consider(left / share, "the cgroup's memory limit " + gigabytes(limit) + " (" +

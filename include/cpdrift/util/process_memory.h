@@ -17,8 +17,8 @@ struct MemoryBudget {
 };
 
 /// The least of: the node's MemAvailable (/proc/meminfo) and the cgroup's memory limit less
-/// what the cgroup already uses, each shared evenly by the node's processes; and this
-/// process's address-space limit (RLIMIT_AS, ulimit -v).
+/// what the cgroup already uses (its inactive file pages not counted), each shared evenly by
+/// the node's processes; and this process's address-space limit (RLIMIT_AS, ulimit -v).
 MemoryBudget memory_budget(int processes_on_node);
 
 }  // namespace cpd
