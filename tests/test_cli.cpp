@@ -251,6 +251,34 @@ TEST_CASE("output paths: a directory, one file for two outputs, an existing dump
   run_command("rm -rf " + dir);
 }
 
+TEST_CASE("SIGTERM or SIGINT ends a run with one line saying so") {
+  for (const char* sig : {"TERM", "INT"}) {
+    CAPTURE(sig);
+    const Result r = run_command("( " + bin() + " --seq-len 8192 --quiet & p=$!; sleep 1; kill -" +
+                                 sig + " $p; wait $p )");
+    const int number = std::string(sig) == "TERM" ? 15 : 2;
+    CHECK(r.status == 128 + number);
+    // The line, first and once (the shell may add its own "Terminated" after it).
+    CHECK(r.err.rfind(
+              "cpdrift: interrupted by signal " + std::to_string(number) + "; no report written\n",
+              0) == 0);
+    CHECK(r.err.find("cpdrift:", 1) == std::string::npos);
+  }
+}
+
+#if defined(CPD_HAVE_MPI)
+TEST_CASE("under mpirun: SIGTERM to mpirun ends the job with one line from rank 0") {
+  const char* mpirun = std::getenv("MPIRUN");
+  REQUIRE(mpirun != nullptr);
+  const Result r = run_command(std::string("( ") + mpirun + " -np 2 --oversubscribe " + bin() +
+                               " --seq-len 8192 --quiet & p=$!; sleep 4; kill -TERM $p; wait $p )");
+  CHECK(r.status != 0);
+  const std::string line = "cpdrift: interrupted by signal 15; no report written\n";
+  CHECK(r.err.find(line) != std::string::npos);
+  CHECK(r.err.find(line, r.err.find(line) + 1) == std::string::npos);  // rank 0's only
+}
+#endif
+
 TEST_CASE("--help prints usage and exits 0") {
   const Result r = run("--help");
   CHECK(r.status == 0);

@@ -13,6 +13,7 @@
 #include "cpdrift/comm/comm_context.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/report/provenance.h"
+#include "cpdrift/util/temp_file_guard.h"
 
 int main(int argc, char** argv) {
   using namespace cpd;
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
     return kExitRuntime;
   }
   const bool root = comm->rank() == 0;
+  handle_interrupts(root);
   try {
     // Every process must reach the same verdict on the same arguments, or none can proceed.
     CommandLine cl;

@@ -8,12 +8,29 @@
 namespace cpd {
 namespace {
 
-// Read by the handler: only a fixed buffer and a flag (async-signal-safe).
+// Read by the handler: only fixed buffers and flags (async-signal-safe).
 char g_path[4096];
-volatile std::sig_atomic_t g_armed = 0;
+volatile std::sig_atomic_t g_armed = 0, g_announce = 0;
+
+// "cpdrift: interrupted by signal N; no report written" with write(2) alone.
+void say_interrupted(int sig) {
+  char line[96] = "cpdrift: interrupted by signal ";
+  std::size_t n = std::strlen(line);
+  char digits[12];
+  int d = 0;
+  for (unsigned v = static_cast<unsigned>(sig); d == 0 || v > 0; v /= 10)
+    digits[d++] = static_cast<char>('0' + v % 10);
+  while (d > 0) line[n++] = digits[--d];
+  const char tail[] = "; no report written\n";
+  std::memcpy(line + n, tail, sizeof tail - 1);
+  n += sizeof tail - 1;
+  const ssize_t written = ::write(STDERR_FILENO, line, n);
+  (void)written;
+}
 
 extern "C" void unlink_and_die(int sig) {
   if (g_armed != 0) ::unlink(g_path);
+  if (g_announce != 0) say_interrupted(sig);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -42,5 +59,10 @@ TempFileGuard::TempFileGuard(const std::string& path) {
 }
 
 TempFileGuard::~TempFileGuard() { g_armed = 0; }
+
+void handle_interrupts(bool announce) {
+  install_once();
+  g_announce = announce ? 1 : 0;
+}
 
 }  // namespace cpd

@@ -1,6 +1,7 @@
-// A temporary output file that must not outlive an interrupted run: while registered, SIGINT,
-// SIGTERM and SIGHUP (Ctrl-C, mpirun ending a failed job, a lost terminal) unlink it before the
-// process dies of the signal. One file at a time per process (the dump being written).
+// Interrupted runs. A temporary output file that must not outlive an interrupted run: while
+// registered, SIGINT, SIGTERM and SIGHUP (Ctrl-C, mpirun ending a failed job, a lost terminal)
+// unlink it before the process dies of the signal. One file at a time per process (the dump being
+// written).
 #pragma once
 
 #include <string>
@@ -16,5 +17,10 @@ class TempFileGuard {
   TempFileGuard(const TempFileGuard&) = delete;
   TempFileGuard& operator=(const TempFileGuard&) = delete;
 };
+
+/// Installs the same handlers for the whole run: a SIGINT, SIGTERM or SIGHUP ends the process
+/// by that signal (the registered temporary unlinked first) and, where `announce` (rank 0),
+/// says so on stderr in one line: "cpdrift: interrupted by signal N; no report written".
+void handle_interrupts(bool announce);
 
 }  // namespace cpd
