@@ -93,49 +93,6 @@ inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, in
 /// while every row group and column block of the tile goes over it.
 inline constexpr std::int64_t kKeyChunk = 128;
 
-/// For the rows of `groups` tiles (tile g: rows 16g … 16g+15 of `out`, coefficients
-/// coef + g·coef_stride as [keys][16], limits limit[16g …]; `nrows` rows in all) and every
-/// column:
-///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
-/// rows4_times over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
-/// float stores and loads) from chunk to chunk: every element keeps its one sequential order,
-/// while each chunk of b is read from memory once for all the tiles' row groups and columns.
-inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows& b, int dim,
-                       const std::int64_t* limit, int nrows, float* out) {
-  std::int64_t n = 0;
-  for (int r = 0; r < nrows; ++r) n = std::max(n, limit[r]);
-  std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
-  for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
-    const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
-    for (int g = 0; g * kTileRows < nrows; ++g) {
-      const float* coef_g = coef + g * coef_stride;
-      const std::int64_t* limit_g = limit + g * kTileRows;
-      float* out_g = out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim;
-      const int tile_rows = std::min(kTileRows, nrows - g * kTileRows);
-      for (int r0 = 0; r0 < tile_rows; r0 += 4) {
-        const int rows = std::min(4, tile_rows - r0);
-        bool any = false;
-        for (int r = 0; r < rows; ++r) any = any || limit_g[r0 + r] > j0;
-        if (!any) continue;
-        for (int col = 0; col < dim; col += 64) {
-          F16 acc[4][4];
-          for (int r = 0; r < 4; ++r) {
-            for (int x = 0; x < 4; ++x) {
-              acc[r][x] =
-                  r < rows ? simd::load(out_g + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
-            }
-          }
-          rows4_times(coef_g, b, dim, col, r0, limit_g, rows, j0, j1, acc);
-          for (int r = 0; r < rows; ++r) {
-            for (int x = 0; x < 4; ++x)
-              simd::store(out_g + (r0 + r) * dim + col + 16 * x, acc[r][x]);
-          }
-        }
-      }
-    }
-  }
-}
-
 /// One lane tile's rows r < nrows (≤ 16), keys [j0, j1) (coefficients of key j at
 /// coef[j - coef_first][r]):
 ///   out[r][…] = sequential over j0 ≤ j < min(limit[r], j1):  fma(coef[j][r], b[j][…], ·)
@@ -161,6 +118,28 @@ inline void rows_times_range(const float* coef, std::int64_t coef_first, const K
       for (int r = 0; r < rows; ++r) {
         for (int x = 0; x < 4; ++x) simd::store(out + (r0 + r) * dim + col + 16 * x, acc[r][x]);
       }
+    }
+  }
+}
+
+/// For the rows of `groups` tiles (tile g: rows 16g … 16g+15 of `out`, coefficients
+/// coef + g·coef_stride as [keys][16], limits limit[16g …]; `nrows` rows in all) and every
+/// column:
+///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
+/// rows4_times over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
+/// float stores and loads) from chunk to chunk: every element keeps its one sequential order,
+/// while each chunk of b is read from memory once for all the tiles' row groups and columns.
+inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows& b, int dim,
+                       const std::int64_t* limit, int nrows, float* out) {
+  std::int64_t n = 0;
+  for (int r = 0; r < nrows; ++r) n = std::max(n, limit[r]);
+  std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
+  for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
+    const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
+    for (int g = 0; g * kTileRows < nrows; ++g) {
+      rows_times_range(coef + g * coef_stride, 0, b, dim, limit + g * kTileRows,
+                       std::min(kTileRows, nrows - g * kTileRows), j0, j1,
+                       out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim);
     }
   }
 }

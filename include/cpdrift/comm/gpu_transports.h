@@ -1,7 +1,8 @@
 // The GPU transports (design §4): `nccl`, NCCL bootstrapped from MPI with grouped
 // ncclSend/ncclRecv; `cuda_ipc`, cpdrift's own exchange through CUDA IPC windows on one node.
 // Both move the messages packed per peer (packed_messages.h); every transport delivers the same
-// headers and payloads, so every protocol gives the same bits over every transport. Built with the CUDA backend only.
+// headers and payloads, so every protocol gives the same bits over every transport. Built with the
+// CUDA backend only.
 #pragma once
 
 #include <cstdint>
