@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_support.h"
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/report/json.h"
@@ -23,65 +24,9 @@
 #include <hdf5.h>
 #endif
 
+using namespace cli_test;
+
 namespace {
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string bin() {
-  const char* path = std::getenv("CPDRIFT_BIN");
-  REQUIRE_MESSAGE(path != nullptr, "CPDRIFT_BIN is not set (meson test sets it)");
-  return path;
-}
-
-// Where the tests put their files: $TMPDIR, else /tmp.
-std::string tmp_dir() { return std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp"; }
-
-// Everything a stream holds until its end.
-std::string read_all(FILE* f) {
-  std::string text;
-  std::array<char, 4096> buf{};
-  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
-    text.append(buf.data(), n);
-  return text;
-}
-
-// A file's contents ("" when it cannot be opened).
-std::string slurp(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return "";
-  std::string text = read_all(f);
-  std::fclose(f);
-  return text;
-}
-
-// Runs `command` through the shell; stdout and stderr captured separately.
-Result run_command(const std::string& command) {
-  const std::string err_path = tmp_dir() + "/cpdrift_cli_err_" + std::to_string(::getpid());
-  Result r;
-  FILE* pipe = ::popen((command + " 2>" + err_path).c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  r.out = read_all(pipe);
-  const int raw = ::pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.err = slurp(err_path);
-  std::remove(err_path.c_str());
-  return r;
-}
-
-Result run(const std::string& args) { return run_command(bin() + " " + args); }
-
-#if defined(CPD_HAVE_MPI)
-// Under mpirun with n processes (MPIRUN is set by meson test).
-Result run_mpi(int n, const std::string& args, const std::string& env = "") {
-  const char* mpirun = std::getenv("MPIRUN");
-  REQUIRE_MESSAGE(mpirun != nullptr, "MPIRUN is not set (meson test sets it)");
-  return run_command(env + " " + mpirun + " -np " + std::to_string(n) + " --oversubscribe " +
-                     bin() + " " + args);
-}
-#endif
 
 void expect_usage_error(const std::string& args, const std::string& fragment) {
   CAPTURE(args);
@@ -213,14 +158,14 @@ TEST_CASE("the table shows the RL metrics block when dlogp ran, and only then") 
   const std::string args = "--seq-len 64 --tp-world-sizes 1 --cp-world-sizes 2 --kv-chunk-sizes 16";
   const Result with = run(args + " --include-dlogp");
   REQUIRE(with.status == 0);
-  const std::size_t block = with.out.find("# trainer vs rollout on the selected-token logprobs");
+  const std::size_t block = with.out.find("# each case's selected-token logprobs against its");
   REQUIRE(block != std::string::npos);
   const std::size_t row = with.out.find("\n  qwen3_8b_tp1_cp2_chunk16_bf16 ", block);
   REQUIRE(row != std::string::npos);
   CHECK(with.out.find("seq 0 pos", row) != std::string::npos);  // BF16 vs FP32 diverges at once
   const Result without = run(args);
   REQUIRE(without.status == 0);
-  CHECK(without.out.find("trainer vs rollout") == std::string::npos);
+  CHECK(without.out.find("selected-token logprobs") == std::string::npos);
 }
 
 TEST_CASE("output paths: a directory, one file for two outputs, an existing dump, a missing dir") {
@@ -647,7 +592,7 @@ TEST_CASE(
     CHECK((c.at("passed").as_bool() ||
            !c.at("errors").as_array().empty()));  // every failure says why
   }
-  CHECK(passed == 3 + 6);
+  CHECK(passed == 3 + 6 + 1);  // the CPU rows, the paged rows, the aligned trainer-vs-rollout pair
   CHECK(doc.at("thresholds").at("paged_lse_max_abs").as_double() == 0.25);
   const cpd::json::Value report = cpd::json::parse(slurp(dir + "/report.json"));  // the evidence
   CHECK(report.at("thresholds").at("paged_lse_max_abs").as_double() == 0.25);

@@ -2,10 +2,13 @@
 // this job — the CPU and paged rows pass, and every kind of bad evidence fails closed.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <limits>
 #include <string>
 
 #include "cpdrift/accept/acceptance.h"
+#include "cpdrift/engine/rollout_pairs.h"
+#include "cpdrift/metrics/rollout_pair_metrics.h"
 #include "cpdrift/paged/paged_case.h"
 #include "cpdrift/report/run_report.h"
 #include "mpi_support.h"
@@ -33,11 +36,15 @@ RunReport empty_report(const RunEnv& env) {
   return r;
 }
 
-// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill, every
-// protocol, backward and dlogp.
+// The accept command's evidence, run here: TP=2 CP=2 BF16, full and chunked prefill (split 4
+// under every protocol, split 8 for the trainer-vs-rollout pair), backward and dlogp.
 json::Value evidence_report() {
   RunEnv env(evidence_problem(), true);
-  const RunContext& ctx = env.ctx;
+  RunContext ctx = env.ctx;
+  DecodedCapture capture;
+  capture.workload = make_paged_workload(env.problem, kAcceptPageSize, std::nullopt);
+  capture.vocab_size = 17;
+  ctx.decoded = &capture;
   RunReport r = empty_report(env);
   for (const std::optional<std::int64_t> split :
        {std::optional<std::int64_t>{}, std::optional<std::int64_t>{4}}) {
@@ -45,6 +52,8 @@ json::Value evidence_report() {
       r.cases.push_back(recorded_case(ctx, CaseSpec{2, 2, split, CpLayout::contiguous, protocol}));
     }
   }
+  r.cases.push_back(
+      recorded_case(ctx, CaseSpec{2, 2, kAcceptFixedSplit, CpLayout::contiguous, Protocol::ag_rs}));
   std::vector<PagedCaseSpec> paged;
   for (const SplitKv split :
        {SplitKv{SplitPolicy::disabled, 0}, SplitKv{SplitPolicy::fixed, kAcceptFixedSplit}}) {
@@ -52,6 +61,7 @@ json::Value evidence_report() {
       paged.push_back(PagedCaseSpec{m, split});
   }
   r.paged_cases = recorded_paged_cases(ctx, PagedOptions{kAcceptPageSize, std::nullopt, 17}, paged);
+  if (comm().rank() == 0) r.rollout_pairs = compare_rollout_pairs(capture);
   return report_json(r);
 }
 
@@ -222,6 +232,31 @@ TEST_SUITE("np4") {
     case_named(bad, chunked + "_ring_kv")["drift"]["cp_merge_fp32"]["out"]["digest"] = "0000";
     CHECK(evaluate_row(row_named("cp_protocol_equivalence_tp2_cp2_chunk4"), bad, t, world, "r")
               .status == "failed");
+    // The aligned trainer-vs-rollout pair passes; differing bits, an unaligned pair or a pair
+    // that is not in the report fail it.
+    const AcceptanceRow pair_row =
+        row_named("trainer_vs_rollout_aligned_tp2_cp2_chunk8_vs_decode_fixed8");
+    {
+      const RowVerdict v = evaluate_row(pair_row, report, t, world, "r");
+      CAPTURE(v.errors.empty() ? std::string() : v.errors.front());
+      CHECK(v.status == "passed");
+    }
+    const auto doctor_pair = [&](const std::function<void(json::Value&)>& apply) {
+      json::Value doctored = report;
+      for (json::Value& p : doctored["trainer_vs_rollout"]["pairs"].as_array()) {
+        if (p.at("trainer").as_string() == pair_row.cases[0] &&
+            p.at("rollout").as_string() == pair_row.cases[1])
+          apply(p);
+      }
+      return doctored;
+    };
+    expect_failure(pair_row,
+                   doctor_pair([](json::Value& p) { p["logprob"]["mismatch_count"] = 1; }), world,
+                   "logprob.mismatch_count is not 0");
+    expect_failure(pair_row, doctor_pair([](json::Value& p) { p["aligned"] = false; }), world,
+                   "aligned is not true");
+    expect_failure(pair_row, doctor_pair([](json::Value& p) { p["rollout"] = "elsewhere"; }), world,
+                   "is not in the report");
     // A case that never ran, and rows cpdrift cannot execute yet, fail closed too.
     json::Value empty = report;
     empty["cases"] = json::Value::array();
@@ -233,7 +268,7 @@ TEST_SUITE("np4") {
       all.push_back(evaluate_row(r, report, t, world, "r"));
     const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
     CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
-    CHECK(doc.at("failed_required_cases").size() == all.size() - 9);
+    CHECK(doc.at("failed_required_cases").size() == all.size() - 10);
   }
 
   TEST_CASE("acceptance: a case whose executed grid is not the requested one fails its row") {

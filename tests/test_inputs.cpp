@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpdrift/cpu/inputs.h"
@@ -78,6 +79,36 @@ TEST_CASE("a slice generated alone equals the same slice cut from the whole tens
         }
       }
       CHECK(equal);
+    }
+  }
+}
+
+TEST_CASE(
+    "sequences share the prompt: q, k, v rows before shared_prompt_len are sequence 0's; dO and "
+    "the rows after it are their own") {
+  Problem p;
+  p.seq_len = 64;
+  p.batch = 3;
+  ThreadPool pool(2);
+  // shortest = 64 - 2 * (64 / 12 + 1) = 52: a prompt of max(52 / 4, min(16, 52 / 3)) = 16
+  // tokens; one sequence has none.
+  REQUIRE(shared_prompt_len(p) == 16);
+  Problem one = p;
+  one.batch = 1;
+  CHECK(shared_prompt_len(one) == 0);
+  const auto same_row = [](const Shard& s, int b, std::int64_t pos) {
+    return std::memcmp(s.at(b, 1, pos), s.at(0, 1, pos), s.shape.width * sizeof(float)) == 0;
+  };
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
+    CAPTURE(static_cast<int>(t));
+    const ShardShape shape{p.batch, Range{0, 2}, {Range{0, p.seq_len}}, p.dims.head_dim};
+    const Shard s = generate_shard(p, t, shape, InputPrecision::fp32, pool);
+    const bool shared = t != TensorId::d_out;
+    for (int b = 1; b < p.batch; ++b) {
+      CHECK(same_row(s, b, 0) == shared);
+      CHECK(same_row(s, b, 15) == shared);
+      CHECK_FALSE(same_row(s, b, 16));  // the first token after the prompt: its own
+      CHECK_FALSE(same_row(s, b, 63));
     }
   }
 }

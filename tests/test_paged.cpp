@@ -203,10 +203,12 @@ TEST_CASE(
     "not") {
   Fixture f;
   const LogicalKv kv = logical_kv(f.w, f.inputs, f.heads, InputPrecision::fp32);
-  // Sequences 1 and 2 hold sequence 0's rows over the shared prompt, their own after it.
-  CHECK(std::memcmp(kv.k.at(2, 1, 0), kv.k.at(0, 1, 0), f.w.prefix_len * 128 * sizeof(float)) == 0);
-  CHECK(std::memcmp(kv.k.at(2, 1, f.w.prefix_len), kv.k.at(0, 1, f.w.prefix_len),
-                    128 * sizeof(float)) != 0);
+  // Sequences 1 and 2 hold sequence 0's rows over the shared prompt (12 tokens: three pages
+  // cached once), their own after it.
+  const std::int64_t prompt = shared_prompt_len(f.p);
+  REQUIRE(prompt == 12);
+  CHECK(std::memcmp(kv.k.at(2, 1, 0), kv.k.at(0, 1, 0), prompt * 128 * sizeof(float)) == 0);
+  CHECK(std::memcmp(kv.k.at(2, 1, prompt), kv.k.at(0, 1, prompt), 128 * sizeof(float)) != 0);
   for (const PageLayout layout :
        {PageLayout::interleaved, PageLayout::permuted, PageLayout::private_prefix}) {
     const PagedKvCache c = f.cache(layout, kv);
@@ -258,14 +260,16 @@ TEST_CASE(
     "paged workloads: lengths, the shared prompt and q_len; impossible ones are usage errors") {
   const PagedWorkload w = make_paged_workload(paged_problem(), 4, std::nullopt);
   CHECK(w.kv_lens == std::vector<std::int64_t>{48, 43, 38});
-  CHECK(w.prefix_len == 8);
-  CHECK(w.q_len == 15);
-  CHECK(w.queries(1) == Range{28, 43});
+  CHECK(w.prefix_len == 12);  // the prompt: min(16, 38 / 3) tokens, three pages of 4
+  CHECK(w.q_len == 13);       // (38 - 12) / 2
+  CHECK(w.queries(1) == Range{30, 43});
+  // A page size that does not divide the prompt: its last partial page stays private.
+  CHECK(make_paged_workload(paged_problem(), 5, std::nullopt).prefix_len == 10);
   Problem one = paged_problem();
   one.batch = 1;
   CHECK(make_paged_workload(one, 4, std::nullopt).prefix_len == 0);
-  CHECK_THROWS_WITH_AS(make_paged_workload(paged_problem(), 4, 31),
-                       doctest::Contains("room for 1 to 30"), UsageError);
+  CHECK_THROWS_WITH_AS(make_paged_workload(paged_problem(), 4, 27),
+                       doctest::Contains("room for 1 to 26"), UsageError);
   Problem tiny = paged_problem();
   tiny.seq_len = 4;
   tiny.batch = 8;
@@ -380,11 +384,8 @@ TEST_CASE("the rollout invariances hold bitwise, and each negative control break
       "prefix cache: private copies of the prompt give the same bits; a different prompt does "
       "not") {
     CHECK(mismatches(d.out, f.lane(decode, f.cache(PageLayout::private_prefix, kv), q).out) == 0);
-    const LogicalKv own = [&] {  // each sequence's own rows over the prompt positions
-      const ShardShape shape{3, f.heads, {Range{0, 48}}, 128};
-      return LogicalKv{f.inputs.shard(TensorId::k, shape, InputPrecision::bf16),
-                       f.inputs.shard(TensorId::v, shape, InputPrecision::bf16)};
-    }();
+    LogicalKv own{Shard(kv.k), Shard(kv.v)};  // sequence 1's first prompt key differs
+    for (std::int64_t h = f.heads.begin; h < f.heads.end; ++h) own.k.at(1, h, 0)[0] += 0.5f;
     const AttnShard other = f.lane(decode, f.cache(PageLayout::private_prefix, own), q);
     CHECK(mismatches(d.out, other.out) > 0);
   }
@@ -482,7 +483,14 @@ TEST_CASE(
     CHECK(c.candidate.out.max_abs <= report.thresholds.paged_out_max_abs);
     CHECK(c.candidate.lse.max_abs <= report.thresholds.paged_lse_max_abs);
     CHECK(c.dlogp.max_abs <= report.thresholds.paged_dlogp_max_abs);
-    CHECK(c.dlogp.active_count == 3 * 15);
+    CHECK(c.dlogp.active_count == 3 * 13);
+    // The same tokens in the RL figures: |Δ| max is the drift's max (exact in FP64, the drift's
+    // FP32 difference rounds once), and the exact KL is a finite non-negative mean.
+    CHECK(c.dlogp_rl.tokens == 3 * 13);
+    CHECK(c.dlogp_rl.abs_max == doctest::Approx(c.dlogp.max_abs).epsilon(1e-6));
+    CHECK(c.dlogp_rl.kl_exact_mean >= 0.0);
+    CHECK(std::isfinite(c.dlogp_rl.kl_exact_mean));
+    CHECK(c.dlogp_rl.diverged == (c.dlogp.mismatch_count > 0));
     CHECK(c.candidate.out.digest.has_value());
     REQUIRE(c.invariances.size() == 6);
     for (const Invariance& inv : c.invariances) {

@@ -35,7 +35,7 @@ RunRequest evidence_request(const Problem& problem, int threads, bool with_cp) {
   r.problem.dtype = DType::bf16;
   r.tp_sizes = {evidence_case(std::nullopt, Protocol::ag_rs).tp};
   r.cp_sizes = {evidence_case(std::nullopt, Protocol::ag_rs).cp};
-  r.splits = {std::nullopt, kEvidenceSplit};
+  r.splits = {std::nullopt, kEvidenceSplit, kAcceptFixedSplit};
   r.protocols.assign(std::begin(kProtocols), std::end(kProtocols));
   r.modes = {RunMode::paged_prefill, RunMode::decode};
   if (with_cp) r.modes.insert(r.modes.begin(), {RunMode::prefill, RunMode::chunked_prefill});
@@ -94,6 +94,16 @@ std::vector<AcceptanceRow> required_matrix() {
                   .processes = 1,
                   .cases = paged_cases,
                   .invariance = "page_layout"});
+  // The trainer's layout against the rollout's with the same split: their bits must be equal.
+  const std::string trainer = evidence_name(kAcceptFixedSplit);
+  const std::string rollout =
+      paged_case_name(evidence_paged(PagedMode::decode, SplitPolicy::fixed), DType::bf16);
+  rows.push_back({.name = "trainer_vs_rollout_aligned_tp2_cp2_chunk" +
+                          std::to_string(kAcceptFixedSplit) + "_vs_decode_fixed" +
+                          std::to_string(kAcceptFixedSplit),
+                  .kind = K::rollout_pair,
+                  .processes = 4,
+                  .cases = {trainer, rollout}});
   for (int np : {2, 4, 8}) {
     const std::string why =
         "accept does not run the GPU transports yet, so there is no executed evidence (one GPU per "
@@ -357,6 +367,40 @@ void evaluate_paged_case(const Value& c, const Thresholds& t, RowVerdict& v) {
   }
 }
 
+// The pair (trainer, rollout) of the report's trainer_vs_rollout block: aligned, and bitwise
+// equal in out, lse and logprob.
+void evaluate_pair(const Value& report, const std::string& trainer, const std::string& rollout,
+                   RowVerdict& v) {
+  const Value* pairs = at_path(report, "trainer_vs_rollout.pairs");
+  const Value* pair = nullptr;
+  if (pairs != nullptr && pairs->is_array()) {
+    for (const Value& p : pairs->as_array()) {
+      const Value* t = at_path(p, "trainer");
+      const Value* r = at_path(p, "rollout");
+      if (t && r && t->is_string() && r->is_string() && t->as_string() == trainer &&
+          r->as_string() == rollout)
+        pair = &p;
+    }
+  }
+  if (pair == nullptr) {
+    v.errors.push_back("the pair " + trainer + " vs " + rollout + " is not in the report");
+    return;
+  }
+  for (const char* flag : {"aligned", "bitwise_equal", "passed"}) {
+    const Value* f = at_path(*pair, flag);
+    if (f == nullptr || !f->is_bool() || !f->as_bool())
+      v.errors.push_back(std::string("trainer_vs_rollout pair: ") + flag + " is not true");
+  }
+  for (const char* what : {"out", "lse", "logprob"}) {
+    const std::string path = std::string(what) + ".mismatch_count";
+    const Value* n = at_path(*pair, path);
+    if (n == nullptr || !n->is_integer() || n->as_int64() != 0) {
+      v.errors.push_back("trainer_vs_rollout pair: " + path + " is not 0");
+    }
+    v.evidence["metrics"][path] = n ? *n : Value(nullptr);
+  }
+}
+
 }  // namespace
 
 RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thresholds& t,
@@ -384,6 +428,11 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thr
   if (report.is_null()) {
     v.status = "not_run";
     v.errors.push_back("nothing was executed");
+    return v;
+  }
+  if (row.kind == AcceptanceRow::Kind::rollout_pair) {
+    evaluate_pair(report, row.cases.at(0), row.cases.at(1), v);
+    v.status = v.errors.empty() ? "passed" : "failed";
     return v;
   }
   const bool paged = row.kind == AcceptanceRow::Kind::paged_case ||

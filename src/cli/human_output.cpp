@@ -96,10 +96,11 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
   std::fprintf(
       out,
       "#\n# paged (rollout side, TP=1): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
-      "shared prompt %lld tokens\n",
+      "shared prompt %lld tokens (%d page%s cached once)\n",
       w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
       static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
-      static_cast<long long>(w.prefix_len));
+      static_cast<long long>(shared_prompt_len(r.problem)), w.prefix_pages(),
+      w.prefix_pages() == 1 ? "" : "s");
   std::fprintf(out, "# %-52s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
                "fp32 split/merge", "", "time");
   std::fprintf(out, "# %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
@@ -133,9 +134,9 @@ void print_rl_rows(std::FILE* out, const RunReport& r) {
   for (const CaseResult& c : r.cases) any = any || (c.dlogp.available && c.dlogp.rl.tokens > 0);
   if (!any) return;
   std::fprintf(out,
-               "#\n# trainer vs rollout on the selected-token logprobs, the figures RL frameworks "
-               "log (Δ = train - rollout:\n# the case's output as written vs the FP32 CP=1 "
-               "reference cast alike; ρ = exp Δ; KL(rollout ‖ train))\n");
+               "#\n# each case's selected-token logprobs against its reference, the figures RL "
+               "frameworks log (Δ = train - rollout:\n# the case's output as written vs the FP32 "
+               "CP=1 reference cast alike; ρ = exp Δ; KL(rollout ‖ train))\n");
   // Δ and ρ take two bytes each, and printf pads bytes: their columns get one more.
   std::fprintf(out, "# %-46s %-10s %-10s %-10s %-9s %-9s %-9s %-9s %s\n", "case", "|Δ| mean",
                "|Δ| p99", "|Δ| max", "ρ min", "ρ max", "k3 KL", "exact KL", "first divergent");
@@ -150,6 +151,30 @@ void print_rl_rows(std::FILE* out, const RunReport& r) {
     std::fprintf(out, "  %-46s %-9.2e %-9.2e %-9.2e %-8.5f %-8.5f %-9.2e %-9.2e %s\n",
                  c.name.c_str(), m.abs_mean, m.abs_p99, m.abs_max, m.ratio_min, m.ratio_max,
                  m.k3_mean, m.kl_exact_mean, first);
+  }
+  std::fflush(out);
+}
+
+void print_pair_rows(std::FILE* out, const RunReport& r) {
+  if (r.rollout_pairs.empty()) return;
+  std::fprintf(out,
+               "#\n# trainer vs rollout: each prefill case against each paged case at the %llu "
+               "decoded tokens (Δ = train - rollout)\n",
+               static_cast<unsigned long long>(r.rollout_pairs.front().tokens));
+  std::fprintf(out, "# %-40s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "rollout", "out", "lse",
+               "|Δ| max", "exact KL", "bits");
+  for (const RolloutPair& p : r.rollout_pairs) {
+    std::string bits;
+    if (p.diagnostic) {
+      bits = "diagnostic (split-KV auto)";
+    } else if (p.aligned) {
+      bits = p.bitwise_equal() ? "bitwise (aligned)" : "FAILED: aligned, bits differ";
+    } else {
+      bits = p.bitwise_equal() ? "equal (not aligned)" : "drift (blocks differ)";
+    }
+    std::fprintf(out, "  %-40s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
+                 p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(), p.rl.abs_max,
+                 p.rl.kl_exact_mean, bits.c_str());
   }
   std::fflush(out);
 }

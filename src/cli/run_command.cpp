@@ -224,6 +224,7 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   if (verbose) {
     print_rl_rows(table, report);
     print_paged_rows(table, report);
+    print_pair_rows(table, report);
   }
   report.failed_checks = agreed_verdict(report, comm);
   report.peak_rss_bytes.assign(static_cast<std::size_t>(comm.size()), 0);

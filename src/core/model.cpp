@@ -1,5 +1,6 @@
 #include "cpdrift/core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -20,6 +21,13 @@ std::vector<float> rope_inv_freq(const ModelDims& dims) {
 
 int heads_of(const ModelDims& dims, TensorId tensor) {
   return tensor == TensorId::k || tensor == TensorId::v ? dims.num_kv_heads : dims.num_q_heads;
+}
+
+std::int64_t shared_prompt_len(const Problem& p) {
+  if (p.batch < 2) return 0;
+  const std::int64_t shortest = p.seq_len - (p.batch - 1) * (p.seq_len / (4 * p.batch) + 1);
+  if (shortest <= 0) return 0;
+  return std::max<std::int64_t>(shortest / 4, std::min<std::int64_t>(16, shortest / 3));
 }
 
 const char* to_string(DType t) { return name_of(kDTypeNames, t); }

@@ -29,6 +29,7 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
   const std::vector<float> inv_freq = rope_inv_freq(dims);
   const int half = dims.rotary_dim / 2;
   const std::int64_t num_heads = heads_of(dims, tensor), seq = problem.seq_len;
+  const std::int64_t prompt = shared_prompt_len(problem);
 
   struct Task {
     std::int64_t pos, count, local_row;
@@ -55,8 +56,9 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
       for (int b = 0; b < shape.batch; ++b) {
         for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
           float* row = shard.at(b, h, task.local_row + i);
+          const std::int64_t src = input_sequence(tensor, b, pos, prompt);
           const std::uint64_t first =
-              static_cast<std::uint64_t>(((b * num_heads + h) * seq + pos) * d);
+              static_cast<std::uint64_t>(((src * num_heads + h) * seq + pos) * d);
           for (int e = 0; e < d; e += 4) normal4(problem.seed, tensor, (first + e) >> 2, row + e);
           if (rotate) rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
           if (round) {

@@ -23,7 +23,11 @@ __global__ void generate_kernel(GenerateParams p) {
   const long long b = id / (half * p.rows * p.head_count);
   const long long pos = p.row_positions[row];
   const unsigned long long first = static_cast<unsigned long long>(
-      ((b * p.num_heads + p.head_begin + hl) * p.seq_len + pos) * p.dim);
+      ((input_sequence(static_cast<TensorId>(p.tensor), b, pos, p.prompt_len) * p.num_heads +
+        p.head_begin + hl) *
+           p.seq_len +
+       pos) *
+      p.dim);
   const TensorId tensor = static_cast<TensorId>(p.tensor);
   float x1 = normal_at(p.seed, tensor, first + i);
   float x2 = normal_at(p.seed, tensor, first + i + half);
@@ -51,6 +55,7 @@ GenerateParams generate_params(const Problem& problem, TensorId tensor, int batc
   g.tensor = static_cast<unsigned>(tensor);
   g.num_heads = heads_of(problem.dims, tensor);
   g.seq_len = problem.seq_len;
+  g.prompt_len = shared_prompt_len(problem);
   g.dim = problem.dims.head_dim;
   g.batch = batch;
   g.head_begin = heads.begin;

@@ -95,6 +95,7 @@ struct GenerateParams {
   unsigned tensor;
   long long num_heads;  // the tensor's global head count
   long long seq_len;
+  long long prompt_len;  // shared_prompt_len: rows before it are sequence 0's (q, k, v)
   int dim;
   int batch;
   long long head_begin, head_count;

@@ -8,6 +8,7 @@
 #include "case_execution.h"
 #include "case_legs.h"
 #include "cpdrift/engine/merge_checks.h"
+#include "cpdrift/engine/rollout_pairs.h"
 #include "cpdrift/engine/tensor_layout.h"
 #include "cpdrift/engine/work_plan.h"
 #include "cpdrift/numerics/bf16.h"
@@ -108,6 +109,15 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   sink.prefill_part(part);
 }
 
+// The trainer's side of the trainer-vs-rollout pairs: what its production kernel wrote (the
+// BF16-kernel path, or the FP32 path under --dtype fp32) at the rollout's decoded positions.
+void capture_decoded(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
+                     const HostedAttention& written) {
+  if (ctx.decoded == nullptr) return;
+  ctx.decoded->trainer.push_back(
+      gather_trainer_rows(ctx, grid, name, written, ctx.decoded->workload));
+}
+
 // The forward: forward_paths' list in its order, the FP32 path first (with the merge checks),
 // each path measured and freed before the next runs. Returns the dtype path's output as
 // written (the dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
@@ -125,6 +135,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
       case ForwardPathKind::fp32:
         fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
         fp32_part(ctx, grid, name, fp32, reference, sink);
+        if (ctx.problem.dtype == DType::fp32) capture_decoded(ctx, grid, name, merged_of(fp32));
         done("FP32 path", true);  // the progress line adds the CP=1 reference
         for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
         dtype_written = merged_of(fp32);
@@ -141,6 +152,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
             run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
         path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
                   sink);
+        if (ctx.problem.dtype == DType::bf16) capture_decoded(ctx, grid, name, merged_of(kernel));
         done("BF16-kernel path", false);
         break;
       }

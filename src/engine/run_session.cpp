@@ -14,6 +14,7 @@
 #include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/rollout_pairs.h"
 #include "cpdrift/engine/work_plan.h"
 
 namespace cpd {
@@ -110,6 +111,16 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
   if (ctx.problem.rope) run_rope_check(ctx, sink);
   std::optional<RunProgress> progress_of;
   RunContext with_progress = ctx;
+  // With both sides in the run, each case leaves its rows at the rollout's decoded positions
+  // on rank 0 for the trainer-vs-rollout pairs.
+  std::optional<DecodedCapture> decoded;
+  if (!plan.cases.empty() && !plan.paged.empty()) {
+    decoded.emplace();
+    decoded->workload =
+        make_paged_workload(ctx.problem, plan.paged_options.page_size, plan.paged_options.q_len);
+    decoded->vocab_size = plan.paged_options.vocab_size;
+    with_progress.decoded = &*decoded;
+  }
   if (say) {
     const std::size_t paths = forward_paths(ctx.problem.dtype, backend_->has_unfused_gemm(),
                                             ctx.cpu_rerun_inputs != nullptr)
@@ -137,7 +148,8 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
   if (plan.cases.empty()) maybe_die_for_test(comm_);
   PagedOptions paged = plan.paged_options;
   paged.progress = progress;
-  run_paged_cases(ctx, paged, plan.paged, sink);
+  run_paged_cases(with_progress, paged, plan.paged, sink);
+  if (decoded) sink.rollout_pairs(*decoded);
 }
 
 }  // namespace cpd

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "cpdrift/engine/case_runner.h"
+#include "cpdrift/engine/rollout_pairs.h"
+#include "cpdrift/engine/run_context.h"
 #include "paged_lanes.h"
 
 namespace cpd {
@@ -27,6 +29,11 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   o.plans = l.mode_plans(spec.mode);
   const AttnShard& candidate = o.held.keep(final_write(l.mode_rows(spec.mode), bf16));
   o.candidate = paged::same_rows(candidate, in.reference, w.q_len);
+  if (ctx.decoded != nullptr) {  // the rollout's side of the trainer-vs-rollout pairs
+    ctx.decoded->rollout.push_back(gather_rollout_rows(
+        ctx, w, o.name, spec.split.policy == SplitPolicy::auto_select, o.plans,
+        paged::head_owners(ctx.problem, ctx.collectives.size()), local ? &candidate : nullptr));
+  }
   o.fp32 = paged::same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len);
 
   const std::string base = paged_case_group(o.name) + "/";
@@ -47,7 +54,20 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in.heads, local ? &candidate : nullptr,
                                                   local ? &reference_cast : nullptr, o.vocab_size);
   const std::vector<float>& cand = o.held.keep(std::move(lp.candidate));
-  o.dlogp.add(0, cand.data(), o.held.keep(std::move(lp.reference)).data(), cand.size());
+  const std::vector<float>& ref = o.held.keep(std::move(lp.reference));
+  o.dlogp.add(0, cand.data(), ref.data(), cand.size());
+  for (std::size_t k = 0; k < cand.size(); ++k) {  // rank 0: [B][q_len]
+    const int b = static_cast<int>(k / static_cast<std::size_t>(w.q_len));
+    const std::int64_t pos = w.queries(b).begin + static_cast<std::int64_t>(k) % w.q_len;
+    // The split's interior boundaries of the sequence, as the candidate lane ran it.
+    std::int64_t split = -1;
+    for (const Range& blk : o.plans.at(static_cast<std::size_t>(b))) {
+      if (blk.begin == 0) continue;
+      const std::int64_t d = pos >= blk.begin ? pos - blk.begin : blk.begin - 1 - pos;
+      if (split < 0 || d < split) split = d;
+    }
+    o.dlogp_tokens.push_back(TokenPair{b, pos, 0, cand[k], ref[k], lp.kl[k], -1, split});
+  }
   paged::add_invariances(w, l, o);
   o.processes_used = std::min(ctx.collectives.size(), ctx.problem.dims.num_kv_heads);
   sink.paged_case(o);

@@ -55,6 +55,8 @@ struct PlanLanes {
 
 /// KV heads [begin, end) process `rank` of `world` computes: contiguous, as even as can be.
 Range kv_heads_of(const Problem& p, int world, int rank);
+/// The process computing each query head (the owner of its KV head).
+std::vector<int> head_owners(const Problem& p, int world);
 
 PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w);
 
@@ -81,7 +83,8 @@ CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std:
 /// prefill cases do) and takes log_softmax at the target. Collective; rank 0 returns
 /// [B][q_len] logprobs of each, other processes nothing.
 struct PagedLogprobs {
-  std::vector<float> candidate, reference;
+  std::vector<float> candidate, reference;  // [B][q_len], rank 0
+  std::vector<float> kl;                    // KL(π_reference ‖ π_candidate) of each token
 };
 PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Range kv_heads,
                              const AttnShard* candidate, const AttnShard* reference, int vocab);

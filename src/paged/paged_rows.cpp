@@ -8,9 +8,7 @@
 #include "paged_lanes.h"
 
 namespace cpd::paged {
-namespace {
 
-// The process computing each query head (the owner of its KV head).
 std::vector<int> head_owners(const Problem& p, int world) {
   std::vector<int> owner(static_cast<std::size_t>(p.dims.num_q_heads), 0);
   for (int r = 0; r < world; ++r) {
@@ -22,8 +20,6 @@ std::vector<int> head_owners(const Problem& p, int world) {
   }
   return owner;
 }
-
-}  // namespace
 
 CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std::string path,
                              const Shard* local, int width, bool bf16, bool digest) {
@@ -98,23 +94,26 @@ PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Rang
   });
   PagedLogprobs lp;
   if (!root) return lp;
-  // Per token, the heads' partials folded in ascending head order.
-  std::vector<float> logits(static_cast<std::size_t>(vocab));
+  // Per token, the heads' partials folded in ascending head order; both sides' logits kept
+  // for the token's exact KL.
+  std::vector<float> logits(2 * static_cast<std::size_t>(vocab));
   std::vector<const float*> terms(static_cast<std::size_t>(hq));
-  for (int which = 0; which < 2; ++which) {
-    std::vector<float>& out = which == 0 ? lp.candidate : lp.reference;
-    for (int b = 0; b < p.batch; ++b) {
-      for (std::int64_t i = 0; i < q_len; ++i) {
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t i = 0; i < q_len; ++i) {
+      const std::int64_t pos = w.queries(b).begin + i;
+      for (int which = 0; which < 2; ++which) {
         for (int h = 0; h < hq; ++h) {
           terms[static_cast<std::size_t>(h)] =
               all.data() + (static_cast<std::size_t>((which * p.batch + b) * hq + h)) * plane +
               i * vocab;
         }
-        fold_head_logits(terms.data(), hq, vocab, logits.data());
-        const std::int64_t pos = w.queries(b).begin + i;
-        out.push_back(
-            log_softmax_at(logits.data(), vocab, logprob_target(b, pos, p.seq_len, vocab)));
+        float* z_side = logits.data() + static_cast<std::size_t>(which) * vocab;
+        fold_head_logits(terms.data(), hq, vocab, z_side);
+        (which == 0 ? lp.candidate : lp.reference)
+            .push_back(log_softmax_at(z_side, vocab, logprob_target(b, pos, p.seq_len, vocab)));
       }
+      lp.kl.push_back(static_cast<float>(
+          kl_divergence(logits.data() + vocab, logits.data(), vocab)));  // KL(reference ‖ cand)
     }
   }
   return lp;

@@ -25,32 +25,28 @@ PagedWorkload make_paged_workload(const Problem& p, int page_size,
                      " is too short for --batch " + std::to_string(p.batch) +
                      " (the shortest sequence would hold " + std::to_string(shortest) + " tokens)");
   }
-  if (p.batch > 1 && shortest >= 2 * page)
-    w.prefix_len = std::max<std::int64_t>(1, shortest / (4 * page)) * page;
-  const std::int64_t room = shortest - w.prefix_len;
+  // The shared prompt's whole pages are cached once (a partial last page stays private, as
+  // in vLLM's prefix cache); the decoded tokens come after the prompt.
+  const std::int64_t prompt = shared_prompt_len(p);
+  w.prefix_len = prompt / page * page;
+  const std::int64_t room = shortest - prompt;
   w.q_len = q_len.value_or(std::clamp<std::int64_t>(room / 2, 1, 16));
   if (w.q_len < 1 || w.q_len > room) {
     throw UsageError("--q-len " + std::to_string(w.q_len) + ": the shortest sequence (" +
-                     std::to_string(shortest) + " tokens, " + std::to_string(w.prefix_len) +
+                     std::to_string(shortest) + " tokens, " + std::to_string(prompt) +
                      " of them the shared prompt) has room for 1 to " + std::to_string(room) +
                      " query tokens");
   }
   return w;
 }
 
-LogicalKv logical_kv(const PagedWorkload& w, InputStore& inputs, Range heads,
+LogicalKv logical_kv(const PagedWorkload&, InputStore& inputs, Range heads,
                      InputPrecision precision) {
   const Problem& p = inputs.problem();
   const ShardShape shape{p.batch, heads, {Range{0, p.seq_len}}, p.dims.head_dim};
+  // The problem's own rows: its sequences already share the prompt (shared_prompt_len).
   LogicalKv kv{inputs.shard(TensorId::k, shape, precision),
                inputs.shard(TensorId::v, shape, precision)};
-  const std::size_t prompt = static_cast<std::size_t>(w.prefix_len) * p.dims.head_dim;
-  for (Shard* s : {&kv.k, &kv.v}) {
-    for (int b = 1; b < p.batch; ++b) {
-      for (std::int64_t h = heads.begin; h < heads.end; ++h)
-        std::copy_n(s->at(0, h, 0), prompt, s->at(b, h, 0));
-    }
-  }
   return kv;
 }
 

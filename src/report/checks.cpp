@@ -58,6 +58,21 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
   }
 }
 
+// A trainer-vs-rollout pair whose KV blocks align must be bitwise equal (design §3); every
+// pair's figures must be finite.
+void check_pair(const RolloutPair& pair, std::vector<std::string>& failed) {
+  const std::string n = pair.trainer + " vs " + pair.rollout;
+  check_finite(failed, n + ": out", pair.out);
+  check_finite(failed, n + ": lse", pair.lse);
+  check_finite(failed, n + ": logprob", pair.logprob);
+  if (pair.aligned && !pair.bitwise_equal()) {
+    failed.push_back(n + ": the KV blocks align but the bits differ (out " +
+                     std::to_string(pair.out.mismatch_count) + ", lse " +
+                     std::to_string(pair.lse.mismatch_count) + ", logprob " +
+                     std::to_string(pair.logprob.mismatch_count) + " elements)");
+  }
+}
+
 // The gates of one prefill/chunked case.
 void check_case(const RunReport& report, const CaseResult& c, std::vector<std::string>& failed) {
   const Thresholds& t = report.thresholds;
@@ -135,6 +150,7 @@ std::vector<std::string> evaluate_checks(const RunReport& report) {
   check_same_grid_digests(report, failed);
   for (const PagedCaseResult& c : report.paged_cases)
     check_paged_case(report.thresholds, c, failed);
+  for (const RolloutPair& pair : report.rollout_pairs) check_pair(pair, failed);
   return failed;
 }
 

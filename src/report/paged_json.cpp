@@ -1,5 +1,6 @@
 // The report's paged cases (cpdrift extension `paged_cases[]`, docs/report-contract.md).
 #include "plan_json.h"
+#include "training_legs_json.h"
 
 namespace cpd {
 
@@ -64,6 +65,7 @@ Value paged_case_json(const RunReport& r, const PagedCaseResult& c) {
   paged["shape"] = std::move(shape);
   paged["page_size"] = w.page_size;
   paged["physical_pages"] = c.physical_pages;
+  paged["shared_prompt_tokens"] = shared_prompt_len(r.problem);
   paged["shared_prefix_tokens"] = w.prefix_len;
   paged["shared_prefix_pages"] = w.prefix_pages();
   paged["block_tables_digest"] = c.block_tables_digest;
@@ -93,6 +95,7 @@ Value paged_case_json(const RunReport& r, const PagedCaseResult& c) {
   dlogp["projection"] = "synthetic_fp32_lm_head_projection";
   dlogp["vocab_size"] = c.vocab_size;
   dlogp["reference_cast_dtype"] = r.problem.dtype == DType::bf16 ? "bfloat16" : "float32";
+  dlogp["rl_metrics"] = rl_metrics_json(c.dlogp_rl);
   drift["dlogp"] = std::move(dlogp);
   paged["drift"] = std::move(drift);
 

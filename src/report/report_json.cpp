@@ -231,6 +231,8 @@ Value report_json(const RunReport& r) {
   target["dtype"] = to_string(p.dtype);
   target["batch"] = p.batch;
   target["seq_len"] = p.seq_len;
+  // Every sequence's q, k and v rows before it are sequence 0's (one prompt, several responses).
+  target["shared_prompt_tokens"] = shared_prompt_len(p);
   target["causal"] = true;
   target["seed"] = p.seed;
   v["target"] = std::move(target);
@@ -272,6 +274,7 @@ Value report_json(const RunReport& r) {
   Value paged = Value::array();
   for (const PagedCaseResult& c : r.paged_cases) paged.push_back(paged_case_json(r, c));
   v["paged_cases"] = std::move(paged);
+  v["trainer_vs_rollout"] = rollout_pairs_json(r);
 
   Value summary = Value::object();
   summary["passed"] = r.passed();
@@ -284,6 +287,7 @@ Value report_json(const RunReport& r) {
   summary["peak_rss_bytes_per_process"] = std::move(rss);
   summary["case_count"] = r.cases.size();
   summary["paged_case_count"] = r.paged_cases.size();
+  summary["trainer_vs_rollout_pair_count"] = r.rollout_pairs.size();
   v["summary"] = std::move(summary);
   return v;
 }

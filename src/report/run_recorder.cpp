@@ -82,4 +82,8 @@ void RunRecorder::paged_case(const PagedCaseOutputs& o) {
   report_.paged_cases.push_back(measure_paged_case(o, digests, collectives_, pool_));
 }
 
+void RunRecorder::rollout_pairs(const DecodedCapture& capture) {
+  if (collectives_.root()) report_.rollout_pairs = compare_rollout_pairs(capture);
+}
+
 }  // namespace cpd

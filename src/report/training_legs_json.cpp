@@ -152,6 +152,54 @@ Value rl_metrics_json(const RlMetrics& m) {
   return v;
 }
 
+namespace {
+
+// A pair's verdict: what it had to show and whether it did.
+const char* pair_status(const RolloutPair& p) {
+  if (p.diagnostic) return "diagnostic";
+  if (p.aligned) return p.bitwise_equal() ? "bitwise_equal" : "failed";
+  return p.bitwise_equal() ? "equal_not_required" : "drift";
+}
+
+}  // namespace
+
+Value rollout_pairs_json(const RunReport& r) {
+  Value v = Value::object();
+  if (r.rollout_pairs.empty()) {
+    v["status"] = "not_applicable";
+    v["reason"] =
+        "needs prefill cases (the trainer) and paged cases (--modes paged_prefill,decode)";
+    return v;
+  }
+  v["status"] = "available";
+  v["positions"] = "every position the rollout decoded: the last q_len of each paged sequence";
+  v["trainer_output"] = r.problem.dtype == DType::bf16 ? "bf16_kernel" : "fp32";
+  v["rollout_output"] = "paged candidate lane";
+  v["logprob"] = "synthetic_fp32_lm_head_projection";
+  v["aligned_means"] =
+      "the row of every decoded position merges the same KV blocks on both sides: bits must be "
+      "equal";
+  v["vocab_size"] = r.paged_cases.empty() ? 0 : r.paged_cases.front().vocab_size;
+  Value pairs = Value::array();
+  for (const RolloutPair& p : r.rollout_pairs) {
+    Value e = Value::object();
+    e["trainer"] = p.trainer;
+    e["rollout"] = p.rollout;
+    e["aligned"] = p.aligned;
+    e["bitwise_equal"] = p.bitwise_equal();
+    e["status"] = pair_status(p);
+    e["passed"] = p.passed();
+    e["tokens"] = p.tokens;
+    e["out"] = stats_json(p.out);
+    e["lse"] = stats_json(p.lse);
+    e["logprob"] = stats_json(p.logprob);
+    e["rl_metrics"] = rl_metrics_json(p.rl);
+    pairs.push_back(std::move(e));
+  }
+  v["pairs"] = std::move(pairs);
+  return v;
+}
+
 Value dlogp_case_json(const CaseResult& c, DType dtype) {
   Value v = Value::object();
   if (!c.dlogp.available) {

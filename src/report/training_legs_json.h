@@ -8,5 +8,8 @@ namespace cpd {
 json::Value backward_json(const RunReport& r, const CaseResult& c);
 json::Value dlogp_case_json(const CaseResult& c, DType dtype);
 json::Value dlogp_root_json(const RunReport& r);
+json::Value rl_metrics_json(const RlMetrics& m);
+/// The report's `trainer_vs_rollout` block: how the pairs are made, and one entry per pair.
+json::Value rollout_pairs_json(const RunReport& r);
 
 }  // namespace cpd

@@ -21,6 +21,7 @@ struct AcceptanceRow {
     protocol_equivalence,  // the same case under every CP protocol: bitwise equal digests
     paged_case,            // one paged case: paged thresholds, plans as requested, invariances 0
     paged_invariance,      // one invariance across the paged cases: applicable and bitwise
+    rollout_pair,          // cases = {trainer, rollout}: an aligned pair, bitwise equal
     not_yet_available,     // delivered by a later part of cpdrift: fails closed
   };
   std::string name{};
@@ -38,14 +39,16 @@ struct AcceptanceRow {
 inline constexpr int kAcceptPageSize = 4;
 inline constexpr int kAcceptFixedSplit = 8;
 
-/// The run whose report is the evidence: TP=2 CP=2 BF16, full and chunked (split 4) prefill with
-/// the backward and dlogp legs under every CP protocol (when the job has the 4 processes those
-/// rows need: `with_cp`), and paged prefill and decode with split-KV disabled and fixed.
+/// The run whose report is the evidence: TP=2 CP=2 BF16, full and chunked (split 4, and split 8
+/// for the trainer-vs-rollout pair) prefill with the backward and dlogp legs under every CP
+/// protocol (when the job has the 4 processes those rows need: `with_cp`), and paged prefill
+/// and decode with split-KV disabled and fixed.
 RunRequest evidence_request(const Problem& problem, int threads, bool with_cp);
 
 /// The required matrix: Qwen3-8B TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
 /// CP protocol equivalence, paged prefill/decode with split-KV disabled and fixed,
-/// batch/page-layout invariance, and the NCCL and CUDA-IPC transports at 2/4/8 ranks.
+/// batch/page-layout invariance, the aligned trainer-vs-rollout pair (TP=2 CP=2 split 8 vs
+/// decode fixed 8) bitwise equal, and the NCCL and CUDA-IPC transports at 2/4/8 ranks.
 std::vector<AcceptanceRow> required_matrix();
 
 /// What a row concluded.

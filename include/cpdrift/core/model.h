@@ -49,4 +49,12 @@ struct Problem {
   DType dtype = DType::bf16;
 };
 
+/// The shared prompt: with two or more sequences, their first max(⌊shortest/4⌋, min(16,
+/// ⌊shortest/3⌋)) tokens (at least a 16-token page where the sequences allow) are one prompt (q, k
+/// and v rows equal to sequence 0's; input_sequence in philox.h), where shortest = S −
+/// (B−1)·(⌊S/(4B)⌋ + 1) is the rollout workload's shortest sequence (paged_workload.h); none with
+/// one sequence. A pure function of the problem, so every case, path and process sees the same
+/// inputs.
+std::int64_t shared_prompt_len(const Problem& problem);
+
 }  // namespace cpd

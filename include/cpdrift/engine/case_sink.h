@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cpdrift/engine/case_outputs.h"
+#include "cpdrift/engine/rollout_pairs.h"
 #include "cpdrift/paged/paged_case.h"
 
 namespace cpd {
@@ -18,6 +19,9 @@ class CaseSink {
   virtual void prefill_part(const CasePart& part) = 0;
   virtual void prefill_case(const CaseRecord& record) = 0;
   virtual void paged_case(const PagedCaseOutputs& outputs) = 0;
+  /// After the paged cases, when the run has prefill cases too: both sides' rows at the
+  /// rollout's decoded positions (on rank 0; empty elsewhere), for the trainer-vs-rollout pairs.
+  virtual void rollout_pairs(const DecodedCapture& capture) = 0;
 };
 
 }  // namespace cpd

@@ -11,6 +11,8 @@
 
 namespace cpd {
 
+struct DecodedCapture;
+
 struct RunContext {
   Problem problem;
   ThreadPool& pool;
@@ -25,6 +27,9 @@ struct RunContext {
   int vocab_size = 0;               // > 0: run the dlogp leg (--include-dlogp)
   std::int64_t round_rows = 0;      // CaseGrid::round_rows of every case (0: from the budget)
   RunProgress* progress = nullptr;  // set: run_case reports each phase as it ends
+  /// Set when the run has prefill and paged cases: each gathers its rows at the rollout's
+  /// decoded positions here for the trainer-vs-rollout pairs (rollout_pairs.h).
+  DecodedCapture* decoded = nullptr;
 };
 
 }  // namespace cpd

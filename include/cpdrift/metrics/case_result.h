@@ -96,6 +96,7 @@ struct PagedCaseResult : PagedCaseFacts {
   OutLseStats candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
   OutLseStats fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
+  RlMetrics dlogp_rl;     // the same tokens in the RL frameworks' figures
   std::vector<Invariance> invariances;
   double seconds = 0.0;
 };

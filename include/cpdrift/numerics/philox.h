@@ -62,6 +62,14 @@ CPD_HD void normal4(std::uint64_t seed, TensorId tensor, std::uint64_t block, fl
   }
 }
 
+/// The sequence whose random numbers row (b, pos) of `tensor` takes: inside the shared prompt
+/// (pos < prompt_len) every sequence's q, k and v rows are sequence 0's — one prompt, several
+/// responses, as in an RL rollout group (design §2). dO and the lm_head are never shared.
+CPD_HD long long input_sequence(TensorId tensor, long long b, long long pos, long long prompt_len) {
+  const bool qkv = tensor == TensorId::q || tensor == TensorId::k || tensor == TensorId::v;
+  return qkv && pos < prompt_len ? 0 : b;
+}
+
 /// One standard normal: element `index` of tensor `tensor` (a slice of normal4).
 CPD_HD float normal_at(std::uint64_t seed, TensorId tensor, std::uint64_t index) {
   float four[4];

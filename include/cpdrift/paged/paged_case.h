@@ -64,6 +64,7 @@ struct PagedCaseOutputs : PagedCaseFacts {
   OutLseComparison candidate;  // the rollout lane as written vs FP32 arithmetic on the same inputs
   OutLseComparison fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   Comparison dlogp;            // target-token logprobs of the candidate vs the reference cast alike
+  std::vector<TokenPair> dlogp_tokens;  // the same tokens for the RL metrics (rank 0)
   std::vector<InvarianceCheck> invariances;
   std::chrono::steady_clock::time_point started;
   HeldTensors held;

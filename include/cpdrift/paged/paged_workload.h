@@ -19,7 +19,7 @@ struct PagedWorkload {
   int page_size = 16;
   std::int64_t q_len = 1;
   std::vector<std::int64_t> kv_lens;  // per sequence
-  std::int64_t prefix_len = 0;        // the shared prompt, whole pages
+  std::int64_t prefix_len = 0;        // the shared prompt's whole pages (cached once)
 
   int sequences() const { return static_cast<int>(kv_lens.size()); }
   int prefix_pages() const { return static_cast<int>(prefix_len / page_size); }
@@ -30,16 +30,15 @@ struct PagedWorkload {
   }
 };
 
-/// Sequence b holds kv_len = S − b·⌊S/(4B)⌋ − b tokens; with two or more sequences the first
-/// max(1, ⌊shortest / (4·page)⌋) pages are a shared prompt (none with one sequence); q_len
-/// defaults to min(16, ⌊(shortest − prefix) / 2⌋). Throws UsageError when the problem is too
-/// short for the page size or the requested q_len.
+/// Sequence b holds kv_len = S − b·⌊S/(4B)⌋ − b tokens, the first kv_len of the problem's
+/// sequence b; the whole pages of the problem's shared prompt (shared_prompt_len, none with one
+/// sequence) are cached once; q_len defaults to min(16, ⌊(shortest − prompt) / 2⌋). Throws
+/// UsageError when the problem is too short for the page size or the requested q_len.
 PagedWorkload make_paged_workload(const Problem& problem, int page_size,
                                   std::optional<std::int64_t> q_len);
 
 /// The workload's logical K and V of KV heads `heads` ([B][heads][S][D]; positions past a
-/// sequence's length are unused): the problem's tensors, except that every sequence's prompt
-/// positions hold sequence 0's rows — the shared prefix.
+/// sequence's length are unused): the problem's tensors, whose sequences share the prompt.
 struct LogicalKv {
   Shard k, v;
 };

@@ -27,6 +27,7 @@ class RunRecorder final : public CaseSink {
   void prefill_part(const CasePart& part) override;
   void prefill_case(const CaseRecord& record) override;
   void paged_case(const PagedCaseOutputs& outputs) override;
+  void rollout_pairs(const DecodedCapture& capture) override;
 
  private:
   // Digests of `tensors` at rank 0 ("" elsewhere and where none is taken); dumped ones written.

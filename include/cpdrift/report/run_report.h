@@ -9,6 +9,7 @@
 #include "cpdrift/core/model.h"
 #include "cpdrift/metrics/case_result.h"
 #include "cpdrift/metrics/gates.h"
+#include "cpdrift/metrics/rollout_pair_metrics.h"
 #include "cpdrift/report/json.h"
 
 namespace cpd {
@@ -47,6 +48,7 @@ struct RunReport {
   std::string merge_oracle_self_test;  // "" when it passed
   std::vector<CaseResult> cases;
   std::vector<PagedCaseResult> paged_cases;
+  std::vector<RolloutPair> rollout_pairs;  // every (prefill case, paged case), trainer-major
   std::vector<std::string> failed_checks;
   double wall_seconds = 0.0;
   /// Per process (MPI rank order): its peak resident set over the cases, in bytes (read after

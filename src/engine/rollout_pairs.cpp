@@ -1,0 +1,177 @@
+#include "cpdrift/engine/rollout_pairs.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/cpu/inputs.h"
+#include "cpdrift/engine/protocol.h"
+#include "cpdrift/engine/run_context.h"
+#include "cpdrift/numerics/logprob_math.h"
+
+namespace cpd {
+namespace {
+
+// Where row (b, h, i) of the decoded positions lives: its process and, on that process, its
+// out (D floats) and lse.
+struct RowSource {
+  int process = 0;
+  const float* out = nullptr;
+  const float* lse = nullptr;
+};
+
+// Streams every decoded row, (b, h, i) order, to rank 0 into rows.out and rows.lse.
+void stream_decoded(const RunContext& ctx, const PagedWorkload& w,
+                    const std::function<RowSource(int, int, std::int64_t)>& where,
+                    DecodedRows& rows) {
+  const Problem& p = ctx.problem;
+  const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
+  const std::size_t n = static_cast<std::size_t>(p.batch) * hq * w.q_len;
+  std::vector<StreamSegment> segments;
+  segments.reserve(2 * n);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < hq; ++h) {
+      for (std::int64_t i = 0; i < w.q_len; ++i) {
+        const RowSource s = where(b, h, i);
+        segments.push_back(StreamSegment{s.process, s.out, static_cast<std::size_t>(dim)});
+        segments.push_back(StreamSegment{s.process, s.lse, 1});
+      }
+    }
+  }
+  const bool root = ctx.collectives.root();
+  rows.out.assign(root ? n * dim : 0, 0.0f);
+  rows.lse.assign(root ? n : 0, 0.0f);
+  ctx.collectives.stream_to_root(segments, [&](std::size_t k, const float* data) {
+    const std::size_t row = k / 2;
+    if (k % 2 == 0) {
+      std::copy_n(data, dim, rows.out.begin() + static_cast<std::ptrdiff_t>(row * dim));
+    } else {
+      rows.lse[row] = *data;
+    }
+  });
+}
+
+// Block starts at or before `pos`.
+std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::int64_t pos) {
+  std::vector<std::int64_t> s;
+  for (const Range& b : blocks) {
+    if (b.begin <= pos) s.push_back(b.begin);
+  }
+  return s;
+}
+
+// Rank 0: the logits and the target token's logprob of every decoded token of `rows`.
+void add_logits(const Problem& p, const PagedWorkload& w, int vocab, AttentionBackend& backend,
+                DecodedRows& rows) {
+  const std::vector<float> lm_head =
+      lm_head_columns(p, vocab, Range{0, std::int64_t{p.dims.num_q_heads} * p.dims.head_dim});
+  const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
+  const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
+  std::vector<float> z(static_cast<std::size_t>(p.batch) * hq * plane);  // [B][Hq][q_len][V]
+  std::vector<ProjectionJob> jobs;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < hq; ++h) {
+      const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
+      jobs.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
+                                   lm_head.data() + static_cast<std::size_t>(h) * dim,
+                                   std::int64_t{hq} * dim, z.data() + bh * plane});
+    }
+  }
+  backend.project_heads(jobs, dim, vocab);
+  rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);
+  std::vector<const float*> terms(static_cast<std::size_t>(hq));
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t i = 0; i < w.q_len; ++i) {
+      for (int h = 0; h < hq; ++h) {
+        terms[static_cast<std::size_t>(h)] =
+            z.data() + (static_cast<std::size_t>(b) * hq + h) * plane + i * vocab;
+      }
+      float* logits = rows.logits.data() + (static_cast<std::size_t>(b) * w.q_len + i) * vocab;
+      fold_head_logits(terms.data(), hq, vocab, logits);
+      const std::int64_t pos = w.queries(b).begin + i;
+      rows.logprob.push_back(
+          log_softmax_at(logits, vocab, logprob_target(b, pos, p.seq_len, vocab)));
+    }
+  }
+}
+
+}  // namespace
+
+DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
+                                const std::string& name,
+                                const std::vector<const AttnShard*>& written,
+                                const PagedWorkload& w) {
+  const Problem& p = ctx.problem;
+  const int world = ctx.transport.world_size();
+  const std::vector<LogicalRank> hosted = hosted_ranks(grid, ctx.transport);
+  DecodedRows rows;
+  rows.case_name = name;
+  const std::vector<Range> blocks = kv_block_bounds(grid.spec, p.seq_len);
+  rows.blocks.assign(static_cast<std::size_t>(p.batch), blocks);
+  for (int c = 0; c < grid.spec.cp; ++c) rows.cp_shards.push_back(grid.at(0, c).tokens);
+  const int heads_per_tp = p.dims.num_q_heads / grid.spec.tp;
+  stream_decoded(
+      ctx, w,
+      [&](int b, int h, std::int64_t i) {
+        const std::int64_t pos = w.queries(b).begin + i;
+        const int t = h / heads_per_tp;
+        int c = 0;
+        while (c + 1 < grid.spec.cp &&
+               std::none_of(grid.at(t, c).tokens.begin(), grid.at(t, c).tokens.end(),
+                            [&](const Range& r) { return r.contains(pos); })) {
+          ++c;
+        }
+        const LogicalRank& owner = grid.at(t, c);
+        RowSource s{process_of(owner.id, world)};
+        for (std::size_t k = 0; k < hosted.size(); ++k) {
+          if (hosted[k].id != owner.id) continue;
+          const AttnShard& a = *written[k];
+          const std::int64_t row = a.out.shape.local_row(pos);
+          s.out = a.out.at(b, h, row);
+          s.lse = a.lse.at(b, h, row);
+        }
+        return s;
+      },
+      rows);
+  if (ctx.collectives.root())
+    add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs.backend(), rows);
+  return rows;
+}
+
+DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
+                                const std::string& name, bool auto_split,
+                                const std::vector<std::vector<Range>>& plans,
+                                const std::vector<int>& head_owner, const AttnShard* candidate) {
+  DecodedRows rows;
+  rows.case_name = name;
+  rows.rollout = true;
+  rows.auto_split = auto_split;
+  rows.blocks = plans;
+  stream_decoded(
+      ctx, w,
+      [&](int b, int h, std::int64_t i) {
+        RowSource s{head_owner[static_cast<std::size_t>(h)]};
+        if (candidate != nullptr && candidate->out.shape.heads.contains(h)) {
+          s.out = candidate->out.at(b, h, i);
+          s.lse = candidate->lse.at(b, h, i);
+        }
+        return s;
+      },
+      rows);
+  if (ctx.collectives.root())
+    add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs.backend(), rows);
+  return rows;
+}
+
+bool aligned(const DecodedRows& trainer, const DecodedRows& rollout, const PagedWorkload& w) {
+  for (int b = 0; b < w.sequences(); ++b) {
+    const std::vector<Range>& t = trainer.blocks[static_cast<std::size_t>(b)];
+    const std::vector<Range>& r = rollout.blocks[static_cast<std::size_t>(b)];
+    for (std::int64_t pos = w.queries(b).begin; pos < w.queries(b).end; ++pos) {
+      if (starts_through(t, pos) != starts_through(r, pos)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace cpd

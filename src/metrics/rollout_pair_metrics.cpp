@@ -1,0 +1,92 @@
+#include "cpdrift/metrics/rollout_pair_metrics.h"
+
+#include <algorithm>
+
+#include "cpdrift/numerics/logprob_math.h"
+
+namespace cpd {
+namespace {
+
+// The interior edges between owners (owners[c] lists owner c's ranges): the first position of
+// a range whose previous position belongs to another owner.
+std::vector<std::int64_t> owner_edges(const std::vector<std::vector<Range>>& owners) {
+  std::vector<std::int64_t> edges;
+  for (const std::vector<Range>& mine : owners) {
+    for (const Range& r : mine) {
+      const bool continues =
+          std::any_of(mine.begin(), mine.end(), [&](const Range& o) { return o.end == r.begin; });
+      if (r.begin > 0 && !continues) edges.push_back(r.begin);
+    }
+  }
+  std::sort(edges.begin(), edges.end());
+  return edges;
+}
+
+// Tokens from pos to the nearest edge (0 for the two tokens either side of one); -1: none.
+std::int64_t edge_distance(const std::vector<std::int64_t>& edges, std::int64_t pos) {
+  std::int64_t best = -1;
+  for (const std::int64_t e : edges) {
+    const std::int64_t d = pos >= e ? pos - e : e - 1 - pos;
+    if (best < 0 || d < best) best = d;
+  }
+  return best;
+}
+
+DiffStats stats(const std::vector<float>& candidate, const std::vector<float>& reference) {
+  const DiffPart part{candidate.data(), reference.data(), candidate.size()};
+  return compute_diff_stats({&part, 1});
+}
+
+RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCapture& capture) {
+  const PagedWorkload& w = capture.workload;
+  const int vocab = capture.vocab_size;
+  RolloutPair pair;
+  pair.trainer = t.case_name;
+  pair.rollout = r.case_name;
+  pair.diagnostic = r.auto_split;
+  pair.aligned = !r.auto_split && aligned(t, r, w);
+  pair.out = stats(t.out, r.out);
+  pair.lse = stats(t.lse, r.lse);
+  pair.logprob = stats(t.logprob, r.logprob);
+  const std::vector<std::int64_t> shard_edges = owner_edges(t.cp_shards);
+  std::vector<std::int64_t> split_edges;
+  for (const Range& b : t.blocks.front()) {
+    if (b.begin > 0) split_edges.push_back(b.begin);
+  }
+  std::vector<TokenPair> tokens;
+  for (int b = 0; b < w.sequences(); ++b) {
+    for (std::int64_t i = 0; i < w.q_len; ++i) {
+      const std::size_t k = static_cast<std::size_t>(b) * w.q_len + i;
+      TokenPair tok;
+      tok.sequence = b;
+      tok.position = w.queries(b).begin + i;
+      for (std::size_t c = 0; c < t.cp_shards.size(); ++c) {
+        for (const Range& s : t.cp_shards[c]) {
+          if (s.contains(tok.position)) tok.cp_rank = static_cast<int>(c);
+        }
+      }
+      tok.train = t.logprob[k];
+      tok.rollout = r.logprob[k];
+      tok.kl = static_cast<float>(
+          kl_divergence(r.logits.data() + k * vocab, t.logits.data() + k * vocab, vocab));
+      tok.shard_distance = edge_distance(shard_edges, tok.position);
+      tok.split_distance = edge_distance(split_edges, tok.position);
+      tokens.push_back(tok);
+    }
+  }
+  pair.tokens = tokens.size();
+  pair.rl = compute_rl_metrics(tokens);
+  return pair;
+}
+
+}  // namespace
+
+std::vector<RolloutPair> compare_rollout_pairs(const DecodedCapture& capture) {
+  std::vector<RolloutPair> pairs;
+  for (const DecodedRows& t : capture.trainer) {
+    for (const DecodedRows& r : capture.rollout) pairs.push_back(compare(t, r, capture));
+  }
+  return pairs;
+}
+
+}  // namespace cpd

@@ -1,0 +1,77 @@
+// Trainer vs rollout through the command line: the aligned pair (trainer TP=2 CP=2
+// zigzag split 64, rollout TP=1 page 16 decode fixed 64) bitwise equal on 1, 2 and 4
+// processes with the same figures, the other pairs' drift reported, and the table's block.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cli_support.h"
+#include "cpdrift/report/json.h"
+
+using namespace cli_test;
+
+#if defined(CPD_HAVE_MPI)
+TEST_CASE(
+    "trainer vs rollout under mpirun -np 1, 2, 4: the aligned pairs bitwise, the rest drift, "
+    "the same figures on every job size") {
+  const std::string args =
+      "--seq-len 256 --batch 2 --tp-world-sizes 2 --cp-world-sizes 2 --cp-layouts zigzag "
+      "--kv-chunk-sizes 64,32 --modes chunked_prefill,decode --page-size 16 "
+      "--split-kv-policies fixed,disabled,auto --fixed-split-size 64 --threads 1";
+  std::string first;
+  for (const int np : {1, 2, 4}) {
+    CAPTURE(np);
+    const Result r = run_mpi(np, args + " --json --quiet");
+    CAPTURE(r.err);
+    REQUIRE(r.status == 0);
+    const cpd::json::Value report = cpd::json::parse(r.out);
+    const cpd::json::Value& block = report.at("trainer_vs_rollout");
+    CHECK(block.at("status").as_string() == "available");
+    const cpd::json::Array& pairs = block.at("pairs").as_array();
+    REQUIRE(pairs.size() == 6);  // 2 trainer cases x 3 rollout cases
+    int bitwise = 0;
+    for (const cpd::json::Value& p : pairs) {
+      const std::string trainer = p.at("trainer").as_string(),
+                        rollout = p.at("rollout").as_string();
+      CAPTURE(trainer);
+      CAPTURE(rollout);
+      const bool aligned = trainer.find("chunk64") != std::string::npos &&
+                           rollout.find("fixed64") != std::string::npos;
+      CHECK(p.at("aligned").as_bool() == aligned);
+      CHECK(p.at("passed").as_bool());
+      CHECK(p.at("tokens").as_double() == 32);  // 2 sequences x q_len 16
+      if (aligned) {
+        ++bitwise;
+        CHECK(p.at("status").as_string() == "bitwise_equal");
+        CHECK(p.at("logprob").at("bitwise_equal").as_bool());
+        CHECK(p.at("rl_metrics").at("first_divergent_token").is_null());
+      } else if (rollout.find("auto") != std::string::npos) {
+        CHECK(p.at("status").as_string() == "diagnostic");
+      } else {
+        CHECK(p.at("status").as_string() == "drift");
+        CHECK(p.at("out").at("mismatch_count").as_double() > 0);
+        CHECK(p.at("rl_metrics").at("abs_delta").at("max").as_double() > 0);
+      }
+    }
+    CHECK(bitwise == 1);
+    CHECK(report.at("summary").at("passed").as_bool());
+    const std::string figures = cpd::json::to_string(block, false);
+    if (first.empty()) first = figures;
+    CHECK(figures == first);  // every pair's figures, whatever the job size
+  }
+  // The human table's block (on stdout without --json).
+  const Result r = run_mpi(4, args);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("# trainer vs rollout:") != std::string::npos);
+  CHECK(r.out.find("bitwise (aligned)") != std::string::npos);
+  CHECK(r.out.find("drift (blocks differ)") != std::string::npos);
+}
+#endif
+
+TEST_CASE("a run without both sides says the pairs are not applicable") {
+  const Result r = run("--seq-len 32 --json --quiet");
+  REQUIRE(r.status == 0);
+  const cpd::json::Value report = cpd::json::parse(r.out);
+  CHECK(report.at("trainer_vs_rollout").at("status").as_string() == "not_applicable");
+  CHECK(report.at("summary").at("trainer_vs_rollout_pair_count").as_double() == 0);
+}
