@@ -121,17 +121,6 @@ std::vector<TokenPair> gather_tokens(const RunContext& ctx, const CaseGrid& grid
   for (const Range& b : kv_block_bounds(grid.spec, p.seq_len)) {
     if (b.begin > 0) split_edges.push_back(b.begin);
   }
-  const auto distance = [](const std::vector<std::int64_t>& edges, std::int64_t pos) {
-    // The edge after pos (whose last token before it is e - 1) and the one at or before it.
-    const auto after = std::upper_bound(edges.begin(), edges.end(), pos);
-    std::int64_t best = -1;
-    if (after != edges.end()) best = *after - 1 - pos;
-    if (after != edges.begin()) {
-      const std::int64_t d = pos - *(after - 1);
-      if (best < 0 || d < best) best = d;
-    }
-    return best;
-  };
   for (int b = 0; b < p.batch; ++b) {
     for (std::int64_t pos = 1; pos < p.seq_len; ++pos) {  // the active tokens
       const int c = owner_of[static_cast<std::size_t>(pos)];
@@ -141,7 +130,8 @@ std::vector<TokenPair> gather_tokens(const RunContext& ctx, const CaseGrid& grid
       tokens.push_back(TokenPair{b, pos, c, pieces[static_cast<std::size_t>(3 * c)][at],
                                  pieces[static_cast<std::size_t>(3 * c + 1)][at],
                                  pieces[static_cast<std::size_t>(3 * c + 2)][at],
-                                 distance(shard_edges, pos), distance(split_edges, pos)});
+                                 boundary_distance(shard_edges, pos),
+                                 boundary_distance(split_edges, pos)});
     }
   }
   return tokens;

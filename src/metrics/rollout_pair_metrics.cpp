@@ -22,16 +22,6 @@ std::vector<std::int64_t> owner_edges(const std::vector<std::vector<Range>>& own
   return edges;
 }
 
-// Tokens from pos to the nearest edge (0 for the two tokens either side of one); -1: none.
-std::int64_t edge_distance(const std::vector<std::int64_t>& edges, std::int64_t pos) {
-  std::int64_t best = -1;
-  for (const std::int64_t e : edges) {
-    const std::int64_t d = pos >= e ? pos - e : e - 1 - pos;
-    if (best < 0 || d < best) best = d;
-  }
-  return best;
-}
-
 DiffStats stats(const std::vector<float>& candidate, const std::vector<float>& reference) {
   const DiffPart part{candidate.data(), reference.data(), candidate.size()};
   return compute_diff_stats({&part, 1});
@@ -69,8 +59,8 @@ RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCap
       tok.rollout = r.logprob[k];
       tok.kl = static_cast<float>(
           kl_divergence(r.logits.data() + k * vocab, t.logits.data() + k * vocab, vocab));
-      tok.shard_distance = edge_distance(shard_edges, tok.position);
-      tok.split_distance = edge_distance(split_edges, tok.position);
+      tok.shard_distance = boundary_distance(shard_edges, tok.position);
+      tok.split_distance = boundary_distance(split_edges, tok.position);
       tokens.push_back(tok);
     }
   }

@@ -60,13 +60,12 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     const int b = static_cast<int>(k / static_cast<std::size_t>(w.q_len));
     const std::int64_t pos = w.queries(b).begin + static_cast<std::int64_t>(k) % w.q_len;
     // The split's interior boundaries of the sequence, as the candidate lane ran it.
-    std::int64_t split = -1;
+    std::vector<std::int64_t> edges;
     for (const Range& blk : o.plans.at(static_cast<std::size_t>(b))) {
-      if (blk.begin == 0) continue;
-      const std::int64_t d = pos >= blk.begin ? pos - blk.begin : blk.begin - 1 - pos;
-      if (split < 0 || d < split) split = d;
+      if (blk.begin > 0) edges.push_back(blk.begin);
     }
-    o.dlogp_tokens.push_back(TokenPair{b, pos, 0, cand[k], ref[k], lp.kl[k], -1, split});
+    o.dlogp_tokens.push_back(
+        TokenPair{b, pos, 0, cand[k], ref[k], lp.kl[k], -1, boundary_distance(edges, pos)});
   }
   paged::add_invariances(w, l, o);
   o.processes_used = std::min(ctx.collectives.size(), ctx.problem.dims.num_kv_heads);

@@ -3,6 +3,7 @@
 // layers read it (engine/case_sink.h); the engine never sees a statistic.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -77,6 +78,19 @@ struct TokenPair {
   /// the two tokens either side of one; -1 when the case has none.
   std::int64_t shard_distance = -1, split_distance = -1;
 };
+
+/// Tokens from `pos` to the nearest boundary, each given in `edges` (ascending) as the first
+/// position after it: 0 for the two tokens either side of one; -1 when there is none.
+inline std::int64_t boundary_distance(const std::vector<std::int64_t>& edges, std::int64_t pos) {
+  const auto after = std::upper_bound(edges.begin(), edges.end(), pos);
+  std::int64_t best = -1;
+  if (after != edges.end()) best = *after - 1 - pos;
+  if (after != edges.begin()) {
+    const std::int64_t d = pos - *(after - 1);
+    if (best < 0 || d < best) best = d;
+  }
+  return best;
+}
 
 /// A part of a prefill case that is complete: the comparisons it makes and the tensors it
 /// publishes. The engine hands a case's parts to the sink as they complete and frees each once

@@ -1,0 +1,167 @@
+// The HDF5 dump through the command line: a complete, self-describing file, no temporary left
+// by a killed run, the same bits on 1, 2 and 4 processes, and a build without HDF5 refusing
+// --dump up front.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_support.h"
+#include "cpdrift/report/json.h"
+#include "random_rows.h"
+
+#if defined(CPD_HAVE_HDF5)
+#include <hdf5.h>
+#endif
+
+using namespace cli_test;
+
+#if defined(CPD_HAVE_HDF5)
+TEST_CASE("--dump writes a complete, self-describing file and no temporary") {
+  const std::string dir = tmp_dir();
+  const std::string h5 = dir + "/cpdrift_cli_dump_" + std::to_string(::getpid()) + ".h5";
+  const std::string js = h5 + ".json";
+  const std::string args = "--seq-len 16 --cp-world-sizes 2 --kv-chunk-sizes 4 --dump " + h5 +
+                           " --dump-inputs --output " + js + " --quiet";
+#if defined(CPD_HAVE_MPI)
+  const Result r = run_mpi(2, args);  // rank 0 receives the other process's pieces
+#else
+  const Result r = run(args);
+#endif
+  REQUIRE(r.status == 0);
+  const hid_t f = H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  // The report inside the dump is the report written beside it.
+  const hid_t d = H5Dopen2(f, "/report_json", H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const hid_t type = H5Dget_type(d);
+  std::string text(H5Tget_size(type), '\0');
+  REQUIRE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()) >= 0);
+  text.resize(std::strlen(text.c_str()));
+  CHECK(text == slurp(js));
+  for (const char* path : {"/inputs/q", "/inputs/k", "/inputs/v",
+                           "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/reference_fp32/out",
+                           "/cases/qwen3_8b_tp1_cp2_chunk4_bf16/candidate_bf16/lse"}) {
+    CAPTURE(path);
+    CHECK(H5Oexists_by_name(f, path, H5P_DEFAULT) > 0);
+  }
+  CHECK(H5Aexists(f, "seed") > 0);
+  H5Tclose(type);
+  H5Dclose(d);
+  H5Fclose(f);
+  // No temporary is left behind.
+  const Result ls = run_command("ls " + h5 + ".tmp.* 2>/dev/null | wc -l");
+  CHECK(ls.out == "0\n");
+  std::remove(h5.c_str());
+  std::remove(js.c_str());
+}
+
+TEST_CASE("a run killed while dumping leaves no temporary file behind") {
+  // SIGTERM (what mpirun sends when it ends a job) once the temporary exists: the process dies
+  // of the signal, and neither the temporary nor a partial dump remains. (Without the guard
+  // the temporary stays: checked by hand against the previous build.)
+  const std::string dir = tmp_dir();
+  const std::string h5 = dir + "/cpdrift_cli_killed_" + std::to_string(::getpid()) + ".h5";
+  const Result r = run_command(
+      "( " + bin() + " --seq-len 4096 --kv-chunk-sizes 256 --quiet --dump " + h5 + " & p=$!; " +
+      "for i in $(seq 400); do ls " + h5 + ".tmp.* >/dev/null 2>&1 && break; sleep 0.05; done; " +
+      "kill -TERM $p; wait $p; echo status=$?; ls " + h5 + "* 2>/dev/null | wc -l )");
+  CHECK(r.out == "status=143\n0\n");  // 128 + SIGTERM; no file
+}
+
+#if defined(CPD_HAVE_MPI)
+namespace {
+
+// Every float dataset of an HDF5 file, by path.
+herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* data) {
+  auto& all = *static_cast<std::map<std::string, std::vector<float>>*>(data);
+  const hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+  if (obj < 0) return -1;
+  if (H5Iget_type(obj) == H5I_DATASET) {
+    const hid_t type = H5Dget_type(obj), space = H5Dget_space(obj);
+    if (H5Tget_class(type) == H5T_FLOAT) {
+      std::vector<float> values(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
+      // Case names carry a non-default protocol ("…_ring_kv"): compare across protocols.
+      std::string key = name;
+      for (const std::string suffix : {"_ring_kv/", "_allgather_kv/"}) {
+        if (const std::size_t at = key.find(suffix); at != std::string::npos)
+          key.erase(at, suffix.size() - 1);
+      }
+      if (H5Dread(obj, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0)
+        all[key] = std::move(values);
+    }
+    H5Sclose(space);
+    H5Tclose(type);
+  }
+  H5Oclose(obj);
+  return 0;
+}
+
+std::map<std::string, std::vector<float>> float_datasets(const std::string& path) {
+  std::map<std::string, std::vector<float>> all;
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &all);
+  H5Fclose(f);
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol") {
+  // Every tensor of the file — inputs, references, FP32/BF16/bf16_kernel candidates, the
+  // gradients and the logprobs — bit for bit, whoever computed it and however states moved.
+  // Negative control: another seed changes the inputs, and the comparison says so.
+  const std::string dir = tmp_dir();
+  const std::string base = dir + "/cpdrift_cli_same_" + std::to_string(::getpid());
+  const std::string args =
+      "--seq-len 32 --tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes none,8 "
+      "--include-backward "
+      "--include-dlogp --dump-inputs --quiet";
+  struct Run {
+    int processes;
+    std::string protocol, extra;
+  };
+  const std::vector<Run> runs = {{1, "ag_rs", ""},
+                                 {2, "ring_kv", ""},
+                                 {4, "allgather_kv", ""},
+                                 {4, "ag_rs", ""},
+                                 {4, "ag_rs", " --seed 7"}};
+  std::vector<std::map<std::string, std::vector<float>>> dumps;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const std::string h5 = base + "_" + std::to_string(i) + ".h5";
+    const Result r = run_mpi(runs[i].processes, args + " --protocols " + runs[i].protocol +
+                                                    runs[i].extra + " --dump " + h5);
+    REQUIRE(r.status == 0);
+    dumps.push_back(float_datasets(h5));
+    std::remove(h5.c_str());
+  }
+  const auto& first = dumps.front();
+  CHECK(first.size() == 3 + 2 * 16);  // q, k, v; per case 8 out/lse, 6 gradients, 2 logp
+  CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate/logp") == 1);
+  CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate_fp32/dk") == 1);
+  for (std::size_t i = 1; i + 1 < dumps.size(); ++i) {
+    CAPTURE(runs[i].processes);
+    CAPTURE(runs[i].protocol);
+    REQUIRE(dumps[i].size() == first.size());
+    for (const auto& [name, values] : first) {
+      CAPTURE(name);
+      CHECK(cpd::testing::same_bits(dumps[i].at(name), values));
+    }
+  }
+  CHECK_FALSE(cpd::testing::same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
+}
+#endif
+#else
+TEST_CASE("--dump without HDF5 is refused up front") {
+  const Result r = run("--dump x.h5");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("built without HDF5") != std::string::npos);
+}
+#endif
