@@ -27,7 +27,7 @@ inline Digests gpu_run(const CaseSpec& spec, const PathSpec& path, Transport& tr
   const Problem p = small_problem();
   InputStore inputs(p, pool, *gpu);
   const CaseGrid grid(p, spec);
-  return digests_of(grid, run_protocol(grid, path, transport, inputs, false), comm().collectives(),
+  return digests_of(grid, run_protocol(grid, path, transport, inputs, {}), comm().collectives(),
                     comm().size(), comm().rank());
 }
 

@@ -67,6 +67,9 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   }
   expect_usage_error("--cp-layouts spiral", "unknown layout");
   expect_usage_error("--kv-chunk-sizes none,full", "listed twice");
+  // A split that cuts nothing is 'none' under another name (and the largest int64 is one).
+  expect_usage_error("--seq-len 8 --kv-chunk-sizes 8", "cuts nothing: that is 'none'");
+  expect_usage_error("--kv-chunk-sizes 9223372036854775807", "not shorter than the sequence");
   expect_usage_error("--cp-world-sizes 2,2", "listed twice");
   expect_usage_error("--output /nonexistent-dir/r.json", "--output: cannot write");
   expect_usage_error("--modes sideways", "unknown mode 'sideways'");
@@ -86,8 +89,7 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
 }
 
 TEST_CASE("a split larger than any owner range is one block per range") {
-  const Result r =
-      run("--seq-len 8 --cp-world-sizes 2 --kv-chunk-sizes 9223372036854775807 --json --quiet");
+  const Result r = run("--seq-len 8 --cp-world-sizes 2 --kv-chunk-sizes 6 --json --quiet");
   REQUIRE(r.status == 0);
   const cpd::json::Value report = cpd::json::parse(r.out);
   CHECK(cpd::json::to_string(report.at("cases").at(0).at("topology").at("kv_block_bounds"),
@@ -280,18 +282,6 @@ TEST_CASE("under mpirun: processes given different arguments refuse to start") {
                                bin() + " --seq-len 32");
   CHECK(r.status == 2);
   CHECK(r.err.find("started with different arguments") != std::string::npos);
-}
-#endif
-
-#if defined(CPD_HAVE_MPI)
-TEST_CASE("under mpirun: a process that dies ends the whole job within seconds") {
-  const auto started = std::chrono::steady_clock::now();
-  const Result r = run_mpi(2, "--seq-len 512 --quiet", "CPDRIFT_TEST_KILL_RANK=1");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  CHECK(r.status != 0);
-  CHECK(seconds < 30.0);
-  CHECK(r.out.find("Drift check : OK") == std::string::npos);
 }
 #endif
 

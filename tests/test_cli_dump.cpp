@@ -1,10 +1,11 @@
 // The HDF5 dump through the command line: a complete, self-describing file, no temporary left
-// by a killed run, the same bits on 1, 2 and 4 processes, and a build without HDF5 refusing
-// --dump up front.
+// by a killed run, the same bits on 1, 2 and 4 processes, a refused write said in one line, and
+// a build without HDF5 refusing --dump up front.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -143,7 +144,9 @@ TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol"
     std::remove(h5.c_str());
   }
   const auto& first = dumps.front();
-  CHECK(first.size() == 3 + 2 * 16);  // q, k, v; per case 8 out/lse, 6 gradients, 2 logp
+  // q, k, v; per case 8 out/lse, 6 out/lse of the production lanes, 6 gradients, 2 logp
+  CHECK(first.size() == 3 + 2 * 22);
+  CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/te_p2p/out") == 1);
   CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate/logp") == 1);
   CHECK(first.count("cases/qwen3_8b_tp2_cp2_chunk8_bf16/candidate_fp32/dk") == 1);
   for (std::size_t i = 1; i + 1 < dumps.size(); ++i) {
@@ -158,6 +161,18 @@ TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol"
   CHECK_FALSE(cpd::testing::same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
 }
 #endif
+
+TEST_CASE("a dump the file system refuses says why, with its path, and leaves no file") {
+  // `ulimit -f` (20 MB, below the dump's size) makes the writes past it fail with EFBIG, as a
+  // full disk fails them with ENOSPC: the same path through HDF5's error stack to one line.
+  const std::string h5 = tmp_dir() + "/cpdrift_cli_full_" + std::to_string(::getpid()) + ".h5";
+  const std::string args = "--seq-len 1024 --cp-world-sizes 2 --kv-chunk-sizes 64 --quiet --dump ";
+  const Result r = run_command("( ulimit -f 20000; " + bin() + " " + args + h5 + " )");
+  CHECK(r.status == 3);
+  CHECK(r.err.rfind("cpdrift: error: cannot write dump \"" + h5 + "\": File too large (", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(run_command("ls " + h5 + "*").status != 0);  // neither the dump nor its temporary
+}
 #else
 TEST_CASE("--dump without HDF5 is refused up front") {
   const Result r = run("--dump x.h5");

@@ -45,7 +45,7 @@ Digests single_process(const Problem& p, const CaseSpec& spec, const PathSpec& p
   InputStore inputs(p, pool);
   InProcessTransport transport;
   const CaseGrid grid(p, spec);
-  return digests_of(grid, run_protocol(grid, path, transport, inputs, false), LocalCollectives(), 1,
+  return digests_of(grid, run_protocol(grid, path, transport, inputs, {}), LocalCollectives(), 1,
                     0);
 }
 
@@ -54,7 +54,7 @@ Digests distributed(const Problem& p, const CaseSpec& spec, const PathSpec& path
   ThreadPool pool(1);
   InputStore inputs(p, pool);
   const CaseGrid grid(p, spec);
-  return digests_of(grid, run_protocol(grid, path, transport, inputs, false), comm().collectives(),
+  return digests_of(grid, run_protocol(grid, path, transport, inputs, {}), comm().collectives(),
                     comm().size(), comm().rank());
 }
 
@@ -255,7 +255,7 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
   InputStore inputs(p, pool);
   InProcessTransport transport;
   const CaseGrid grid(p, spec);
-  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32, transport, inputs, {});
   const std::string base = "/cases/" + case_name(spec, p.dtype) + "/candidate_fp32/";
   const std::vector<float> out = read_dataset(path, base + "out"),
                            lse = read_dataset(path, base + "lse");

@@ -67,7 +67,7 @@ TEST_CASE("a bad message on one process fails every rank with the same error, wi
     const CaseGrid grid(p, CaseSpec{2, 4, 8, CpLayout::contiguous, f.protocol});
     std::string error;
     try {
-      run_protocol(grid, kFp32, transport, inputs, false);
+      run_protocol(grid, kFp32, transport, inputs, {});
     } catch (const ProtocolError& e) {
       error = e.what();
     }
@@ -84,7 +84,7 @@ TEST_CASE("a bad backward or dlogp message fails every rank with an error naming
   ThreadPool pool(1);
   InputStore inputs(p, pool);
   const CaseGrid grid(p, CaseSpec{2, 4, 8, CpLayout::contiguous, Protocol::ag_rs});
-  const std::vector<RankOutput> forward = run_protocol(grid, kFp32, *mpi, inputs, false);
+  const std::vector<RankOutput> forward = run_protocol(grid, kFp32, *mpi, inputs, {});
   std::vector<const AttnShard*> hidden;
   for (const RankOutput& o : forward) hidden.push_back(&o.merged);
   // A fault damages message i and returns the header the error must then name.

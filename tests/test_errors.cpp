@@ -51,7 +51,9 @@ TEST_CASE("CPD_H5_CHECK: HDF5's own failure becomes the same LibraryError") {
     } catch (const LibraryError& e) {
       const std::string what = e.what();
       CHECK(e.library() == "HDF5");
-      CHECK(what.rfind(host() + " rank 0 ", 0) == 0);
+      // The dump and the reason first, then where: host, rank, source line, the call.
+      CHECK(what.rfind("cannot write dump \"" + path + "\": ", 0) == 0);
+      CHECK(what.find("(" + host() + " rank 0 ") != std::string::npos);
       CHECK(what.find("hdf5_dump.cpp:") != std::string::npos);
       CHECK(what.find("H5Dcreate2(") != std::string::npos);
       CHECK(what.find(" failed: ") != std::string::npos);

@@ -135,8 +135,7 @@ TEST_CASE("backward units and the logit projection: bit for bit the CPU's") {
       InputStore inputs(p, backends().pool, b);
       InProcessTransport transport;
       const CaseGrid grid(p, spec);
-      const std::vector<RankOutput> fwd =
-          run_protocol(grid, testing::kFp32, transport, inputs, false);
+      const std::vector<RankOutput> fwd = run_protocol(grid, testing::kFp32, transport, inputs, {});
       for (const RankGradients& g : run_backward(grid, fwd, transport, inputs)) {
         for (const Shard* s : {&g.dq, &g.dk, &g.dv})
           grads[side].insert(grads[side].end(), s->data.begin(), s->data.end());
@@ -215,7 +214,7 @@ TEST_CASE("topology invariance on the GPU, FP32 and tensor-core paths, with a ne
     InputStore inputs(p, backends().pool, *backends().gpu);
     InProcessTransport transport;
     const CaseGrid grid(p, spec);
-    return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
+    return testing::digests_of(grid, run_protocol(grid, path, transport, inputs, {}),
                                LocalCollectives(), 1, 0);
   };
   for (const PathSpec& path : {testing::kFp32, testing::kBf16Kernel}) {

@@ -24,7 +24,7 @@ std::string run_with(Protocol protocol, MessageKind kind,
   FaultInjectingTransport transport(inner, kind, fault);
   const CaseGrid grid(p, CaseSpec{1, 2, 4, CpLayout::contiguous, protocol});
   try {
-    run_protocol(grid, PathSpec{}, transport, inputs, false);
+    run_protocol(grid, PathSpec{}, transport, inputs, {});
   } catch (const ProtocolError& e) {
     return e.what();
   }

@@ -89,18 +89,26 @@ TEST_CASE(
                                            decode(SplitKv{SplitPolicy::disabled, 0}),
                                            decode(SplitKv{SplitPolicy::auto_select, 0})};
   DecodedCapture capture = capture_run(trainer, rollout);
-  REQUIRE(capture.trainer.size() == 2);
+  REQUIRE(capture.trainer.size() == 8);  // each case: canonical, then the 3 production lanes
   REQUIRE(capture.rollout.size() == 3);
   REQUIRE(shared_prompt_len(pair_problem()) > 0);  // sequence 1 decodes after the shared prompt
   std::vector<RolloutPair> pairs = compare_rollout_pairs(capture);
-  REQUIRE(pairs.size() == 6);
+  REQUIRE(pairs.size() == 24);
   const std::uint64_t tokens = 2 * static_cast<std::uint64_t>(capture.workload.q_len);
   for (const RolloutPair& pair : pairs) {
     CAPTURE(pair.trainer);
     CAPTURE(pair.rollout);
+    CAPTURE(pair.trainer_merge);
     CHECK(pair.tokens == tokens);
     CHECK(pair.out.finite());
     CHECK(pair.passed());
+    if (pair.trainer_merge != "canonical") {
+      // A production lane's merge of the same states: never aligned, and at CP=2 its bits
+      // differ from every rollout's, the aligned one's included.
+      CHECK_FALSE(pair.aligned);
+      if (!pair.diagnostic) CHECK(pair.out.mismatch_count > 0);
+      continue;
+    }
     const bool must = &pair == &pairs[0];  // split 16 vs fixed 16: the one aligned pair
     CHECK(pair.aligned == must);
     CHECK(pair.diagnostic == (pair.rollout.find("auto") != std::string::npos));
@@ -127,7 +135,8 @@ TEST_CASE(
   const std::vector<std::string> failed = evaluate_checks(report);
   REQUIRE(failed.size() == 1);
   CHECK(failed[0].find("the KV blocks align but the bits differ") != std::string::npos);
-  CHECK(pairs[3].passed());  // the misaligned pair with the same rollout only reports drift
+  CHECK(pairs[12].trainer_merge == "canonical");  // the second case's first pair
+  CHECK(pairs[12].passed());  // the misaligned pair with the same rollout only reports drift
 }
 
 TEST_CASE("a pair's logprobs and KL against an FP64 oracle of the same rows") {

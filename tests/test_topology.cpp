@@ -24,7 +24,7 @@ Global run(const Problem& p, const CaseSpec& spec, const PathSpec& path, int thr
   InputStore inputs(p, pool);
   InProcessTransport transport(shuffle);
   const CaseGrid grid(p, spec, round_rows);
-  const Global g = testing::digests_of(grid, run_protocol(grid, path, transport, inputs, false),
+  const Global g = testing::digests_of(grid, run_protocol(grid, path, transport, inputs, {}),
                                        LocalCollectives(), 1, 0);
   if (messages != nullptr) *messages = transport.counters().messages;
   return g;

@@ -35,7 +35,7 @@ GradDigests backward_digests(const Problem& p, const CaseSpec& spec, std::int64_
   InputStore inputs(p, pool);
   InProcessTransport transport(spec.cp * 31 + spec.tp);  // shuffled arrivals too
   const CaseGrid grid(p, spec, round_rows);
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
   if (dq_partials != nullptr) {
     *dq_partials = 0;
@@ -113,7 +113,7 @@ TEST_CASE("backward: the distributed CP=1 prefill equals the local reference bit
   InputStore inputs(p, pool);
   InProcessTransport transport;
   const CaseGrid grid(p, CaseSpec{2, 1, std::nullopt, CpLayout::contiguous, Protocol::ag_rs});
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
   LocalCp1Backward reference, unmemoised(0);
   for (const RankGradients& r : g) {
@@ -209,7 +209,7 @@ std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
   InputStore inputs(p, pool);
   InProcessTransport transport;
   const CaseGrid grid(p, spec);
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
   const std::vector<TokenLogprobs> lp =
@@ -295,7 +295,7 @@ TEST_CASE("dlogp: targets and the active mask") {
   InputStore inputs(p, pool);
   InProcessTransport transport;
   const CaseGrid grid(p, CaseSpec{1, 2, 8, CpLayout::contiguous, Protocol::ag_rs});
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, false);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
   std::size_t tokens = 0;

@@ -98,8 +98,7 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
               TallyingTransport transport(spec.num_logical_ranks());
 
               const KernelWork k0 = kernel_work();
-              const std::vector<RankOutput> fwd =
-                  run_protocol(grid, kFp32, transport, inputs, false);
+              const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
               const KernelWork k1 = kernel_work();
               CHECK(transport.take() == plan.forward.bytes_between);
               CHECK(k1.forward_pairs - k0.forward_pairs == plan.forward.total_pairs());
@@ -131,7 +130,7 @@ TEST_CASE("plan: a prediction for other rounds does not match (negative control)
   ThreadPool pool(1);
   InputStore inputs(p, pool);
   TallyingTransport transport(2);
-  run_protocol(grid, kFp32, transport, inputs, false);
+  run_protocol(grid, kFp32, transport, inputs, {});
   const std::vector<std::uint64_t> ran = transport.take();
   CHECK(ran == plan_case_work(grid, false, 0).forward.bytes_between);
   // Rounds of 3 rows send more state messages (more headers) for the same payload.

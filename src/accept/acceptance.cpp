@@ -377,8 +377,11 @@ void evaluate_pair(const Value& report, const std::string& trainer, const std::s
     for (const Value& p : pairs->as_array()) {
       const Value* t = at_path(p, "trainer");
       const Value* r = at_path(p, "rollout");
+      const Value* merge = at_path(p, "trainer_merge");
+      const bool canonical =
+          merge == nullptr || (merge->is_string() && merge->as_string() == "canonical");
       if (t && r && t->is_string() && r->is_string() && t->as_string() == trainer &&
-          r->as_string() == rollout)
+          r->as_string() == rollout && canonical)
         pair = &p;
     }
   }

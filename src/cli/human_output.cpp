@@ -33,6 +33,16 @@ std::string topology_cell(const CaseResult& c) {
   return "~" + sci(c.topology.out);
 }
 
+// `s` padded with spaces to `width`; a line without its trailing spaces.
+std::string padded(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+std::string trimmed(std::string s) {
+  s.erase(s.find_last_not_of(' ') + 1);
+  return s;
+}
+
 }  // namespace
 
 void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
@@ -161,20 +171,53 @@ void print_pair_rows(std::FILE* out, const RunReport& r) {
                "#\n# trainer vs rollout: each prefill case against each paged case at the %llu "
                "decoded tokens (Δ = train - rollout)\n",
                static_cast<unsigned long long>(r.rollout_pairs.front().tokens));
-  std::fprintf(out, "# %-40s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "rollout", "out", "lse",
-               "|Δ| max", "exact KL", "bits");
+  std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge", "rollout",
+               "out", "lse", "|Δ| max", "exact KL", "bits");
   for (const RolloutPair& p : r.rollout_pairs) {
     std::string bits;
     if (p.diagnostic) {
       bits = "diagnostic (split-KV auto)";
+    } else if (p.trainer_merge != "canonical") {
+      bits = p.bitwise_equal() ? "equal (the stack's merge)" : "drift (the stack's merge)";
     } else if (p.aligned) {
       bits = p.bitwise_equal() ? "bitwise (aligned)" : "FAILED: aligned, bits differ";
     } else {
       bits = p.bitwise_equal() ? "equal (not aligned)" : "drift (blocks differ)";
     }
-    std::fprintf(out, "  %-40s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
-                 p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(), p.rl.abs_max,
-                 p.rl.kl_exact_mean, bits.c_str());
+    std::fprintf(out, "  %-40s %-10s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
+                 p.trainer_merge.c_str(), p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(),
+                 p.rl.abs_max, p.rl.kl_exact_mean, bits.c_str());
+  }
+  std::fflush(out);
+}
+
+void print_lane_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || r.cases.front().lanes.empty()) return;
+  std::fprintf(out,
+               "#\n# production stacks, emulated: the BF16-kernel states merged as each stack "
+               "does (mean |Δout| vs FP32 CP=1;\n# the share of output bits that differ from "
+               "the canonical grid's merge of the same states)\n");
+  std::string head = "# " + padded("case", 46) + " " + padded("canonical", 10);
+  for (const LaneDrift& l : r.cases.front().lanes) head += " " + padded(to_string(l.lane), 19);
+  std::fprintf(out, "%s\n", trimmed(head).c_str());
+  for (const CaseResult& c : r.cases) {
+    char cell[64];
+    std::snprintf(cell, sizeof cell, "%-10.3e", c.bf16_kernel.out.mean_abs);
+    std::string row = "  " + padded(c.name, 46) + " " + cell;
+    for (const LaneDrift& l : c.lanes) {
+      const DiffStats& canon = l.vs_canonical.out;
+      const double share = static_cast<double>(canon.mismatch_count) /
+                           static_cast<double>(std::max<std::uint64_t>(canon.active_count, 1));
+      if (l.vs_canonical.bitwise_equal()) {
+        std::snprintf(cell, sizeof cell, " %-9.3e = canon  ", l.vs_reference.out.mean_abs);
+      } else {
+        char percent[16];
+        std::snprintf(percent, sizeof percent, "%.1f%%", share * 100.0);
+        std::snprintf(cell, sizeof cell, " %-9.3e %-9s", l.vs_reference.out.mean_abs, percent);
+      }
+      row += cell;
+    }
+    std::fprintf(out, "%s\n", trimmed(row).c_str());
   }
   std::fflush(out);
 }

@@ -89,6 +89,20 @@ T parse_name(const std::string& flag, const std::string& item, const char* what,
   bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
 }
 
+// --inject-fault KIND@RANK[:WHEN].
+FaultSpec parse_fault(const std::string& flag, const std::string& text) {
+  const std::size_t at = text.find('@');
+  if (at == std::string::npos) bad(flag + ": '" + text + "' is not KIND@RANK[:WHEN]");
+  FaultSpec f;
+  f.kind = parse_name(flag, text.substr(0, at), "fault", kFaultKindNames);
+  const std::string place = text.substr(at + 1);
+  const std::size_t colon = place.find(':');
+  f.rank = parse_int<int>(flag + " RANK", place.substr(0, colon), 0);
+  if (colon != std::string::npos)
+    f.when = parse_int<int>(flag + " WHEN", place.substr(colon + 1), 1);
+  return f;
+}
+
 // A comma list of names.
 template <class T, std::size_t N>
 std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
@@ -267,11 +281,14 @@ void add_execution_flags(FlagReader& r, RunRequest& q) {
   r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
     q.comm_timeout_seconds = parse_threshold(f, v);
     if (q.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
+    q.comm_timeout_given = true;
   });
   r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
     q.staging_mib = parse_int<int>(f, v, 1);
   });
   r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
+  r.value("--inject-fault",
+          [&](const std::string& f, const std::string& v) { q.fault = parse_fault(f, v); });
   r.value("--round-rows", [&](const std::string& f, const std::string& v) {
     q.round_rows = parse_int<std::int64_t>(f, v, 1);
   });
@@ -339,6 +356,16 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
     if (!seq_len_given) q.problem.seq_len = 4;
     if (!splits_given) q.splits = {std::nullopt, 1};
   }
+  // A split as long as the sequence cuts nothing: split-KV disabled under another name.
+  const std::int64_t seq = q.problem.seq_len;
+  for (std::optional<std::int64_t>& s : q.splits) {
+    // A default that would cut nothing (a very short sequence) halves it instead.
+    if (s && *s >= seq && !splits_given) s = std::max<std::int64_t>(1, seq / 2);
+    if (s && *s >= seq && splits_given && seq > 1) {
+      bad("--kv-chunk-sizes " + std::to_string(*s) + ": not shorter than the sequence (" +
+          std::to_string(seq) + " tokens), so it cuts nothing: that is 'none'");
+    }
+  }
   return o;
 }
 
@@ -383,6 +410,7 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
       q.staging_mib != defaults.staging_mib) {
     bad("plan: --transport, --comm-timeout and --staging-mib do not apply (a plan moves nothing)");
   }
+  if (q.fault) bad("plan: --inject-fault does not apply (a plan moves nothing)");
   if (figures_given && plan.profile == "cpu") {
     bad("plan: --profile cpu measures this machine; the device figures apply to h200");
   }

@@ -223,6 +223,7 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   session.run(plan, recorder, progress);
   if (verbose) {
     print_rl_rows(table, report);
+    print_lane_rows(table, report);
     print_paged_rows(table, report);
     print_pair_rows(table, report);
   }

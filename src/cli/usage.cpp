@@ -27,8 +27,8 @@ Problem
 Cases (every combination runs, in this order)
   --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
   --cp-world-sizes LIST        context-parallel sizes (default 1,2)
-  --kv-chunk-sizes LIST        split-KV sizes in tokens; none/full/no_split = disabled
-                               (default none,4)
+  --kv-chunk-sizes LIST        split-KV sizes in tokens, each shorter than the sequence;
+                               none/full/no_split = disabled (default none,4)
   --cp-layouts LIST            contiguous,zigzag (default contiguous)
   --protocols LIST             ag_rs,ring_kv,allgather_kv (default ag_rs); all give the same bits
   --smoke                      seq-len 4 and chunks none,1 unless given explicitly
@@ -48,8 +48,8 @@ Execution and output
   --transport auto|mpi|nccl|cuda_ipc
                                how partial states move between processes (default auto: mpi);
                                nccl and cuda_ipc stage through GPU memory (--device cuda)
-  --comm-timeout S             GPU transports: a wait longer than S seconds ends the job
-                               (default 300)
+  --comm-timeout S             a wait for another process longer than S seconds ends the
+                               job (GPU transports: default 300; MPI: only when given)
   --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
   --threads N                  CPU threads per process (default: cores / processes per node)
   --round-rows N               query rows per round of the state and partial-dq exchanges
@@ -57,6 +57,12 @@ Execution and output
                                32 MiB): memory against supersteps; the FP32 and emulated-BF16
                                bits never change (cuBLAS's unfused path is fixed per shape)
   --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
+  --inject-fault KIND@RANK[:WHEN]
+                               test aid: process RANK breaks the first partial state it sends
+                               in its WHEN-th exchange (default 1): drop-state, duplicate-state,
+                               corrupt-lse, wrong-block-index, short-message, rank-exit,
+                               slow-rank (needs --comm-timeout); the job must end with one
+                               message and no report (docs/reliability.md)
   --output PATH                write the JSON report (atomically)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)

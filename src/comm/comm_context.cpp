@@ -204,6 +204,8 @@ void CommContext::barrier() const {
   wait_one(r);
 }
 
+void CommContext::set_wait_timeout(double seconds) const { cpd::set_wait_timeout(seconds, rank_); }
+
 void CommContext::abort(int status) const {
   std::fflush(stdout);
   std::fflush(stderr);

@@ -17,4 +17,10 @@ void wait_all(std::span<MPI_Request> requests);
 /// wait_all over one request.
 void wait_one(MPI_Request& request);
 
+/// From now on a wait longer than `seconds` (0: none) ends the job: one line on stderr naming
+/// this process (`rank`) and the timeout, then MPI_Abort with status 3. Processes other than
+/// rank 0 allow themselves two seconds more, so that when every process is left waiting the
+/// line comes from rank 0.
+void set_wait_timeout(double seconds, int rank);
+
 }  // namespace cpd

@@ -12,6 +12,7 @@
 #include "cpdrift/engine/tensor_layout.h"
 #include "cpdrift/engine/work_plan.h"
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/production_lanes.h"
 
 namespace cpd {
 namespace {
@@ -38,11 +39,11 @@ HostedAttention merged_of(const std::vector<RankOutput>& runs) {
 }
 
 // Publishes <case>/<leg>/{out,lse} in `part`; `candidate_of`: the comparisons whose candidate
-// is the published tensor.
-void publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
-                       CasePart& part, const std::string& leg, const HostedAttention& hosted,
-                       bool bf16_out, bool digest,
-                       std::initializer_list<std::optional<OutLseComparison>*> candidate_of = {}) {
+// is the published tensor. Returns the index of the out tensor (lse follows it).
+int publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
+                      CasePart& part, const std::string& leg, const HostedAttention& hosted,
+                      bool bf16_out, bool digest,
+                      std::initializer_list<std::optional<OutLseComparison>*> candidate_of = {}) {
   std::vector<const Shard*> outs, lses;
   for (const AttnShard* a : hosted) {
     outs.push_back(&a->out);
@@ -59,6 +60,7 @@ void publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::s
     (*c)->out.candidate_tensor = first;
     (*c)->lse.candidate_tensor = first + 1;
   }
+  return first;
 }
 
 // The FP32 path's part: vs the reference, vs the CP=1 counterpart (topology), and the merge
@@ -109,13 +111,40 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   sink.prefill_part(part);
 }
 
+// The production lanes of the BF16-kernel path's states (numerics.md §10), each vs the FP32
+// reference and vs the canonical merge of the same states (`kernel`, written as BF16),
+// published as <case>/<lane>.
+void lanes_part(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
+                const std::vector<RankOutput>& kernel, const HostedAttention& reference,
+                CaseSink& sink) {
+  CasePart part(grid.spec.cp);
+  for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
+    LaneComparisons& c = part.lanes.emplace_back(LaneComparisons{kProductionLanes[k], {}, {}});
+    HostedAttention lane;
+    for (std::size_t i = 0; i < kernel.size(); ++i) {
+      const RankOutput& run = kernel[i];
+      c.vs_reference.add(run.rank.cp_rank, run.lanes[k], *reference[i]);
+      c.vs_canonical.add(run.rank.cp_rank, run.lanes[k], run.merged);
+      lane.push_back(&run.lanes[k]);
+    }
+    const int first =
+        publish_attention(ctx, grid, name, part, to_string(kProductionLanes[k]), lane, true, true);
+    for (OutLseComparison* o : {&c.vs_reference, &c.vs_canonical}) {
+      o->out.candidate_tensor = first;
+      o->lse.candidate_tensor = first + 1;
+    }
+  }
+  sink.prefill_part(part);
+}
+
 // The trainer's side of the trainer-vs-rollout pairs: what its production kernel wrote (the
 // BF16-kernel path, or the FP32 path under --dtype fp32) at the rollout's decoded positions.
 void capture_decoded(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                     const HostedAttention& written) {
+                     const HostedAttention& written, const char* merge = "canonical") {
   if (ctx.decoded == nullptr) return;
-  ctx.decoded->trainer.push_back(
-      gather_trainer_rows(ctx, grid, name, written, ctx.decoded->workload));
+  DecodedRows rows = gather_trainer_rows(ctx, grid, name, written, ctx.decoded->workload);
+  rows.merge = merge;
+  ctx.decoded->trainer.push_back(std::move(rows));
 }
 
 // The forward: forward_paths' list in its order, the FP32 path first (with the merge checks),
@@ -133,7 +162,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
                      ctx.cpu_rerun_inputs != nullptr)) {
     switch (path.kind) {
       case ForwardPathKind::fp32:
-        fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, true);
+        fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, {.checks = true});
         fp32_part(ctx, grid, name, fp32, reference, sink);
         if (ctx.problem.dtype == DType::fp32) capture_decoded(ctx, grid, name, merged_of(fp32));
         done("FP32 path", true);  // the progress line adds the CP=1 reference
@@ -141,7 +170,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
         dtype_written = merged_of(fp32);
         break;
       case ForwardPathKind::bf16_inputs:
-        dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, false);
+        dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, {});
         path_part(ctx, grid, name, dtype_runs, reference, "candidate_bf16", true,
                   &CasePart::dtype_path, sink);
         dtype_written = merged_of(dtype_runs);
@@ -149,16 +178,24 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
         break;
       case ForwardPathKind::bf16_kernel: {
         std::vector<RankOutput> kernel =
-            run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, false);
+            run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, {.lanes = true});
         path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
                   sink);
-        if (ctx.problem.dtype == DType::bf16) capture_decoded(ctx, grid, name, merged_of(kernel));
+        lanes_part(ctx, grid, name, kernel, reference, sink);
+        if (ctx.problem.dtype == DType::bf16) {
+          capture_decoded(ctx, grid, name, merged_of(kernel));
+          for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
+            HostedAttention lane;
+            for (const RankOutput& run : kernel) lane.push_back(&run.lanes[k]);
+            capture_decoded(ctx, grid, name, lane, to_string(kProductionLanes[k]));
+          }
+        }
         done("BF16-kernel path", false);
         break;
       }
       case ForwardPathKind::cublas_unfused: {
         std::vector<RankOutput> unfused =
-            run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, false);
+            run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, {});
         path_part(ctx, grid, name, unfused, reference, "cublas_unfused", true,
                   &CasePart::cublas_unfused, sink);
         done("cuBLAS path", false);
@@ -166,7 +203,7 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
       }
       case ForwardPathKind::cpu_fp32: {
         std::vector<RankOutput> cpu =
-            run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, false);
+            run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, {});
         path_part(ctx, grid, name, cpu, merged_of(fp32), "cpu_fp32", false,
                   &CasePart::cuda_vs_cpu_fp32, sink);
         done("FP32 path on the CPU", false);

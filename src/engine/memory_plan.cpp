@@ -5,6 +5,8 @@
 #include "cpdrift/backend/input_store.h"
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/engine/local_cp1.h"
+#include "cpdrift/numerics/production_lanes.h"
+#include "protocol_common.h"
 
 namespace cpd {
 namespace {
@@ -288,8 +290,22 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
         }
       }
       const std::uint64_t round_peak = forward_peaks[proc];
-      const std::uint64_t outputs = each(
-          proc, [&](const LogicalRank&, RankSizes s) { return (fp32 ? 3 : 1) * s.attention(); });
+      // FP32: the output, the probe's and the oracle's; BF16 kernel: the output and the lanes'.
+      const bool lanes = o.paths[k].kind == ForwardPathKind::bf16_kernel;
+      const std::uint64_t copies = fp32 ? 3 : lanes ? 1 + kProductionLanes.size() : 1;
+      const std::uint64_t outputs =
+          each(proc, [&](const LogicalRank&, RankSizes s) { return copies * s.attention(); });
+      // The lanes' per-rank folds of kLaneRows rows (merge_production_lanes), one at a time.
+      std::uint64_t lane_folds = 0;
+      for (const LogicalRank* r : hosted[proc]) {
+        if (!lanes) break;
+        std::int64_t rows = 0;
+        for (const Range& t : r->tokens)
+          rows = std::max(rows, std::min(t.size(), protocol::kLaneRows));
+        lane_folds =
+            std::max(lane_folds, u64(grid.spec.cp) * u64(p.batch) * u64(r->q_heads.size()) *
+                                     u64(rows) * u64(dim + 1) * kFloat);
+      }
       phase(std::string("forward: ") + o.paths[k].name,
             {{"references", references},
              {"outputs of earlier paths", kept},
@@ -298,8 +314,12 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
              {"own query rows", each(proc, [](const LogicalRank&, RankSizes s) { return s.q; })},
              {grid.spec.protocol == Protocol::ag_rs ? "query rows received" : "K/V received",
               exchanged},
-             {fp32 ? "outputs, merge-order probe, FP64 oracle" : "outputs", outputs},
-             {"one round's states", round_peak}});
+             {fp32    ? "outputs, merge-order probe, FP64 oracle"
+              : lanes ? "outputs, production lanes"
+                      : "outputs",
+              outputs},
+             {"one round's states", round_peak},
+             {"production lanes' per-rank folds", lane_folds}});
       for (const LogicalRank* r : hosted[proc]) {
         for (const KvBlock& b : grid.blocks_of(r->cp_rank))
           pr.forward_keys = std::max(pr.forward_keys, u64(b.range.size()));

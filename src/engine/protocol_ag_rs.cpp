@@ -8,7 +8,7 @@
 namespace cpd::protocol {
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
-                                  InputStore& store, bool with_checks) {
+                                  InputStore& store, MergeExtras extras) {
   const int dim = grid.problem.dims.head_dim;
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const std::map<int, RankInputs> inputs = generate_inputs(grid, hosted, path, store);
@@ -42,7 +42,7 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
 
   // Each round: states of every served range's group against the owner's blocks, to the
   // query owners, merged there.
-  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
+  std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   const int rounds = grid.rounds();
   for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;

@@ -8,7 +8,7 @@ namespace cpd::protocol {
 
 std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
                                          Transport& transport, InputStore& store,
-                                         bool with_checks) {
+                                         MergeExtras extras) {
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const std::map<int, RankInputs> inputs = generate_inputs(grid, hosted, path, store);
 
@@ -40,7 +40,7 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
     for (const KvPiece& piece : gathered[r.id]) kv[r.id].push_back(KvView{&piece.k, &piece.v});
   }
 
-  return local_rounds(grid, path, transport, store.backend(), hosted, kv, own_rows, with_checks);
+  return local_rounds(grid, path, transport, store.backend(), hosted, kv, own_rows, extras);
 }
 
 }  // namespace cpd::protocol

@@ -6,6 +6,7 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/merge_checks.h"
+#include "cpdrift/numerics/production_lanes.h"
 
 namespace cpd {
 
@@ -22,14 +23,14 @@ std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& tra
 }
 
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, InputStore& inputs, bool with_checks) {
+                                     Transport& transport, InputStore& inputs, MergeExtras extras) {
   switch (grid.spec.protocol) {
     case Protocol::ag_rs:
-      return protocol::run_ag_rs(grid, path, transport, inputs, with_checks);
+      return protocol::run_ag_rs(grid, path, transport, inputs, extras);
     case Protocol::ring_kv:
-      return protocol::run_ring_kv(grid, path, transport, inputs, with_checks);
+      return protocol::run_ring_kv(grid, path, transport, inputs, extras);
     case Protocol::allgather_kv:
-      return protocol::run_allgather_kv(grid, path, transport, inputs, with_checks);
+      return protocol::run_allgather_kv(grid, path, transport, inputs, extras);
   }
   throw std::logic_error("unknown protocol");
 }
@@ -194,15 +195,19 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
 }
 
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
-                                      bool with_checks) {
+                                      MergeExtras extras) {
   const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
     const ShardShape out = query_shape(grid, r, dim), lse = query_shape(grid, r, 1);
-    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, std::nullopt, {}};
-    if (with_checks) {
+    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, std::nullopt, {}, {}};
+    if (extras.checks) {
       o.checks = MergeChecks{AttnShard{Shard(out), Shard(lse)}, std::vector<float>(out.size()),
                              std::vector<float>(lse.size())};
+    }
+    if (extras.lanes) {
+      for (std::size_t k = 0; k < kProductionLanes.size(); ++k)
+        o.lanes.push_back(AttnShard{Shard(out), Shard(lse)});
     }
     outputs.push_back(std::move(o));
   }
@@ -226,6 +231,7 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
     backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
                          dim);
+    if (!o.lanes.empty()) merge_production_lanes(grid, r, groups, states, backend, o.lanes);
     if (!o.checks) continue;
     merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
                             o.checks->probe);
@@ -242,8 +248,8 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<std::vector<float>>>& own_rows,
-                                     bool with_checks) {
-  std::vector<RankOutput> outputs = start_outputs(grid, hosted, with_checks);
+                                     MergeExtras extras) {
+  std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   const int rounds = grid.rounds();
   for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;

@@ -104,7 +104,7 @@ std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRa
 
 /// The hosted ranks' outputs before the first round: zeroed rows (and checks when asked).
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
-                                      bool with_checks);
+                                      MergeExtras extras);
 
 /// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged
 /// in global block order into its rows of the round; when the outputs carry checks, the merge
@@ -122,7 +122,7 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<std::vector<float>>>& own_rows,
-                                     bool with_checks);
+                                     MergeExtras extras);
 
 /// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
 /// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
@@ -132,11 +132,23 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
                                        const std::vector<Message>& states,
                                        const std::vector<std::size_t>& order, int batch, int dim);
 
+/// Rows of a group the production lanes fold at a time (their scratch: CP × B × heads × this
+/// many rows of out and lse).
+inline constexpr std::int64_t kLaneRows = 64;
+
+/// The production lanes (numerics.md §10) of the rows `groups` of rank `r` from the round's
+/// validated `states`: per row, each CP rank's blocks folded in block order (its kernel call),
+/// rounded to BF16, then merged as each lane's stack does into `lanes[k]` (kProductionLanes[k]).
+void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
+                            const std::vector<Range>& groups, const std::vector<Message>& states,
+                            AttentionBackend& backend, std::vector<AttnShard>& lanes);
+
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
-                                  InputStore& store, bool with_checks);
+                                  InputStore& store, MergeExtras extras);
 std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
-                                    Transport& transport, InputStore& store, bool with_checks);
+                                    Transport& transport, InputStore& store, MergeExtras extras);
 std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
-                                         Transport& transport, InputStore& store, bool with_checks);
+                                         Transport& transport, InputStore& store,
+                                         MergeExtras extras);
 
 }  // namespace cpd::protocol

@@ -9,7 +9,7 @@
 namespace cpd::protocol {
 
 std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
-                                    Transport& transport, InputStore& store, bool with_checks) {
+                                    Transport& transport, InputStore& store, MergeExtras extras) {
   const int cp = grid.spec.cp;
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const std::map<int, RankInputs> inputs = generate_inputs(grid, hosted, path, store);
@@ -51,7 +51,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
     held[r.id].push_back(KvView{&in.k, &in.v});
     for (const KvPiece& piece : arrived.at(r.id)) held[r.id].push_back(KvView{&piece.k, &piece.v});
   }
-  return local_rounds(grid, path, transport, store.backend(), hosted, held, own_rows, with_checks);
+  return local_rounds(grid, path, transport, store.backend(), hosted, held, own_rows, extras);
 }
 
 }  // namespace cpd::protocol

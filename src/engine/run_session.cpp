@@ -1,7 +1,6 @@
 #include "cpdrift/engine/run_session.h"
 
 #include <sched.h>
-#include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/comm/agree.h"
+#include "cpdrift/comm/fault_injection.h"
 #include "cpdrift/comm/gpu_transports.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/engine/case_runner.h"
@@ -64,11 +64,27 @@ std::unique_ptr<Transport> select_transport(const RunRequest& request,
   return nccl ? make_nccl_transport(comm, o) : make_cuda_ipc_transport(comm, o);
 }
 
-// Test hook (tests/test_cli.cpp): the named process dies by SIGKILL as the first case starts,
-// to show that a lost process ends the whole job instead of hanging it.
-void maybe_die_for_test(const CommContext& comm) {
-  const char* rank = std::getenv("CPDRIFT_TEST_KILL_RANK");
-  if (rank != nullptr && std::atoi(rank) == comm.rank()) ::raise(SIGKILL);
+// The transport the request asks for, wrapped in --inject-fault's fault when one is given.
+std::unique_ptr<Transport> run_transport(const RunRequest& request, AttentionBackend& backend,
+                                         const CommContext& comm, bool* fired) {
+  std::unique_ptr<Transport> t = select_transport(request, backend, comm);
+  if (!request.fault) return t;
+  FaultSpec fault = *request.fault;
+  if (fault.kind == FaultKind::slow_rank) {
+    if (!request.comm_timeout_given) {
+      throw UsageError("--inject-fault slow-rank needs --comm-timeout S: the wait it must outlast");
+    }
+    if (comm.size() == 1) {
+      throw UsageError("--inject-fault slow-rank needs a second process to wait for it");
+    }
+    fault.slow_seconds = 3 * request.comm_timeout_seconds + 5;
+  }
+  if (request.fault->rank >= comm.size()) {
+    throw UsageError("--inject-fault " + std::string(to_string(request.fault->kind)) + "@" +
+                     std::to_string(request.fault->rank) + ": the job has " +
+                     std::to_string(comm.size()) + " process" + (comm.size() == 1 ? "" : "es"));
+  }
+  return with_fault(std::move(t), fault, comm.rank(), fired);
 }
 
 }  // namespace
@@ -88,8 +104,12 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
     : comm_(comm),
       pool_(request.threads > 0 ? request.threads : default_threads(comm)),
       backend_(select_backend(request.device, pool_, comm)),
-      transport_(select_transport(request, *backend_, comm)),
+      fault_(request.fault),
+      transport_(run_transport(request, *backend_, comm, &fault_fired_)),
       inputs_(request.problem, pool_, *backend_) {
+  // The MPI transport's waits honour --comm-timeout only when it is given: on the CPU a peer
+  // can legitimately compute for a long time (the GPU transports apply it always).
+  if (request.comm_timeout_given) comm.set_wait_timeout(request.comm_timeout_seconds);
   context_.emplace(
       RunContext{request.problem, pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
   if (request.include_backward) context_->cp1_backward = &cp1_backward_;
@@ -135,7 +155,6 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
   }
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
     if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem.dtype));
-    if (i == 0) maybe_die_for_test(comm_);
     if (i + 1 == plan.cases.size() && plan.paged.empty()) {
       // Nothing runs after this case: a memoised result could serve no one.
       cp1_results_.stop_memoising();
@@ -143,13 +162,27 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
     }
     run_case(with_progress, plan.cases[i], sink);
   }
-  if (plan.paged.empty()) return;
+  if (plan.paged.empty()) {
+    require_fault_fired();
+    return;
+  }
   if (say) std::fprintf(stderr, "cpdrift: %zu paged cases ...\n", plan.paged.size());
-  if (plan.cases.empty()) maybe_die_for_test(comm_);
   PagedOptions paged = plan.paged_options;
   paged.progress = progress;
   run_paged_cases(with_progress, paged, plan.paged, sink);
   if (decoded) sink.rollout_pairs(*decoded);
+  require_fault_fired();
+}
+
+void RunSession::require_fault_fired() {
+  if (!fault_) return;
+  // A test aid that did nothing must not let the run pass as if it had.
+  const bool missed = comm_.rank() == fault_->rank && !fault_fired_;
+  const std::string error = transport_->agree(
+      missed ? "--inject-fault: process " + std::to_string(fault_->rank) + " sent no partial " +
+                   "state in exchange " + std::to_string(fault_->when) + ": nothing was injected"
+             : "");
+  if (!error.empty()) throw UsageError(error);
 }
 
 }  // namespace cpd

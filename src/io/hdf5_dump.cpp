@@ -24,14 +24,31 @@ herr_t take_message(unsigned, const H5E_error2_t* e, void* out) {
   return 0;
 }
 
+// The operating system's words for a failed read or write in HDF5's stack ("No space left on
+// device", "File too large"): its file drivers put them in as "error message = '…'".
+std::string os_error(const std::vector<std::string>& stack) {
+  static const std::string kMarker = "error message = '";
+  for (const std::string& m : stack) {
+    const std::size_t at = m.find(kMarker);
+    if (at == std::string::npos) continue;
+    const std::size_t begin = at + kMarker.size(), end = m.find('\'', begin);
+    return m.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  }
+  return "";
+}
+
 // "<the API's message>: <the most specific one>", e.g. "unable to create dataset: name already
-// exists".
+// exists"; a failed write ends with the system's reason ("…: No space left on device").
 [[noreturn]] void throw_h5_error(const char* call, const char* file, int line) {
   std::vector<std::string> stack;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_message, &stack);
   H5Eclear2(H5E_DEFAULT);
   std::string message = stack.empty() ? "unknown HDF5 error" : stack.back();
-  if (stack.size() > 1 && stack.front() != stack.back()) message += ": " + stack.front();
+  if (const std::string os = os_error(stack); !os.empty()) {
+    message += ": " + os;  // the driver's own description spans lines and says no more
+  } else if (stack.size() > 1 && stack.front() != stack.back()) {
+    message += ": " + stack.front();
+  }
   throw_library_error("HDF5", call, message, file, line);
 }
 
@@ -65,9 +82,12 @@ class Handle {
   }
   ~Handle() { reset(); }
   hid_t get() const { return id_; }
-  void reset() {
-    if (id_ >= 0 && close_ != nullptr) close_(id_);
+  void reset() { close(); }
+  /// Closes the id now; the close's status (a close can be where buffered data is written).
+  herr_t close() {
+    const herr_t status = id_ >= 0 && close_ != nullptr ? close_(id_) : 0;
     id_ = -1;
+    return status;
   }
 
  private:
@@ -102,6 +122,9 @@ class Hdf5Dump final : public TensorDump {
  public:
   explicit Hdf5Dump(const std::string& path)
       : path_(path), temp_(path + ".tmp." + std::to_string(::getpid())) {
+    // HDF5 closes what is still open when the process exits; a file whose close failed (a full
+    // disk) makes that crash in HDF5 1.10, after the error was reported. The OS closes it.
+    H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become exceptions, not stderr noise
     const hid_t file = H5Fcreate(temp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (file < 0) {
@@ -119,12 +142,59 @@ class Hdf5Dump final : public TensorDump {
   }
 
   void annotate(const std::string& group, const DumpAttributes& attributes) override {
-    const Handle g = ensure_group(group);
-    for (const auto& [name, value] : attributes) write_attribute(g.get(), name, value);
+    naming_the_dump([&] {
+      const Handle g = ensure_group(group);
+      for (const auto& [name, value] : attributes) write_attribute(g.get(), name, value);
+    });
   }
 
   void begin(const std::string& path, const std::vector<std::int64_t>& dims,
              const DumpAttributes& attributes) override {
+    naming_the_dump([&] { begin_dataset(path, dims, attributes); });
+  }
+
+  void write_text(const std::string& path, const std::string& text) override {
+    naming_the_dump([&] { write_text_dataset(path, text); });
+  }
+
+  void write(const GlobalPiece& piece, const float* rows) override {
+    naming_the_dump([&] { write_rows(piece, rows); });
+  }
+
+  void end() override {
+    naming_the_dump([&] { CPD_H5_CHECK(dataset_.close()); });
+  }
+
+  void commit() override {
+    naming_the_dump([&] {
+      CPD_H5_CHECK(dataset_.close());
+      CPD_H5_CHECK(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL));
+      CPD_H5_CHECK(file_.close());
+    });
+    if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+      throw std::runtime_error("cannot rename dump \"" + temp_ + "\" to \"" + path_ + "\"");
+    }
+    committed_ = true;
+  }
+
+ private:
+  // Runs `f`; a failed HDF5 call in it says which dump it was writing, and why first:
+  // `cannot write dump "d.h5": No space left on device (<the call that failed>)`.
+  template <class F>
+  void naming_the_dump(F&& f) {
+    try {
+      f();
+    } catch (const LibraryError& e) {
+      const std::string what = e.what();
+      static const std::string kMarker = ": ";
+      const std::size_t last = what.rfind(kMarker);
+      const std::string why = last == std::string::npos ? what : what.substr(last + 2);
+      throw LibraryError("HDF5", "cannot write dump \"" + path_ + "\": " + why + " (" + what + ")");
+    }
+  }
+
+  void begin_dataset(const std::string& path, const std::vector<std::int64_t>& dims,
+                     const DumpAttributes& attributes) {
     const std::size_t slash = path.rfind('/');
     const Handle parent = ensure_group(path.substr(0, slash == 0 ? 1 : slash));
     dims_.assign(dims.begin(), dims.end());
@@ -138,7 +208,7 @@ class Hdf5Dump final : public TensorDump {
     for (const auto& [name, value] : attributes) write_attribute(dataset_.get(), name, value);
   }
 
-  void write_text(const std::string& path, const std::string& text) override {
+  void write_text_dataset(const std::string& path, const std::string& text) {
     const std::size_t slash = path.rfind('/');
     const Handle parent = ensure_group(path.substr(0, slash == 0 ? 1 : slash));
     const Handle type(CPD_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
@@ -151,7 +221,7 @@ class Hdf5Dump final : public TensorDump {
     CPD_H5_CHECK(H5Dwrite(data.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.c_str()));
   }
 
-  void write(const GlobalPiece& piece, const float* rows) override {
+  void write_rows(const GlobalPiece& piece, const float* rows) {
     // [B, H, S] or [B, H, S, W]: the piece is a contiguous run of S rows.
     std::vector<hsize_t> start{static_cast<hsize_t>(piece.b), static_cast<hsize_t>(piece.h),
                                static_cast<hsize_t>(piece.tokens.begin)};
@@ -170,19 +240,6 @@ class Hdf5Dump final : public TensorDump {
                           H5P_DEFAULT, rows));
   }
 
-  void end() override { dataset_.reset(); }
-
-  void commit() override {
-    dataset_.reset();
-    CPD_H5_CHECK(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL));
-    file_.reset();
-    if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
-      throw std::runtime_error("cannot rename dump \"" + temp_ + "\" to \"" + path_ + "\"");
-    }
-    committed_ = true;
-  }
-
- private:
   // Opens a group, creating it and its parents when missing.
   Handle ensure_group(const std::string& path) {
     Handle current(CPD_H5_CHECK(H5Gopen2(file_.get(), "/", H5P_DEFAULT)), H5Gclose);

@@ -69,6 +69,8 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
   set(part.merge_oracle, into.merge_oracle);
   if (part.cublas_unfused) into.cublas_unfused = m.stats(*part.cublas_unfused);
   if (part.cuda_vs_cpu_fp32) into.cuda_vs_cpu_fp32 = m.stats(*part.cuda_vs_cpu_fp32);
+  for (const LaneComparisons& c : part.lanes)
+    into.lanes.push_back(LaneDrift{c.lane, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
   if (part.dtype_path || part.cp_merge_fp32) {
     into.per_rank.resize(static_cast<std::size_t>(part.cp_ranks));
     for (int cp = 0; cp < part.cp_ranks; ++cp) {

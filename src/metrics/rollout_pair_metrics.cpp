@@ -33,8 +33,9 @@ RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCap
   RolloutPair pair;
   pair.trainer = t.case_name;
   pair.rollout = r.case_name;
+  pair.trainer_merge = t.merge;
   pair.diagnostic = r.auto_split;
-  pair.aligned = !r.auto_split && aligned(t, r, w);
+  pair.aligned = t.merge == "canonical" && !r.auto_split && aligned(t, r, w);
   pair.out = stats(t.out, r.out);
   pair.lse = stats(t.lse, r.lse);
   pair.logprob = stats(t.logprob, r.logprob);

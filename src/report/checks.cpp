@@ -61,7 +61,9 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
 // A trainer-vs-rollout pair whose KV blocks align must be bitwise equal (design §3); every
 // pair's figures must be finite.
 void check_pair(const RolloutPair& pair, std::vector<std::string>& failed) {
-  const std::string n = pair.trainer + " vs " + pair.rollout;
+  const std::string n = pair.trainer +
+                        (pair.trainer_merge == "canonical" ? "" : " [" + pair.trainer_merge + "]") +
+                        " vs " + pair.rollout;
   check_finite(failed, n + ": out", pair.out);
   check_finite(failed, n + ": lse", pair.lse);
   check_finite(failed, n + ": logprob", pair.logprob);

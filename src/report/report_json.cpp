@@ -1,6 +1,7 @@
 // The drift report (kReportSchema): root blocks and the per-case drift sections.
 #include "cpdrift/report/run_report.h"
 #include "plan_json.h"
+#include "production_lanes_json.h"
 #include "training_legs_json.h"
 
 namespace cpd {
@@ -162,6 +163,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
                        : "the block grid differs from the CP=1 grid (split disabled or not "
                          "aligned to the CP owners): drift is reported, not required to be 0";
   drift["topology_invariance"] = std::move(topo);
+  drift["production_lanes"] = lanes_case_json(c);
   v["drift"] = std::move(drift);
 
   v["merge_order_probe"] = merge_probe_json(c.merge_probe);
@@ -244,7 +246,8 @@ Value report_json(const RunReport& r) {
   te["fallback"] = true;
   te["fallback_reason"] =
       "Transformer Engine is a PyTorch/CUDA library that cpdrift does not use; its merge is "
-      "checked by cpdrift's own FP64 oracle (see merge_oracle)";
+      "checked by cpdrift's own FP64 oracle (see merge_oracle), and its P2P ring's merge order "
+      "and precision are emulated as the te_p2p lane (see production_lanes)";
   v["te_context_parallel_merge"] = std::move(te);
 
   Value oracle = Value::object();
@@ -275,6 +278,7 @@ Value report_json(const RunReport& r) {
   for (const PagedCaseResult& c : r.paged_cases) paged.push_back(paged_case_json(r, c));
   v["paged_cases"] = std::move(paged);
   v["trainer_vs_rollout"] = rollout_pairs_json(r);
+  v["production_lanes"] = production_lanes_json(r);
 
   Value summary = Value::object();
   summary["passed"] = r.passed();

@@ -174,6 +174,10 @@ Value rollout_pairs_json(const RunReport& r) {
   v["status"] = "available";
   v["positions"] = "every position the rollout decoded: the last q_len of each paged sequence";
   v["trainer_output"] = r.problem.dtype == DType::bf16 ? "bf16_kernel" : "fp32";
+  v["trainer_merges"] =
+      r.problem.dtype == DType::bf16
+          ? "canonical (the global block order), and each production lane (production_lanes)"
+          : "canonical (the global block order)";
   v["rollout_output"] = "paged candidate lane";
   v["logprob"] = "synthetic_fp32_lm_head_projection";
   v["aligned_means"] =
@@ -184,6 +188,7 @@ Value rollout_pairs_json(const RunReport& r) {
   for (const RolloutPair& p : r.rollout_pairs) {
     Value e = Value::object();
     e["trainer"] = p.trainer;
+    e["trainer_merge"] = p.trainer_merge;
     e["rollout"] = p.rollout;
     e["aligned"] = p.aligned;
     e["bitwise_equal"] = p.bitwise_equal();

@@ -16,6 +16,8 @@ void print_case_row(std::FILE* out, const CaseResult& c);
 void print_paged_rows(std::FILE* out, const RunReport& report);
 /// The dlogp leg's RL metrics, one row per case that ran it (nothing when none did).
 void print_rl_rows(std::FILE* out, const RunReport& report);
+/// The production lanes' block: per prefill case, each lane's drift and its bits vs canonical.
+void print_lane_rows(std::FILE* out, const RunReport& report);
 /// The trainer-vs-rollout block: one line per (prefill case, paged case) pair.
 void print_pair_rows(std::FILE* out, const RunReport& report);
 void print_footer(std::FILE* out, const RunReport& report);

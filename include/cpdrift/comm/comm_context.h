@@ -39,6 +39,9 @@ class CommContext {
   void barrier() const;
   /// Ends every process of the job with `status` (after a failure on one of them).
   [[noreturn]] void abort(int status) const;
+  /// From now on a wait for another process longer than `seconds` (0: none) ends the job with
+  /// one line and status 3 (--comm-timeout on the MPI transport).
+  void set_wait_timeout(double seconds) const;
 
   /// Reductions and streaming over all processes (for the statistics, digests, dumps).
   const Collectives& collectives() const { return *collectives_; }

@@ -13,6 +13,7 @@
 #include "cpdrift/comm/transport.h"
 #include "cpdrift/core/plan.h"
 #include "cpdrift/engine/comparison.h"
+#include "cpdrift/numerics/production_lanes.h"
 
 namespace cpd {
 
@@ -92,6 +93,13 @@ inline std::int64_t boundary_distance(const std::vector<std::int64_t>& edges, st
   return best;
 }
 
+/// A production lane of a case (numerics.md §10): the stack's merge of the BF16-kernel path's
+/// states vs the FP32 CP=1 reference, and vs the canonical merge of the same states.
+struct LaneComparisons {
+  ProductionLane lane;
+  OutLseComparison vs_reference, vs_canonical;
+};
+
 /// A part of a prefill case that is complete: the comparisons it makes and the tensors it
 /// publishes. The engine hands a case's parts to the sink as they complete and frees each once
 /// the sink returns, so no more than one part's tensors are alive beyond what later parts need.
@@ -111,6 +119,7 @@ struct CasePart {
   std::optional<OutLseComparison> merge_oracle;    // FP32 fold vs FP64 oracle, same states (diffs)
   std::optional<OutLseComparison> cublas_unfused;  // GPU backends
   std::optional<OutLseComparison> cuda_vs_cpu_fp32;  // GPU runs: the FP32 path again on the CPU
+  std::vector<LaneComparisons> lanes;  // the production lanes, kProductionLanes' order
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
   /// With dlogp, on rank 0 only: every active token's pair in (sequence, position) order (the

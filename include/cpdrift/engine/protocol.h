@@ -47,15 +47,24 @@ struct RankOutput {
   /// against the manifest (round order, manifest order within a round): the record of what ran.
   std::optional<MergeChecks> checks;
   std::vector<MessageHeader> merged_states;
+  /// With lanes: the same states merged as each production stack does (numerics.md §10), one
+  /// per kProductionLanes in its order, the layout of `merged` (out BF16-exact, lse FP32).
+  std::vector<AttnShard> lanes;
+};
+
+/// What a protocol run computes besides the merged rows.
+struct MergeExtras {
+  bool checks = false;  // the merge checks (RankOutput::checks)
+  bool lanes = false;   // the production lanes (RankOutput::lanes)
 };
 
 /// Runs `grid.spec.protocol` for one path over the logical ranks this process hosts
 /// (process_of(id, W) == transport.process_index()), in grid.rounds() rounds: round i
 /// computes, exchanges and merges the states of the i-th row group of every query range, so
-/// states never accumulate beyond one round. `with_checks`: the merge checks too. Collective
-/// over the transport's processes. Throws ProtocolError when a message contradicts the manifest.
+/// states never accumulate beyond one round; `extras`: what else it computes. Collective over
+/// the transport's processes. Throws ProtocolError when a message contradicts the manifest.
 std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, InputStore& inputs, bool with_checks);
+                                     Transport& transport, InputStore& inputs, MergeExtras extras);
 
 /// The logical ranks of `grid` that this process hosts.
 std::vector<LogicalRank> hosted_ranks(const CaseGrid& grid, const Transport& transport);

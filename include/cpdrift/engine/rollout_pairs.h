@@ -23,6 +23,9 @@ struct RunContext;
 /// ones under --dtype fp32).
 struct DecodedRows {
   std::string case_name;
+  /// The trainer's merge of its states: "canonical" (the global block order), or the production
+  /// lane's name (numerics.md §10) whose merge wrote these rows.
+  std::string merge = "canonical";
   bool rollout = false;
   bool auto_split = false;  // a paged case under split-KV auto: a diagnostic, never evidence
   /// Per sequence, the KV blocks whose states the row of each decoded position merges (those

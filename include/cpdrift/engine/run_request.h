@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "cpdrift/comm/fault_injection.h"
 #include "cpdrift/core/plan.h"
 #include "cpdrift/paged/paged_case.h"
 
@@ -57,9 +58,11 @@ struct RunRequest {
   Device device = Device::auto_select;
   TransportChoice transport = TransportChoice::auto_select;
   double comm_timeout_seconds = 300.0;  // GPU transports: a wait longer than this is an error
+  bool comm_timeout_given = false;      // MPI honours the timeout only when it was asked for
   int staging_mib = 64;                 // cuda_ipc: each process's receive window
   int threads = 0;                      // 0: the CPUs this process may use (default_threads)
-  std::int64_t round_rows = 0;  // CaseGrid::round_rows (forward and backward); 0: by a budget
+  std::int64_t round_rows = 0;     // CaseGrid::round_rows (forward and backward); 0: by a budget
+  std::optional<FaultSpec> fault;  // --inject-fault: a test aid (comm/fault_injection.h)
 
   /// Whether `mode` is asked for.
   bool runs(RunMode mode) const;

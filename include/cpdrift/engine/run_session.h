@@ -39,9 +39,14 @@ class RunSession {
   void run(const RunPlan& plan, CaseSink& sink, bool progress);
 
  private:
+  /// With --inject-fault: fails every process alike when the fault never fired.
+  void require_fault_fired();
+
   const CommContext& comm_;
   ThreadPool pool_;
   std::unique_ptr<AttentionBackend> backend_;
+  std::optional<FaultSpec> fault_;  // --inject-fault
+  bool fault_fired_ = false;        // on the fault's process, once it has been injected
   std::unique_ptr<Transport> transport_;
   InputStore inputs_;
   LocalCp1Results cp1_results_;

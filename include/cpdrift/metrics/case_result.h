@@ -52,6 +52,13 @@ struct DlogpDrift {
   RlMetrics rl;     // the same tokens in the figures RL frameworks log (rank 0)
 };
 
+/// A production lane of a case (report `production_lanes`).
+struct LaneDrift {
+  ProductionLane lane;
+  OutLseStats vs_reference;  // vs the FP32 CP=1 reference
+  OutLseStats vs_canonical;  // vs the canonical merge of the same BF16-kernel states
+};
+
 struct CaseResult {
   CaseSpec spec;  // as requested
   std::string name;
@@ -70,6 +77,7 @@ struct CaseResult {
   /// (must be bitwise equal: the canonical order is the same on both).
   std::optional<OutLseStats> cublas_unfused;
   std::optional<OutLseStats> cuda_vs_cpu_fp32;
+  std::vector<LaneDrift> lanes;  // the production lanes, kProductionLanes' order
   CaseExecution executed;  // what ran: backend, transport, processes, the blocks merged, bytes
   double seconds = 0.0;    // the case from its first kernel to its last figure
 };

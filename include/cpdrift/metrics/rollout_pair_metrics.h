@@ -14,8 +14,10 @@ namespace cpd {
 
 struct RolloutPair {
   std::string trainer, rollout;
+  std::string trainer_merge;  // "canonical" or the production lane's name
   /// The row of every decoded position merges the same KV blocks on both sides: the bits must
-  /// be equal, and `passed` says whether they are.
+  /// be equal, and `passed` says whether they are. Never for a production lane: its merge
+  /// regroups the states, so equal blocks do not make equal bits.
   bool aligned = false;
   bool diagnostic = false;  // the rollout's split is auto: reported, never evidence
   std::uint64_t tokens = 0;

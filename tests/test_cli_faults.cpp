@@ -1,0 +1,140 @@
+// Fault injection through the command line (--inject-fault, comm/fault_injection.h): every
+// broken exchange ends the whole job within seconds, every process with the same status, one
+// line from rank 0 naming the message and its ranks, and no report under its final name.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "cli_support.h"
+
+using namespace cli_test;
+
+namespace {
+
+const std::string kCase =
+    "--seq-len 64 --tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes 16 --threads 1";
+
+// cpdrift's own error lines (mpirun adds its notice of a non-zero exit status after them).
+std::size_t error_lines(const std::string& err) {
+  std::size_t n = 0;
+  for (std::size_t at = err.find("cpdrift: error:"); at != std::string::npos;
+       at = err.find("cpdrift: error:", at + 1))
+    ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--inject-fault: bad specifications are usage errors, and a fault that never fires fails") {
+  for (const char* bad : {"drop", "drop-state", "drop-state@x", "drop-state@-1", "lost@0",
+                          "drop-state@0:0", "drop-state@0:"}) {
+    CAPTURE(bad);
+    const Result r = run(kCase + " --inject-fault " + bad);
+    CHECK(r.status == 2);
+    CHECK(error_lines(r.err) == 1);
+    CHECK(r.err.find("--inject-fault") != std::string::npos);
+  }
+  const Result beyond = run(kCase + " --inject-fault drop-state@1");
+  CHECK(beyond.status == 2);
+  CHECK(beyond.err.find("the job has 1 process") != std::string::npos);
+  // Paged cases exchange no partial state: the fault cannot fire, and the run says so.
+  const std::string out = tmp_dir() + "/cpdrift_fault_never.json";
+  const Result never =
+      run("--seq-len 64 --modes paged_prefill --inject-fault drop-state@0 "
+          "--output " +
+          out);
+  CHECK(never.status == 2);
+  CHECK(never.err.find("nothing was injected") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
+}
+
+#if defined(CPD_HAVE_MPI)
+TEST_CASE("--inject-fault under mpirun -np 2 and 4: each message fault ends the job, one line") {
+  struct Fault {
+    const char* kind;
+    const char* says;  // the manifest check that catches it
+  };
+  for (const Fault& f : {Fault{"drop-state", "missing partial_state"},
+                         Fault{"duplicate-state", "duplicated partial_state"},
+                         Fault{"wrong-block-index", "partial_state of KV block"},
+                         Fault{"short-message", "mis-shaped partial_state"}}) {
+    for (const int np : {2, 4}) {
+      CAPTURE(std::string(f.kind));
+      CAPTURE(np);
+      const std::string out = tmp_dir() + "/cpdrift_fault_" + f.kind + ".json";
+      std::filesystem::remove(out);
+      const auto started = std::chrono::steady_clock::now();
+      const Result r = run_mpi(np, kCase + " --output " + out + " --inject-fault " + f.kind + "@" +
+                                       std::to_string(np - 1) + ":2");
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      CAPTURE(r.err);
+      CHECK(r.status == 3);
+      CHECK(seconds < 30.0);
+      CHECK(error_lines(r.err) == 1);  // one line, from rank 0
+      CHECK(r.err.rfind("cpdrift: error: ", 0) == 0);
+      CHECK(r.err.find(f.says) != std::string::npos);
+      CHECK(r.err.find("from logical rank") != std::string::npos);  // names the ranks
+      CHECK_FALSE(std::filesystem::exists(out));
+    }
+  }
+}
+
+TEST_CASE("--inject-fault corrupt-lse: the NaN reaches the figures and the run fails its checks") {
+  for (const int np : {2, 4}) {
+    CAPTURE(np);
+    const Result r = run_mpi(np, kCase + " --inject-fault corrupt-lse@0");
+    CAPTURE(r.err);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("# FAILED: ") != std::string::npos);
+    CHECK(r.out.find("non-finite") != std::string::npos);
+    CHECK(r.out.find("Drift check : FAILED") != std::string::npos);
+  }
+}
+
+TEST_CASE("--inject-fault rank-exit: a process that exits mid-exchange ends the job in seconds") {
+  for (const int np : {2, 4}) {
+    CAPTURE(np);
+    const std::string out = tmp_dir() + "/cpdrift_fault_exit.json";
+    std::filesystem::remove(out);
+    const auto started = std::chrono::steady_clock::now();
+    const Result r =
+        run_mpi(np, "--seq-len 512 --quiet --output " + out + " --inject-fault rank-exit@1");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    CHECK(r.status != 0);
+    CHECK(seconds < 30.0);
+    CHECK(r.out.find("Drift check : OK") == std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+}
+
+TEST_CASE("--inject-fault slow-rank: a wait past --comm-timeout ends the job, rank 0 says so") {
+  for (const int np : {2, 4}) {
+    CAPTURE(np);
+    const std::string out = tmp_dir() + "/cpdrift_fault_slow.json";
+    std::filesystem::remove(out);
+    const auto started = std::chrono::steady_clock::now();
+    const Result r = run_mpi(np, kCase + " --comm-timeout 2 --output " + out +
+                                     " --inject-fault slow-rank@" + std::to_string(np - 1));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    CAPTURE(r.err);
+    CHECK(r.status != 0);
+    CHECK(seconds < 20.0);  // the slow process alone would sleep 11 s more
+    const std::string line =
+        "cpdrift: error: rank 0: waited more than 2 s for another process (--comm-timeout)";
+    CHECK(r.err.find(line) != std::string::npos);
+    CHECK(r.err.find("cpdrift: error:", r.err.find(line) + 1) == std::string::npos);  // once
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+  // Without a timeout there is nothing for a slow process to outlast.
+  const Result r = run(kCase + " --inject-fault slow-rank@0");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("needs --comm-timeout") != std::string::npos);
+}
+#endif
