@@ -66,18 +66,19 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
     expect_usage_error("--device cuda", "no CUDA device");
   }
   expect_usage_error("--cp-layouts spiral", "unknown layout");
-  expect_usage_error("--kv-chunk-sizes none,full", "listed twice");
+  expect_usage_error("--kv-chunk-sizes none,full", "'full' repeats 'none'");
   // A split that cuts nothing is 'none' under another name (and the largest int64 is one).
   expect_usage_error("--seq-len 8 --kv-chunk-sizes 8", "cuts nothing: that is 'none'");
   expect_usage_error("--kv-chunk-sizes 9223372036854775807", "not shorter than the sequence");
-  expect_usage_error("--cp-world-sizes 2,2", "listed twice");
+  expect_usage_error("--cp-world-sizes 2,2", "--cp-world-sizes: '2' repeats");
   expect_usage_error("--output /nonexistent-dir/r.json", "--output: cannot write");
   expect_usage_error("--modes sideways", "unknown mode 'sideways'");
   expect_usage_error("--page-size 4", "applies to the paged modes");
   expect_usage_error("--modes decode --seq-len 32 --page-size 4 --fixed-split-size 6",
                      "must be a multiple of --page-size 4");
   expect_usage_error("--modes decode --seq-len 32 --q-len 40", "room for 1 to");
-  expect_usage_error("--modes decode --split-kv-policies fixed,fixed", "fixed is listed twice");
+  expect_usage_error("--modes decode --split-kv-policies fixed,fixed",
+                     "--split-kv-policies: 'fixed' repeats");
   expect_usage_error("--modes decode --split-kv-policies sometimes", "unknown split-KV policy");
   expect_usage_error("--modes decode --seq-len 16 --batch 16 --page-size 4",
                      "too short for --batch 16");

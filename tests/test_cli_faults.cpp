@@ -2,11 +2,13 @@
 // broken exchange ends the whole job within seconds, every process with the same status, one
 // line from rank 0 naming the message and its ranks, and no report under its final name.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cli_support.h"
 
@@ -136,5 +138,91 @@ TEST_CASE("--inject-fault slow-rank: a wait past --comm-timeout ends the job, ra
   const Result r = run(kCase + " --inject-fault slow-rank@0");
   CHECK(r.status == 2);
   CHECK(r.err.find("needs --comm-timeout") != std::string::npos);
+}
+#endif
+
+#if defined(CPD_HAVE_MPI) && defined(CPD_HAVE_HDF5)
+TEST_CASE("--inject-fault dump-write-error: a refused dump write ends the job, nothing left") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(tmp_dir()) / "cpdrift_fault_dump";
+  for (const int np : {2, 4}) {
+    CAPTURE(np);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string dump = (dir / "d.h5").string(), out = (dir / "r.json").string();
+    const Result r = run_mpi(np, kCase + " --quiet --output " + out + " --dump " + dump +
+                                     " --inject-fault dump-write-error@0:40");
+    CAPTURE(r.err);
+    CHECK(r.status == 3);
+    CHECK(error_lines(r.err) == 1);
+    CHECK(r.err.rfind("cpdrift: error: cannot write dump \"" + dump + "\": injected", 0) == 0);
+    CHECK(fs::is_empty(dir));  // no dump, no report, no partial
+  }
+  // Only rank 0 writes; the fault needs a dump; one that never fires fails the run.
+  const std::string dump = (dir / "d.h5").string();
+  CHECK(run(kCase + " --inject-fault dump-write-error@0").err.find("needs --dump") !=
+        std::string::npos);
+  CHECK(run(kCase + " --dump " + dump + " --inject-fault dump-write-error@1")
+            .err.find("only rank 0 writes the dump") != std::string::npos);
+  const Result never =
+      run_mpi(2, kCase + " --quiet --dump " + dump + " --inject-fault dump-write-error@0:1000000");
+  CHECK(never.status == 3);
+  CHECK(never.err.find("nothing was injected") != std::string::npos);
+  CHECK(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+#endif
+
+#if defined(CPD_HAVE_HDF5)
+TEST_CASE("a process killed while writing leaves a partial file that the next run names") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(tmp_dir()) / "cpdrift_partials";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string dump = (dir / "d.h5").string();
+  // The dump is open (under its partial name) from before the first case to the end: a run
+  // long enough to be caught in it, killed outright when its partial file shows.
+  const std::string command = bin() + " --seq-len 256 --quiet --threads 1 --dump " + dump +
+                              " >/dev/null 2>&1 & pid=$!; "
+                              "for i in $(seq 1 200); do "
+                              "  ls " +
+                              dump +
+                              ".cpdrift-partial.* >/dev/null 2>&1 && break; "
+                              "  sleep 0.05; done; "
+                              "{ kill -9 $pid; wait $pid; } 2>/dev/null; echo $pid";
+  const Result killed = run_command(command);
+  const std::string pid = killed.out.substr(0, killed.out.find('\n'));
+  CAPTURE(killed.out);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].rfind("d.h5.cpdrift-partial." + pid + ".", 0) == 0);  // says whose, and partial
+  CHECK_FALSE(fs::exists(dump));
+
+  // The next run writing that path names the stale partial once, and still runs.
+  const Result next = run("--smoke --quiet --dump " + dump);
+  CAPTURE(next.err);
+  CHECK(next.status == 0);
+  CHECK(next.err.find("cpdrift: warning: a partial file of \"" + dump +
+                      "\" left by a run that was killed while writing it: \"" +
+                      (dir / left[0]).string() + "\"") != std::string::npos);
+  CHECK(fs::exists(dump));
+  // A partial whose process still runs (this one's name) is not called stale.
+  fs::remove(dir / left[0]);
+  fs::remove(dump);
+  std::FILE* live = std::fopen((dump + ".cpdrift-partial." + std::to_string(::getpid()) + ".0@" +
+                                [] {
+                                  char host[256] = {};
+                                  ::gethostname(host, sizeof host - 1);
+                                  return std::string(host);
+                                }())
+                                   .c_str(),
+                               "w");
+  REQUIRE(live != nullptr);
+  std::fclose(live);
+  const Result quiet = run("--smoke --quiet --dump " + dump);
+  CHECK(quiet.status == 0);
+  CHECK(quiet.err.find("warning") == std::string::npos);
+  fs::remove_all(dir);
 }
 #endif

@@ -261,3 +261,36 @@ TEST_CASE("json: write_file_atomic into a missing directory throws a clear messa
   }
   CHECK_FALSE(fs::exists(dir.path / "missing"));
 }
+
+TEST_CASE("json: numbers read correctly rounded, where RapidJSON 1.1.0's full precision misreads") {
+  // The fuzzer's finding and its relatives (Tencent/rapidjson#1249, #1441): exact values.
+  CHECK(cpd::json::parse("0e308").as_double() == 0.0);
+  CHECK(cpd::json::parse("[0e100]").at(0).as_double() == 0.0);
+  CHECK(cpd::json::parse("0.0000000000000000000000000000").as_double() == 0.0);
+  CHECK(cpd::json::parse("0.184467440737095516159").as_double() == 0.18446744073709551);
+  CHECK(cpd::json::parse("-0.01234567890").as_double() == -0.0123456789);
+  CHECK(cpd::json::parse("2.220446049250313e-16").as_double() == 2.220446049250313e-16);
+  // Integers stay integers; past uint64 they become the nearest double.
+  CHECK(cpd::json::parse("-9223372036854775808").as_int64() == INT64_MIN);
+  CHECK(cpd::json::parse("18446744073709551615").as_uint64() == UINT64_MAX);
+  CHECK(cpd::json::parse("123456789012345678901234567890").as_double() == 1.2345678901234568e29);
+  // Underflow is the nearest value; overflow is refused.
+  CHECK(cpd::json::parse("1e-400").as_double() == 0.0);
+  CHECK(cpd::json::parse("4.9e-324").as_double() == 4.9406564584124654e-324);
+  CHECK_THROWS_WITH_AS(cpd::json::parse("[1e400]"), doctest::Contains("too big"),
+                       std::runtime_error);
+  // Every double of a sweep of magnitudes reads back bit-identical from what to_string wrote.
+  for (double x = 1e-300; x < 1e300; x *= 7.3) {
+    const double y = -x / 3;
+    CHECK(cpd::json::parse(cpd::json::to_string(cpd::json::Value(y))).as_double() == y);
+  }
+}
+
+TEST_CASE("json: a document nested past 512 levels is refused, not a stack overflow") {
+  const std::string deep = std::string(513, '[') + std::string(513, ']');
+  CHECK_THROWS_WITH_AS(cpd::json::parse(deep), doctest::Contains("nested deeper than 512"),
+                       std::runtime_error);
+  const std::string fits = std::string(512, '[') + std::string(512, ']');
+  CHECK(cpd::json::parse(fits).is_array());
+  CHECK_THROWS_AS(cpd::json::parse(std::string(200000, '[')), std::runtime_error);
+}

@@ -43,8 +43,8 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec))
       throw UsageError("directory \"" + dir + "\" does not exist (mkdir -p it first)");
-    json::write_file_atomic(o.output, "{}\n");
   });
+  check_output_path(o.output, comm);  // probed, never written before the verdict
 
   const std::vector<AcceptanceRow> rows = required_matrix();
   json::Value report;  // null: nothing executed

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "cpdrift/core/errors.h"
@@ -19,12 +20,34 @@ Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
   Int value{};
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  const bool digits = !text.empty() &&
+                      std::all_of(text.begin() + (text[0] == '-' ? 1 : 0), text.end(),
+                                  [](char c) { return c >= '0' && c <= '9'; }) &&
+                      text != "-";
+  if (digits && (ec == std::errc::result_out_of_range || (text[0] == '-' && min_value >= 0))) {
+    // An integer, but not one this flag can hold.
+    bad(flag + ": " + text + " is out of range (" + std::to_string(min_value) + " to " +
+        std::to_string(std::numeric_limits<Int>::max()) + ")");
+  }
   if (ec != std::errc() || ptr != end || text.empty()) {
     bad(flag + ": expected an integer, got '" + text + "'");
   }
   if (value < min_value)
     bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
   return value;
+}
+
+// A list item given twice would run (or name) the same thing twice: refused, with the item.
+template <class T>
+void refuse_repeats(const std::string& flag, const std::vector<T>& values,
+                    const std::vector<std::string>& items) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (values[i] == values[j]) {
+        bad(flag + ": '" + items[i] + "' repeats '" + items[j] + "' (each item once)");
+      }
+    }
+  }
 }
 
 double parse_threshold(const std::string& flag, const std::string& text) {
@@ -57,22 +80,25 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
 }
 
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
+  const std::vector<std::string> items = split_list(flag, text);
   std::vector<int> values;
-  for (const std::string& item : split_list(flag, text))
-    values.push_back(parse_int<int>(flag, item, 1));
+  for (const std::string& item : items) values.push_back(parse_int<int>(flag, item, 1));
+  refuse_repeats(flag, values, items);
   return values;
 }
 
 std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
                                                       const std::string& text) {
+  const std::vector<std::string> items = split_list(flag, text);
   std::vector<std::optional<std::int64_t>> values;
-  for (const std::string& item : split_list(flag, text)) {
+  for (const std::string& item : items) {
     if (item == "none" || item == "full" || item == "no_split") {
       values.emplace_back(std::nullopt);
     } else {
       values.emplace_back(parse_int<std::int64_t>(flag + " (split size)", item, 1));
     }
   }
+  refuse_repeats(flag, values, items);  // none, full and no_split are one item
   return values;
 }
 
@@ -107,9 +133,10 @@ FaultSpec parse_fault(const std::string& flag, const std::string& text) {
 template <class T, std::size_t N>
 std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
                            const EnumName<T> (&table)[N]) {
+  const std::vector<std::string> items = split_list(flag, text);
   std::vector<T> out;
-  for (const std::string& item : split_list(flag, text))
-    out.push_back(parse_name(flag, item, what, table));
+  for (const std::string& item : items) out.push_back(parse_name(flag, item, what, table));
+  refuse_repeats(flag, out, items);
   return out;
 }
 
@@ -317,6 +344,11 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
                        bool modes_given) {
   const RunRequest& q = o.request;
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
+  if (q.fault && q.fault->kind == FaultKind::dump_write_error) {
+    if (o.dump.empty()) bad("--inject-fault dump-write-error needs --dump PATH");
+    if (q.fault->rank != 0)
+      bad("--inject-fault dump-write-error@RANK: only rank 0 writes the dump");
+  }
   if (!paged_flags.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode)) {
     bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
   }

@@ -19,6 +19,7 @@
 #include "cpdrift/engine/run_session.h"
 #include "cpdrift/report/provenance.h"
 #include "cpdrift/report/run_recorder.h"
+#include "cpdrift/util/partial_files.h"
 #include "cpdrift/util/process_memory.h"
 
 namespace cpd {
@@ -31,6 +32,9 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
   std::unique_ptr<TensorDump> dump;
   agree_or_throw(comm, comm.rank() == 0,
                  "--dump: ", [&] { dump = open_tensor_dump(options.dump); });
+  const std::optional<FaultSpec>& fault = options.request.fault;
+  if (dump != nullptr && fault && fault->kind == FaultKind::dump_write_error)
+    dump = with_write_fault(std::move(dump), options.dump, fault->when);
   return dump;
 }
 
@@ -135,7 +139,7 @@ void check_writable(const char* flag, const std::string& path) {
   if (path.back() == '/' || std::filesystem::is_directory(path, ec)) {
     throw UsageError(std::string(flag) + " " + path + ": is a directory; name a file");
   }
-  const std::string probe = path + ".tmp.check." + std::to_string(::getpid());
+  const std::string probe = partial_path(path);
   FILE* f = std::fopen(probe.c_str(), "w");
   if (f == nullptr) {
     throw UsageError(std::string(flag) + ": cannot write next to \"" + path +
@@ -143,6 +147,9 @@ void check_writable(const char* flag, const std::string& path) {
   }
   std::fclose(f);
   std::remove(probe.c_str());
+  // What an earlier run killed while writing this path left behind, said once.
+  const std::string stale = stale_partials_warning(path);
+  if (!stale.empty()) std::fprintf(stderr, "cpdrift: warning: %s\n", stale.c_str());
 }
 
 // The output files, checked on rank 0 before anything runs: each writable, not one file, and

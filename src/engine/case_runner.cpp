@@ -39,11 +39,11 @@ HostedAttention merged_of(const std::vector<RankOutput>& runs) {
 }
 
 // Publishes <case>/<leg>/{out,lse} in `part`; `candidate_of`: the comparisons whose candidate
-// is the published tensor. Returns the index of the out tensor (lse follows it).
-int publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
-                      CasePart& part, const std::string& leg, const HostedAttention& hosted,
-                      bool bf16_out, bool digest,
-                      std::initializer_list<std::optional<OutLseComparison>*> candidate_of = {}) {
+// is the published tensor (null: one this run does not make).
+void publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
+                       CasePart& part, const std::string& leg, const HostedAttention& hosted,
+                       bool bf16_out, bool digest,
+                       std::initializer_list<OutLseComparison*> candidate_of = {}) {
   std::vector<const Shard*> outs, lses;
   for (const AttnShard* a : hosted) {
     outs.push_back(&a->out);
@@ -56,11 +56,11 @@ int publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::st
       case_tensor(grid, ctx.transport, base + "out", outs, dim, HeadKind::query, bf16_out, digest));
   part.tensors.push_back(
       case_tensor(grid, ctx.transport, base + "lse", lses, 1, HeadKind::query, false, digest));
-  for (std::optional<OutLseComparison>* c : candidate_of) {
-    (*c)->out.candidate_tensor = first;
-    (*c)->lse.candidate_tensor = first + 1;
+  for (OutLseComparison* c : candidate_of) {
+    if (c == nullptr) continue;  // a comparison this run does not make
+    c->out.candidate_tensor = first;
+    c->lse.candidate_tensor = first + 1;
   }
-  return first;
 }
 
 // The FP32 path's part: vs the reference, vs the CP=1 counterpart (topology), and the merge
@@ -92,7 +92,7 @@ void fp32_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   }
   publish_attention(ctx, grid, name, part, "reference_fp32", reference, false, false);
   publish_attention(ctx, grid, name, part, "candidate_fp32", merged_of(fp32), false, true,
-                    {&part.cp_merge_fp32, &part.topology, &part.dtype_path});
+                    {&cp_merge, &topology, part.dtype_path ? &*part.dtype_path : nullptr});
   sink.prefill_part(part);
 }
 
@@ -107,7 +107,7 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
     if (bf16_out) write_bf16_in_place(runs[i].merged);
     c.add(runs[i].rank.cp_rank, runs[i].merged, *against[i]);
   }
-  publish_attention(ctx, grid, name, part, leg, merged_of(runs), bf16_out, true, {&(part.*slot)});
+  publish_attention(ctx, grid, name, part, leg, merged_of(runs), bf16_out, true, {&c});
   sink.prefill_part(part);
 }
 
@@ -127,12 +127,8 @@ void lanes_part(const RunContext& ctx, const CaseGrid& grid, const std::string& 
       c.vs_canonical.add(run.rank.cp_rank, run.lanes[k], run.merged);
       lane.push_back(&run.lanes[k]);
     }
-    const int first =
-        publish_attention(ctx, grid, name, part, to_string(kProductionLanes[k]), lane, true, true);
-    for (OutLseComparison* o : {&c.vs_reference, &c.vs_canonical}) {
-      o->out.candidate_tensor = first;
-      o->lse.candidate_tensor = first + 1;
-    }
+    publish_attention(ctx, grid, name, part, to_string(kProductionLanes[k]), lane, true, true,
+                      {&c.vs_reference, &c.vs_canonical});
   }
   sink.prefill_part(part);
 }

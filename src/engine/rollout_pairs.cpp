@@ -60,11 +60,16 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
   return s;
 }
 
-// Rank 0: the logits and the target token's logprob of every decoded token of `rows`.
-void add_logits(const Problem& p, const PagedWorkload& w, int vocab, AttentionBackend& backend,
-                DecodedRows& rows) {
-  const std::vector<float> lm_head =
-      lm_head_columns(p, vocab, Range{0, std::int64_t{p.dims.num_q_heads} * p.dims.head_dim});
+// Rank 0: the logits and the target token's logprob of every decoded token of `rows`, through
+// the capture's lm_head (generated once, for the run's first capture).
+void add_logits(const Problem& p, const PagedWorkload& w, DecodedCapture& capture,
+                AttentionBackend& backend, DecodedRows& rows) {
+  const int vocab = capture.vocab_size;
+  if (capture.lm_head.empty()) {
+    capture.lm_head =
+        lm_head_columns(p, vocab, Range{0, std::int64_t{p.dims.num_q_heads} * p.dims.head_dim});
+  }
+  const std::vector<float>& lm_head = capture.lm_head;
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
   std::vector<float> z(static_cast<std::size_t>(p.batch) * hq * plane);  // [B][Hq][q_len][V]
@@ -133,8 +138,7 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
         return s;
       },
       rows);
-  if (ctx.collectives.root())
-    add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs.backend(), rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs.backend(), rows);
   return rows;
 }
 
@@ -158,8 +162,7 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
         return s;
       },
       rows);
-  if (ctx.collectives.root())
-    add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs.backend(), rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs.backend(), rows);
   return rows;
 }
 

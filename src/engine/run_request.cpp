@@ -72,10 +72,6 @@ const char* to_string(Device d) { return name_of(kDeviceNames, d); }
 const char* to_string(TransportChoice t) { return name_of(kTransportNames, t); }
 const char* to_string(RunMode m) { return name_of(kRunModeNames, m); }
 
-bool RunRequest::runs(RunMode mode) const {
-  return std::find(modes.begin(), modes.end(), mode) != modes.end();
-}
-
 RunPlan plan_run(const RunRequest& request) {
   RunPlan plan;
   plan.cases = expand_cases(request);

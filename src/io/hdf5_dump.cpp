@@ -10,6 +10,7 @@
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/io/tensor_dump.h"
+#include "cpdrift/util/partial_files.h"
 #include "cpdrift/util/temp_file_guard.h"
 
 namespace cpd {
@@ -121,7 +122,7 @@ void write_attribute(hid_t object, const std::string& name, const DumpValue& val
 class Hdf5Dump final : public TensorDump {
  public:
   explicit Hdf5Dump(const std::string& path)
-      : path_(path), temp_(path + ".tmp." + std::to_string(::getpid())) {
+      : path_(path), temp_(partial_path(path)) {
     // HDF5 closes what is still open when the process exits; a file whose close failed (a full
     // disk) makes that crash in HDF5 1.10, after the error was reported. The OS closes it.
     H5dont_atexit();

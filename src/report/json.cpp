@@ -1,20 +1,25 @@
 #include "cpdrift/report/json.h"
 
 #include <fcntl.h>
-#include <rapidjson/document.h>
+#include <rapidjson/encodedstream.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
 #include <rapidjson/prettywriter.h>
+#include <rapidjson/reader.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <utility>
+
+#include "cpdrift/util/partial_files.h"
 
 namespace cpd::json {
 namespace {
@@ -78,27 +83,89 @@ void emit(const Value& v, Writer& w) {
   }
 }
 
-Value from_rapidjson(const rapidjson::Value& r) {
-  if (r.IsNull()) return Value();
-  if (r.IsBool()) return Value(r.GetBool());
-  if (r.IsInt64()) return Value(r.GetInt64());
-  if (r.IsUint64()) return Value(r.GetUint64());
-  if (r.IsNumber()) return Value(r.GetDouble());
-  if (r.IsString()) return Value(std::string(r.GetString(), r.GetStringLength()));
-  if (r.IsArray()) {
-    Array out;
-    out.reserve(r.Size());
-    for (const auto& element : r.GetArray()) out.push_back(from_rapidjson(element));
-    return Value(std::move(out));
+// Builds a Value from RapidJSON's SAX events. Numbers arrive as their text
+// (kParseNumbersAsStringsFlag) and are converted here, correctly rounded: RapidJSON 1.1.0's
+// own full-precision path reads "0e308" as 1.9e289 and long runs of zeros wrongly
+// (Tencent/rapidjson#1249, #1441; found by tests/fuzz/fuzz_json.cpp).
+class Builder : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
+ public:
+  // Deeper documents are refused: the Value tree is freed recursively.
+  static constexpr std::size_t kMaxDepth = 512;
+
+  bool Null() { return add(Value()); }
+  bool Bool(bool b) { return add(Value(b)); }
+  bool String(const char* s, rapidjson::SizeType n, bool) { return add(Value(std::string(s, n))); }
+  bool RawNumber(const char* s, rapidjson::SizeType n, bool) {
+    return add(number(std::string_view(s, n)));
   }
-  Object out;
-  for (const auto& member : r.GetObject()) {
-    // Last duplicate wins, as in Python's json module.
-    out.insert_or_assign(std::string(member.name.GetString(), member.name.GetStringLength()),
-                         from_rapidjson(member.value));
+  bool Key(const char* s, rapidjson::SizeType n, bool) {
+    keys_.emplace_back(s, n);
+    return true;
   }
-  return Value(std::move(out));
-}
+  bool StartObject() { return open(Value::object()); }
+  bool EndObject(rapidjson::SizeType) { return close(); }
+  bool StartArray() { return open(Value::array()); }
+  bool EndArray(rapidjson::SizeType) { return close(); }
+
+  Value take() { return std::move(root_); }
+  const std::string& error() const { return error_; }
+
+ private:
+  Value number(std::string_view text) {
+    const char* first = text.data();
+    const char* last = first + text.size();
+    if (text.find_first_of(".eE") == std::string_view::npos) {
+      std::int64_t i = 0;
+      if (std::from_chars(first, last, i).ec == std::errc()) return Value(i);
+      std::uint64_t u = 0;
+      if (std::from_chars(first, last, u).ec == std::errc()) return Value(u);
+    }
+    double d = 0;
+    const auto [end, ec] = std::from_chars(first, last, d);
+    if (ec == std::errc() && end == last) return Value(d);
+    // Out of range: underflow reads as the nearest value (zero or subnormal), overflow is
+    // refused, as RapidJSON refuses it.
+    const double nearest = std::strtod(std::string(text).c_str(), nullptr);
+    if (!std::isfinite(nearest)) {
+      error_ = "number too big for a double: " + std::string(text);
+      failed_ = true;
+    }
+    return Value(nearest);
+  }
+
+  bool add(Value v) {
+    if (failed_) return false;
+    if (stack_.empty()) {
+      root_ = std::move(v);
+    } else if (stack_.back().is_array()) {
+      stack_.back().push_back(std::move(v));
+    } else {
+      // Last duplicate wins, as in Python's json module.
+      stack_.back().as_object().insert_or_assign(std::move(keys_.back()), std::move(v));
+      keys_.pop_back();
+    }
+    return true;
+  }
+  bool open(Value container) {
+    if (stack_.size() == kMaxDepth) {
+      error_ = "nested deeper than " + std::to_string(kMaxDepth) + " levels";
+      return false;
+    }
+    stack_.push_back(std::move(container));
+    return true;
+  }
+  bool close() {
+    Value done = std::move(stack_.back());
+    stack_.pop_back();
+    return add(std::move(done));
+  }
+
+  std::vector<Value> stack_;
+  std::vector<std::string> keys_;
+  Value root_;
+  std::string error_;
+  bool failed_ = false;
+};
 
 }  // namespace
 
@@ -205,20 +272,24 @@ std::string to_string(const Value& v, bool pretty) {
 }
 
 Value parse(std::string_view text) {
-  rapidjson::Document doc;
-  // Full precision so that every double written by to_string reads back bit-identical.
-  doc.Parse<rapidjson::kParseFullPrecisionFlag>(text.data(), text.size());
-  if (doc.HasParseError()) {
-    throw std::runtime_error("json: parse error at offset " + std::to_string(doc.GetErrorOffset()) +
-                             ": " + rapidjson::GetParseError_En(doc.GetParseError()));
+  Builder builder;
+  rapidjson::Reader reader;
+  rapidjson::MemoryStream bytes(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> stream(bytes);
+  // Iterative: a deeply nested document cannot exhaust the stack while it is read.
+  constexpr unsigned kFlags =
+      rapidjson::kParseNumbersAsStringsFlag | rapidjson::kParseIterativeFlag;
+  const rapidjson::ParseResult ok = reader.Parse<kFlags>(stream, builder);
+  if (ok.IsError()) {
+    throw std::runtime_error(
+        "json: parse error at offset " + std::to_string(ok.Offset()) + ": " +
+        (builder.error().empty() ? rapidjson::GetParseError_En(ok.Code()) : builder.error()));
   }
-  return from_rapidjson(doc);
+  return builder.take();
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  static std::atomic<unsigned> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  const std::string tmp = partial_path(path);
   int fd = -1;
   bool created = false;
   const auto fail = [&](const char* what) {

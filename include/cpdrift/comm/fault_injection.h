@@ -22,6 +22,7 @@ enum class FaultKind : std::uint8_t {
   short_message,      // its payload loses its last value
   rank_exit,          // the process exits in the middle of the exchange
   slow_rank,          // the process sleeps past --comm-timeout before the exchange
+  dump_write_error,   // rank 0's `when`-th write of a piece into --dump fails (not a message)
 };
 
 /// Which process breaks which exchange: the `when`-th superstep (from 1) in which process
@@ -41,8 +42,13 @@ inline constexpr EnumName<FaultKind> kFaultKindNames[] = {
     {FaultKind::short_message, "short-message"},
     {FaultKind::rank_exit, "rank-exit"},
     {FaultKind::slow_rank, "slow-rank"},
+    {FaultKind::dump_write_error, "dump-write-error"},
 };
 inline const char* to_string(FaultKind kind) { return name_of(kFaultKindNames, kind); }
+
+/// True for the faults that break a partial-state exchange (the transport's), false for the
+/// dump's.
+inline bool breaks_an_exchange(FaultKind kind) { return kind != FaultKind::dump_write_error; }
 
 /// `inner` with the fault applied on process `process_rank` (a no-op wrapper elsewhere);
 /// `*fired` becomes true once it has been (it must outlive the transport).

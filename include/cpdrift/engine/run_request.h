@@ -2,6 +2,7 @@
 // CLI fills it from the command line, `accept` from its required matrix.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -65,7 +66,9 @@ struct RunRequest {
   std::optional<FaultSpec> fault;  // --inject-fault: a test aid (comm/fault_injection.h)
 
   /// Whether `mode` is asked for.
-  bool runs(RunMode mode) const;
+  bool runs(RunMode mode) const {
+    return std::find(modes.begin(), modes.end(), mode) != modes.end();
+  }
 };
 
 /// The cases of a run, in report order.

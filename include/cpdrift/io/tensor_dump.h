@@ -42,4 +42,10 @@ bool dump_supported();
 /// without HDF5, std::runtime_error when the file cannot be created.
 std::unique_ptr<TensorDump> open_tensor_dump(const std::string& path);
 
+/// `inner` whose `when`-th write() of a piece (from 1) fails as a refused HDF5 write does
+/// (`--inject-fault dump-write-error@0:WHEN`, a test aid); commit() fails when it never did, so
+/// a fault that was not injected cannot pass for one that was handled.
+std::unique_ptr<TensorDump> with_write_fault(std::unique_ptr<TensorDump> inner,
+                                             const std::string& path, int when);
+
 }  // namespace cpd

@@ -1,0 +1,76 @@
+// The command line, parsed, agreed on and dispatched; every way a command can fail ends here
+// as one line and an exit status (docs/reliability.md).
+#include "cpdrift/cli/cli_main.h"
+
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "cpdrift/cli/commands.h"
+#include "cpdrift/cli/options.h"
+#include "cpdrift/core/errors.h"
+#include "cpdrift/report/provenance.h"
+
+namespace cpd {
+
+int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
+  const std::vector<std::string> args(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
+  const bool root = comm.rank() == 0;
+  try {
+    // Every process must reach the same verdict on the same arguments, or none can proceed.
+    CommandLine cl;
+    std::string error;
+    try {
+      cl = parse_command_line(args);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+    error = comm.agree(error);
+    if (error.empty() && !comm.same_everywhere(shell_join(args))) {
+      error = "the processes of this job were started with different arguments";
+    }
+    if (!error.empty()) throw UsageError(error);
+    switch (cl.command) {
+      case CommandLine::Command::help:
+        if (root) std::fputs(usage_text().c_str(), stdout);
+        return kExitOk;
+      case CommandLine::Command::bench:
+        return bench_command(cl.bench, comm);
+      case CommandLine::Command::run:
+        return run_command(cl.run, comm, shell_join(argv));
+      case CommandLine::Command::accept:
+        return accept_command(cl.accept, comm, shell_join(argv));
+      case CommandLine::Command::plan:
+        return plan_command(cl.plan, comm);
+    }
+  } catch (const UsageError& e) {
+    // Agreed on every process: one line from rank 0, the same status everywhere, no hang.
+    if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const ProtocolError& e) {
+    // Protocol violations are agreed across processes before they are thrown.
+    if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    return kExitRuntime;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "cpdrift: error: rank %d: out of memory: this problem does not fit the process's "
+                 "memory; spread it over more processes (mpirun -np N), or lower --seq-len, "
+                 "--batch or the case list\n",
+                 comm.rank());
+    if (comm.size() > 1) comm.abort(kExitRuntime);
+    return kExitRuntime;
+  } catch (const LibraryError& e) {
+    // A library call failed here: the message names the host, rank and call already.
+    std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
+    if (comm.size() > 1) comm.abort(kExitRuntime);
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    // A failure on this process alone: say so and take the whole job down with it.
+    std::fprintf(stderr, "cpdrift: error: rank %d: %s\n", comm.rank(), e.what());
+    if (comm.size() > 1) comm.abort(kExitRuntime);
+    return kExitRuntime;
+  }
+  return kExitOk;
+}
+
+}  // namespace cpd
