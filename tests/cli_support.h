@@ -9,7 +9,11 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <vector>
+
+#include "cpdrift/report/json.h"
 
 namespace cli_test {
 
@@ -61,6 +65,26 @@ inline Result run_command(const std::string& command) {
 
 inline Result run(const std::string& args) { return run_command(bin() + " " + args); }
 
+// The processes still running the built binary (CPDRIFT_BIN), by /proc/PID/exe; waits up to
+// `grace_ms` for them to go (the kernel reaps a killed process's children shortly after).
+inline std::vector<int> processes_left(int grace_ms = 1000) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path binary = fs::canonical(bin(), ec);
+  std::vector<int> left;
+  for (int waited = 0;; waited += 50) {
+    left.clear();
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::error_code gone;
+      if (fs::read_symlink(e.path() / "exe", gone) == binary) left.push_back(std::stoi(name));
+    }
+    if (left.empty() || waited >= grace_ms) return left;
+    ::usleep(50 * 1000);
+  }
+}
+
 #if defined(CPD_HAVE_MPI)
 // Under mpirun with n processes (MPIRUN is set by meson test).
 inline Result run_mpi(int n, const std::string& args, const std::string& env = "") {
@@ -68,6 +92,25 @@ inline Result run_mpi(int n, const std::string& args, const std::string& env = "
   REQUIRE_MESSAGE(mpirun != nullptr, "MPIRUN is not set (meson test sets it)");
   return run_command(env + " " + mpirun + " -np " + std::to_string(n) + " --oversubscribe " +
                      bin() + " " + args);
+}
+
+// Runs `args` (with --json --quiet) under mpirun -np 1, 2 and 4: each run must pass, `check`
+// sees its report, and the report's `block` must be the same text on every job size.
+template <class Check>
+void check_across_job_sizes(const std::string& args, const std::string& block, Check&& check) {
+  std::string first;
+  for (const int np : {1, 2, 4}) {
+    CAPTURE(np);
+    const Result r = run_mpi(np, args + " --json --quiet");
+    CAPTURE(r.err);
+    REQUIRE(r.status == 0);
+    const cpd::json::Value report = cpd::json::parse(r.out);
+    check(report);
+    CHECK(report.at("summary").at("passed").as_bool());
+    const std::string figures = cpd::json::to_string(report.at(block), false);
+    if (first.empty()) first = figures;
+    CHECK(figures == first);  // bit for bit whatever the job size
+  }
 }
 #endif
 

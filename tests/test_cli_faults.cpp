@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -82,6 +83,7 @@ TEST_CASE("--inject-fault under mpirun -np 2 and 4: each message fault ends the 
       CHECK(r.err.find(f.says) != std::string::npos);
       CHECK(r.err.find("from logical rank") != std::string::npos);  // names the ranks
       CHECK_FALSE(std::filesystem::exists(out));
+      CHECK(processes_left().empty());
     }
   }
 }
@@ -95,6 +97,7 @@ TEST_CASE("--inject-fault corrupt-lse: the NaN reaches the figures and the run f
     CHECK(r.out.find("# FAILED: ") != std::string::npos);
     CHECK(r.out.find("non-finite") != std::string::npos);
     CHECK(r.out.find("Drift check : FAILED") != std::string::npos);
+    CHECK(processes_left().empty());
   }
 }
 
@@ -112,6 +115,7 @@ TEST_CASE("--inject-fault rank-exit: a process that exits mid-exchange ends the 
     CHECK(seconds < 30.0);
     CHECK(r.out.find("Drift check : OK") == std::string::npos);
     CHECK_FALSE(std::filesystem::exists(out));
+    CHECK(processes_left().empty());
   }
 }
 
@@ -133,6 +137,7 @@ TEST_CASE("--inject-fault slow-rank: a wait past --comm-timeout ends the job, ra
     CHECK(r.err.find(line) != std::string::npos);
     CHECK(r.err.find("cpdrift: error:", r.err.find(line) + 1) == std::string::npos);  // once
     CHECK_FALSE(std::filesystem::exists(out));
+    CHECK(processes_left().empty());
   }
   // Without a timeout there is nothing for a slow process to outlast.
   const Result r = run(kCase + " --inject-fault slow-rank@0");
@@ -157,6 +162,7 @@ TEST_CASE("--inject-fault dump-write-error: a refused dump write ends the job, n
     CHECK(error_lines(r.err) == 1);
     CHECK(r.err.rfind("cpdrift: error: cannot write dump \"" + dump + "\": injected", 0) == 0);
     CHECK(fs::is_empty(dir));  // no dump, no report, no partial
+    CHECK(processes_left().empty());
   }
   // Only rank 0 writes; the fault needs a dump; one that never fires fails the run.
   const std::string dump = (dir / "d.h5").string();
@@ -188,11 +194,15 @@ TEST_CASE("a process killed while writing leaves a partial file that the next ru
                               "  ls " +
                               dump +
                               ".cpdrift-partial.* >/dev/null 2>&1 && break; "
-                              "  sleep 0.05; done; "
-                              "{ kill -9 $pid; wait $pid; } 2>/dev/null; echo $pid";
-  const Result killed = run_command(command);
-  const std::string pid = killed.out.substr(0, killed.out.find('\n'));
-  CAPTURE(killed.out);
+                              "  sleep 0.05; done; echo $pid";
+  const Result started = run_command(command);
+  const std::string pid = started.out.substr(0, started.out.find('\n'));
+  CAPTURE(started.out);
+  // The negative control of processes_left(): the running process is seen.
+  const std::vector<int> running = processes_left(0);
+  CHECK(std::find(running.begin(), running.end(), std::stoi(pid)) != running.end());
+  ::kill(std::stoi(pid), SIGKILL);
+  CHECK(processes_left().empty());
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
   REQUIRE(left.size() == 1);

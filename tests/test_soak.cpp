@@ -86,9 +86,16 @@ TEST_SUITE("np2") {
                     << " KiB after " << kWarmUp << " and " << kRuns << " runs");
     CHECK(failed == 0);
     CHECK(fds == fds_after_warm_up);
+#if defined(__SANITIZE_ADDRESS__)
+    // ASan keeps freed blocks in a quarantine of up to 256 MiB, so resident memory grows
+    // without a leak; there LeakSanitizer's exit-time check (every unreachable block, CI's
+    // sanitized suite) stands in for this one.
+    MESSAGE("ASan build: the resident-memory bound is LeakSanitizer's exit-time leak check");
+#else
     // 180 runs: a leak of 16 KiB a run (one small buffer per case) would show as 2.8 MiB;
     // 1 MiB allows for the allocator's page-granular bookkeeping.
     CHECK(rss <= rss_after_warm_up + (1u << 20));
+#endif
     comm().barrier();
     if (comm().rank() == 0) {
       std::vector<std::string> left;

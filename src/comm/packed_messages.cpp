@@ -36,7 +36,9 @@ PackedSuperstep pack_messages(std::vector<Message> outgoing, int world, int me,
     const std::size_t at = buf.size();
     buf.resize(at + sizeof(MessageHeader) + payload);
     std::memcpy(buf.data() + at, &m.header, sizeof(MessageHeader));
-    std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
+    // An empty payload's data() may be null, which memcpy may not be given even for 0 bytes.
+    if (payload > 0)
+      std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
     std::vector<float>().swap(m.payload);
   }
   return s;
@@ -58,7 +60,8 @@ void unpack_messages(std::span<const std::byte> buf, int peer, std::vector<Messa
                           " floats overruns the buffer");
     }
     m.payload.resize(static_cast<std::size_t>(floats));
-    std::memcpy(m.payload.data(), buf.data() + at, m.payload.size() * sizeof(float));
+    if (floats > 0)
+      std::memcpy(m.payload.data(), buf.data() + at, m.payload.size() * sizeof(float));
     at += m.payload.size() * sizeof(float);
     into.push_back(std::move(m));
   }

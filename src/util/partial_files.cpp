@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 
 namespace cpd {
 namespace {
@@ -19,7 +20,16 @@ std::string host_name() {
   return host;
 }
 
-bool process_exists(int pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+// Whether process `pid` still runs here: it exists and is not a zombie (dead, not yet reaped
+// by a parent that may never do so, as in a container whose init does not).
+bool process_runs(int pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const std::size_t paren = line.rfind(')');   // "pid (comm) S ...": comm may hold spaces
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
 
 }  // namespace
 
@@ -49,7 +59,7 @@ std::vector<PartialFile> partial_files_of(const std::string& path) {
     (void)end_of_pid;
     f.path = it->path().string();
     f.host = rest.substr(at + 1);
-    f.stale = f.host == here && !process_exists(f.pid);
+    f.stale = f.host == here && !process_runs(f.pid);
     found.push_back(std::move(f));
   }
   return found;
