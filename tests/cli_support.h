@@ -66,8 +66,9 @@ inline Result run_command(const std::string& command) {
 inline Result run(const std::string& args) { return run_command(bin() + " " + args); }
 
 // The processes still running the built binary (CPDRIFT_BIN), by /proc/PID/exe; waits up to
-// `grace_ms` for them to go (the kernel reaps a killed process's children shortly after).
-inline std::vector<int> processes_left(int grace_ms = 1000) {
+// `grace_ms` for them to go (Open MPI's teardown of an aborted job's processes takes a moment,
+// longer on a loaded machine); returns as soon as none is left.
+inline std::vector<int> processes_left(int grace_ms = 10000) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path binary = fs::canonical(bin(), ec);

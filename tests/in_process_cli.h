@@ -73,10 +73,10 @@ struct Scratch {
     std::string made;
     if (comm().rank() == 0) {
       std::string pattern = (fs::temp_directory_path() / "cpdrift_in_process_XXXXXX").string();
-      REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-      made = pattern;
+      if (::mkdtemp(pattern.data()) != nullptr) made = pattern;
     }
     dir = comm().broadcast(made, 0);
+    REQUIRE_MESSAGE(!dir.empty(), "rank 0 could not make a scratch directory");  // all ranks
     capture = dir.string() + ".capture." + std::to_string(comm().rank());
     fs::create_directories(capture);
     comm().barrier();

@@ -11,6 +11,7 @@
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/eager_baseline.h"
+#include "cpdrift/comm/agree.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/cpu/attention_backward.h"
@@ -164,10 +165,13 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   if (o.device == Device::cuda && !cuda_backend_built()) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
   }
+  // Agreed before rank 0 goes on alone, so that every process ends with the same status.
+  agree_or_throw(comm, comm.rank() == 0, "", [&] {
+    if (o.device == Device::cuda && cuda_device_count() == 0)
+      throw UsageError("--device cuda: no CUDA device visible to this process");
+  });
   if (comm.rank() != 0) return kExitOk;  // a single-process benchmark; other ranks idle
   if (o.device == Device::cuda || (o.device == Device::auto_select && cuda_device_count() > 0)) {
-    if (cuda_device_count() == 0)
-      throw UsageError("--device cuda: no CUDA device visible to this process");
     return bench_cuda(o, o.seq_len_given ? std::vector<std::int64_t>{o.problem.seq_len}
                                          : std::vector<std::int64_t>{4096, 16384});
   }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <type_traits>
 
 #include "cpdrift/core/errors.h"
 
@@ -24,7 +25,8 @@ Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
                       std::all_of(text.begin() + (text[0] == '-' ? 1 : 0), text.end(),
                                   [](char c) { return c >= '0' && c <= '9'; }) &&
                       text != "-";
-  if (digits && (ec == std::errc::result_out_of_range || (text[0] == '-' && min_value >= 0))) {
+  if (digits && (ec == std::errc::result_out_of_range ||
+                 (std::is_unsigned_v<Int> && text[0] == '-' && text != "-0"))) {
     // An integer, but not one this flag can hold.
     bad(flag + ": " + text + " is out of range (" + std::to_string(min_value) + " to " +
         std::to_string(std::numeric_limits<Int>::max()) + ")");

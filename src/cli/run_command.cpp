@@ -139,7 +139,8 @@ void check_writable(const char* flag, const std::string& path) {
   if (path.back() == '/' || std::filesystem::is_directory(path, ec)) {
     throw UsageError(std::string(flag) + " " + path + ": is a directory; name a file");
   }
-  const std::string probe = partial_path(path);
+  // Its own name, not a partial's: the probe lives for microseconds and is never a result.
+  const std::string probe = path + ".cpdrift-probe." + std::to_string(::getpid());
   FILE* f = std::fopen(probe.c_str(), "w");
   if (f == nullptr) {
     throw UsageError(std::string(flag) + ": cannot write next to \"" + path +

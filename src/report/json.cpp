@@ -1,6 +1,7 @@
 #include "cpdrift/report/json.h"
 
 #include <fcntl.h>
+#include <locale.h>
 #include <rapidjson/encodedstream.h>
 #include <rapidjson/error/en.h>
 #include <rapidjson/memorystream.h>
@@ -12,6 +13,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <clocale>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -123,9 +125,11 @@ class Builder : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> 
     double d = 0;
     const auto [end, ec] = std::from_chars(first, last, d);
     if (ec == std::errc() && end == last) return Value(d);
-    // Out of range: underflow reads as the nearest value (zero or subnormal), overflow is
-    // refused, as RapidJSON refuses it.
-    const double nearest = std::strtod(std::string(text).c_str(), nullptr);
+    // Out of range: underflow reads as the nearest value (zero or subnormal); a value past
+    // the largest double is refused (RapidJSON refuses an exponent past 308 itself). strtod_l
+    // in the C locale: JSON's decimal point is '.' whatever the process's locale.
+    static const locale_t c_locale = ::newlocale(LC_ALL_MASK, "C", locale_t{});
+    const double nearest = ::strtod_l(std::string(text).c_str(), nullptr, c_locale);
     if (!std::isfinite(nearest)) {
       error_ = "number too big for a double: " + std::string(text);
       failed_ = true;
