@@ -121,8 +121,7 @@ void write_attribute(hid_t object, const std::string& name, const DumpValue& val
 
 class Hdf5Dump final : public TensorDump {
  public:
-  explicit Hdf5Dump(const std::string& path)
-      : path_(path), temp_(partial_path(path)) {
+  explicit Hdf5Dump(const std::string& path) : path_(path), temp_(partial_path(path)) {
     // HDF5 closes what is still open when the process exits; a file whose close failed (a full
     // disk) makes that crash in HDF5 1.10, after the error was reported. The OS closes it.
     H5dont_atexit();
