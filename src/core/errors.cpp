@@ -4,6 +4,8 @@
 
 #include <atomic>
 
+#include "cpdrift/util/partial_files.h"
+
 namespace cpd {
 namespace {
 
@@ -15,10 +17,8 @@ void set_error_rank(int rank) { error_rank = rank; }
 
 void throw_library_error(const char* library, const char* call, const std::string& decoded,
                          const char* file, int line) {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  throw LibraryError(library, std::string(host) + " rank " + std::to_string(error_rank.load()) +
-                                  " " + file + ":" + std::to_string(line) + ": " + call +
+  throw LibraryError(library, host_name() + " rank " + std::to_string(error_rank.load()) + " " +
+                                  file + ":" + std::to_string(line) + ": " + call +
                                   " failed: " + decoded);
 }
 

@@ -14,12 +14,6 @@ namespace {
 
 constexpr const char* kMarker = ".cpdrift-partial.";
 
-std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
-  return host;
-}
-
 // Whether process `pid` still runs here: it exists and is not a zombie (dead, not yet reaped
 // by a parent that may never do so, as in a container whose init does not).
 bool process_runs(int pid) {
@@ -32,6 +26,12 @@ bool process_runs(int pid) {
 }
 
 }  // namespace
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
 
 std::string partial_path(const std::string& path) {
   static std::atomic<unsigned> counter{0};
@@ -66,12 +66,13 @@ std::vector<PartialFile> partial_files_of(const std::string& path) {
 }
 
 std::string stale_partials_warning(const std::string& path) {
+  const std::string here = host_name();
   std::string stale, elsewhere;
   int n_stale = 0;
   for (const PartialFile& f : partial_files_of(path)) {
     if (f.stale) {
       stale += std::string(n_stale++ == 0 ? "" : ", ") + "\"" + f.path + "\"";
-    } else if (f.host != host_name()) {
+    } else if (f.host != here) {
       elsewhere += std::string(elsewhere.empty() ? "" : ", ") + "\"" + f.path + "\"";
     }
   }

@@ -9,6 +9,9 @@
 
 namespace cpd {
 
+/// This host's name, as gethostname gives it ("unknown" when it gives none).
+std::string host_name();
+
 /// The name to write `path` under, unique to this process (and to this call in it).
 std::string partial_path(const std::string& path);
 
