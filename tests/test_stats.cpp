@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -121,4 +122,47 @@ TEST_CASE("stats: exact against sorting, and independent of how the data is cut"
     CHECK(t.p99_abs == s.p99_abs);
     CHECK(t.mismatch_count == s.mismatch_count);
   }
+}
+
+TEST_CASE("stats: order statistics of values that share their top bits, among many zeros") {
+  // Every nonzero value lies within 5000 ulp of 1: one bin of the radix select's first level
+  // and a few of its second, so the ranks are found by the later levels alone; the zeros
+  // (exact matches) come first in the order.
+  std::mt19937_64 rng(5);
+  for (const unsigned zero_percent : {0u, 50u, 97u}) {
+    std::vector<float> d(5000);
+    for (float& x : d) {
+      const std::uint32_t u = 0x3f800000u + static_cast<std::uint32_t>(rng() % 5000);
+      std::memcpy(&x, &u, sizeof x);
+      if (rng() % 100 < zero_percent) x = 0.0f;
+    }
+    std::vector<float> sorted = d;
+    std::sort(sorted.begin(), sorted.end());
+    const DiffStats s = of_diffs(d);
+    CHECK(s.max_abs == sorted.back());
+    CHECK(s.p95_abs == sorted_quantile(sorted, 0.95));
+    CHECK(s.p99_abs == sorted_quantile(sorted, 0.99));
+  }
+}
+
+TEST_CASE("stats: whole blocks of exact matches, and NaN against the same NaN inside one") {
+  // Runs of equal values are skipped a block at a time; a NaN with the same bits on both sides
+  // is still a non-finite diff, and +0 vs -0 still a bit mismatch of diff 0.
+  std::vector<float> c(64), r(64);
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = r[i] = static_cast<float>(i) * 0.25f;
+  const DiffPart equal{c.data(), r.data(), c.size()};
+  const DiffStats e = compute_diff_stats(std::span<const DiffPart>(&equal, 1));
+  CHECK(e.bitwise_equal());
+  CHECK(e.active_count == 64);
+  CHECK(e.max_abs == 0.0);
+  c[20] = r[20] = NAN;
+  c[40] = 0.0f;
+  r[40] = -0.0f;
+  c[50] = 3.0f;
+  const DiffPart mixed{c.data(), r.data(), c.size()};
+  const DiffStats m = compute_diff_stats(std::span<const DiffPart>(&mixed, 1));
+  CHECK(m.nonfinite_count == 1);
+  CHECK(m.mismatch_count == 2);  // +0 vs -0, and 3 vs 12.5
+  const DiffPart bf16{c.data(), r.data(), c.size(), true};
+  CHECK(compute_diff_stats(std::span<const DiffPart>(&bf16, 1)).nonfinite_count == 1);
 }

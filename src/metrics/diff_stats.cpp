@@ -42,7 +42,17 @@ inline std::uint64_t ulp_distance_of(float a, float b) {
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
-constexpr std::size_t kBins = 1u << 16;
+// The order statistics come from a three-level radix select over the bit patterns of the
+// non-negative diffs: bits [31, 21), then [21, 10), then [10, 0) (11, 11 and 10 bits), one
+// histogram pass over the data per level, each merged by addition across parts and processes.
+// Small histograms (16 KiB a level) keep a small tensor's statistics cheap: clearing and
+// reducing them costs less than the pass over the data that fills them.
+constexpr int kLevels = 3;
+constexpr int kLevelShift[kLevels] = {21, 10, 0};
+constexpr int kLevelBits[kLevels] = {11, 11, 10};
+constexpr std::size_t kBins = std::size_t{1} << kLevelBits[0];
+
+constexpr std::size_t level_bins(int level) { return std::size_t{1} << kLevelBits[level]; }
 
 // Exact sum of non-negative finite FP32 values: each value is mantissa · 2^(exponent - 150)
 // with a 24-bit integer mantissa, so summing mantissas per exponent in 64-bit integers is
@@ -95,15 +105,16 @@ double sum_from_bins(std::span<const std::uint64_t> bins) {
 
 // Counters of the first pass, laid out as one vector so one reduction combines them all.
 struct FirstPass {
-  enum : std::size_t { kCount, kMismatch, kNonfinite, kMaxBits, kMaxUlp, kHeader };
+  // kZeros: the diffs that are +0 (exact matches), kept out of the histograms.
+  enum : std::size_t { kCount, kMismatch, kNonfinite, kZeros, kHeader };
   std::vector<std::uint64_t> v = std::vector<std::uint64_t>(kHeader + kExponents + kBins, 0);
   std::uint64_t& operator[](std::size_t i) { return v[i]; }
   std::span<std::uint64_t> sum_bins() { return {v.data() + kHeader, kExponents}; }
   std::span<std::uint64_t> hist() { return {v.data() + kHeader + kExponents, kBins}; }
 };
 
-// Finds, for each wanted rank k (0-based, ascending order of values), the 16-bit bin
-// holding it and the rank within that bin.
+// Finds, for a wanted rank k (0-based, ascending order of values), the bin of `hist` holding
+// it and the rank within that bin.
 struct Located {
   std::uint32_t bin;
   std::uint64_t rank_in_bin;
@@ -182,43 +193,116 @@ struct LocalFirst {
   std::uint64_t max_bits = 0, max_ulp = 0;
 };
 
-// The loop specialised on what the part holds, so the hot loop reads each value once and
-// carries no per-element test of the part's kind (the same operations, so the same counts).
+// The passes run over blocks of kBlock values in two steps: a loop without branches that the
+// compiler vectorises (each value's diff bits, and the block's mismatches, largest ulp
+// distance, largest diff and NaN flag), then a scalar loop over the block's nonzero diffs for
+// the histogram and the exact sum, which need a scattered increment each.
+constexpr std::size_t kBlock = 16;
+
+// The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
+// ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,
+// 2^31 - m for a negative one (m: the magnitude bits).
+inline std::uint32_t order_key(std::uint32_t u) {
+  const std::uint32_t sign = u >> 31, m = u & 0x7fffffffu;
+  return 0x80000000u + ((m ^ (0u - sign)) + sign);
+}
+
+// round_bf16's bits without branches (the same result: NaN quieted, otherwise to nearest even).
+inline std::uint32_t round_bf16_bits(std::uint32_t u) {
+  const std::uint32_t nan = 0u - static_cast<std::uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  const std::uint32_t quiet = (u >> 16) | 0x0040u;
+  const std::uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return ((quiet & nan) | (nearest & ~nan)) << 16;
+}
+
+struct BlockDiffs {
+  std::uint32_t diff[kBlock];  // the diff's bits, 0 for an exact match
+  std::uint32_t nonzero = 0;   // how many diffs are not 0
+  std::uint32_t mismatches = 0, max_ulp = 0, max_bits = 0;
+  bool nan = false;  // a NaN among the values: the ulp distance is then UINT64_MAX
+};
+
+// The diffs of kBlock values (candidates c, references r or null), branch-free so that it
+// vectorises: abs_diff_of is |c - r| masked to +0 where c == r, the ulp distance the distance
+// of the order keys.
+template <bool kReference, bool kBf16>
+void block_diffs(const float* c, const float* r, BlockDiffs& b) {
+  std::uint32_t mismatches = 0, max_ulp = 0, max_bits = 0, nan = 0, nonzero = 0;
+  for (std::size_t k = 0; k < kBlock; ++k) {
+    const std::uint32_t cb = kBf16 ? round_bf16_bits(bits(c[k])) : bits(c[k]);
+    std::uint32_t d;
+    if constexpr (kReference) {
+      const float candidate = from_bits(cb), reference = r[k];
+      const std::uint32_t rb = bits(reference);
+      const std::uint32_t differ = 0u - static_cast<std::uint32_t>(candidate != reference);
+      d = bits(std::fabs(candidate - reference)) & differ;
+      mismatches += static_cast<std::uint32_t>(cb != rb);
+      const std::uint32_t ka = order_key(cb), kb = order_key(rb);
+      max_ulp = std::max(max_ulp, std::max(ka, kb) - std::min(ka, kb));
+      nan |= static_cast<std::uint32_t>((cb & 0x7fffffffu) > 0x7f800000u) |
+             static_cast<std::uint32_t>((rb & 0x7fffffffu) > 0x7f800000u);
+    } else {
+      d = cb;
+      mismatches += static_cast<std::uint32_t>(from_bits(cb) != 0.0f);
+    }
+    b.diff[k] = d;
+    nonzero += static_cast<std::uint32_t>(d != 0);
+    max_bits = std::max(max_bits, d);
+  }
+  b.nonzero = nonzero;
+  b.mismatches = mismatches;
+  b.max_ulp = max_ulp;
+  b.max_bits = max_bits;
+  b.nan = nan != 0;
+}
+
+// Calls block(b, n) for every block of the piece (n values; a last, shorter block is padded
+// with exact zeros, which the caller leaves out by counting only n values).
+template <bool kReference, bool kBf16, class Block>
+void for_each_block(const Piece& c, Block&& block) {
+  const DiffPart& p = *c.part;
+  BlockDiffs b;
+  std::size_t i = c.begin;
+  for (; i + kBlock <= c.end; i += kBlock) {
+    block_diffs<kReference, kBf16>(p.candidate + i, kReference ? p.reference + i : nullptr, b);
+    block(b, kBlock);
+  }
+  if (i == c.end) return;
+  float tail_c[kBlock] = {}, tail_r[kBlock] = {};
+  const std::size_t n = c.end - i;
+  std::copy(p.candidate + i, p.candidate + c.end, tail_c);
+  if (kReference) std::copy(p.reference + i, p.reference + c.end, tail_r);
+  block_diffs<kReference, kBf16>(tail_c, tail_r, b);
+  block(b, n);
+}
+
+// The first pass over a piece: counts, maxima, the exact sum's bins and the top-level
+// histogram (exact matches, the common case of the invariance checks, are only counted).
 template <bool kReference, bool kBf16>
 void first_pass_of(const Piece& c, LocalFirst& acc) {
-  const DiffPart& p = *c.part;
   const std::span<std::uint64_t> hist = acc.counters.hist(), sum_bins = acc.counters.sum_bins();
   std::uint64_t mismatches = 0, nonfinite = 0, zeros = 0, max_bits = acc.max_bits,
                 max_ulp = acc.max_ulp;
-  for (std::size_t i = c.begin; i < c.end; ++i) {
-    const float candidate = kBf16 ? round_bf16(p.candidate[i]) : p.candidate[i];
-    float d;
-    if constexpr (kReference) {
-      const float reference = p.reference[i];
-      d = abs_diff_of(candidate, reference);
-      mismatches += bits(candidate) != bits(reference) ? 1 : 0;
-      max_ulp = std::max(max_ulp, ulp_distance_of(candidate, reference));
-    } else {
-      d = candidate;
-      mismatches += candidate != 0.0f ? 1 : 0;
+  for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
+    mismatches += b.mismatches;
+    max_ulp = std::max<std::uint64_t>(
+        max_ulp, b.nan ? std::numeric_limits<std::uint64_t>::max() : b.max_ulp);
+    max_bits = std::max<std::uint64_t>(max_bits, b.max_bits);
+    zeros += n - b.nonzero;
+    if (b.nonzero == 0) return;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t u = b.diff[k];
+      if (u == 0) continue;
+      ++hist[u >> kLevelShift[0]];
+      if (u >= 0x7f800000u) {
+        ++nonfinite;
+      } else {
+        const std::uint32_t e = u >> 23;
+        sum_bins[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
+      }
     }
-    const std::uint32_t u = bits(d);
-    if (u == 0) {
-      // +0, the common case of the invariance checks: counted in a register, as a run of
-      // increments of one bin would serialise on memory.
-      ++zeros;
-      continue;
-    }
-    ++hist[u >> 16];
-    if (u >= 0x7f800000u) {
-      ++nonfinite;
-    } else {
-      const std::uint32_t e = u >> 23;
-      sum_bins[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
-    }
-    max_bits = std::max<std::uint64_t>(max_bits, u);
-  }
-  hist[0] += zeros;
+  });
+  acc.counters[FirstPass::kZeros] += zeros;
   acc.counters[FirstPass::kMismatch] += mismatches;
   acc.counters[FirstPass::kNonfinite] += nonfinite;
   acc.counters[FirstPass::kCount] += c.end - c.begin;
@@ -226,17 +310,29 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
   acc.max_ulp = max_ulp;
 }
 
-// The second pass over a piece: per distinct high bin, a histogram of the low 16 bits.
+// The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
+// bins holding the wanted ranks, at most 4), appended to *out as its bit pattern. A block is
+// first tested as a whole (vectorised), as few of its diffs are usually kept.
 template <bool kReference, bool kBf16>
-void low_bits_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
-  const DiffPart& p = *c.part;
-  for (std::size_t i = c.begin; i < c.end; ++i) {
-    const float candidate = kBf16 ? round_bf16(p.candidate[i]) : p.candidate[i];
-    const std::uint32_t u = bits(kReference ? abs_diff_of(candidate, p.reference[i]) : candidate);
-    for (std::size_t b = 0; b < bins.size(); ++b) {
-      if ((u >> 16) == bins[b]) ++h[b * kBins + (u & 0xffffu)];
+void collect_of(const Piece& c, std::span<const std::uint32_t> bins,
+                std::vector<std::uint32_t>* out) {
+  std::uint32_t wanted[4] = {~0u, ~0u, ~0u, ~0u};  // ~0u: no top-level bin
+  std::copy(bins.begin(), bins.end(), wanted);
+  const auto kept = [&](std::uint32_t u) {
+    const std::uint32_t top = u >> kLevelShift[0];
+    return static_cast<std::uint32_t>(u != 0) & (static_cast<std::uint32_t>(top == wanted[0]) |
+                                                 static_cast<std::uint32_t>(top == wanted[1]) |
+                                                 static_cast<std::uint32_t>(top == wanted[2]) |
+                                                 static_cast<std::uint32_t>(top == wanted[3]));
+  };
+  for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
+    std::uint32_t any = 0;
+    for (std::size_t k = 0; k < kBlock; ++k) any |= kept(b.diff[k]);
+    if (any == 0) return;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (kept(b.diff[k]) != 0) out->push_back(b.diff[k]);
     }
-  }
+  });
 }
 
 // Calls fn(reference, bf16) with each as a std::bool_constant, for the piece's part: one
@@ -251,9 +347,9 @@ void by_kind(const Piece& c, Fn&& fn) {
   }
 }
 
-void low_bits_pass(const Piece& c, std::span<const std::uint32_t> bins, std::uint64_t* h) {
+void collect(const Piece& c, std::span<const std::uint32_t> bins, std::vector<std::uint32_t>* out) {
   by_kind(c, [&](auto reference, auto bf16) {
-    low_bits_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, h);
+    collect_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, out);
   });
 }
 
@@ -304,37 +400,67 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
     wanted[2 * i] = static_cast<std::uint64_t>(std::floor(pos));
     wanted[2 * i + 1] = std::min(wanted[2 * i] + 1, n - 1);
   }
-  Located where[4];
-  for (int i = 0; i < 4; ++i) where[i] = locate(first.hist(), wanted[i]);
+  // Each wanted rank's bits so far (its bin at the levels passed) and its rank in that bin; a
+  // rank among the zeros, which come first, is found.
+  const std::uint64_t zeros = first[FirstPass::kZeros];
+  std::uint32_t prefix[4];
+  std::uint64_t rank[4];
+  bool found[4];
+  for (int w = 0; w < 4; ++w) {
+    found[w] = wanted[w] < zeros;
+    const Located at = found[w] ? Located{0, 0} : locate(first.hist(), wanted[w] - zeros);
+    prefix[w] = at.bin;
+    rank[w] = at.rank_in_bin;
+  }
 
-  // Second pass: the low 16 bits of the values in each located high bin (the four wanted ranks
-  // often share bins: each distinct bin is histogrammed once).
-  std::vector<std::uint32_t> bins;
-  int slot_of[4];
+  // The second pass over the data keeps the diffs in the wanted ranks' top-level bins (a
+  // small share of them: a bin spans a quarter of a binade); the later levels histogram those
+  // alone, one histogram per distinct prefix (the four ranks often share bins), each reduced
+  // and each rank located within it.
+  std::vector<std::uint32_t> top_bins;
   for (int w = 0; w < 4; ++w) {
-    const auto at = std::find(bins.begin(), bins.end(), where[w].bin);
-    slot_of[w] = static_cast<int>(at - bins.begin());
-    if (at == bins.end()) bins.push_back(where[w].bin);
+    if (!found[w] && std::find(top_bins.begin(), top_bins.end(), prefix[w]) == top_bins.end())
+      top_bins.push_back(prefix[w]);
   }
-  std::vector<std::vector<std::uint64_t>> partial(chunks.size());
-  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-    std::vector<std::uint64_t>& h = partial[c];
-    h.assign(bins.size() * kBins, 0);
-    for (const Piece& piece : chunks[c]) low_bits_pass(piece, bins, h.data());
-  });
-  std::vector<std::uint64_t> second(bins.size() * kBins, 0);
-  for (const auto& h : partial) {
-    for (std::size_t i = 0; i < second.size(); ++i) second[i] += h[i];
+  std::vector<std::uint32_t> kept;
+  if (!top_bins.empty()) {  // else every wanted rank is a zero (the same on every holder)
+    std::vector<std::vector<std::uint32_t>> per_chunk(chunks.size());
+    for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+      for (const Piece& piece : chunks[c]) collect(piece, top_bins, &per_chunk[c]);
+    });
+    for (const auto& v : per_chunk) kept.insert(kept.end(), v.begin(), v.end());
   }
-  reduce.sum(second);
+  for (int level = 1; level < kLevels && !top_bins.empty(); ++level) {
+    const std::size_t bins = level_bins(level);
+    const int above = kLevelShift[level - 1], shift = kLevelShift[level];
+    const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
+    std::vector<std::uint32_t> prefixes;
+    int slot_of[4];
+    for (int w = 0; w < 4; ++w) {
+      if (found[w]) continue;
+      const auto at = std::find(prefixes.begin(), prefixes.end(), prefix[w]);
+      slot_of[w] = static_cast<int>(at - prefixes.begin());
+      if (at == prefixes.end()) prefixes.push_back(prefix[w]);
+    }
+    std::vector<std::uint64_t> hist(prefixes.size() * bins, 0);
+    for (const std::uint32_t u : kept) {
+      for (std::size_t b = 0; b < prefixes.size(); ++b) {
+        if ((u >> above) == prefixes[b]) ++hist[b * bins + ((u >> shift) & mask)];
+      }
+    }
+    reduce.sum(hist);
+    for (int w = 0; w < 4; ++w) {
+      if (found[w]) continue;
+      const Located at =
+          locate(std::span<const std::uint64_t>(
+                     hist.data() + static_cast<std::size_t>(slot_of[w]) * bins, bins),
+                 rank[w]);
+      prefix[w] = (prefix[w] << kLevelBits[level]) | at.bin;
+      rank[w] = at.rank_in_bin;
+    }
+  }
   float value[4];
-  for (int w = 0; w < 4; ++w) {
-    const Located low =
-        locate(std::span<const std::uint64_t>(
-                   second.data() + static_cast<std::size_t>(slot_of[w]) * kBins, kBins),
-               where[w].rank_in_bin);
-    value[w] = from_bits((where[w].bin << 16) | low.bin);
-  }
+  for (int w = 0; w < 4; ++w) value[w] = found[w] ? 0.0f : from_bits(prefix[w]);
   for (int i = 0; i < 2; ++i) {
     const double pos = qs[i] * static_cast<double>(n - 1);
     const double frac = pos - std::floor(pos);

@@ -9,7 +9,8 @@
 //   mismatch_count (bit patterns differ), max_ulp (distance in FP32 representation order).
 //
 // Non-negative FP32 values sort like their bit patterns, so the order statistics come from a
-// radix select over two 16-bit histogram passes (merged by addition across parts).
+// radix select over three histogram passes of 11, 11 and 10 bits (merged by addition across
+// parts).
 #pragma once
 
 #include <array>
