@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""The job scripts of jobs/ under a real Slurm (docs/slurm.md).
+
+First, outside Slurm, every jobs/*.sbatch must refuse: status 2 and one line naming
+SLURM_JOB_ID. Then a private single-node cluster on localhost, in a temporary directory:
+munged with its own key and socket, slurmctld and slurmd from a generated slurm.conf (this
+host's name, CPUs and memory as `slurmd -C` reads them, free ports, every state, spool, pid and
+log file inside the directory). Once the node is idle, the CPU variant of
+jobs/cpdrift-tp2cp2.sbatch is submitted twice, through `srun --mpi=pmix` and through `mpirun`,
+at a size of seconds; each job must complete with status 0, its Slurm output must hold
+`# Drift check : OK`, and its report, named by the job id, must have passed with the grid's
+case count, topology, process count and launcher. The gate, jobs/cpdrift-accept.sbatch, must
+write its acceptance document under the job id, with no row failed and the job's exit code its
+verdict's. Every process the test started -- jobs, job steps and daemons -- is stopped on the
+way out, whatever happened.
+
+Exit status 0 passed, 1 failed, 77 (Meson's skip) when a Slurm or munge program is missing or
+the test is not root (slurmd must be, to start jobs).
+"""
+
+import argparse
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SKIP = 77
+# Each program the test runs, and the Debian package that installs it.
+PROGRAMS = {
+    "munged": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "scontrol": "slurm-client",
+    "sinfo": "slurm-client",
+    "squeue": "slurm-client",
+    "scancel": "slurm-client",
+    "srun": "slurm-client",
+}
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+# The jobs' problem: TP=2 x CP=2 on 4 tasks, S=64, split-KV off and 16, the script's layouts
+# (contiguous, zigzag) and protocols (ag_rs, ring_kv): 8 cases.
+SEQ_LEN, KV_CHUNKS, CASES, TASKS = 64, "none,16", 8, 4
+
+
+class Failure(Exception):
+    pass
+
+
+def log(msg):
+    print(f"slurm test: {msg}", flush=True)
+
+
+def slurm_free_env(extra=None):
+    """This environment without any Slurm job's variables (the test may itself run in a job)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+    env.update(extra or {})
+    return env
+
+
+def check_guards(root):
+    """Every job script, run outside Slurm, refuses with status 2 and one line."""
+    scripts = sorted((root / "jobs").glob("*.sbatch"))
+    if not scripts:
+        raise Failure("no jobs/*.sbatch")
+    for script in scripts:
+        r = subprocess.run(["bash", str(script)], env=slurm_free_env(), cwd=root,
+                           capture_output=True, text=True, timeout=30)
+        lines = r.stderr.splitlines()
+        if r.returncode != 2 or len(lines) != 1 or "SLURM_JOB_ID" not in lines[0] or r.stdout:
+            raise Failure(f"{script.name} outside Slurm: status {r.returncode}, stdout "
+                          f"{r.stdout!r}, stderr {r.stderr!r} (expected status 2 and one line "
+                          "naming SLURM_JOB_ID)")
+    log(f"outside Slurm, {len(scripts)} job scripts refuse: {lines[0]}")
+
+
+def find_programs():
+    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin" + os.pathsep + "/sbin"
+    found = {}
+    for name, package in PROGRAMS.items():
+        found[name] = shutil.which(name, path=path)
+        if found[name] is None:
+            print(f"slurm test: skipped: {name} not found (Debian package {package})")
+            sys.exit(SKIP)
+    return found
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, lines=60):
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"({e})"
+    return "\n".join(text[-lines:])
+
+
+class Cluster:
+    """munged, slurmctld and slurmd for one node on localhost, all inside `dir`."""
+
+    def __init__(self, programs, dir):
+        self.p = programs
+        self.dir = dir
+        self.conf = dir / "slurm.conf"
+        self.socket = dir / "run" / "munge.socket"
+        self.logs = dir / "log"
+        self.daemons = []  # (name, Popen), in start order
+        self.env = slurm_free_env({"SLURM_CONF": str(self.conf)})
+
+    def run(self, *args, check=True, timeout=30):
+        r = subprocess.run([self.p[args[0]], *args[1:]], env=self.env, capture_output=True,
+                           text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise Failure(f"{' '.join(args)}: status {r.returncode}: {r.stderr.strip()}")
+        return r.stdout
+
+    def start(self):
+        d = self.dir
+        # munged checks its directories: the key's private, the socket's reachable by all.
+        d.chmod(0o755)
+        for sub, mode in (("munge", 0o700), ("run", 0o755), ("log", 0o700), ("state", 0o700),
+                          ("spool", 0o755), ("tmp", 0o1777)):
+            (d / sub).mkdir()
+            (d / sub).chmod(mode)  # not the umask's
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.node = self.write_conf()
+        # In the foreground munged logs to stderr: log/munged.stdout.
+        self.spawn("munged", "--foreground", f"--socket={self.socket}", f"--key-file={key}",
+                   f"--pid-file={d / 'run' / 'munged.pid'}",
+                   f"--seed-file={d / 'munge' / 'munged.seed'}")
+        self.wait(lambda: self.socket.exists(), 20, "munged's socket")
+        self.spawn("slurmctld", "-D", "-f", str(self.conf))
+        self.spawn("slurmd", "-D", "-f", str(self.conf), "-N", self.node)
+        self.wait(self.node_idle, 60, f"node {self.node} idle")
+        log(f"cluster up: node {self.node} idle ({self.node_line})")
+
+    def write_conf(self):
+        d = self.dir
+        # This node as slurmd sees it: NodeName=<short host name> CPUs=... RealMemory=...
+        line = subprocess.run([self.p["slurmd"], "-C"], capture_output=True, text=True,
+                              env=self.env, timeout=30).stdout.splitlines()[0]
+        node = re.match(r"NodeName=(\S+)", line)
+        if not node:
+            raise Failure(f"slurmd -C: unexpected output {line!r}")
+        self.node_line = line.split(" ", 1)[1]
+        user = pwd.getpwuid(os.getuid()).pw_name
+        self.conf.write_text(f"""\
+# A private single-node cluster for tests/slurm/slurm_test.py, on localhost.
+ClusterName=cpdrifttest
+SlurmctldHost={node[1]}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.socket}
+StateSaveLocation={d / 'state'}
+SlurmdSpoolDir={d / 'spool'}
+SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}
+SlurmdPidFile={d / 'run' / 'slurmd.pid'}
+SlurmctldLogFile={self.logs / 'slurmctld.log'}
+SlurmdLogFile={self.logs / 'slurmd.log'}
+# The jobs' scratch (srun's PMIx directories) inside the test's directory too.
+TmpFS={d / 'tmp'}
+MailProg=/bin/true
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups (a container may not delegate them): processes tracked by parentage, not bound.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+{line} NodeAddr=127.0.0.1
+PartitionName=test Nodes={node[1]} Default=YES MaxTime=INFINITE State=UP
+""")
+        return node[1]
+
+    def spawn(self, name, *args):
+        out = open(self.logs / f"{name}.stdout", "w")
+        self.daemons.append((name, subprocess.Popen([self.p[name], *args], env=self.env,
+                                                    stdout=out, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL)))
+        out.close()
+
+    def wait(self, ready, seconds, what):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for name, proc in self.daemons:
+                if proc.poll() is not None:
+                    raise Failure(f"{name} exited with status {proc.returncode} while waiting "
+                                  f"for {what}")
+            if ready():
+                return
+            time.sleep(0.5)
+        raise Failure(f"no {what} after {seconds} s")
+
+    def node_idle(self):
+        r = self.run("sinfo", "-h", "-N", "-n", self.node, "-o", "%t", check=False)
+        return r.strip() == "idle"
+
+    def job(self, job_id):
+        """scontrol's fields of a job, as a dict."""
+        text = self.run("scontrol", "-o", "show", "job", str(job_id))
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def print_logs(self):
+        for name in ("slurmctld.log", "slurmd.log", "munged.stdout"):
+            print(f"----- {name} (last lines)\n{tail(self.logs / name)}", flush=True)
+
+    def stop(self):
+        """Cancels every job, waits for their steps to go, then stops the daemons."""
+        alive = {name: proc.poll() is None for name, proc in self.daemons}
+        if alive.get("slurmctld"):
+            try:
+                jobs = self.run("squeue", "-h", "-o", "%i", check=False).split()
+                if jobs:
+                    self.run("scancel", *jobs, check=False)
+                # slurmstepd outlives slurmd: wait until no job runs and no step's socket
+                # (<node>_<job>.<step> in the spool directory) is left.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and (
+                        self.run("squeue", "-h", "-o", "%i", check=False).strip()
+                        or list((self.dir / "spool").glob(f"{self.node}_*"))):
+                    time.sleep(0.5)
+            except (subprocess.TimeoutExpired, OSError) as e:
+                log(f"while cancelling jobs: {e}")
+        for name, proc in reversed(self.daemons):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.daemons = []
+        # Anything left that came from this cluster (a job process, a step daemon) carries its
+        # SLURM_CONF, the test directory's path, in its environment: end it and say so.
+        left = stragglers(str(self.conf))
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return left
+
+
+def stragglers(marker):
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def submit(cluster, root, cpdrift, script, launcher, rundir, extra_env):
+    """Submits the CPU variant of `script` from the checkout; its outputs go to `rundir`."""
+    rundir.mkdir()
+    env = dict(cluster.env, CPDRIFT_BIN=str(cpdrift), CPDRIFT_DEVICE="cpu",
+               CPDRIFT_LAUNCHER=launcher, CPDRIFT_SEQ_LEN=str(SEQ_LEN),
+               CPDRIFT_KV_CHUNK_SIZES=KV_CHUNKS,
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               TMPDIR=str(cluster.dir / "tmp"), **extra_env)  # Open MPI's session directories
+    env.pop("CPDRIFT_ROOT", None)  # found as the submit directory, as documented
+    env.pop("CPDRIFT_OUTDIR", None)
+    # The CPU variant: no GPUs, and 4 tasks on however few CPUs this machine has.
+    cmd = [cluster.p["sbatch"], "--parsable", f"--chdir={rundir}", "--overcommit",
+           "--cpus-per-task=1", "--gpus-per-node=0", str(root / "jobs" / script)]
+    r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise Failure(f"{' '.join(cmd)}: status {r.returncode}: {r.stderr.strip()}")
+    job_id = int(r.stdout.strip().split(";")[0])
+    log(f"submitted {script} ({launcher}) as job {job_id}: {' '.join(cmd[1:])}")
+    return job_id
+
+
+def wait_job(cluster, job_id, deadline):
+    while True:
+        fields = cluster.job(job_id)
+        if fields.get("JobState") in FINAL_STATES:
+            return fields
+        if time.monotonic() > deadline:
+            raise Failure(f"job {job_id} still {fields.get('JobState')} "
+                          f"({fields.get('Reason')}) at the time limit")
+        time.sleep(1)
+
+
+def job_files(job_id, rundir, name):
+    """The job's Slurm output, <name>-<id>.out, alone in `rundir`: (problems, its text)."""
+    outs = sorted(p.name for p in rundir.glob("*.out"))
+    problems = []
+    if outs != [f"{name}-{job_id}.out"]:
+        problems.append(f"Slurm output files {outs}, expected {name}-{job_id}.out")
+        return problems, ""
+    return problems, (rundir / outs[0]).read_text(errors="replace")
+
+
+def check_run(job_id, fields, rundir, launcher, dump):
+    """A drift run: completed, '# Drift check : OK', the report named by the job id."""
+    name = "cpdrift-tp2cp2"
+    problems, out = job_files(job_id, rundir, name)
+    if fields.get("JobState") != "COMPLETED" or fields.get("ExitCode") != "0:0":
+        problems.append(f"state {fields.get('JobState')}, exit code {fields.get('ExitCode')}")
+    if out and "# Drift check : OK" not in out.splitlines():
+        problems.append("no '# Drift check : OK' line in the Slurm output")
+    reports = sorted(p.name for p in rundir.glob("*.json"))
+    if reports != [f"{name}-{job_id}.json"]:
+        problems.append(f"reports {reports}, expected {name}-{job_id}.json")
+    else:
+        r = json.loads((rundir / reports[0]).read_text())
+        cases = r.get("cases", [])
+        topologies = {(c["topology"]["tp_world_size"], c["topology"]["cp_world_size"])
+                      for c in cases}
+        expect = {
+            "summary.passed": (r["summary"]["passed"], True),
+            "summary.case_count": (r["summary"]["case_count"], CASES),
+            "len(cases)": (len(cases), CASES),
+            "case topologies (tp, cp)": (topologies, {(2, 2)}),
+            "target.seq_len": (r["target"]["seq_len"], SEQ_LEN),
+            "launch.world_size": (r["launch"]["world_size"], TASKS),
+            "launch.launcher": (r["launch"]["launcher"], launcher),
+            "runtime.rank_env.SLURM_JOB_ID": (r["runtime"]["rank_env"].get("SLURM_JOB_ID"),
+                                              str(job_id)),
+            "runtime.device": (r["runtime"]["device"], "cpu"),
+        }
+        problems += [f"report {what} = {got!r}, expected {want!r}"
+                     for what, (got, want) in expect.items() if got != want]
+    if dump:
+        h5 = rundir / f"{name}-{job_id}.h5"
+        if not h5.is_file() or h5.read_bytes()[:8] != b"\x89HDF\r\n\x1a\n":
+            problems.append(f"no HDF5 dump {h5.name}")
+    report_problems(job_id, fields, launcher, out, problems)
+    log(f"job {job_id} ({launcher}): COMPLETED 0:0, '# Drift check : OK', report "
+        f"{reports[0]}: passed, {CASES} cases TP=2 CP=2, {TASKS} processes, launcher "
+        f"{launcher}" + (f", dump {name}-{job_id}.h5" if dump else ""))
+
+
+def check_accept(job_id, fields, rundir, launcher):
+    """The acceptance gate: acceptance.json and report.json in cpdrift-accept-<id>/; the job's
+    exit code is the verdict's. On a node without GPUs the rows that need GPU transports are
+    unavailable, so the gate fails (exit 1) -- but no row may fail."""
+    name = "cpdrift-accept"
+    problems, out = job_files(job_id, rundir, name)
+    gate = rundir / f"{name}-{job_id}"
+    doc = gate / "acceptance.json"
+    if not doc.is_file() or not (gate / "report.json").is_file():
+        problems.append(f"no {doc.relative_to(rundir)} and report.json beside it")
+    else:
+        d = json.loads(doc.read_text())
+        verdict = "PASSED" if d["passed"] else "FAILED"
+        want_exit = "0:0" if d["passed"] else "1:0"
+        if fields.get("ExitCode") != want_exit:
+            problems.append(f"exit code {fields.get('ExitCode')}, expected {want_exit} "
+                            f"(acceptance passed: {d['passed']})")
+        if out and f"# Acceptance : {verdict}" not in out.splitlines():
+            problems.append(f"no '# Acceptance : {verdict}' line in the Slurm output")
+        failed = [c["name"] for c in d["cases"] if c["status"] not in ("passed", "unavailable")]
+        if failed or not d["cases"]:
+            problems.append(f"rows neither passed nor unavailable: {failed}")
+        if d["runtime"]["launch"]["world_size"] != TASKS:
+            problems.append(f"world size {d['runtime']['launch']['world_size']}")
+        statuses = sorted({c["status"] for c in d["cases"]})
+    report_problems(job_id, fields, launcher, out, problems)
+    log(f"job {job_id} ({launcher}): {fields['JobState']} {fields['ExitCode']}, "
+        f"'# Acceptance : {verdict}', {doc.relative_to(rundir)}: {len(d['cases'])} rows "
+        f"({', '.join(statuses)}), none failed")
+
+
+def report_problems(job_id, fields, launcher, out, problems):
+    if problems:
+        print(f"----- job {job_id}: {' '.join(f'{k}={v}' for k, v in fields.items())}")
+        print(f"----- its Slurm output\n{out}", flush=True)
+        raise Failure(f"job {job_id} ({launcher}): " + "; ".join(problems))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--source-root", type=Path, required=True)
+    ap.add_argument("--cpdrift", type=Path, required=True)
+    ap.add_argument("--job-timeout", type=float, default=300,
+                    help="seconds the jobs may take together, queueing included")
+    ap.add_argument("--no-dump", action="store_true", help="cpdrift was built without HDF5")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    a = ap.parse_args()
+    root, cpdrift = a.source_root.resolve(), a.cpdrift.resolve()
+
+    # meson ends a test that overruns with SIGTERM: clean up as for any other failure.
+    def terminated(signum, frame):
+        raise Failure(f"signal {signum}")
+    signal.signal(signal.SIGTERM, terminated)
+
+    try:
+        check_guards(root)
+    except Failure as e:
+        log(f"FAILED: {e}")
+        return 1
+    programs = find_programs()
+    if os.geteuid() != 0:
+        print("slurm test: skipped: slurmd must run as root to start jobs")
+        return SKIP
+
+    # A short path: unix sockets (munge, slurmstepd) must fit in 108 bytes.
+    tmp = Path(tempfile.mkdtemp(prefix="cpdrift-slurm-", dir="/tmp"))
+    cluster = Cluster(programs, tmp)
+    status = 1
+    try:
+        cluster.start()
+        # (script, launcher, the check, the environment it adds)
+        runs = [
+            ("cpdrift-tp2cp2.sbatch", "srun", "run", {} if a.no_dump else {"CPDRIFT_DUMP": "1"}),
+            ("cpdrift-tp2cp2.sbatch", "mpirun", "run", {}),
+            ("cpdrift-accept.sbatch", "srun", "accept", {}),
+        ]
+        jobs = []
+        for i, (script, launcher, kind, env) in enumerate(runs):
+            rundir = tmp / f"job{i}-{kind}-{launcher}"
+            jobs.append((submit(cluster, root, cpdrift, script, launcher, rundir, env),
+                         rundir, launcher, kind, "CPDRIFT_DUMP" in env))
+        deadline = time.monotonic() + a.job_timeout
+        start = time.monotonic()
+        for job_id, rundir, launcher, kind, dump in jobs:
+            fields = wait_job(cluster, job_id, deadline)
+            log(f"job {job_id} ended {fields['JobState']} {fields.get('ExitCode')} after "
+                f"{time.monotonic() - start:.0f} s (RunTime {fields.get('RunTime')})")
+            if kind == "run":
+                check_run(job_id, fields, rundir, launcher, dump)
+            else:
+                check_accept(job_id, fields, rundir, launcher)
+        status = 0
+    except Exception as e:  # a Failure, or a report without a field the checks read
+        log(f"FAILED: {e}" if isinstance(e, Failure) else f"FAILED: {type(e).__name__}: {e}")
+        for out in sorted(tmp.glob("job*/*.out")):
+            print(f"----- {out.relative_to(tmp)}\n{tail(out, 80)}", flush=True)
+        cluster.print_logs()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup is not to be cut short
+        left = cluster.stop()
+        if left:
+            log(f"FAILED: processes of the test's cluster were left running and killed: {left}")
+            status = 1
+        else:
+            log("every job and daemon stopped")
+        if a.keep:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log("passed" if status == 0 else "failed")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
