@@ -35,6 +35,10 @@ step() {  # step NAME COMMAND...: runs it, appends its output to the log, record
 
 extra=()
 [[ -d .device/include ]] && extra=(-Dextra_include_dir=.device/include)
+if [[ -d .device/lib/pkgconfig ]]; then  # nettle, carried by jobs/prepare-device.sh
+  export PKG_CONFIG_PATH=$root/.device/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$root/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 configure() {
   rm -rf "$build"
   meson setup "$build" -Dmpi=disabled -Dhdf5=disabled -Dcuda=enabled -Dgpu_arch=90 "${extra[@]}"
