@@ -1,0 +1,14 @@
+// The last line of defence of cpdrift-inspect's "one line and status 2, never a crash": HDF5
+// 1.10 does not checksum its metadata, and some corrupted object headers make the library
+// itself fault (a SIGSEGV freeing a half-decoded attribute; found by fuzzing, docs/inspect.md).
+#pragma once
+
+namespace cpd::inspect {
+
+/// Installs handlers for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT (on an alternate stack)
+/// that print `cpdrift-inspect: error: <file>: ...` naming file_being_read() and end the
+/// process with status 2. For the executable only: tests and the fuzz target keep the default
+/// behaviour, so a fault there is seen.
+void install_fault_guard();
+
+}  // namespace cpd::inspect

@@ -1,0 +1,166 @@
+#include "dump_layout.h"
+
+#include "cpdrift/report/run_report.h"
+
+namespace cpd::inspect::layout {
+namespace {
+
+// Extents and sizes a real run never comes near; past them a value is corruption, and checking
+// keeps every product below in range.
+constexpr std::int64_t kMaxExtent = std::int64_t{1} << 31;
+constexpr std::int64_t kMaxWorld = std::int64_t{1} << 16;  // TP or CP ranks of one case
+
+const AttributeValue& required(const Attributes& a, const std::string& name,
+                               const std::string& file, const std::string& object) {
+  const AttributeValue* v = find_attribute(a, name);
+  if (v == nullptr) throw InspectError(file + ": " + object + " has no attribute " + name);
+  return *v;
+}
+
+const std::string& text(const Attributes& a, const std::string& name, const std::string& file,
+                        const std::string& object) {
+  const auto* s = std::get_if<std::string>(&required(a, name, file, object));
+  if (s == nullptr)
+    throw InspectError(file + ": attribute " + name + " of " + object + " is not text");
+  return *s;
+}
+
+std::int64_t positive(const Attributes& a, const std::string& name, const std::string& file,
+                      const std::string& object) {
+  const auto* i = std::get_if<std::int64_t>(&required(a, name, file, object));
+  if (i == nullptr || *i < 1 || *i > kMaxExtent) {
+    throw InspectError(file + ": attribute " + name + " of " + object +
+                       " is not a positive integer below 2^31");
+  }
+  return *i;
+}
+
+std::string optional_text(const Attributes& a, const std::string& name) {
+  const AttributeValue* v = find_attribute(a, name);
+  const auto* s = v != nullptr ? std::get_if<std::string>(v) : nullptr;
+  return s != nullptr ? *s : "";
+}
+
+template <class E, std::size_t N>
+E parse_name(const EnumName<E> (&table)[N], const std::string& name, const std::string& file,
+             const std::string& what) {
+  for (const EnumName<E>& e : table) {
+    if (name == e.name) return e.value;
+  }
+  throw InspectError(file + ": " + what + " \"" + name + "\" is not one cpdrift writes");
+}
+
+std::string extents(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+DumpProblem read_problem(const Attributes& root, const std::string& file) {
+  const AttributeValue* schema = find_attribute(root, "schema_version");
+  const auto* version = schema != nullptr ? std::get_if<std::string>(schema) : nullptr;
+  if (version == nullptr)
+    throw InspectError(file + ": not a cpdrift dump (no schema_version attribute on /)");
+  if (*version != kReportSchema) {
+    throw InspectError(file + ": schema \"" + *version + "\"; cpdrift-inspect reads " +
+                       kReportSchema);
+  }
+  DumpProblem d;
+  d.schema_version = *version;
+  d.producer = optional_text(root, "producer");
+  d.created_at_utc = optional_text(root, "created_at_utc");
+  d.command = optional_text(root, "command");
+  Problem& p = d.problem;
+  p.batch = static_cast<int>(positive(root, "batch", file, "/"));
+  p.seq_len = positive(root, "seq_len", file, "/");
+  p.dims.num_q_heads = static_cast<int>(positive(root, "num_query_heads", file, "/"));
+  p.dims.num_kv_heads = static_cast<int>(positive(root, "num_kv_heads", file, "/"));
+  p.dims.head_dim = static_cast<int>(positive(root, "head_dim", file, "/"));
+  const auto* seed = std::get_if<std::int64_t>(&required(root, "seed", file, "/"));
+  if (seed == nullptr) throw InspectError(file + ": attribute seed of / is not an integer");
+  p.seed = static_cast<std::uint64_t>(*seed);
+  p.dtype = parse_name(kDTypeNames, text(root, "dtype", file, "/"), file, "dtype");
+  p.rope = optional_text(root, "rope") != "not_composed";
+  return d;
+}
+
+CaseSpec read_case_spec(const Attributes& a, const Problem& problem, const std::string& file,
+                        const std::string& group) {
+  CaseSpec spec;
+  const std::int64_t tp = positive(a, "tp_world_size", file, group);
+  const std::int64_t cp = positive(a, "cp_world_size", file, group);
+  if (tp > kMaxWorld || cp > kMaxWorld) {
+    throw InspectError(file + ": " + group + ": tp_world_size " + std::to_string(tp) +
+                       ", cp_world_size " + std::to_string(cp) + ": not a case cpdrift runs");
+  }
+  spec.tp = static_cast<int>(tp);
+  spec.cp = static_cast<int>(cp);
+  const AttributeValue& split = required(a, "split", file, group);
+  if (const auto* size = std::get_if<std::int64_t>(&split)) {
+    spec.split = *size;
+  } else if (const auto* none = std::get_if<std::string>(&split);
+             none == nullptr || *none != "none") {
+    throw InspectError(file + ": attribute split of " + group + " is neither a size nor \"none\"");
+  }
+  spec.layout = parse_name(kCpLayoutNames, text(a, "layout", file, group), file, "layout");
+  spec.protocol = parse_name(kProtocolNames, text(a, "protocol", file, group), file, "protocol");
+  if (std::string why = validate_case(spec, problem); !why.empty())
+    throw InspectError(file + ": " + group + ": " + why);
+  return spec;
+}
+
+std::int64_t paged_q_len(const Attributes& a, const std::string& file, const std::string& group) {
+  return positive(a, "q_len", file, group);
+}
+
+void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_t q_len,
+                  const std::string& file) {
+  const Attributes& a = t.attributes;
+  const std::string& shape = text(a, "shape", file, t.path);
+  const bool four = t.shape.size() == 4;
+  // What the writers call each axis: S a sequence, Q a paged case's query rows, D the head dim.
+  const bool known = four ? shape == "[B, H, S, D]" || shape == "[B, H, Q, D]"
+                          : shape == "[B, H, S]" || shape == "[B, 1, S]" || shape == "[B, H, Q]";
+  if (!known) {
+    throw InspectError(file + ": " + t.path + " has rank " + std::to_string(t.shape.size()) +
+                       " but its shape attribute says " + shape);
+  }
+  const std::string& original = text(a, "original_dtype", file, t.path);
+  if (original != "float32" && original != "bfloat16") {
+    throw InspectError(file + ": " + t.path + ": original_dtype \"" + original +
+                       "\" is neither float32 nor bfloat16");
+  }
+  t.bf16 = original == "bfloat16";
+  if (find_attribute(a, "stored_dtype") != nullptr &&
+      text(a, "stored_dtype", file, t.path) != "float32") {
+    throw InspectError(file + ": " + t.path + ": stored_dtype is not float32");
+  }
+  // The extents the problem implies: heads by the `heads` attribute (the inputs by name).
+  std::int64_t heads = problem.dims.num_q_heads;
+  const std::string kind = optional_text(a, "heads");
+  if (kind == "kv" || t.path == "/inputs/k" || t.path == "/inputs/v") {
+    heads = problem.dims.num_kv_heads;
+  } else if (shape == "[B, 1, S]") {
+    heads = 1;
+  }
+  std::vector<std::int64_t> want{problem.batch, heads, paged ? q_len : problem.seq_len};
+  if (four) want.push_back(problem.dims.head_dim);
+  if (t.shape != want) {
+    throw InspectError(file + ": " + t.path + " is " + extents(t.shape) + "; the run's " + shape +
+                       " is " + extents(want));
+  }
+}
+
+std::uint64_t tensor_bytes(const TensorInfo& t, const std::string& file) {
+  std::uint64_t n = 4;
+  for (const std::int64_t d : t.shape) {
+    if (d < 1 || d > kMaxExtent || n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))
+      throw InspectError(file + ": " + t.path + " has an implausible extent " + std::to_string(d));
+    n *= static_cast<std::uint64_t>(d);
+  }
+  return n;
+}
+
+}  // namespace cpd::inspect::layout

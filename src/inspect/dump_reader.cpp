@@ -1,0 +1,294 @@
+// The dump's layout (docs/inspect.md), checked as it is read: the root's attributes, the groups
+// /cases, /paged_cases and /inputs, and every tensor dataset in them.
+#include "cpdrift/inspect/dump_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <tuple>
+
+#include "cpdrift/report/run_report.h"
+#include "dump_layout.h"
+#include "h5_support.h"
+
+namespace cpd::inspect {
+
+namespace {
+
+char being_read[4096] = "";
+
+// Records `path` as the file HDF5 is about to read (truncated to the buffer; NUL-terminated).
+void reading(const std::string& path) {
+  const std::size_t n = std::min(path.size(), sizeof being_read - 1);
+  std::memcpy(being_read, path.data(), n);
+  being_read[n] = '\0';
+}
+
+}  // namespace
+
+const char* file_being_read() { return being_read; }
+
+const AttributeValue* find_attribute(const Attributes& attributes, const std::string& name) {
+  for (const auto& [key, value] : attributes) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
+std::string attribute_text(const AttributeValue& value) {
+  if (const auto* s = std::get_if<std::string>(&value)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&value)) return std::to_string(*i);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(value));
+  return buf;
+}
+
+std::int64_t TensorInfo::elements() const {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorInfo::leg_path() const {
+  // "/cases/<case>/<leg>/<name>" → "<leg>/<name>"; "/inputs/q" → "inputs/q".
+  for (const char* group : {"/cases/", "/paged_cases/"}) {
+    if (path.rfind(group, 0) == 0) {
+      const std::size_t after_case = path.find('/', std::strlen(group));
+      return after_case == std::string::npos ? path : path.substr(after_case + 1);
+    }
+  }
+  return path.substr(1);
+}
+
+struct DumpFile::Impl {
+  // The file closes after this body: a fault in HDF5's close names it too.
+  ~Impl() { reading(path); }
+
+  std::string path;
+  h5::Handle file;
+  DumpProblem problem;
+  Attributes root;
+  std::vector<CaseInfo> cases;
+  std::vector<TensorInfo> tensors;
+  bool has_report = false;
+  std::uint64_t file_bytes = 0;
+
+  // The whole layout, metadata only.
+  void load() {
+    hsize_t size = 0;
+    if (H5Fget_filesize(file.get(), &size) >= 0) file_bytes = size;
+    root = h5::read_attributes(file.get(), "/", path);
+    problem = layout::read_problem(root, path);
+    for (const h5::Member& m : h5::members(file.get(), "/", path)) {
+      const std::string at = "/" + m.name;
+      if (m.name == "report_json") {
+        if (m.kind != h5::Kind::dataset)
+          throw InspectError(path + ": /report_json is not a dataset");
+        has_report = true;
+      } else if (m.name == "cases" || m.name == "paged_cases") {
+        if (m.kind != h5::Kind::group) throw InspectError(path + ": " + at + " is not a group");
+        load_cases(at, m.name == "paged_cases");
+      } else if (m.name == "inputs") {
+        if (m.kind != h5::Kind::group) throw InspectError(path + ": " + at + " is not a group");
+        load_tensors(at, nullptr);
+      }  // anything else is not the dump's: left alone
+    }
+    if (cases.empty()) throw InspectError(path + ": a cpdrift dump without any case");
+    std::stable_sort(cases.begin(), cases.end(), [](const CaseInfo& a, const CaseInfo& b) {
+      const auto key = [](const CaseInfo& c) {
+        return std::make_tuple(c.paged, c.spec.tp, c.spec.cp, c.spec.split.value_or(0),
+                               static_cast<int>(c.spec.layout), static_cast<int>(c.spec.protocol));
+      };
+      return key(a) < key(b);
+    });
+    std::sort(tensors.begin(), tensors.end(),
+              [](const TensorInfo& a, const TensorInfo& b) { return a.path < b.path; });
+    for (CaseInfo& c : cases) {
+      const std::string prefix = (c.paged ? "/paged_cases/" : "/cases/") + c.name + "/";
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (tensors[i].path.rfind(prefix, 0) == 0) c.tensors.push_back(i);
+      }
+    }
+  }
+
+  void load_cases(const std::string& group, bool paged) {
+    for (const h5::Member& m : h5::members(file.get(), group, path)) {
+      const std::string at = group + "/" + m.name;
+      if (m.kind != h5::Kind::group) throw InspectError(path + ": " + at + " is not a case group");
+      CaseInfo c;
+      c.name = m.name;
+      c.paged = paged;
+      c.attributes = h5::read_attributes(file.get(), at, path);
+      if (!paged) c.spec = layout::read_case_spec(c.attributes, problem.problem, path, at);
+      const std::int64_t q_len = paged ? layout::paged_q_len(c.attributes, path, at) : 0;
+      for (const h5::Member& leg : h5::members(file.get(), at, path)) {
+        const std::string leg_at = at + "/" + leg.name;
+        if (leg.kind != h5::Kind::group)
+          throw InspectError(path + ": " + leg_at + " is not a group of tensors");
+        load_tensors(leg_at, &c, q_len);
+      }
+      // Every case of a run publishes tensors; a group without any is not a case.
+      const auto in_case = [&](const TensorInfo& t) { return t.path.rfind(at + "/", 0) == 0; };
+      if (std::none_of(tensors.begin(), tensors.end(), in_case)) {
+        throw InspectError(path + ": " + at + " holds no tensor");
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+
+  void load_tensors(const std::string& group, const CaseInfo* in_case, std::int64_t q_len = 0) {
+    for (const h5::Member& m : h5::members(file.get(), group, path)) {
+      const std::string at = group + "/" + m.name;
+      if (m.kind != h5::Kind::dataset) throw InspectError(path + ": " + at + " is not a dataset");
+      TensorInfo t = describe(at);
+      layout::check_tensor(t, problem.problem, in_case != nullptr && in_case->paged, q_len, path);
+      tensors.push_back(std::move(t));
+    }
+  }
+
+  // Shape, dtype and attributes of the dataset at `at`, checked against what a dump writes.
+  TensorInfo describe(const std::string& at) const {
+    TensorInfo t;
+    t.path = at;
+    const h5::Handle data(h5::checked(H5Dopen2(file.get(), at.c_str(), H5P_DEFAULT), path,
+                                      "cannot open dataset " + at),
+                          H5Dclose);
+    const h5::Handle type(h5::checked(H5Dget_type(data.get()), path, "cannot read " + at),
+                          H5Tclose);
+    if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4) {
+      throw InspectError(
+          path + ": " + at + " is not FP32 (a " + std::to_string(H5Tget_size(type.get())) +
+          "-byte " + (H5Tget_class(type.get()) == H5T_FLOAT ? "float" : "non-float") + " dataset)");
+    }
+    const h5::Handle space(h5::checked(H5Dget_space(data.get()), path, "cannot read " + at),
+                           H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank != 3 && rank != 4) {
+      throw InspectError(path + ": " + at + " has rank " + std::to_string(rank) +
+                         " (a dump's tensors are [B, H, S] or [B, H, S, D])");
+    }
+    hsize_t dims[4] = {};
+    h5::checked(H5Sget_simple_extent_dims(space.get(), dims, nullptr), path, "cannot read " + at);
+    for (int i = 0; i < rank; ++i) t.shape.push_back(static_cast<std::int64_t>(dims[i]));
+    t.attributes = h5::read_attributes(file.get(), at, path);
+    // The values must all be there: a dataset the writer never finished has less storage.
+    const std::uint64_t want = layout::tensor_bytes(t, path);
+    const hsize_t stored = H5Dget_storage_size(data.get());
+    if (stored != want || (file_bytes > 0 && want > file_bytes)) {
+      throw InspectError(path + ": " + at + " stores " + std::to_string(stored) +
+                         " bytes; its shape needs " + std::to_string(want));
+    }
+    return t;
+  }
+};
+
+DumpFile::DumpFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DumpFile::DumpFile(DumpFile&&) noexcept = default;
+DumpFile& DumpFile::operator=(DumpFile&&) noexcept = default;
+DumpFile::~DumpFile() = default;
+
+DumpFile DumpFile::open(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) throw InspectError(path + ": no such file");
+  if (fs::is_directory(status)) throw InspectError(path + ": is a directory, not a dump");
+  if (!std::ifstream(path, std::ios::binary)) throw InspectError(path + ": cannot be read");
+  if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0)
+    throw InspectError(path + ": empty file (0 bytes), not a dump");
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  reading(path);
+  try {
+    impl->file = h5::open_file(path);
+    impl->load();
+  } catch (const std::bad_alloc&) {
+    throw InspectError(path + ": out of memory reading the file's metadata (corrupted?)");
+  }
+  return DumpFile(std::move(impl));
+}
+
+DumpFile DumpFile::open_image(const void* data, std::size_t size, const std::string& name) {
+  if (size == 0) throw InspectError(name + ": empty file (0 bytes), not a dump");
+  auto impl = std::make_unique<Impl>();
+  impl->path = name;
+  reading(name);
+  try {
+    impl->file = h5::open_image(data, size, name);
+    impl->load();
+  } catch (const std::bad_alloc&) {
+    throw InspectError(name + ": out of memory reading the file's metadata (corrupted?)");
+  }
+  return DumpFile(std::move(impl));
+}
+
+const std::string& DumpFile::path() const { return impl_->path; }
+const DumpProblem& DumpFile::problem() const { return impl_->problem; }
+const Attributes& DumpFile::root_attributes() const { return impl_->root; }
+const std::vector<CaseInfo>& DumpFile::cases() const { return impl_->cases; }
+const std::vector<TensorInfo>& DumpFile::tensors() const { return impl_->tensors; }
+
+const CaseInfo* DumpFile::find_case(const std::string& name) const {
+  for (const CaseInfo& c : impl_->cases) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+const TensorInfo* DumpFile::find(const std::string& path) const {
+  const auto& t = impl_->tensors;
+  const auto at =
+      std::lower_bound(t.begin(), t.end(), path,
+                       [](const TensorInfo& x, const std::string& p) { return x.path < p; });
+  return at != t.end() && at->path == path ? &*at : nullptr;
+}
+
+std::vector<float> DumpFile::read(const TensorInfo& tensor) const {
+  const std::string& file = impl_->path;
+  reading(file);
+  std::vector<float> values;
+  try {
+    values.resize(static_cast<std::size_t>(tensor.elements()));
+  } catch (const std::bad_alloc&) {
+    throw InspectError(file + ": " + tensor.path + " does not fit in memory (" +
+                       std::to_string(tensor.elements()) + " values)");
+  }
+  const h5::Handle data(h5::checked(H5Dopen2(impl_->file.get(), tensor.path.c_str(), H5P_DEFAULT),
+                                    file, "cannot open dataset " + tensor.path),
+                        H5Dclose);
+  h5::checked(H5Dread(data.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+              file, "cannot read the values of " + tensor.path);
+  return values;
+}
+
+std::optional<std::string> DumpFile::report_json() const {
+  if (!impl_->has_report) return std::nullopt;
+  const std::string& file = impl_->path;
+  reading(file);
+  const h5::Handle data(h5::checked(H5Dopen2(impl_->file.get(), "/report_json", H5P_DEFAULT), file,
+                                    "cannot open /report_json"),
+                        H5Dclose);
+  const h5::Handle type(h5::checked(H5Dget_type(data.get()), file, "cannot read /report_json"),
+                        H5Tclose);
+  const std::size_t size = H5Tget_size(type.get());
+  if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0 || size == 0 ||
+      (impl_->file_bytes > 0 && size > impl_->file_bytes)) {
+    throw InspectError(file + ": /report_json is not the fixed-length text a dump stores");
+  }
+  const h5::Handle space(h5::checked(H5Dget_space(data.get()), file, "cannot read /report_json"),
+                         H5Sclose);
+  if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
+    throw InspectError(file + ": /report_json is not a scalar");
+  const h5::Handle mem(h5::checked(H5Tcopy(H5T_C_S1), file, "cannot read /report_json"), H5Tclose);
+  h5::checked(H5Tset_size(mem.get(), size + 1), file, "cannot read /report_json");
+  std::string text(size + 1, '\0');
+  h5::checked(H5Dread(data.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), file,
+              "cannot read /report_json");
+  text.resize(std::strlen(text.c_str()));
+  return text;
+}
+
+}  // namespace cpd::inspect

@@ -1,0 +1,229 @@
+#include "cpdrift/inspect/figures.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/production_lanes.h"
+#include "cpdrift/util/sha256.h"
+#include "output_format.h"
+
+namespace cpd::inspect {
+namespace {
+
+// Builds a case's figure list: each pair only when the dump holds both of its tensors.
+class FigureList {
+ public:
+  FigureList(const DumpFile& dump, std::string base) : dump_(dump), base_(std::move(base)) {}
+
+  bool has(const std::string& leg_path) const { return dump_.find(base_ + leg_path) != nullptr; }
+
+  void add(std::string name, const std::string& candidate, const std::string& reference,
+           bool digest, std::optional<std::vector<Range>> tokens = std::nullopt,
+           bool bf16_candidate = false) {
+    if (!has(candidate) || dump_.find(reference) == nullptr) return;
+    specs_.push_back(FigureSpec{std::move(name), base_ + candidate, reference, bf16_candidate,
+                                std::move(tokens), digest});
+  }
+  // <prefix>.out and <prefix>.lse: <leg>/{out,lse} against <reference leg>/{out,lse}.
+  void out_lse(const std::string& prefix, const std::string& leg, const std::string& reference,
+               bool digest = true, const std::optional<std::vector<Range>>& tokens = std::nullopt) {
+    for (const char* t : {"out", "lse"})
+      add(prefix + "." + t, leg + "/" + t, base_ + reference + "/" + t, digest, tokens);
+  }
+  std::vector<FigureSpec> take() { return std::move(specs_); }
+  const std::string& base() const { return base_; }
+
+ private:
+  const DumpFile& dump_;
+  std::string base_;
+  std::vector<FigureSpec> specs_;
+};
+
+std::string topology_counterpart(const DumpFile& dump, const CaseInfo& c) {
+  return case_name(cp1_counterpart(c.spec), dump.problem().problem.dtype);
+}
+
+}  // namespace
+
+std::vector<Range> rank_tokens(const CaseInfo& c, const Problem& problem, int cp_rank) {
+  return cp_owner_ranges(c.spec.layout, c.spec.cp, cp_rank, problem.seq_len);
+}
+
+std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) {
+  const Problem& p = dump.problem().problem;
+  if (c.paged) {
+    FigureList f(dump, "/paged_cases/" + c.name + "/");
+    const TensorInfo* reference_out = dump.find(f.base() + "reference/out");
+    if (reference_out != nullptr && !reference_out->bf16)
+      f.add("paged.drift.candidate.out", "candidate/out", f.base() + "reference/out", true);
+    f.add("paged.drift.candidate.lse", "candidate/lse", f.base() + "reference/lse", true);
+    return f.take();
+  }
+  FigureList f(dump, "/cases/" + c.name + "/");
+  const std::string dtype_leg = p.dtype == DType::bf16 ? "candidate_bf16" : "candidate_fp32";
+  f.out_lse("drift.cp_merge_fp32", "candidate_fp32", "reference_fp32");
+  f.out_lse("drift.dtype_path_vs_fp32", dtype_leg, "reference_fp32");
+  f.out_lse("drift.bf16_kernel", "bf16_kernel", "reference_fp32");
+  f.out_lse("drift.cublas_unfused", "cublas_unfused", "reference_fp32");
+  // vs the CP=1 case with the same split and layout, when the run had it.
+  const std::string counterpart = "/cases/" + topology_counterpart(dump, c) + "/candidate_fp32/";
+  for (const char* t : {"out", "lse"}) {
+    f.add(std::string("drift.topology_invariance.") + t, std::string("candidate_fp32/") + t,
+          counterpart + t, true);
+  }
+  for (const ProductionLane lane : kProductionLanes) {
+    const std::string name = to_string(lane);
+    f.out_lse("drift.production_lanes." + name + ".vs_fp32_reference", name, "reference_fp32");
+    f.out_lse("drift.production_lanes." + name + ".vs_canonical_bf16_kernel", name, "bf16_kernel");
+  }
+  f.out_lse("cuda_vs_cpu_fp32", "cpu_fp32", "candidate_fp32");
+  for (int r = 0; r < c.spec.cp; ++r) {
+    const std::string row = "per_rank[" + std::to_string(r) + "]";
+    f.out_lse(row, dtype_leg, "reference_fp32", false, rank_tokens(c, p, r));
+    f.out_lse(row + ".cp_merge_fp32", "candidate_fp32", "reference_fp32", false,
+              rank_tokens(c, p, r));
+  }
+  const std::string backward = "backward.report.drifts[0].";
+  const auto gradient = [&](const std::string& name, const char* g, bool digest,
+                            std::optional<std::vector<Range>> tokens, bool bf16) {
+    f.add(name, std::string("candidate_fp32/") + g, f.base() + "reference_fp32/" + g, digest,
+          std::move(tokens), bf16);
+  };
+  for (const char* g : {"dq", "dk", "dv"}) gradient(backward + g, g, true, std::nullopt, false);
+  if (f.has("candidate_fp32/dq")) {
+    for (int r = 0; r < c.spec.cp; ++r) {
+      for (const char* g : {"dq", "dk", "dv"}) {
+        gradient(backward + "per_rank[" + std::to_string(r) + "]." + g, g, false,
+                 rank_tokens(c, p, r), false);
+      }
+    }
+  }
+  for (const char* g : {"dq", "dk", "dv"})
+    gradient(backward + "bf16_final_write." + g, g, false, std::nullopt, true);
+  // The logprobs' active tokens: every sequence's but its first.
+  f.add("dlogp.drift", "candidate/logp", f.base() + "reference/logp", true,
+        std::vector<Range>{Range{1, p.seq_len}});
+  return f.take();
+}
+
+std::vector<MissingFigure> missing_figures(const DumpFile& dump, const CaseInfo& c) {
+  std::vector<MissingFigure> missing;
+  if (c.paged) {
+    const TensorInfo* reference_out = dump.find("/paged_cases/" + c.name + "/reference/out");
+    if (reference_out == nullptr || reference_out->bf16) {
+      missing.push_back({"paged.drift.candidate.out",
+                         "the dump holds the reference cast to BF16; the report's figure is "
+                         "against the FP32 reference"});
+    }
+    missing.push_back({"paged.drift.fp32_split_merge", "the FP32 lane is not dumped"});
+    missing.push_back({"paged.drift.dlogp", "the paged logprobs are not dumped"});
+    missing.push_back({"paged.invariance", "the invariance lanes are not dumped"});
+    return missing;
+  }
+  const std::string base = "/cases/" + c.name + "/";
+  if (dump.find(base + "candidate_fp32/out") != nullptr &&
+      dump.find("/cases/" + topology_counterpart(dump, c) + "/candidate_fp32/out") == nullptr) {
+    missing.push_back(
+        {"drift.topology_invariance",
+         "its CP=1 counterpart " + topology_counterpart(dump, c) + " is not a case of this run"});
+  }
+  missing.push_back({"merge_order_probe", "the reversed-order merge is not dumped"});
+  missing.push_back({"merge_oracle", "the FP64 oracle's differences are not dumped"});
+  missing.push_back({"drift.rope", "RoPE's BF16 q and k are not dumped"});
+  if (dump.find(base + "candidate/logp") != nullptr)
+    missing.push_back({"dlogp.rl_metrics", "the per-token KL is not dumped"});
+  return missing;
+}
+
+std::string tensor_digest(std::span<const float> values, bool bf16) {
+  Sha256 sha;
+  if (!bf16) {
+    // The report hashes little-endian bytes; this host's floats are (static_assert below).
+    static_assert(std::endian::native == std::endian::little);
+    sha.update(values.data(), values.size() * sizeof(float));
+  } else {
+    std::vector<std::uint16_t> bits(std::size_t{1} << 16);
+    for (std::size_t at = 0; at < values.size(); at += bits.size()) {
+      const std::size_t n = std::min(bits.size(), values.size() - at);
+      for (std::size_t j = 0; j < n; ++j) bits[j] = bf16_bits_rn(values[at + j]);
+      sha.update(bits.data(), n * sizeof(std::uint16_t));
+    }
+  }
+  return Sha256::hex(sha.finish());
+}
+
+DiffStats diff_stats(std::span<const float> candidate, std::span<const float> reference,
+                     const std::vector<std::int64_t>& shape,
+                     const std::optional<std::vector<Range>>& tokens, bool bf16_candidate,
+                     ThreadPool* pool) {
+  std::size_t n = 1;
+  for (const std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  if (shape.size() < 3 || candidate.size() != n || reference.size() != n)
+    throw InspectError("tensors of " + shape_text(shape) + " hold " +
+                       std::to_string(candidate.size()) + " and " +
+                       std::to_string(reference.size()) + " values");
+  std::vector<DiffPart> parts;
+  if (!tokens) {
+    parts.push_back(DiffPart{candidate.data(), reference.data(), n, bf16_candidate});
+  } else {
+    const std::int64_t rows = shape[0] * shape[1], seq = shape[2];
+    const std::int64_t width = shape.size() == 4 ? shape[3] : 1;
+    for (std::int64_t bh = 0; bh < rows; ++bh) {
+      for (const Range& t : *tokens) {
+        if (t.begin < 0 || t.end > seq || t.empty()) continue;
+        const auto at = static_cast<std::size_t>((bh * seq + t.begin) * width);
+        parts.push_back(DiffPart{candidate.data() + at, reference.data() + at,
+                                 static_cast<std::size_t>(t.size() * width), bf16_candidate});
+      }
+    }
+  }
+  return compute_diff_stats(parts, CounterReducer{}, pool);
+}
+
+DiffStats FigureMeter::measure(const FigureSpec& spec) {
+  const TensorInfo* c = dump_.find(spec.candidate);
+  const TensorInfo* r = dump_.find(spec.reference);
+  if (c == nullptr || r == nullptr) {
+    throw InspectError(dump_.path() + ": " + spec.name + ": no dataset " +
+                       (c == nullptr ? spec.candidate : spec.reference));
+  }
+  if (c->shape != r->shape) {
+    throw InspectError(dump_.path() + ": " + spec.name + ": " + spec.candidate + " is " +
+                       shape_text(c->shape) + " but " + spec.reference + " is " +
+                       shape_text(r->shape));
+  }
+  const std::vector<float>& cv = values(spec.candidate, spec.reference);
+  const std::vector<float>& rv = values(spec.reference, spec.candidate);
+  DiffStats s = diff_stats(cv, rv, c->shape, spec.tokens, spec.bf16_candidate, pool_);
+  if (spec.digest) s.digest = tensor_digest(cv, c->bf16);
+  return s;
+}
+
+const std::vector<float>& FigureMeter::values(const std::string& path, const std::string& keep) {
+  if (const auto at = cache_.find(path); at != cache_.end()) {
+    at->second.used = ++clock_;
+    return at->second.values;
+  }
+  const TensorInfo& t = *dump_.find(path);
+  const std::size_t bytes = static_cast<std::size_t>(t.elements()) * sizeof(float);
+  while (held_ + bytes > budget_) {
+    auto oldest = cache_.end();
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->first != keep && (oldest == cache_.end() || it->second.used < oldest->second.used))
+        oldest = it;
+    }
+    if (oldest == cache_.end()) break;  // only the pair's other is held: read beside it
+    held_ -= oldest->second.values.size() * sizeof(float);
+    cache_.erase(oldest);
+  }
+  std::vector<float> read = dump_.read(t);
+  Cached& c = cache_[path];
+  c.values = std::move(read);
+  c.used = ++clock_;
+  held_ += bytes;
+  return c.values;
+}
+
+}  // namespace cpd::inspect

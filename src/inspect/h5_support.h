@@ -1,0 +1,73 @@
+// The HDF5 calls the dump reader makes, each checked: an owned id, the error stack read into one
+// line, a group's members, an object's scalar attributes. Everything here throws InspectError
+// naming the file; nothing prints.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <vector>
+
+#include "cpdrift/inspect/dump_reader.h"
+
+namespace cpd::inspect::h5 {
+
+/// Owns one HDF5 id and closes it with the matching function.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Handle& operator=(Handle&& o) noexcept {
+    reset();
+    id_ = o.id_;
+    close_ = o.close_;
+    o.id_ = -1;
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  hid_t get() const { return id_; }
+  void reset() {
+    if (id_ >= 0 && close_ != nullptr) close_(id_);
+    id_ = -1;
+  }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+/// Turns HDF5's automatic error printing off, for good (the reader reports errors itself).
+void silence_errors();
+
+/// The most specific messages of HDF5's error stack as one line (then clears it): "truncated
+/// file: eof = 800, sblock->base_addr = 0, stored_eof = 2048".
+std::string error_stack_text();
+
+/// Throws InspectError("<file>: <what>: <HDF5's reason>").
+[[noreturn]] void fail(const std::string& file, const std::string& what);
+
+/// `id` when it is valid, else fail(file, what).
+hid_t checked(hid_t id, const std::string& file, const std::string& what);
+
+/// Opens `path` read-only (file locking off: a reader never writes).
+Handle open_file(const std::string& path);
+/// Opens an in-memory file image read-only (HDF5's core driver over a copy of the bytes).
+Handle open_image(const void* data, std::size_t size, const std::string& name);
+
+enum class Kind { group, dataset, other };
+struct Member {
+  std::string name;
+  Kind kind = Kind::other;
+};
+/// The members of group `path` in name order; soft and external links are refused (a dump has
+/// none, and following one would open another file).
+std::vector<Member> members(hid_t file, const std::string& path, const std::string& file_name);
+
+/// Every attribute of the object at `path`: scalar fixed-length strings, integers (as int64) and
+/// floats (as double). Any other kind of attribute is refused, naming it.
+Attributes read_attributes(hid_t file, const std::string& path, const std::string& file_name);
+
+}  // namespace cpd::inspect::h5

@@ -1,0 +1,145 @@
+// `cpdrift-inspect summary`: the report's drift figures, recomputed from the dumped tensors.
+#include <algorithm>
+#include <thread>
+
+#include "command_line.h"
+#include "cpdrift/inspect/figures.h"
+#include "cpdrift/report/run_report.h"
+#include "cpdrift/util/thread_pool.h"
+#include "output_format.h"
+
+namespace cpd::inspect {
+namespace {
+
+using json::Value;
+
+struct CaseFigures {
+  const CaseInfo* info;
+  std::vector<Figure> figures;
+  std::vector<MissingFigure> missing;
+};
+
+Value ranges_value(const std::vector<Range>& ranges) {
+  Value a = Value::array();
+  for (const Range& r : ranges) {
+    Value pair = Value::array();
+    pair.push_back(r.begin);
+    pair.push_back(r.end);
+    a.push_back(std::move(pair));
+  }
+  return a;
+}
+
+Value summary_json(const DumpFile& dump, const std::vector<CaseFigures>& cases) {
+  Value v = Value::object();
+  v["file"] = dump.path();
+  v["schema_version"] = dump.problem().schema_version;
+  v["producer"] = dump.problem().producer;
+  v["statistics"] = "metrics/diff_stats.h compute_diff_stats over the dumped tensors";
+  Value list = Value::array();
+  for (const CaseFigures& c : cases) {
+    Value cv = Value::object();
+    cv["case_name"] = c.info->name;
+    cv["kind"] = c.info->paged ? "paged" : "prefill";
+    Value figures = Value::array();
+    for (const Figure& f : c.figures) {
+      Value fv = Value::object();
+      fv["figure"] = f.spec.name;
+      fv["candidate"] = f.spec.candidate;
+      fv["reference"] = f.spec.reference;
+      fv["bf16_candidate"] = f.spec.bf16_candidate;
+      fv["tokens"] = f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr);
+      fv["stats"] = stats_json(f.stats);
+      figures.push_back(std::move(fv));
+    }
+    cv["figures"] = std::move(figures);
+    Value missing = Value::array();
+    for (const MissingFigure& m : c.missing) {
+      Value mv = Value::object();
+      mv["figure"] = m.name;
+      mv["reason"] = m.reason;
+      missing.push_back(std::move(mv));
+    }
+    cv["not_in_dump"] = std::move(missing);
+    list.push_back(std::move(cv));
+  }
+  v["cases"] = std::move(list);
+  return v;
+}
+
+std::string case_line(const CaseInfo& c) {
+  if (c.paged) return "paged case " + c.name;
+  const CaseSpec& s = c.spec;
+  return "case " + c.name + ": tp " + std::to_string(s.tp) + ", cp " + std::to_string(s.cp) +
+         ", split " + (s.split ? std::to_string(*s.split) : std::string("none")) + ", " +
+         to_string(s.layout) + ", " + to_string(s.protocol);
+}
+
+void print_text(std::FILE* out, const DumpFile& dump, const std::vector<CaseFigures>& cases) {
+  const DumpProblem& d = dump.problem();
+  std::fprintf(out, "# cpdrift-inspect summary: %s (%s, %s)\n", dump.path().c_str(),
+               d.producer.empty() ? "producer unknown" : d.producer.c_str(),
+               d.schema_version.c_str());
+  std::fprintf(out, "# problem : %s\n", problem_text(d.problem).c_str());
+  std::fprintf(out,
+               "# the report's figures recomputed from the dumped tensors by cpdrift's statistics "
+               "(|candidate - reference|; --json: every digit)\n");
+  for (const CaseFigures& c : cases) {
+    std::fprintf(out, "#\n# %s\n", case_line(*c.info).c_str());
+    std::fprintf(out, "#   %-62s %-10s %-10s %-10s %-10s %10s %10s %10s %-7s %s\n", "figure",
+                 "max_abs", "mean_abs", "p95_abs", "p99_abs", "active", "mismatches", "max_ulp",
+                 "bitwise", "digest");
+    for (const Figure& f : c.figures) {
+      const DiffStats& s = f.stats;
+      const bool ok = s.finite();
+      std::fprintf(out, "    %-62s %-10s %-10s %-10s %-10s %10llu %10llu %10llu %-7s %s\n",
+                   f.spec.name.c_str(), max_abs_text(s).c_str(), ok ? sci(s.mean_abs).c_str() : "-",
+                   ok ? sci(s.p95_abs).c_str() : "-", ok ? sci(s.p99_abs).c_str() : "-",
+                   static_cast<unsigned long long>(s.active_count),
+                   static_cast<unsigned long long>(s.mismatch_count),
+                   static_cast<unsigned long long>(s.max_ulp), s.bitwise_equal() ? "yes" : "no",
+                   short_digest(s.digest).c_str());
+    }
+    for (const MissingFigure& m : c.missing)
+      std::fprintf(out, "#   not in the dump: %s (%s)\n", m.name.c_str(), m.reason.c_str());
+  }
+}
+
+}  // namespace
+
+int summary_command(const Arguments& a, std::FILE* out) {
+  const DumpFile dump = DumpFile::open(a.operands[0]);
+  std::vector<const CaseInfo*> selected;
+  const auto wanted = a.options.find("--case");
+  if (wanted == a.options.end()) {
+    for (const CaseInfo& c : dump.cases()) selected.push_back(&c);
+  } else {
+    for (const std::string& name : wanted->second) {
+      const CaseInfo* c = dump.find_case(name);
+      if (c == nullptr)
+        throw InspectError(dump.path() + ": no case " + name +
+                           " (cpdrift-inspect list names them)");
+      selected.push_back(c);
+    }
+  }
+  ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)));
+  FigureMeter meter(dump, &pool);
+  std::vector<CaseFigures> cases;
+  for (const CaseInfo* c : selected) {
+    CaseFigures cf{c, {}, missing_figures(dump, *c)};
+    for (FigureSpec& spec : report_figures(dump, *c)) {
+      DiffStats stats = meter.measure(spec);
+      cf.figures.push_back(Figure{std::move(spec), std::move(stats)});
+    }
+    meter.forget();
+    cases.push_back(std::move(cf));
+  }
+  if (a.json) {
+    std::fputs(json::to_string(summary_json(dump, cases)).c_str(), out);
+  } else {
+    print_text(out, dump, cases);
+  }
+  return 0;
+}
+
+}  // namespace cpd::inspect
