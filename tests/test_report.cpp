@@ -121,6 +121,18 @@ TEST_CASE("every compatible field of the contract is present") {
   CHECK(at_path(v, "target.causal").as_bool());
   CHECK_FALSE(at_path(v, "te_context_parallel_merge.te_available").as_bool());
   CHECK(at_path(v, "te_context_parallel_merge.te_capability_probe").as_string() == "unavailable");
+  CHECK(at_path(v, "te_context_parallel_merge.te_module").as_string() ==
+        "transformer_engine.pytorch.attention.dot_product_attention.context_parallel");
+  CHECK(at_path(v, "te_context_parallel_merge.te_symbols").size() == 3u);
+  CHECK_FALSE(at_path(v, "te_context_parallel_merge.te_signature_checked").as_bool());
+  CHECK(at_path(v, "te_context_parallel_merge.te_numeric_selftest").as_string() == "unavailable");
+  CHECK(at_path(v, "te_context_parallel_merge.te_emulation.cases").as_int64() == 2);
+  CHECK(at_path(v, "runtime.platform").is_string());
+  CHECK(at_path(v, "runtime.rank_env.rank").as_int64() == 0);
+  CHECK(at_path(v, "runtime.rank_env.world_size").as_int64() == 1);
+  CHECK(at_path(v, "runtime.rank_env.local_rank").as_int64() == 0);
+  CHECK(at_path(v, "runtime.rank_env.torchrun").is_bool());
+  CHECK(at_path(v, "launch.torchrun").is_bool());
   CHECK(at_path(v, "summary.passed").as_bool());
 
   const json::Array& cases = at_path(v, "cases").as_array();
@@ -200,8 +212,26 @@ TEST_CASE("every compatible field of the contract is present") {
           "arithmetic_schedule_drift");
     CHECK(at_path(c, "merge_order_probe.arrival_order_policy").as_string() ==
           "ignored_then_sorted_by_global_block_index");
-    CHECK(at_path(c, "merge_order_probe.out").as_double() == 0.0);
-    CHECK(at_path(c, "merge_order_probe.lse").as_double() == 0.0);
+    // Statistics objects, as the reference writes them, whose max_abs must be exactly 0.
+    require_stats(at_path(c, "merge_order_probe.out"), "merge_order_probe.out");
+    require_stats(at_path(c, "merge_order_probe.lse"), "merge_order_probe.lse");
+    CHECK(at_path(c, "merge_order_probe.out.max_abs").as_double() == 0.0);
+    CHECK(at_path(c, "merge_order_probe.lse.max_abs").as_double() == 0.0);
+    CHECK(at_path(c, "merge_order_probe.out.active_count").as_int64() > 0);
+    // The reference's shapes: a count of the CP ranks that ran (their ids kept beside it), one
+    // RoPE offset per sequence, the TE module te_p2p emulates.
+    CHECK(at_path(c, "model").as_string() == "qwen3-8b");
+    CHECK(at_path(c, "topology.logical_cp_ranks").as_int64() == 2);
+    CHECK(at_path(c, "topology.logical_cp_rank_ids") == Value(json::Array{0, 1}));
+    CHECK(at_path(c, "provenance.rope.query_position_offsets") == Value(json::Array{0}));
+    CHECK(at_path(c, "provenance.rope.key_position_offsets") == Value(json::Array{0}));
+    CHECK(at_path(c, "provenance.rope.rope_output_dtype").as_string() == "bfloat16");
+    CHECK(at_path(c, "provenance.deterministic_controls.num_threads").is_integer());
+    CHECK(at_path(c, "provenance.deterministic_controls.reference").as_string() ==
+          "strict_fp32_math_inside_cp_attention");
+    CHECK(at_path(c, "te_merge_oracle.te_module").as_string() ==
+          "transformer_engine.pytorch.attention.dot_product_attention.context_parallel");
+    CHECK(at_path(c, "distributed_p2p_reference.status").as_string() == "not_requested");
     CHECK(at_path(c, "te_merge_oracle.fallback").as_string() == "deterministic_cp_reference");
     const json::Array& per_rank = at_path(c, "per_rank").as_array();
     REQUIRE(per_rank.size() == 2);
@@ -237,6 +267,13 @@ TEST_CASE("every compatible field of the contract is present") {
       at_path(d, std::string("provenance.") + k);
     }
     CHECK(at_path(d, "provenance.gradient_mode").as_string() == "training_backward");
+    CHECK(at_path(d, "provenance.saved_forward_state") ==
+          Value(json::Array{"out", "attention_lse"}));
+    CHECK(at_path(d, "provenance.cp_world_size").as_int64() == 2);
+    CHECK(at_path(d, "provenance.gradient_inputs") == Value(json::Array{"q", "k", "v"}));
+    for (const char* k : {"q_dtype", "k_dtype", "v_dtype", "dout_dtype", "output_dtype"})
+      CHECK(at_path(d, std::string("provenance.") + k).as_string() == "float32");
+    CHECK(at_path(d, "provenance.te_backward_oracle").as_string() == "not_used");
     CHECK(at_path(d, "provenance.decode_backward").as_string() == "not_supported");
     CHECK(at_path(d, "provenance.actual_split_kv_plans").at(0).at("split_kv_backend").as_string() ==
           "cpdrift_cpu_deterministic_cp_backward");

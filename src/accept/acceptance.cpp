@@ -272,8 +272,8 @@ void evaluate_case(const AcceptanceRow& row, const Value& c, const Thresholds& t
                    const std::string& label) {
   check_metric(c, "drift.cp_merge_fp32.out.max_abs", t.out_max_abs, v, label);
   check_metric(c, "drift.cp_merge_fp32.lse.max_abs", t.lse_max_abs, v, label);
-  check_metric(c, "merge_order_probe.out", 0.0, v, label);
-  check_metric(c, "merge_order_probe.lse", 0.0, v, label);
+  check_metric(c, "merge_order_probe.out.max_abs", 0.0, v, label);
+  check_metric(c, "merge_order_probe.lse.max_abs", 0.0, v, label);
   if (row.backward_and_dlogp) {
     for (const char* g : {"dq", "dk", "dv"}) {
       check_metric(c, std::string("backward.report.drifts.0.") + g + ".max_abs", t.gradient_max_abs,

@@ -42,16 +42,22 @@ Value rope_json(const Problem& p) {
   v["rope_style"] = "gpt_neox_rotate_half";
   v["position_ids"] = "arange(seq_len)";
   v["cache_position"] = "same_as_position_ids";
-  v["query_position_offsets"] = 0;
-  v["key_position_offsets"] = 0;
+  // Per sequence, the position of its first query and key row: the generator rotates row s of
+  // every sequence at position s (src/cpu/inputs.cpp), so each offset is 0.
+  Value offsets = Value::array();
+  for (int b = 0; b < p.batch; ++b) offsets.push_back(0);
+  v["query_position_offsets"] = offsets;
+  v["key_position_offsets"] = std::move(offsets);
   v["k_cache_rope_state"] = "post_rope";
   v["rope_cast_at"] = "rope_output";
-  v["rope_output_dtype"] = to_string(p.dtype);
+  v["rope_output_dtype"] = torch_dtype_name(p.dtype);
   v["fusion_boundary"] = "unfused_rope_attention_reference";
   return v;
 }
 
 }  // namespace
+
+const char* torch_dtype_name(DType dtype) { return dtype == DType::bf16 ? "bfloat16" : "float32"; }
 
 std::string forward_split_backend(const CaseExecution& e) {
   return "cpdrift_" + e.backend + "_deterministic_block_grid";
@@ -139,9 +145,14 @@ Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExecution&
   v["tp_world_size"] = spec.tp;
   v["cp_world_size"] = spec.cp;
   v["tp_rank"] = 0;
+  // The CP ranks whose query owners merged states in this case, as the merged blocks say: how
+  // many (the reference's count) and which.
   Value cp_ranks = Value::array();
-  for (int r = 0; r < spec.cp; ++r) cp_ranks.push_back(r);
-  v["logical_cp_ranks"] = std::move(cp_ranks);
+  for (std::size_t r = 0; r < e.merged_block_indices.size(); ++r) {
+    if (!e.merged_block_indices[r].empty()) cp_ranks.push_back(r);
+  }
+  v["logical_cp_ranks"] = cp_ranks.size();
+  v["logical_cp_rank_ids"] = std::move(cp_ranks);
   v["local_num_query_heads"] = first.q_heads.size();
   v["local_num_kv_heads"] = first.kv_heads.size();
   v["local_query_head_range"] = pair(first.q_heads.begin, first.q_heads.end);
@@ -207,6 +218,8 @@ Value case_provenance_json(const Problem& p, const CaseSpec& spec, const CaseExe
   controls["reduction_order"] = "canonical_sequential (docs/numerics.md)";
   controls["merge_order"] = "global_block_index";
   controls["threads"] = pv.threads;
+  controls["num_threads"] = pv.threads;
+  controls["reference"] = "strict_fp32_math_inside_cp_attention";
   controls["thread_count_affects_bits"] = false;
   controls["simd"] = pv.simd;
   v["deterministic_controls"] = std::move(controls);
@@ -221,6 +234,7 @@ Value launch_json(const Provenance& pv) {
   v["world_size"] = pv.world_size;
   v["local_rank"] = pv.local_rank;
   v["launcher"] = pv.launcher;
+  v["torchrun"] = pv.torchrun;
   return v;
 }
 
@@ -234,8 +248,14 @@ Value runtime_json(const Provenance& pv) {
   dist["transport"] = pv.transport;
   v["distributed"] = std::move(dist);
   Value env = Value::object();
-  for (const auto& [k, val] : pv.rank_env) env[k] = val;
+  for (const auto& [k, val] : pv.rank_env) env[k] = val;  // the launcher's variables, as set
+  // The reference's rank fields, from MPI (the communicator the run used).
+  env["rank"] = pv.rank;
+  env["world_size"] = pv.world_size;
+  env["local_rank"] = pv.local_rank;
+  env["torchrun"] = pv.torchrun;
   v["rank_env"] = std::move(env);
+  v["platform"] = pv.platform;
   v["compiler"] = pv.compiler;
   v["mpi_version"] = pv.mpi_version;
   v["nccl_version"] = pv.nccl_version.empty() ? Value(nullptr) : Value(pv.nccl_version);

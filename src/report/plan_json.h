@@ -9,6 +9,10 @@
 
 namespace cpd {
 
+/// The dtype as PyTorch names it ("bfloat16", "float32"): the reference's spelling in its
+/// dtype fields.
+const char* torch_dtype_name(DType dtype);
+
 json::Value ranges_json(const std::vector<Range>& ranges);
 json::Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
                           const Provenance& pv);

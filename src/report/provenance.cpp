@@ -1,7 +1,13 @@
 #include "cpdrift/report/provenance.h"
 
+#include <sys/utsname.h>
+
 #include <cstdlib>
 #include <ctime>
+#include <string_view>
+#if defined(__GLIBC__)
+#include <gnu/libc-version.h>
+#endif
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/comm/gpu_transports.h"
@@ -41,6 +47,27 @@ std::string utc_now() {
   return buf;
 }
 
+std::string platform_name() {
+  // Python's platform.platform() on Linux: system, release and machine joined by '-', then
+  // "with-glibc<version>"; characters it does not keep in a name become '_'.
+  utsname u{};
+  std::string name;
+  if (uname(&u) == 0) {
+    for (const char* part : {u.sysname, u.release, u.machine}) {
+      if (*part == '\0') continue;
+      if (!name.empty()) name += '-';
+      name += part;
+    }
+  }
+#if defined(__GLIBC__)
+  name += std::string(name.empty() ? "" : "-") + "with-glibc" + gnu_get_libc_version();
+#endif
+  for (char& c : name) {
+    if (std::string_view(" /\\:;\"()").find(c) != std::string_view::npos) c = '_';
+  }
+  return name;
+}
+
 Provenance gather_provenance(const CommContext& comm, const std::string& command_line) {
   Provenance pv;
   pv.command = command_line;
@@ -50,6 +77,7 @@ Provenance gather_provenance(const CommContext& comm, const std::string& command
   pv.launcher = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? "mpirun"
                 : std::getenv("SLURM_PROCID") != nullptr       ? "srun"
                                                                : "direct";
+  pv.torchrun = std::getenv("TORCHELASTIC_RUN_ID") != nullptr;
   for (const char* name :
        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
@@ -62,6 +90,7 @@ Provenance gather_provenance(const CommContext& comm, const std::string& command
   pv.cuda_version = cuda_runtime_version();
   pv.nccl_version = nccl_library_version();
   pv.git_describe = git_describe();
+  pv.platform = platform_name();
   pv.created_at_utc = utc_now();
   return pv;
 }

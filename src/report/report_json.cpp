@@ -48,6 +48,21 @@ Value stats_json(const DiffStats& s) {
 
 namespace {
 
+// Transformer Engine's CP module, whose P2P ring the te_p2p lane emulates (docs/numerics.md
+// section 10), and the three helpers of that merge the reference's probe looks for.
+constexpr const char* kTeContextParallelModule =
+    "transformer_engine.pytorch.attention.dot_product_attention.context_parallel";
+constexpr const char* kTeMergeSymbols[] = {"flash_attn_fwd_softmax_lse_correction",
+                                           "flash_attn_fwd_out_correction_init",
+                                           "flash_attn_fwd_out_correction"};
+
+bool ran_lane(const CaseResult& c, ProductionLane lane) {
+  for (const LaneDrift& l : c.lanes) {
+    if (l.lane == lane) return true;
+  }
+  return false;
+}
+
 Value rope_drift_json(const RunReport& r) {
   Value v = Value::object();
   if (!r.problem.rope) {
@@ -67,8 +82,8 @@ Value merge_probe_json(const OutLseStats& s) {
   v["status"] = "available";
   v["arrival_order_policy"] = "ignored_then_sorted_by_global_block_index";
   v["arrival_order_tested"] = "reversed";
-  v["out"] = s.out.finite() ? Value(s.out.max_abs) : Value(nullptr);
-  v["lse"] = s.lse.finite() ? Value(s.lse.max_abs) : Value(nullptr);
+  v["out"] = stats_json(s.out);
+  v["lse"] = stats_json(s.lse);
   v["bitwise_equal"] = s.bitwise_equal();
   v["mismatch_count"] = s.out.mismatch_count + s.lse.mismatch_count;
   return v;
@@ -91,13 +106,17 @@ Value per_rank_json(const PerRankDrift& p) {
 Value p2p_json(const RunReport& report, const CaseResult& c) {
   const CaseExecution& e = c.executed;
   Value v = Value::object();
+  if (report.provenance.world_size == 1) {
+    // The reference's words for a launch of one process (no process group to run it on).
+    v["status"] = "not_requested";
+    v["reason"] =
+        "single process: the case's logical ranks exchanged their states in-process; launch "
+        "with mpirun -np N for a distributed run";
+    return v;
+  }
   if (e.processes_used < 2) {
     v["status"] = "skipped";
-    v["reason"] =
-        report.provenance.world_size == 1
-            ? "single process: the case's logical ranks exchanged their states in-process; "
-              "launch with mpirun -np N for a distributed run"
-            : "the case has a single logical rank, which ran on process 0 alone";
+    v["reason"] = "the case has a single logical rank, which ran on process 0 alone";
     return v;
   }
   v["status"] = "available";
@@ -133,6 +152,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   const Problem& p = report.problem;
   Value v = Value::object();
   v["case_name"] = c.name;
+  v["model"] = "qwen3-8b";
   v["attention_mode"] = c.spec.split ? "chunked_prefill" : "prefill";
   v["topology"] = topology_json(p, c.spec, c.executed, report.provenance);
   v["provenance"] = case_provenance_json(p, c.spec, c.executed, report.provenance);
@@ -190,8 +210,10 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   v["cuda_vs_cpu_fp32"] = std::move(gpu_cpu);
   Value te = Value::object();
   te["status"] = "unavailable";
-  te["te_module"] = nullptr;
+  te["te_module"] = kTeContextParallelModule;  // what te_p2p emulates; never imported
   te["fallback"] = "deterministic_cp_reference";
+  te["te_p2p_lane"] =
+      ran_lane(c, ProductionLane::te_p2p) ? Value("drift.production_lanes.te_p2p") : Value(nullptr);
   v["te_merge_oracle"] = std::move(te);
   v["merge_oracle"] = out_lse_json(c.merge_oracle);
 
@@ -243,6 +265,21 @@ Value report_json(const RunReport& r) {
   te["te_available"] = false;
   te["te_capability_probe"] = "unavailable";
   te["te_version"] = nullptr;
+  // The module and helpers whose merge order and precision the te_p2p lane reproduces; nothing
+  // is imported, so no signature is checked and no numeric self-test of TE runs.
+  te["te_module"] = kTeContextParallelModule;
+  Value symbols = Value::array();
+  for (const char* name : kTeMergeSymbols) symbols.push_back(name);
+  te["te_symbols"] = std::move(symbols);
+  te["te_signature_checked"] = false;
+  te["te_numeric_selftest"] = "unavailable";
+  std::size_t te_lane_cases = 0;
+  for (const CaseResult& c : r.cases) te_lane_cases += ran_lane(c, ProductionLane::te_p2p) ? 1 : 0;
+  Value emulation = Value::object();
+  emulation["lane"] = "te_p2p";
+  emulation["imported"] = false;
+  emulation["cases"] = te_lane_cases;
+  te["te_emulation"] = std::move(emulation);
   te["fallback"] = true;
   te["fallback_reason"] =
       "Transformer Engine is a PyTorch/CUDA library that cpdrift does not use; its merge is "

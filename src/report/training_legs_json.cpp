@@ -15,7 +15,23 @@ Value backward_provenance(const RunReport& r, const CaseResult& c) {
   Value v = Value::object();
   v["attention_mode"] = spec.split ? "chunked_prefill" : "prefill";
   v["gradient_mode"] = "training_backward";
-  v["saved_forward_state"] = "fp32_out_and_merged_lse";
+  v["cp_world_size"] = spec.cp;
+  v["requested_split_kv_policy"] = spec.split ? "fixed" : "disabled";
+  v["requested_split_kv_size"] = spec.split ? Value(*spec.split) : Value(nullptr);
+  v["kv_chunk_size"] = spec.split ? Value(*spec.split) : Value(nullptr);
+  // What the backward reads from the forward: its FP32 output (for delta = rowsum(dO * out)) and
+  // the merged LSE (P = exp(S - lse)); masks and positions are recomputed, not saved.
+  Value saved = Value::array();
+  for (const char* k : {"out", "attention_lse"}) saved.push_back(k);
+  v["saved_forward_state"] = std::move(saved);
+  v["saved_forward_state_detail"] = "fp32_out_and_merged_lse";
+  v["gradient_inputs"] = Value(json::Array{"q", "k", "v"});
+  v["gradient_outputs"] = Value(json::Array{"out"});
+  // The backward runs in FP32 on every path: q, k, v and dO are the FP32 input rows (the BF16
+  // rounding is the forward candidates'), out is the FP32 path's merged output.
+  for (const char* k : {"q_dtype", "k_dtype", "v_dtype", "dout_dtype", "output_dtype"})
+    v[k] = torch_dtype_name(DType::fp32);
+  v["te_backward_oracle"] = "not_used";
   v["d_out"] = "synthetic_normal_by_global_coordinates";
   // The KV blocks whose partial dq the query owners folded, as the messages said.
   Value plans = Value::array();

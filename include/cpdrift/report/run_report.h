@@ -24,6 +24,9 @@ struct Provenance {
   int world_size = 1;
   int local_rank = 0;
   std::string launcher;  // "mpirun", "srun" or "direct"
+  /// torchrun's environment (TORCHELASTIC_RUN_ID) was present at start-up: the reference's
+  /// launch.torchrun and rank_env.torchrun.
+  bool torchrun = false;
   std::string device = "cpu";
   bool cuda_available = false;
   std::string transport;
@@ -35,6 +38,9 @@ struct Provenance {
   std::string cuda_version;  // the CUDA runtime's; empty without the CUDA backend
   std::string nccl_version;  // empty without the NCCL transport
   std::string git_describe;
+  /// The OS, as Python's platform.platform() spells it on Linux
+  /// ("Linux-<release>-<machine>-with-glibc<version>").
+  std::string platform;
   std::map<std::string, std::string> rank_env;
   std::string created_at_utc;
 };
