@@ -7,8 +7,9 @@ the summary checked in beside this script (`--check tests/digest_matrix.golden`,
 one line per case, the SHA-256 of its lines).
 
 The matrix: TP 1,2 x CP 1,2,4 x split none,4 x contiguous,zigzag x ag_rs,ring_kv,allgather_kv
-with the backward and dlogp legs (B=2, S=32, BF16); the same grid in FP32 without RoPE (no
-legs); and the paged cases (paged prefill and decode, split-KV disabled, fixed and auto, B=3).
+with the backward and dlogp legs (B=2, S=32, BF16, vocabulary 17); the same grid in FP32
+without RoPE (no legs); the paged cases (paged prefill and decode, split-KV disabled, fixed and
+auto, B=3); and TP 1,2 x CP 1,2 with dlogp at the default vocabulary.
 Each line is `run case path value` for every digest and every drift statistic of the JSON
 report (statistics are exact, so they are bits too). With --dump every dataset of the HDF5
 dump is hashed as well (needs h5py).
@@ -31,13 +32,17 @@ STATS = ("max_abs", "mean_abs", "p95_abs", "p99_abs", "active_count", "bitwise_e
 GRID = ["--tp-world-sizes", "1,2", "--cp-world-sizes", "1,2,4", "--kv-chunk-sizes", "none,4",
         "--cp-layouts", "contiguous,zigzag", "--protocols", "ag_rs,ring_kv,allgather_kv"]
 
+# The runs pin the synthetic vocabulary at 17 (the default before 4096), so their lines keep
+# the bits they always had; "vocab" takes the default.
 RUNS = {
     "bf16_legs": GRID + ["--batch", "2", "--seq-len", "32", "--include-backward",
-                         "--include-dlogp"],
+                         "--include-dlogp", "--vocab-size", "17"],
     "fp32_norope": GRID + ["--seq-len", "32", "--dtype", "fp32", "--no-rope"],
     "paged": ["--modes", "paged_prefill,decode", "--split-kv-policies", "disabled,fixed,auto",
               "--page-size", "4", "--fixed-split-size", "8", "--seq-len", "64", "--batch", "3",
-              "--q-len", "5"],
+              "--q-len", "5", "--vocab-size", "17"],
+    "vocab": ["--tp-world-sizes", "1,2", "--cp-world-sizes", "1,2", "--kv-chunk-sizes", "4",
+              "--batch", "2", "--seq-len", "32", "--include-dlogp"],
 }
 
 

@@ -143,7 +143,7 @@ TEST_CASE("a bad backward or dlogp message fails every rank with an error naming
       std::string error;
       try {
         if (kind == MessageKind::logit_partial) {
-          run_dlogp(grid, hidden, hidden, 17, transport, inputs.backend());
+          run_dlogp(grid, hidden, hidden, 17, transport, inputs);
         } else {
           run_backward(grid, forward, transport, inputs);
         }

@@ -212,8 +212,7 @@ std::vector<float> logprobs(const Problem& p, const CaseSpec& spec, int vocab) {
   const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
-  const std::vector<TokenLogprobs> lp =
-      run_dlogp(grid, outs, outs, vocab, transport, inputs.backend());
+  const std::vector<TokenLogprobs> lp = run_dlogp(grid, outs, outs, vocab, transport, inputs);
   std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
   for (const TokenLogprobs& t : lp) {
     for (int b = 0; b < p.batch; ++b) {
@@ -243,6 +242,47 @@ TEST_CASE("dlogp: TP=1, 2, 4 and CP give the same logprob bits (per-head logit g
       CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
     }
   }
+}
+
+TEST_CASE("dlogp: in steps of token chunks at V=4096, each token's canonical logprob bit for bit") {
+  // At V = 4096 a step holds a few rows (logit_chunks), so the leg takes several steps, each
+  // with its own messages under TP = 2; every token equals the definition computed directly:
+  // per-head partial logits through lm_head_columns, folded in ascending head order,
+  // log_softmax at the target. Chunks of 16 rows: the budget, 16 MiB / (2·B·32 heads·4096·4 B),
+  // would give 8 at B = 2, below the one projection tile a chunk holds at least.
+  Problem p = small_problem();
+  p.batch = 2;
+  const int vocab = 4096, dim = p.dims.head_dim, hq = p.dims.num_q_heads, width = hq * dim;
+  const CaseSpec one{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs};
+  CHECK(logit_chunk_rows(CaseGrid(p, one), vocab) == 16);
+  CHECK(logit_steps(CaseGrid(p, one), vocab) == p.seq_len / 16);
+  CHECK(logit_chunk_rows(CaseGrid(p, one), 17) > p.seq_len);  // one step
+  const std::vector<float> got = logprobs(p, one, vocab);
+  CHECK(std::memcmp(logprobs(p, CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab).data(),
+                    got.data(), got.size() * sizeof(float)) == 0);
+
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const std::vector<RankOutput> fwd = run_protocol(CaseGrid(p, one), kFp32, transport, inputs, {});
+  const AttnShard& out = fwd.at(0).merged;
+  const std::vector<float> w = lm_head_columns(p, vocab, Range{0, width});
+  std::vector<float> logits(vocab), z(vocab);
+  int differ = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t s = 0; s < p.seq_len; ++s) {
+      for (int h = 0; h < hq; ++h) {
+        head_partial_logits(out.out.at(b, h, s), w.data() + h * dim, width, dim, vocab, z.data());
+        for (int v = 0; v < vocab; ++v) logits[v] = h == 0 ? z[v] : logits[v] + z[v];
+      }
+      const float want =
+          log_softmax_at(logits.data(), vocab, logprob_target(b, s, p.seq_len, vocab));
+      differ += bits_of(want) != bits_of(got[b * p.seq_len + s]) ? 1 : 0;
+    }
+  }
+  CHECK(differ == 0);
+  // Negative control: the vocabulary of 17 gives other logprobs.
+  CHECK(std::memcmp(logprobs(p, one, 17).data(), got.data(), got.size() * sizeof(float)) != 0);
 }
 
 TEST_CASE("dlogp: projection and log_softmax against an FP64 oracle") {
@@ -299,7 +339,7 @@ TEST_CASE("dlogp: targets and the active mask") {
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
   std::size_t tokens = 0;
-  for (const TokenLogprobs& t : run_dlogp(grid, outs, outs, 17, transport, inputs.backend()))
+  for (const TokenLogprobs& t : run_dlogp(grid, outs, outs, 17, transport, inputs))
     tokens += t.candidate.data.size();
   CHECK(tokens == static_cast<std::size_t>(p.batch * p.seq_len));  // every token has a logprob
 }

@@ -111,7 +111,7 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
 
               std::vector<const AttnShard*> outs;
               for (const RankOutput& o : fwd) outs.push_back(&o.merged);
-              run_dlogp(grid, outs, outs, vocab, transport, inputs.backend());
+              run_dlogp(grid, outs, outs, vocab, transport, inputs);
               CHECK(transport.take() == plan.dlogp.bytes_between);
               ++checked;
             }

@@ -6,7 +6,7 @@
 #include "cpdrift/cpu/attention.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
-#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/cpu/projection.h"
 #include "cpdrift/util/work_timers.h"
 
 namespace cpd {
@@ -51,11 +51,7 @@ class CpuBackend final : public AttentionBackend {
   }
   void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) override {
     const WorkTimer t(WorkKind::projection);
-    pool_.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
-      const ProjectionJob& j = jobs[static_cast<std::size_t>(i)];
-      for (std::int64_t r = 0; r < j.rows; ++r)
-        head_partial_logits(j.hidden + r * dim, j.w, j.ldw, dim, vocab, j.z + r * vocab);
-    });
+    run_projection_jobs(jobs, dim, vocab, pool_);
   }
 
  private:

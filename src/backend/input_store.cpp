@@ -7,6 +7,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/util/work_timers.h"
 
 namespace cpd {
 
@@ -110,6 +111,15 @@ Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision
     }
   }
   return out;
+}
+
+const std::vector<float>& InputStore::lm_head(int vocab, std::int64_t head) {
+  std::vector<float>& w = lm_head_[{vocab, head}];
+  if (w.empty()) {
+    const WorkTimer t(WorkKind::inputs);
+    w = lm_head_plane(problem_, vocab, head, pool_);
+  }
+  return w;
 }
 
 }  // namespace cpd

@@ -66,7 +66,8 @@ Execution and output
   --output PATH                write the JSON report (atomically)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
-  --vocab-size V               vocabulary of the synthetic lm_head (default 17)
+  --vocab-size V               vocabulary of the synthetic lm_head (default 4096; Qwen3's
+                               real 151936 runs too, given the memory)
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file

@@ -1,5 +1,6 @@
 #include "cpdrift/cpu/inputs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -83,6 +84,27 @@ std::vector<float> lm_head_columns(const Problem& problem, int vocab, Range colu
           scale;
     }
   }
+  return w;
+}
+
+std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t head,
+                                 ThreadPool& pool) {
+  const int dim = problem.dims.head_dim;
+  const std::int64_t width = std::int64_t{problem.dims.num_q_heads} * dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(width)));
+  std::vector<float> w(static_cast<std::size_t>(vocab) * dim);
+  constexpr std::int64_t kRowsPerItem = 64;
+  pool.parallel_for((vocab + kRowsPerItem - 1) / kRowsPerItem, [&](std::int64_t item) {
+    const std::int64_t end = std::min<std::int64_t>(vocab, (item + 1) * kRowsPerItem);
+    for (std::int64_t v = item * kRowsPerItem; v < end; ++v) {
+      for (int d = 0; d < dim; ++d) {
+        w[static_cast<std::size_t>(v * dim + d)] =
+            normal_at(problem.seed, TensorId::lm_head,
+                      static_cast<std::uint64_t>(v * width + head * dim + d)) *
+            scale;
+      }
+    }
+  });
   return w;
 }
 

@@ -147,7 +147,7 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   std::vector<const Shard*> cand_logp, ref_logp;
   std::map<int, std::array<const Shard*, 3>> owned;  // token owner id -> its shards
   for (TokenLogprobs& lp :
-       run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs.backend())) {
+       run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs)) {
     // The active tokens: all but each sequence's first.
     std::vector<float> cand, ref;
     const ShardShape& s = lp.candidate.shape;

@@ -238,18 +238,47 @@ std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const Logi
   return out;
 }
 
+std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab) {
+  const Problem& p = grid.problem;
+  const std::uint64_t per_row = 2ULL * static_cast<std::uint64_t>(p.batch) *
+                                static_cast<std::uint64_t>(p.dims.num_q_heads / grid.spec.tp) *
+                                static_cast<std::uint64_t>(vocab) * sizeof(float);
+  // At least one CPU projection tile of rows (16: one SIMD lane a row), which a large
+  // vocabulary's budget alone would leave mostly empty.
+  return std::max<std::int64_t>(kLogitChunkMinRows,
+                                static_cast<std::int64_t>(kLogitChunkBytes / per_row));
+}
+
+std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab) {
+  const std::int64_t rows = logit_chunk_rows(grid, vocab);
+  std::vector<Range> out;
+  for (const Range& t : r.tokens) {
+    for (std::int64_t b = t.begin; b < t.end; b += rows)
+      out.push_back(Range{b, std::min(t.end, b + rows)});
+  }
+  return out;
+}
+
+int logit_steps(const CaseGrid& grid, int vocab) {
+  std::size_t steps = 0;
+  for (const LogicalRank& r : grid.ranks)
+    steps = std::max(steps, logit_chunks(grid, r, vocab).size());
+  return static_cast<int>(steps);
+}
+
 std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
-                                                   int vocab) {
+                                                   int vocab, int step) {
   std::vector<MessageHeader> out;
   if (dst.tp_rank != 0) return out;
+  const std::vector<Range> chunks = logit_chunks(grid, dst, vocab);
+  if (step >= static_cast<int>(chunks.size())) return out;
+  const Range& tokens = chunks[static_cast<std::size_t>(step)];
   for (int t = 1; t < grid.spec.tp; ++t) {
     const LogicalRank& src = grid.at(t, dst.cp_rank);
-    for (const Range& tokens : src.tokens) {
-      MessageHeader h =
-          rows_header(grid, MessageKind::logit_partial, src, dst, tokens, src.q_heads, 2LL * vocab);
-      h.width = vocab;
-      out.push_back(h);
-    }
+    MessageHeader h =
+        rows_header(grid, MessageKind::logit_partial, src, dst, tokens, src.q_heads, 2LL * vocab);
+    h.width = vocab;
+    out.push_back(h);
   }
   return out;
 }

@@ -232,6 +232,12 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
       return std::vector<MemoryTerm>{
           {"input memo", u64(pr.memo.planes.size()) * tensor_bytes(1, 1, seq, dim)},
           {"CP=1 memos", pr.cp1_memo + pr.cp1_backward_memo},
+          {"lm_head columns",
+           [&] {
+             std::uint64_t n = 0;
+             for (const auto& [vocab, head] : pr.lm_head) n += u64(vocab) * u64(dim) * kFloat;
+             return n;
+           }()},
       };
     };
     const auto phase = [&](std::string name, std::vector<MemoryTerm> terms) {
@@ -329,9 +335,26 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
     }
 
     if (o.vocab > 0) {
+      // One step's per-head partial logits of every hosted rank, and those received from TP
+      // ranks on other processes (logit_chunks).
+      const std::uint64_t chunk_rows = u64(logit_chunk_rows(grid, o.vocab));
+      std::uint64_t partials = 0;
+      for (const LogicalRank* r : hosted[proc]) {
+        for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
+          pr.lm_head.insert({o.vocab, h});
+        const std::uint64_t chunk =
+            2 * u64(p.batch) * u64(r->q_heads.size()) * chunk_rows * u64(o.vocab) * kFloat;
+        partials += chunk;
+        if (r->tp_rank != 0) continue;
+        for (int t = 1; t < grid.spec.tp; ++t) {
+          if (static_cast<std::size_t>(grid.at(t, r->cp_rank).id) % processes_.size() != proc)
+            partials += chunk;
+        }
+      }
       phase("dlogp", {{"references", references},
                       {"outputs kept", kept},
-                      {"references cast as written", references}});
+                      {"references cast as written", references},
+                      {"one step's partial logits", partials}});
     }
     if (!o.backward) continue;
     const std::uint64_t fp32_out = references;  // the FP32 path's output, same shape

@@ -61,15 +61,10 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
 }
 
 // Rank 0: the logits and the target token's logprob of every decoded token of `rows`, through
-// the capture's lm_head (generated once, for the run's first capture).
-void add_logits(const Problem& p, const PagedWorkload& w, DecodedCapture& capture,
-                AttentionBackend& backend, DecodedRows& rows) {
+// the run's lm_head (the input store's, each head's columns generated once per run).
+void add_logits(const Problem& p, const PagedWorkload& w, const DecodedCapture& capture,
+                InputStore& store, DecodedRows& rows) {
   const int vocab = capture.vocab_size;
-  if (capture.lm_head.empty()) {
-    capture.lm_head =
-        lm_head_columns(p, vocab, Range{0, std::int64_t{p.dims.num_q_heads} * p.dims.head_dim});
-  }
-  const std::vector<float>& lm_head = capture.lm_head;
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
   std::vector<float> z(static_cast<std::size_t>(p.batch) * hq * plane);  // [B][Hq][q_len][V]
@@ -78,11 +73,10 @@ void add_logits(const Problem& p, const PagedWorkload& w, DecodedCapture& captur
     for (int h = 0; h < hq; ++h) {
       const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
       jobs.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
-                                   lm_head.data() + static_cast<std::size_t>(h) * dim,
-                                   std::int64_t{hq} * dim, z.data() + bh * plane});
+                                   store.lm_head(vocab, h).data(), dim, z.data() + bh * plane});
     }
   }
-  backend.project_heads(jobs, dim, vocab);
+  store.backend().project_heads(jobs, dim, vocab);
   rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);
   std::vector<const float*> terms(static_cast<std::size_t>(hq));
   for (int b = 0; b < p.batch; ++b) {
@@ -138,7 +132,7 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs.backend(), rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs, rows);
   return rows;
 }
 
@@ -162,7 +156,7 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs.backend(), rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs, rows);
   return rows;
 }
 

@@ -61,15 +61,13 @@ PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Rang
   };
   std::vector<float> z(2 * static_cast<std::size_t>(p.batch * heads.size()) * plane);
   if (!heads.empty()) {
-    const std::vector<float> lm_head =
-        lm_head_columns(p, vocab, Range{heads.begin * dim, heads.end * dim});
     std::vector<ProjectionJob> jobs;
     for (int which = 0; which < 2; ++which) {
       const AttnShard& rows = which == 0 ? *candidate : *reference;
       for (int b = 0; b < p.batch; ++b) {
         for (std::int64_t h = heads.begin; h < heads.end; ++h) {
           jobs.push_back(ProjectionJob{rows.out.at(b, h, 0), q_len,
-                                       lm_head.data() + (h - heads.begin) * dim, heads.size() * dim,
+                                       ctx.inputs.lm_head(vocab, h).data(), dim,
                                        z.data() + slot(which, b, h) * plane});
         }
       }

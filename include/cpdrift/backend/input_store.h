@@ -33,6 +33,11 @@ class InputStore {
   /// consecutive, [S][D]. Valid while the store lives; std::logic_error if not prepared.
   const float* row(TensorId tensor, int b, std::int64_t h, std::int64_t position);
 
+  /// Query head `head`'s columns of the synthetic lm_head for `vocab` entries, [vocab][D]
+  /// (lm_head_plane): generated once per run and kept, vocab·D floats a head. Valid while the
+  /// store lives.
+  const std::vector<float>& lm_head(int vocab, std::int64_t head);
+
   const Problem& problem() const { return problem_; }
   ThreadPool& pool() { return pool_; }
   /// The compute backend of the run: inputs, partial states, merges, gradients.
@@ -54,6 +59,7 @@ class InputStore {
   std::unique_ptr<AttentionBackend> owned_;  // the CPU backend when none was given
   AttentionBackend* backend_;
   std::map<std::tuple<int, int, std::int64_t>, Plane> planes_;
+  std::map<std::pair<int, std::int64_t>, std::vector<float>> lm_head_;  // (vocab, head)
 };
 
 }  // namespace cpd

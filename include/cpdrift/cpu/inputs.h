@@ -22,4 +22,9 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
 /// the usual fan-in scale keeps the logits O(1)). Returned row-major [vocab][columns.size()].
 std::vector<float> lm_head_columns(const Problem& problem, int vocab, Range columns);
 
+/// Query head `head`'s D columns of the lm_head, [vocab][D]: lm_head_columns(problem, vocab,
+/// [head·D, (head+1)·D)) element for element, generated over `pool` by vocabulary rows.
+std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t head,
+                                 ThreadPool& pool);
+
 }  // namespace cpd

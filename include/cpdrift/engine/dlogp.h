@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/backend/input_store.h"
 #include "cpdrift/engine/protocol.h"
 
 namespace cpd {
@@ -21,11 +21,13 @@ struct TokenLogprobs {
 
 /// `candidate`, `reference`: per hosted rank (hosted_ranks order), the attention outputs the
 /// hidden states come from (the BF16 CP output; the FP32 CP=1 output cast to BF16). Each rank
-/// projects its heads; the per-head partial logits travel to the token owner, which folds them
-/// in ascending head order and takes log_softmax at the target. Collective.
+/// projects its heads through the store's lm_head; the per-head partial logits travel to the
+/// token owner, which folds them in ascending head order and takes log_softmax at the target.
+/// In steps of token chunks (logit_chunks), so a rank holds one chunk's partials at a time
+/// whatever the vocabulary. Collective.
 std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                                      const std::vector<const AttnShard*>& candidate,
                                      const std::vector<const AttnShard*>& reference, int vocab,
-                                     Transport& transport, AttentionBackend& backend);
+                                     Transport& transport, InputStore& store);
 
 }  // namespace cpd

@@ -134,10 +134,22 @@ inline Range intersection(const Range& a, const Range& b) {
   return r.empty() ? Range{a.begin, a.begin} : r;
 }
 
-/// dlogp: the per-head partial logits the token owner (TP rank 0 of each CP rank) must receive:
-/// one per token range from every other TP rank of its CP rank. Nothing for other ranks.
+/// dlogp runs in steps of token chunks, so that a step's per-head partial logits (2·B·heads·
+/// rows·vocab floats on a rank) stay within kLogitChunkBytes whatever the vocabulary, or hold
+/// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
+/// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
+/// order), and how many steps the case takes (the most chunks any rank has).
+inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{16} << 20;
+inline constexpr std::int64_t kLogitChunkMinRows = 16;
+std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
+std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab);
+int logit_steps(const CaseGrid& grid, int vocab);
+
+/// dlogp, step `step`: the per-head partial logits the token owner (TP rank 0 of each CP rank)
+/// must receive: its step-th chunk from every other TP rank of its CP rank (TP ranks of one CP
+/// rank hold the same tokens). Nothing for other ranks, nor past the owner's last chunk.
 std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
-                                                   int vocab);
+                                                   int vocab, int step);
 
 /// The CP=1 reference backward is computed once per TP group: CP rank c takes the contiguous
 /// block of ⌈kv / CP⌉ of the group's KV heads starting at kv_heads.begin + c·⌈kv / CP⌉ (the last

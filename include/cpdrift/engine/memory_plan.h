@@ -76,6 +76,8 @@ class RunMemoryPlan {
     std::uint64_t cp1_memo = 0, cp1_backward_memo = 0;  // bytes the CP=1 memos hold
     std::uint64_t scratch_keys = 0;  // the longest key range a kernel thread has held
     std::uint64_t forward_keys = 0;  // the longest key range of a forward kernel
+    // The lm_head columns the input store keeps once a dlogp leg has used them: (vocab, head).
+    std::set<std::pair<int, std::int64_t>> lm_head;
   };
 
   Problem problem_;

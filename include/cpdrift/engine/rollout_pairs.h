@@ -46,7 +46,6 @@ struct DecodedCapture {
   PagedWorkload workload;  // the rollout's: its decoded positions are workload.queries(b)
   int vocab_size = 0;      // the logprobs' synthetic lm_head
   std::vector<DecodedRows> trainer, rollout;
-  std::vector<float> lm_head;  // rank 0: [V][Hq*D], made by the first capture, used by all
 };
 
 /// A prefill case's rows at the decoded positions, streamed to rank 0 from the logical ranks

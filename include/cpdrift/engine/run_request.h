@@ -53,7 +53,7 @@ struct RunRequest {
   // The legs.
   bool include_backward = false;
   bool include_dlogp = false;
-  int vocab_size = 17;
+  int vocab_size = 4096;
   bool cpu_check = true;  // GPU runs also run the FP32 path on the CPU and compare the bits
   // Where it runs.
   Device device = Device::auto_select;

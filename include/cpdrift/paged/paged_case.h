@@ -73,7 +73,7 @@ struct PagedCaseOutputs : PagedCaseFacts {
 struct PagedOptions {
   int page_size = 16;
   std::optional<std::int64_t> q_len;
-  int vocab_size = 17;
+  int vocab_size = 4096;
   bool progress = false;  // rank 0 says on stderr when each plan's lanes start and end
 };
 

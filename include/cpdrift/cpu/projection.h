@@ -1,0 +1,22 @@
+// The CPU backend's lm_head projection: per-head partial logits, bit-for-bit the canonical
+// head_partial_logits of numerics/logprob_math.h.
+#pragma once
+
+#include <span>
+
+#include "cpdrift/core/attention_jobs.h"
+#include "cpdrift/util/thread_pool.h"
+
+namespace cpd {
+
+/// z[r][v] = dot_seq(hidden_r, w_v) for every row r < job.rows and v < vocab: blocks of 96
+/// vocabulary rows, each passed over by every row tile of 16 rows (one SIMD lane each, the
+/// hidden rows transposed), six or eight vocabulary rows of w per pass over d. Every output keeps
+/// its one sequential fma chain over d, so the bits are those of head_partial_logits whatever the
+/// tiling.
+void project_rows(const ProjectionJob& job, int dim, int vocab);
+
+/// Every job, spread over the pool by (job, vocabulary block).
+void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab, ThreadPool& pool);
+
+}  // namespace cpd
