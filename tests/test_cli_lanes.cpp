@@ -56,3 +56,50 @@ TEST_CASE("production lanes under mpirun -np 1, 2, 4: equal at CP=1, vary with C
   CHECK(r.out.find("= canon") != std::string::npos);
 }
 #endif
+
+#if defined(CPD_HAVE_MPI)
+TEST_CASE("te_p2p backward lane under mpirun -np 1, 2, 4: canonical at CP=1, drifts with CP") {
+  // --include-lane-backward: at CP=1 the lane's one ring step is the canonical gradients'
+  // BF16 write (no bit differs); at CP 2 and 4 its BF16 steps and sums differ from it; every
+  // case's lane block is the same text on 1, 2 and 4 processes.
+  const std::string args =
+      "--seq-len 64 --tp-world-sizes 2 --cp-world-sizes 1,2,4 --kv-chunk-sizes 8 "
+      "--cp-layouts zigzag --include-backward --include-lane-backward --vocab-size 17 "
+      "--threads 1";
+  std::string first;
+  for (const int np : {1, 2, 4}) {
+    CAPTURE(np);
+    const Result r = run_mpi(np, args + " --json --quiet");
+    CAPTURE(r.err);
+    REQUIRE(r.status == 0);
+    const Value report = cpd::json::parse(r.out);
+    std::string blocks;
+    for (const Value& c : report.at("cases").as_array()) {
+      const Value& drift = c.at("backward").at("report").at("drifts").as_array().at(0);
+      const Value& lane = drift.at("production_lanes").at("te_p2p");
+      CAPTURE(c.at("case_name").as_string());
+      REQUIRE(lane.at("status").as_string() == "available");
+      const bool cp1 = c.at("topology").at("cp_world_size").as_double() == 1;
+      for (const char* g : {"dq", "dk", "dv"}) {
+        const double mismatches =
+            lane.at("vs_canonical_bf16").at(g).at("mismatch_count").as_double();
+        CHECK((mismatches == 0) == cp1);
+        CHECK(lane.at("vs_fp32_reference").at(g).at("active_count").as_double() > 0);
+      }
+      blocks += cpd::json::to_string(lane, false);
+    }
+    if (first.empty()) first = blocks;
+    CHECK(blocks == first);
+  }
+  const Result table = run_mpi(2, args);
+  REQUIRE(table.status == 0);
+  CHECK(table.out.find("# te_p2p backward, emulated") != std::string::npos);
+  // Without the flag the block says how to ask for it; without the backward it is refused.
+  const Result plain = run("--seq-len 16 --include-backward --json --quiet");
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out.find("run with --include-lane-backward") != std::string::npos);
+  const Result refused = run("--seq-len 16 --include-lane-backward");
+  CHECK(refused.status == 2);
+  CHECK(refused.err.find("needs --include-backward") != std::string::npos);
+}
+#endif

@@ -93,6 +93,30 @@ TEST_CASE("memory plan: TP=2 CP=2 S=4096 split 512 on 4 processes, by hand") {
   CHECK(phase(m[2], "backward").bytes() > phase(m[0], "backward").bytes());
 }
 
+TEST_CASE("memory plan: the te_p2p backward lane's per-rank sums and gradients") {
+  // Contiguous TP=2 CP=2: CP rank 0's keys are seen by both CP ranks' queries (two sums per
+  // KV block), CP rank 1's by its own only (one), each the size of the dK/dV totals; the lane's
+  // gradients are one more set of the rank's gradients. Without the lane both terms are 0.
+  const Problem p = problem_of(4096);
+  const CaseGrid grid(p, tp2_cp2(512));
+  CaseMemoryOptions lane = full_case();
+  lane.lane_backward = true;
+  RunMemoryPlan with(p, 4, 1), without(p, 4, 1);
+  const std::vector<ProcessMemory> m = with.add_case(grid, lane);
+  const std::vector<ProcessMemory> plain = without.add_case(grid, full_case());
+  const std::uint64_t q = 16ull * 2048 * 128 * kF, kv = 4ull * 2048 * 128 * kF;
+  const char* sums = "te_p2p lane: each query rank's dK/dV sums per query head";
+  const char* grads = "te_p2p lane: its gradients";
+  for (int proc = 0; proc < 4; ++proc) {
+    const PhaseMemory& bwd = phase(m[proc], "backward");
+    const std::uint64_t ranks = proc < 2 ? 2 : 1;  // processes 0, 1 host CP rank 0
+    CHECK(term(bwd, sums) == ranks * 2 * 4 * kv);
+    CHECK(term(bwd, grads) == q + 2 * kv);
+    CHECK(term(phase(plain[proc], "backward"), sums) == 0);
+    CHECK(term(phase(plain[proc], "backward"), grads) == 0);
+  }
+}
+
 TEST_CASE("memory plan: one process hosting every rank holds the sum of their buffers") {
   const Problem p = problem_of(1024);
   const CaseGrid grid(p, tp2_cp2(256));

@@ -29,30 +29,49 @@ struct GradDigests {
   bool operator==(const GradDigests&) const = default;
 };
 
-GradDigests backward_digests(const Problem& p, const CaseSpec& spec, std::int64_t round_rows = 0,
-                             std::size_t* dq_partials = nullptr) {
-  ThreadPool pool(2);
-  InputStore inputs(p, pool);
-  InProcessTransport transport(spec.cp * 31 + spec.tp);  // shuffled arrivals too
-  const CaseGrid grid(p, spec, round_rows);
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
-  const std::vector<RankGradients> g = run_backward(grid, fwd, transport, inputs);
-  if (dq_partials != nullptr) {
-    *dq_partials = 0;
-    for (const RankGradients& r : g) *dq_partials += r.dq_partials.size();
-  }
-  std::vector<const Shard*> dq, dk, dv;
-  for (const RankGradients& r : g) {
-    dq.push_back(&r.dq);
-    dk.push_back(&r.dk);
-    dv.push_back(&r.dv);
-  }
+// The digests of gradients shaped as the grid's ranks' (dq by query heads, dk and dv by KV).
+GradDigests digests_of(const Problem& p, const CaseGrid& grid, const std::vector<const Shard*>& dq,
+                       const std::vector<const Shard*>& dk, const std::vector<const Shard*>& dv) {
   const LocalCollectives one;
   const int dim = p.dims.head_dim;
   return GradDigests{
       stream_digest(one, global_tensor(grid, 1, 0, dim, dq), DigestFormat::fp32),
       stream_digest(one, global_tensor(grid, 1, 0, dim, dk, HeadKind::kv), DigestFormat::fp32),
       stream_digest(one, global_tensor(grid, 1, 0, dim, dv, HeadKind::kv), DigestFormat::fp32)};
+}
+
+std::vector<RankGradients> case_backward(const Problem& p, const CaseSpec& spec,
+                                         std::int64_t round_rows, bool te_p2p_lane) {
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport(spec.cp * 31 + spec.tp);  // shuffled arrivals too
+  const CaseGrid grid(p, spec, round_rows);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
+  return run_backward(grid, fwd, transport, inputs, te_p2p_lane);
+}
+
+GradDigests backward_digests(const Problem& p, const CaseSpec& spec, std::int64_t round_rows = 0,
+                             std::size_t* dq_partials = nullptr, bool te_p2p_lane = false,
+                             GradDigests* lane = nullptr) {
+  const std::vector<RankGradients> g = case_backward(p, spec, round_rows, te_p2p_lane);
+  if (dq_partials != nullptr) {
+    *dq_partials = 0;
+    for (const RankGradients& r : g) *dq_partials += r.dq_partials.size();
+  }
+  std::vector<const Shard*> dq, dk, dv, lq, lk, lv;
+  for (const RankGradients& r : g) {
+    dq.push_back(&r.dq);
+    dk.push_back(&r.dk);
+    dv.push_back(&r.dv);
+    if (r.te_p2p) {
+      lq.push_back(&r.te_p2p->dq);
+      lk.push_back(&r.te_p2p->dk);
+      lv.push_back(&r.te_p2p->dv);
+    }
+  }
+  const CaseGrid grid(p, spec, round_rows);
+  if (lane != nullptr) *lane = digests_of(p, grid, lq, lk, lv);
+  return digests_of(p, grid, dq, dk, dv);
 }
 
 }  // namespace
@@ -94,6 +113,71 @@ TEST_CASE("backward: split 8, CP=1/2/4, layouts, protocols and TP give the same 
       }
     }
   }
+}
+
+TEST_CASE("backward te_p2p lane: BF16 ring sums of the pairs' gradients") {
+  // CP=1 has one ring step: the lane is the canonical gradients rounded to BF16, bit for bit.
+  // At CP=2 and 4 the steps' BF16 writes and BF16 sums change bits, within the roundings'
+  // reach: each of the ≤ CP step outputs and ≤ CP - 1 sums rounds once at u = 2^-8, so
+  // |lane - canonical| ≤ 2·CP·u·max|gradient| for these inputs (no cancellation across steps
+  // larger than the tensor's scale); a wrong order or weight is off by O(max). The lane leaves
+  // the canonical gradients' bits alone, and its own bits do not depend on TP, the protocol,
+  // the rounds or the layout's processes.
+  const Problem p = small_problem();
+  const auto max_abs = [](const std::vector<float>& v) {
+    float m = 0.0f;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  for (const int cp : {1, 2, 4}) {
+    for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+      const CaseSpec spec{1, cp, 8, layout, Protocol::ag_rs};
+      const std::vector<RankGradients> g = case_backward(p, spec, 0, true);
+      std::size_t differ = 0, total = 0, beyond = 0;
+      for (const RankGradients& r : g) {
+        REQUIRE(r.te_p2p);
+        const std::pair<const Shard*, const Shard*> pairs[] = {
+            {&r.dq, &r.te_p2p->dq}, {&r.dk, &r.te_p2p->dk}, {&r.dv, &r.te_p2p->dv}};
+        for (const auto& [canon, lane] : pairs) {
+          const float scale = max_abs(canon->data);
+          for (std::size_t i = 0; i < canon->data.size(); ++i) {
+            const float want = round_bf16(canon->data[i]);
+            differ += bits_of(want) != bits_of(lane->data[i]) ? 1 : 0;
+            ++total;
+            beyond +=
+                std::fabs(lane->data[i] - canon->data[i]) > 2.0f * cp * std::ldexp(1.0f, -8) * scale
+                    ? 1
+                    : 0;
+          }
+        }
+      }
+      CAPTURE(cp);
+      CAPTURE(to_string(layout));
+      if (cp == 1) {
+        CHECK(differ == 0);
+      } else {
+        CHECK(differ > 0);  // the ring's BF16 steps are not the canonical grid's
+      }
+      CHECK(total > 0);
+      CHECK(beyond == 0);
+    }
+  }
+  const CaseSpec base{1, 2, 8, CpLayout::zigzag, Protocol::ag_rs};
+  GradDigests lane_ref;
+  const GradDigests canon = backward_digests(p, base, 0, nullptr, true, &lane_ref);
+  CHECK(canon == backward_digests(p, base));  // the canonical bits, with or without the lane
+  for (const CaseSpec& other : {CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ring_kv},
+                                CaseSpec{4, 2, 8, CpLayout::zigzag, Protocol::allgather_kv}}) {
+    GradDigests lane;
+    backward_digests(p, other, 0, nullptr, true, &lane);
+    CHECK(lane == lane_ref);
+  }
+  GradDigests rounds;
+  backward_digests(p, base, 5, nullptr, true, &rounds);  // 5 query rows a round
+  CHECK(rounds == lane_ref);
+  GradDigests cp4;
+  backward_digests(p, CaseSpec{1, 4, 8, CpLayout::zigzag, Protocol::ag_rs}, 0, nullptr, true, &cp4);
+  CHECK_FALSE(cp4 == lane_ref);  // negative control: another ring, other bits
 }
 
 TEST_CASE("backward negative control: split disabled, CP=2 differs from CP=1") {

@@ -45,6 +45,7 @@ class CpuBackend final : public AttentionBackend {
       merge_in_block_order(j.states, j.rows, dim, j.out, j.lse);
     });
   }
+  bool has_lane_partials() const override { return true; }
   void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) override {
     const WorkTimer t(WorkKind::kernels);
     cpd::run_backward_units(units, dim, scale, pool_);

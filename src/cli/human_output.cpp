@@ -191,6 +191,41 @@ void print_pair_rows(std::FILE* out, const RunReport& r) {
   std::fflush(out);
 }
 
+// The te_p2p lane's backward (--include-lane-backward), beside the canonical gradients' BF16
+// write: max |Δ| vs the FP32 CP=1 reference and the share of bits that differ from canonical.
+void print_lane_backward_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || !r.cases.front().backward.te_p2p) return;
+  std::fprintf(out,
+               "#\n# te_p2p backward, emulated: max |Δ| vs FP32 CP=1 of the canonical BF16 write "
+               "and the lane (its gradients written\n# and summed in BF16 across ring steps; the "
+               "share of bits that differ from the canonical write)\n");
+  std::fprintf(out, "%s\n",
+               trimmed("# " + padded("case", 46) + " " + padded("dq canon  te_p2p", 28) + " " +
+                       padded("dk canon  te_p2p", 28) + " dv canon  te_p2p")
+                   .c_str());
+  for (const CaseResult& c : r.cases) {
+    if (!c.backward.te_p2p) continue;
+    const BackwardDrift& b = c.backward;
+    const BackwardDrift::Lane& l = *b.te_p2p;
+    std::string row = "  " + padded(c.name, 46);
+    const std::pair<const DiffStats*, std::pair<const DiffStats*, const DiffStats*>> grads[] = {
+        {&b.bf16_dq, {&l.dq, &l.canonical_dq}},
+        {&b.bf16_dk, {&l.dk, &l.canonical_dk}},
+        {&b.bf16_dv, {&l.dv, &l.canonical_dv}}};
+    for (const auto& [canon, lane] : grads) {
+      const double share =
+          static_cast<double>(lane.second->mismatch_count) /
+          static_cast<double>(std::max<std::uint64_t>(lane.second->active_count, 1));
+      char percent[16], cell[64];
+      std::snprintf(percent, sizeof percent, "%.1f%%", share * 100.0);
+      std::snprintf(cell, sizeof cell, " %-9.3e %-9.3e %-7s", canon->max_abs, lane.first->max_abs,
+                    percent);
+      row += cell;
+    }
+    std::fprintf(out, "%s\n", trimmed(row).c_str());
+  }
+}
+
 void print_lane_rows(std::FILE* out, const RunReport& r) {
   if (r.cases.empty() || r.cases.front().lanes.empty()) return;
   std::fprintf(out,
@@ -219,6 +254,7 @@ void print_lane_rows(std::FILE* out, const RunReport& r) {
     }
     std::fprintf(out, "%s\n", trimmed(row).c_str());
   }
+  print_lane_backward_rows(out, r);
   std::fflush(out);
 }
 

@@ -273,6 +273,7 @@ void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& mode
     modes_given = true;
   });
   r.toggle("--include-backward", [&] { q.include_backward = true; });
+  r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
   r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
     q.vocab_size = parse_int<int>(f, v, 2);
@@ -346,6 +347,8 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
                        bool modes_given) {
   const RunRequest& q = o.request;
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
+  if (o.request.include_lane_backward && !o.request.include_backward)
+    bad("--include-lane-backward needs --include-backward (it is the backward's te_p2p lane)");
   if (q.fault && q.fault->kind == FaultKind::dump_write_error) {
     if (o.dump.empty()) bad("--inject-fault dump-write-error needs --dump PATH");
     if (q.fault->rank != 0)

@@ -544,8 +544,9 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
     const CaseSpec& spec = run.cases[i];
     CasePlan c = plan_case(p, q, spec, pf, processes);
     c.memory = memory.add_case(
-        c.grid, CaseMemoryOptions{c.paths, q.include_backward, q.include_dlogp ? q.vocab_size : 0,
-                                  i + 1 == run.cases.size() && run.paged.empty()});
+        c.grid,
+        CaseMemoryOptions{c.paths, q.include_backward, q.include_dlogp ? q.vocab_size : 0,
+                          i + 1 == run.cases.size() && run.paged.empty(), q.include_lane_backward});
     for (const ProcessMemory& m : c.memory) peak_memory = std::max(peak_memory, m.peak().bytes());
     const Pick pick = pick_protocol(p, q, c, pf, processes);
     if (verbose) print_case(out, p, c, pick);

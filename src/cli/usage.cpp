@@ -65,6 +65,9 @@ Execution and output
                                message and no report (docs/reliability.md)
   --output PATH                write the JSON report (atomically)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
+  --include-lane-backward      also the te_p2p lane's backward (Transformer Engine's ring: each
+                               step's gradients written and summed in BF16); CPU backend, needs
+                               --include-backward, holds up to CP x the dK/dV totals more
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
   --vocab-size V               vocabulary of the synthetic lm_head (default 4096; Qwen3's
                                real 151936 runs too, given the memory)

@@ -124,6 +124,12 @@ void run_backward_units(std::span<const BackwardUnit> units, int dim, float scal
         unit.dk_total[i] = first ? scratch.dk[i] : unit.dk_total[i] + scratch.dk[i];
         unit.dv_total[i] = first ? scratch.dv[i] : unit.dv_total[i] + scratch.dv[i];
       }
+      if (qb.dk_lane != nullptr) {
+        for (std::size_t i = 0; i < n; ++i) {
+          qb.dk_lane[i] = qb.lane_first ? scratch.dk[i] : qb.dk_lane[i] + scratch.dk[i];
+          qb.dv_lane[i] = qb.lane_first ? scratch.dv[i] : qb.dv_lane[i] + scratch.dv[i];
+        }
+      }
       first = false;
     }
   });

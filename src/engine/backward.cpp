@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
+#include "cpdrift/numerics/bf16.h"
 #include "protocol_common.h"
 
 namespace cpd {
@@ -138,9 +141,12 @@ std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o, co
 
 // The dK/dV totals of the hosted KV owners, per (owner, b, KV head g, KV block) and head of the
 // group, kept across the rounds: each continues its fold over the query blocks round by round;
-// the GQA fold then sums the group's heads.
+// the GQA fold then sums the group's heads. With the te_p2p lane, also each query CP rank's own
+// fold over its query blocks (allocated when the rank's first block comes).
 struct KvTotals {
   std::vector<std::vector<float>> head_totals;  // dk, dv per head; inner buffers stay put
+  std::vector<std::vector<float>> lane_totals;  // per (fold, query CP rank): dk, dv per head
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   struct Fold {
     std::size_t grad;  // index into the gradients
     int b;
@@ -148,20 +154,45 @@ struct KvTotals {
     KvBlock block;
     std::size_t first_total;  // head_totals index of the group's first head's dk (dv follows)
     bool started;             // some query block has been folded in
+    // Per query CP rank: lane_totals index of its group's first head's dk (kNone: none yet),
+    // and whether one of its query blocks has been folded in.
+    std::vector<std::size_t> first_lane;
+    std::vector<bool> lane_started;
   };
   std::vector<Fold> folds;
   std::map<std::tuple<std::size_t, int, std::int64_t, int>, std::size_t> index;  // → folds
 
-  void add(std::size_t grad, int b, std::int64_t g, const KvBlock& kb, int group, int dim) {
+  void add(std::size_t grad, int b, std::int64_t g, const KvBlock& kb, int group, int dim,
+           int lane_ranks) {
     index[{grad, b, g, kb.index}] = folds.size();
-    folds.push_back(Fold{grad, b, g, kb, head_totals.size(), false});
+    folds.push_back(Fold{grad, b, g, kb, head_totals.size(), false,
+                         std::vector<std::size_t>(static_cast<std::size_t>(lane_ranks), kNone),
+                         std::vector<bool>(static_cast<std::size_t>(lane_ranks), false)});
     const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
     for (int x = 0; x < 2 * group; ++x) head_totals.emplace_back(n);
   }
   Fold& at(std::size_t grad, int b, std::int64_t g, int block) {
     return folds[index.at({grad, b, g, block})];
   }
+  // The lane totals of query CP rank r in fold f, allocated on first use.
+  std::size_t lane_of(Fold& f, int r, int group, int dim) {
+    std::size_t& first = f.first_lane[static_cast<std::size_t>(r)];
+    if (first == kNone) {
+      first = lane_totals.size();
+      const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
+      for (int x = 0; x < 2 * group; ++x) lane_totals.emplace_back(n);
+    }
+    return first;
+  }
 };
+
+// The CP rank owning the query block of `tokens` (a block of the grid).
+int query_rank_of(const CaseGrid& grid, const Range& tokens) {
+  for (const KvBlock& b : grid.blocks) {
+    if (b.range.begin == tokens.begin) return b.owner_cp_rank;
+  }
+  throw std::logic_error("no grid block starts at " + std::to_string(tokens.begin));
+}
 
 // One round's block pairs: the units the backend runs and the partial-dq messages they fill.
 struct RoundPairs {
@@ -219,17 +250,35 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
     for (int b = 0; b < grid.problem.batch; ++b) {
       for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g) {
         KvTotals::Fold& f = totals.at(grad, b, g, kb.index);
+        std::vector<bool> seen(f.lane_started.size(), false);  // lane ranks with blocks here
         for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
           BackwardUnit unit = head_unit(grid, kb, b, h, served, parts, message_of, round);
-          const std::size_t x = f.first_total + 2 * static_cast<std::size_t>(h - g * group);
+          const std::size_t head = static_cast<std::size_t>(h - g * group);
+          const std::size_t x = f.first_total + 2 * head;
           unit.k = inputs.row(TensorId::k, b, g, kb.range.begin);
           unit.v = inputs.row(TensorId::v, b, g, kb.range.begin);
           unit.dk_total = totals.head_totals[x].data();
           unit.dv_total = totals.head_totals[x + 1].data();
           unit.accumulate = f.started;
+          if (!seen.empty()) {  // the te_p2p lane: each query rank's blocks folded apart too
+            std::vector<bool> opened(seen.size(), false);
+            for (QueryBlockRows& qb : unit.blocks) {
+              const int r = query_rank_of(grid, qb.tokens);
+              const std::size_t lane = totals.lane_of(f, r, group, grid.problem.dims.head_dim);
+              qb.dk_lane = totals.lane_totals[lane + 2 * head].data();
+              qb.dv_lane = totals.lane_totals[lane + 2 * head + 1].data();
+              qb.lane_first = !f.lane_started[static_cast<std::size_t>(r)] &&
+                              !opened[static_cast<std::size_t>(r)];
+              opened[static_cast<std::size_t>(r)] = true;
+              seen[static_cast<std::size_t>(r)] = true;
+            }
+          }
           round.units.push_back(std::move(unit));
         }
         f.started = true;
+        for (std::size_t r = 0; r < seen.size(); ++r) {
+          if (seen[r]) f.lane_started[r] = true;
+        }
       }
     }
   }
@@ -253,6 +302,76 @@ void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
     fold_terms(dk_terms, n, dk);
     for (std::size_t i = 0; i < n; ++i) dk[i] *= scale;
     fold_terms(dv_terms, n, rg.dv.at(f.b, f.g, row));
+  }
+}
+
+// The te_p2p lane's dK, dV of each fold: per query CP rank in ring order from the KV owner
+// (s, s+1, …; ranks whose queries never saw the block skipped), its pair's GQA-folded sums
+// (dK scaled) rounded to BF16, summed in BF16.
+void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
+                            std::vector<RankGradients>& grads) {
+  const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
+  const int cp = grid.spec.cp;
+  const float scale = grid.problem.dims.softmax_scale();
+  for (const KvTotals::Fold& f : totals.folds) {
+    RankGradients& rg = grads[f.grad];
+    const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
+    const std::int64_t row = rg.te_p2p->dk.shape.local_row(f.block.range.begin);
+    float* out[2] = {rg.te_p2p->dk.at(f.b, f.g, row), rg.te_p2p->dv.at(f.b, f.g, row)};
+    std::vector<float> pair(n);
+    bool first = true;
+    for (int step = 0; step < cp; ++step) {
+      const int r = (rg.rank.cp_rank + step) % cp;
+      const std::size_t lane = f.first_lane[static_cast<std::size_t>(r)];
+      if (lane == KvTotals::kNone) continue;
+      for (int which = 0; which < 2; ++which) {
+        std::vector<const float*> terms;
+        for (int x = 0; x < group; ++x)
+          terms.push_back(totals.lane_totals[lane + 2 * x + which].data());
+        fold_terms(terms, n, pair.data());
+        for (std::size_t i = 0; i < n; ++i) {
+          const float step_out = round_bf16(which == 0 ? pair[i] * scale : pair[i]);
+          out[which][i] = first ? step_out : round_bf16(out[which][i] + step_out);
+        }
+      }
+      first = false;
+    }
+  }
+}
+
+// The te_p2p lane's dq of one query block qb of part t: per KV CP rank in ring order from the
+// query owner (r, r−1, …; ranks with no visible block skipped), the partials of its blocks
+// folded in block order and scaled, rounded to BF16, summed in BF16.
+void fold_lane_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
+                        const std::vector<const Message*>& terms) {
+  const LogicalRank& r = rg.rank;
+  const int dim = grid.problem.dims.head_dim, cp = grid.spec.cp;
+  const float scale = grid.problem.dims.softmax_scale();
+  const std::int64_t row = qb.range.begin - t.begin, rows = t.size(), heads = r.q_heads.size();
+  const std::size_t n = static_cast<std::size_t>(qb.range.size()) * dim;
+  std::vector<float> pair(n);
+  std::vector<const float*> ptrs;
+  for (int b = 0; b < grid.problem.batch; ++b) {
+    for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
+      const std::int64_t slot = b * heads + (h - r.q_heads.begin);
+      float* dq = rg.te_p2p->dq.at(b, h, rg.te_p2p->dq.shape.local_row(qb.range.begin));
+      bool first = true;
+      for (int step = 0; step < cp; ++step) {
+        const int s = ((r.cp_rank - step) % cp + cp) % cp;
+        ptrs.clear();
+        for (const Message* m : terms) {
+          if (grid.blocks[static_cast<std::size_t>(m->header.block_index)].owner_cp_rank == s)
+            ptrs.push_back(m->payload.data() + (slot * rows + row) * dim);
+        }
+        if (ptrs.empty()) continue;
+        fold_terms(ptrs, n, pair.data());
+        for (std::size_t i = 0; i < n; ++i) {
+          const float step_out = round_bf16(pair[i] * scale);
+          dq[i] = first ? step_out : round_bf16(dq[i] + step_out);
+        }
+        first = false;
+      }
+    }
   }
 }
 
@@ -297,6 +416,7 @@ void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> parti
             terms.push_back(&m);
         }
         fold_dq_block(grid, rg, part, qb, terms);
+        if (rg.te_p2p) fold_lane_dq_block(grid, rg, part, qb, terms);
       }
     }
   }
@@ -306,7 +426,12 @@ void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> parti
 
 std::vector<RankGradients> run_backward(const CaseGrid& grid,
                                         const std::vector<RankOutput>& forward,
-                                        Transport& transport, InputStore& inputs) {
+                                        Transport& transport, InputStore& inputs,
+                                        bool te_p2p_lane) {
+  if (te_p2p_lane && !inputs.backend().has_lane_partials()) {
+    throw std::logic_error(std::string("the ") + inputs.backend().name() +
+                           " backend cannot run the te_p2p backward lane");
+  }
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, group = p.dims.group_size();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
@@ -322,11 +447,13 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     inputs.prepare(TensorId::d_out, q_shape);
     inputs.prepare(TensorId::k, kv_shape);
     inputs.prepare(TensorId::v, kv_shape);
-    grads.push_back(RankGradients{o, Shard(q_shape), Shard(kv_shape), Shard(kv_shape), {}});
+    grads.push_back(RankGradients{o, Shard(q_shape), Shard(kv_shape), Shard(kv_shape), {}, {}});
+    if (te_p2p_lane)
+      grads.back().te_p2p = LaneGradients{Shard(q_shape), Shard(kv_shape), Shard(kv_shape)};
     for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
       for (int b = 0; b < p.batch; ++b) {
         for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g)
-          totals.add(grads.size() - 1, b, g, kb, group, dim);
+          totals.add(grads.size() - 1, b, g, kb, group, dim, te_p2p_lane ? grid.spec.cp : 0);
       }
     }
   }
@@ -344,6 +471,7 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     fold_dq(grid, span, std::move(round.partials), hosted, transport, grads);
   }
   fold_kv_gradients(grid, totals, grads);
+  if (te_p2p_lane) fold_lane_kv_gradients(grid, totals, grads);
   return grads;
 }
 

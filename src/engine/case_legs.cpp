@@ -8,8 +8,19 @@
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/dlogp.h"
 #include "cpdrift/engine/tensor_layout.h"
+#include "cpdrift/numerics/bf16.h"
 
 namespace cpd::case_legs {
+namespace {
+
+// A gradient rounded to BF16 (the canonical gradients' BF16 write, as a tensor).
+Shard bf16_copy(const Shard& s) {
+  Shard c = s;
+  for (float& x : c.data) x = round_bf16(x);
+  return c;
+}
+
+}  // namespace
 
 BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                             const std::vector<RankOutput>& fp32,
@@ -27,7 +38,10 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
       grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward, reference);
   release_reference();
   record.reference_traffic = ctx.transport.counters() - before;
-  std::vector<RankGradients> grads = run_backward(grid, fp32, ctx.transport, ctx.inputs);
+  std::vector<RankGradients> grads =
+      run_backward(grid, fp32, ctx.transport, ctx.inputs, ctx.te_p2p_backward);
+  std::vector<const Shard*> lane_dq, lane_dk, lane_dv;
+  if (ctx.te_p2p_backward) c.te_p2p.emplace();
   for (std::size_t i = 0; i < grads.size(); ++i) {
     RankGradients& g = grads[i];
     LocalCp1Backward::Result& ref = refs[i];
@@ -52,14 +66,29 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
     ref_dq.push_back(&rq);
     ref_dk.push_back(&rk);
     ref_dv.push_back(&rv);
+    if (g.te_p2p) {
+      const Shard& lq = o.held.keep(std::move(g.te_p2p->dq));
+      const Shard& lk = o.held.keep(std::move(g.te_p2p->dk));
+      const Shard& lv = o.held.keep(std::move(g.te_p2p->dv));
+      c.te_p2p->dq.add(r, lq, rq);
+      c.te_p2p->dk.add(r, lk, rk);
+      c.te_p2p->dv.add(r, lv, rv);
+      c.te_p2p->canonical_dq.add(r, lq, o.held.keep(bf16_copy(q)));
+      c.te_p2p->canonical_dk.add(r, lk, o.held.keep(bf16_copy(k)));
+      c.te_p2p->canonical_dv.add(r, lv, o.held.keep(bf16_copy(v)));
+      lane_dq.push_back(&lq);
+      lane_dk.push_back(&lk);
+      lane_dv.push_back(&lv);
+    }
   }
   const std::string base = case_group(name) + "/";
   const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
-                           HeadKind heads, bool digest, Comparison* candidate_of) {
+                           HeadKind heads, bool digest, Comparison* candidate_of,
+                           bool bf16 = false) {
     if (candidate_of != nullptr)
       candidate_of->candidate_tensor = static_cast<int>(o.tensors.size());
     o.tensors.push_back(
-        case_tensor(grid, ctx.transport, base + path, hosted, dim, heads, false, digest));
+        case_tensor(grid, ctx.transport, base + path, hosted, dim, heads, bf16, digest));
   };
   publish("candidate_fp32/dq", dq, HeadKind::query, true, &c.dq);
   publish("candidate_fp32/dk", dk, HeadKind::kv, true, &c.dk);
@@ -67,6 +96,14 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
   publish("reference_fp32/dq", ref_dq, HeadKind::query, false, nullptr);
   publish("reference_fp32/dk", ref_dk, HeadKind::kv, false, nullptr);
   publish("reference_fp32/dv", ref_dv, HeadKind::kv, false, nullptr);
+  if (c.te_p2p) {
+    publish("te_p2p_backward/dq", lane_dq, HeadKind::query, true, &c.te_p2p->dq, true);
+    publish("te_p2p_backward/dk", lane_dk, HeadKind::kv, true, &c.te_p2p->dk, true);
+    publish("te_p2p_backward/dv", lane_dv, HeadKind::kv, true, &c.te_p2p->dv, true);
+    c.te_p2p->canonical_dq.candidate_tensor = c.te_p2p->dq.candidate_tensor;
+    c.te_p2p->canonical_dk.candidate_tensor = c.te_p2p->dk.candidate_tensor;
+    c.te_p2p->canonical_dv.candidate_tensor = c.te_p2p->dv.candidate_tensor;
+  }
   sink.prefill_part(o);
   return record;
 }

@@ -406,13 +406,30 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
         pr.scratch_keys = std::max(pr.scratch_keys, u64(b.range.size()));
     }
     const std::uint64_t round_peak = backward_peaks[proc];
+    // The te_p2p lane: per KV block, the dK/dV sums of each query CP rank whose queries see it,
+    // per query head; and the lane's own gradients.
+    std::uint64_t lane_sums = 0;
+    if (o.lane_backward) {
+      for (const LogicalRank* r : hosted[proc]) {
+        for (const KvBlock& kb : grid.blocks_of(r->cp_rank)) {
+          std::set<int> ranks;
+          for (const KvBlock& qb : grid.blocks) {
+            if (causally_visible(kb.range, qb.range)) ranks.insert(qb.owner_cp_rank);
+          }
+          lane_sums += u64(ranks.size()) * 2 * u64(group) *
+                       tensor_bytes(p.batch, r->kv_heads.size(), kb.range.size(), dim);
+        }
+      }
+    }
     phase("backward",
           {{"FP32 output kept", fp32_out},
            {"reference gradients", results},
            {"gradients (dq, dk, dv)", results},
            {"dK/dV totals per query head",
             each(proc, [&](const LogicalRank&, RankSizes s) { return 2 * u64(group) * s.kv; })},
-           {"one round's rows and partial dq", round_peak}});
+           {"one round's rows and partial dq", round_peak},
+           {"te_p2p lane: each query rank's dK/dV sums per query head", lane_sums},
+           {"te_p2p lane: its gradients", o.lane_backward ? results : 0}});
   }
   return out;
 }
@@ -436,10 +453,10 @@ std::vector<std::uint64_t> plan_run_peaks(const RunRequest& request, const RunPl
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
     const CaseGrid grid(p, plan.cases[i], request.round_rows);
     const std::vector<ProcessMemory> m = memory.add_case(
-        grid,
-        CaseMemoryOptions{forward_paths(p.dtype, gpu, gpu && request.cpu_check),
-                          request.include_backward, request.include_dlogp ? request.vocab_size : 0,
-                          i + 1 == plan.cases.size() && plan.paged.empty()});
+        grid, CaseMemoryOptions{
+                  forward_paths(p.dtype, gpu, gpu && request.cpu_check), request.include_backward,
+                  request.include_dlogp ? request.vocab_size : 0,
+                  i + 1 == plan.cases.size() && plan.paged.empty(), request.include_lane_backward});
     for (std::size_t proc = 0; proc < m.size(); ++proc)
       peaks[proc] = std::max(peaks[proc], m[proc].peak().bytes());
   }

@@ -113,6 +113,13 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
   context_.emplace(
       RunContext{request.problem, pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
   if (request.include_backward) context_->cp1_backward = &cp1_backward_;
+  if (request.include_lane_backward) {
+    if (!backend_->has_lane_partials()) {
+      throw UsageError(std::string("--include-lane-backward: the ") + backend_->name() +
+                       " backend cannot run it (the CPU backend can: --device cpu)");
+    }
+    context_->te_p2p_backward = true;
+  }
   if (request.include_dlogp) context_->vocab_size = request.vocab_size;
   context_->round_rows = request.round_rows;
   // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.

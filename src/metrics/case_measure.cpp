@@ -50,6 +50,12 @@ BackwardDrift measure_backward(const Measurer& m, const BackwardComparisons& c, 
   for (int r = 0; r < cp; ++r)
     b.per_rank.push_back(
         BackwardDrift::PerRank{r, m.stats(c.dq, r), m.stats(c.dk, r), m.stats(c.dv, r)});
+  if (c.te_p2p) {
+    const LaneBackwardComparisons& l = *c.te_p2p;
+    b.te_p2p = BackwardDrift::Lane{m.stats(l.dq),           m.stats(l.dk),
+                                   m.stats(l.dv),           m.stats(l.canonical_dq),
+                                   m.stats(l.canonical_dk), m.stats(l.canonical_dv)};
+  }
   return b;
 }
 

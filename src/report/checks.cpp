@@ -102,6 +102,11 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
     for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv}) {
       check_finite(failed, n + ": backward.bf16_final_write", *s);
     }
+    if (c.backward.te_p2p) {  // reported, never gated: but a non-finite figure is no figure
+      const BackwardDrift::Lane& l = *c.backward.te_p2p;
+      for (const DiffStats* s : {&l.dq, &l.dk, &l.dv})
+        check_finite(failed, n + ": backward.production_lanes.te_p2p", *s);
+    }
   }
   if (c.cuda_vs_cpu_fp32 && !c.cuda_vs_cpu_fp32->bitwise_equal()) {
     failed.push_back(n + ": cuda_vs_cpu_fp32: the GPU's FP32 path differs from the CPU's in " +

@@ -85,6 +85,24 @@ Value backward_json(const RunReport& r, const CaseResult& c) {
   }
   drift["per_rank"] = std::move(per_rank);
   drift["bf16_final_write"] = grads_json(b.bf16_dq, b.bf16_dk, b.bf16_dv);
+  Value te = Value::object();
+  if (b.te_p2p) {
+    te["status"] = "available";
+    te["emulates"] = "Transformer Engine AttnFuncWithCPAndKVP2P.backward";
+    te["accumulation"] =
+        "each ring step's (query CP rank, KV CP rank) gradients written in BF16; dq summed in "
+        "BF16 on the query rank over KV ranks r, r-1, ...; dK/dV summed in BF16 with their K/V "
+        "over query ranks s, s+1, ...";
+    te["vs_fp32_reference"] = grads_json(b.te_p2p->dq, b.te_p2p->dk, b.te_p2p->dv);
+    te["vs_canonical_bf16"] =
+        grads_json(b.te_p2p->canonical_dq, b.te_p2p->canonical_dk, b.te_p2p->canonical_dv);
+  } else {
+    te["status"] = "not_requested";
+    te["reason"] = "run with --include-lane-backward";
+  }
+  Value lanes = Value::object();
+  lanes["te_p2p"] = std::move(te);
+  drift["production_lanes"] = std::move(lanes);
   drift["provenance"] = backward_provenance(r, c);
   Value drifts = Value::array();
   drifts.push_back(std::move(drift));

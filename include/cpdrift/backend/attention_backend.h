@@ -38,6 +38,9 @@ class AttentionBackend {
   virtual void merge_states(std::span<const MergeJob> jobs, int dim) = 0;
   /// Backward block pairs.
   virtual void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) = 0;
+  /// Whether run_backward_units fills the query blocks' dk_lane / dv_lane (the te_p2p
+  /// backward lane's per-rank sums); a backend that does not is never given them.
+  virtual bool has_lane_partials() const { return false; }
   /// dlogp's per-head partial logits.
   virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;
 

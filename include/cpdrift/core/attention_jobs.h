@@ -76,6 +76,13 @@ struct QueryBlockRows {
   const float* lse = nullptr;    // [rows]
   const float* delta = nullptr;  // [rows]
   float* dq_partial = nullptr;   // [rows][dim], written
+  /// Optional (a production lane's per-rank sums, backends with has_lane_partials): this block's
+  /// dK/dV partial [keys][dim] also folded into dk_lane, dv_lane — started from it when
+  /// lane_first, else added to what they hold — so that a lane can keep the fold over one
+  /// query rank's blocks apart from the unit's total. Null: none.
+  float* dk_lane = nullptr;
+  float* dv_lane = nullptr;
+  bool lane_first = false;
 };
 
 /// One head against one KV block: every query block in `blocks` (ascending, each causally

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -12,12 +13,22 @@
 
 namespace cpd {
 
+/// A production lane's gradients (BF16 values), shaped as RankGradients' own.
+struct LaneGradients {
+  Shard dq, dk, dv;
+};
+
 /// Gradients of one logical rank hosted here.
 struct RankGradients {
   LogicalRank rank;
   Shard dq;                                // [B][its query heads][its tokens][D]
   Shard dk, dv;                            // [B][its KV heads][its tokens][D]
   std::vector<MessageHeader> dq_partials;  // the partial dq folded into dq, as validated
+  /// The te_p2p lane's backward (numerics.md §10), when asked: Transformer Engine's ring, each
+  /// step's (query CP rank, KV CP rank) pair written in BF16 and the steps summed in BF16 in
+  /// ring order — dq on the query rank over KV ranks r, r−1, …; dK/dV with their K/V over query
+  /// ranks s, s+1, …. A pair's gradients are the canonical FP32 sums restricted to the pair.
+  std::optional<LaneGradients> te_p2p;
 };
 
 /// The FP32 backward from the saved forward (`forward`: the FP32 path's merged out and lse),
@@ -26,9 +37,13 @@ struct RankGradients {
 /// see; KV owners compute every block pair, fold dK/dV over the query blocks and then the GQA
 /// group, and send each partial dq back, where it is folded in block order. Every message is
 /// checked against the manifest. Collective over the transport's processes.
+/// `te_p2p_lane`: also the te_p2p lane's gradients (the backend must have_lane_partials; the
+/// canonical gradients' bits do not change). It holds, per KV block, each query CP rank's
+/// dK/dV sums beside the total: up to CP times the dK/dV totals per query head more.
 std::vector<RankGradients> run_backward(const CaseGrid& grid,
                                         const std::vector<RankOutput>& forward,
-                                        Transport& transport, InputStore& inputs);
+                                        Transport& transport, InputStore& inputs,
+                                        bool te_p2p_lane = false);
 
 /// The CP=1 reference backward (`cp1_backward_reference`: one block [0, S), from the CP=1 FP32
 /// forward) computed locally from the input memo, a few GQA groups at a time (their forward,

@@ -62,9 +62,17 @@ struct CaseExecution {
 };
 
 /// The backward leg: the FP32 gradients vs the CP=1 reference, and their BF16 final write.
+/// The te_p2p lane's gradients (BF16) against the FP32 CP=1 reference and against the
+/// canonical gradients' BF16 write.
+struct LaneBackwardComparisons {
+  Comparison dq, dk, dv;
+  Comparison canonical_dq, canonical_dk, canonical_dv;
+};
+
 struct BackwardComparisons {
   Comparison dq, dk, dv;
   Comparison bf16_dq, bf16_dk, bf16_dv;
+  std::optional<LaneBackwardComparisons> te_p2p;  // --include-lane-backward
 };
 
 /// One active token of a logprob comparison: where it is and its two logprobs (the train side,

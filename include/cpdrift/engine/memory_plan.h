@@ -46,8 +46,9 @@ struct ProcessMemory {
 struct CaseMemoryOptions {
   std::vector<ForwardPath> paths;  // forward_paths' list for the run
   bool backward = false;
-  int vocab = 0;          // 0: no dlogp
-  bool last_case = true;  // memos keep nothing during the run's last case
+  int vocab = 0;               // 0: no dlogp
+  bool last_case = true;       // memos keep nothing during the run's last case
+  bool lane_backward = false;  // the backward's te_p2p lane (--include-lane-backward)
 };
 
 /// A run's memory, case after case: what outlives a case (the input memo's rows, the CP=1

@@ -21,6 +21,7 @@ struct RunContext {
   const Collectives& collectives;
   LocalCp1Results& cp1_results;
   LocalCp1Backward* cp1_backward = nullptr;  // set: run the backward leg (--include-backward)
+  bool te_p2p_backward = false;  // the backward's te_p2p lane too (--include-lane-backward)
   /// Set on GPU runs: the CPU backend's inputs, to run the FP32 path again on the CPU and show
   /// the two backends agree bit for bit (cuda_vs_cpu_fp32).
   InputStore* cpu_rerun_inputs = nullptr;

@@ -52,6 +52,7 @@ struct RunRequest {
   std::optional<std::int64_t> q_len;
   // The legs.
   bool include_backward = false;
+  bool include_lane_backward = false;  // the te_p2p lane's backward too (needs include_backward)
   bool include_dlogp = false;
   int vocab_size = 4096;
   bool cpu_check = true;  // GPU runs also run the FP32 path on the CPU and compare the bits

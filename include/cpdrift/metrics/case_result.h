@@ -37,10 +37,17 @@ struct BackwardDrift {
     int cp_rank = 0;
     DiffStats dq, dk, dv;  // over the CP query shard (dq) and KV shard (dk, dv)
   };
+  /// The te_p2p lane's backward (--include-lane-backward): its BF16 gradients vs the FP32
+  /// reference and vs the canonical gradients' BF16 write.
+  struct Lane {
+    DiffStats dq, dk, dv;
+    DiffStats canonical_dq, canonical_dk, canonical_dv;
+  };
   bool available = false;
   DiffStats dq, dk, dv;
   DiffStats bf16_dq, bf16_dk, bf16_dv;  // the gradients' BF16 final write vs the FP32 reference
   std::vector<PerRank> per_rank;
+  std::optional<Lane> te_p2p;
 };
 
 /// The dlogp leg (report `dlogp`): target-token logprobs of the BF16 CP output vs the FP32
