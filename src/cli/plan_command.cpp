@@ -227,9 +227,13 @@ struct Pick {
 Pick pick_protocol(const Problem& p, const RunRequest& q, const CasePlan& planned,
                    const Profile& pf, int processes) {
   // The others' forward only (the backward and dlogp do not depend on the protocol).
+  Pick best{planned.spec.protocol, ""};
+  if (planned.spec.cp == 1) {  // no CP exchange: the protocols are the same work
+    best.why = "CP=1: no partial state crosses a CP rank, so every protocol is the same work";
+    return best;
+  }
   RunRequest forward_only = q;
   forward_only.include_backward = forward_only.include_dlogp = false;
-  Pick best{planned.spec.protocol, ""};
   double best_s = -1;
   std::uint64_t best_bytes = 0;
   std::string why;
@@ -293,10 +297,11 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
   std::string paths;
   for (const ForwardPath& f : c.paths) paths += std::string(paths.empty() ? "" : ", ") + f.name;
   std::fprintf(out,
-               "\n# case %s: %d ranks, %zu KV blocks, %d forward round%s, %zu backward round%s; "
+               "\n# case %s: %d rank%s, %zu KV blocks, %d forward round%s, %zu backward round%s; "
                "forward paths %s\n",
-               case_name(c.spec, p.dtype).c_str(), c.spec.num_logical_ranks(), g.blocks.size(),
-               g.rounds(), g.rounds() == 1 ? "" : "s", g.backward_rounds().size(),
+               case_name(c.spec, p.dtype).c_str(), c.spec.num_logical_ranks(),
+               c.spec.num_logical_ranks() == 1 ? "" : "s", g.blocks.size(), g.rounds(),
+               g.rounds() == 1 ? "" : "s", g.backward_rounds().size(),
                g.backward_rounds().size() == 1 ? "" : "s", paths.c_str());
   // One unit for the case's byte columns: MB, or GB when a column would pass 10^5 MB.
   std::uint64_t largest = 0;

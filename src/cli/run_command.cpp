@@ -196,7 +196,10 @@ void check_memory(const RunRequest& q, const RunPlan& plan, const CommContext& c
     throw std::runtime_error(
         "not enough memory: process " + std::to_string(comm.rank()) + " would need about " +
         gb(need) + " at its peak (cpdrift plan's estimate) and may count on " + gb(budget.bytes) +
-        " (" + budget.source + "); use more processes or nodes, or a smaller --seq-len or --batch");
+        " (" + budget.source +
+        "); use more processes or nodes, a larger --kv-chunk-sizes split (each "
+        "KV block adds a state per query row), or a smaller --seq-len or --batch (cpdrift plan "
+        "shows each phase's buffers)");
   });
 }
 

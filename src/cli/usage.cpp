@@ -74,11 +74,15 @@ Execution and output
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
+  --overwrite                  let --dump replace an existing file (refused otherwise)
   --quiet                      only the verdict line and errors
   --progress                   progress on stderr (each case's phases, the share of the run's
                                work done, the time left) also when stderr is not a terminal,
                                as in a batch job's log; on a terminal it is always on
   -h, --help                   this text
+
+Bench (--seq-len, --batch, --threads, --device as above)
+  --repeats N                  timed runs of each path: the best and the median (default 3)
 
 Plan (the run options say what is planned; --json / --output write the plan as JSON; the
 options of how a run executes -- --dump, --progress, --threads, --transport, --comm-timeout,

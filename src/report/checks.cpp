@@ -90,7 +90,10 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
   check_finite(failed, n + ": bf16_kernel.out", c.bf16_kernel.out);
   check_finite(failed, n + ": bf16_kernel.lse", c.bf16_kernel.lse);
   for (const auto* s : {&c.merge_probe.out, &c.merge_probe.lse}) {
-    if (!s->bitwise_equal()) {
+    if (s->nonfinite_count > 0) {
+      failed.push_back(n + ": merge_order_probe: " + std::to_string(s->nonfinite_count) +
+                       " non-finite values (the merged states hold NaN or inf)");
+    } else if (!s->bitwise_equal()) {
       failed.push_back(n + ": merge_order_probe differs from the canonical merge in " +
                        std::to_string(s->mismatch_count) + " elements");
     }
