@@ -1,13 +1,16 @@
 // Every library check has one shape (style habit 3): a LibraryError whose text names the host,
 // the rank, the file:line of the check, the call and the library's decoded error.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 
 #include "cpdrift/core/errors.h"
 #include "cpdrift/io/tensor_dump.h"
+#include "cpdrift/util/temp_file_guard.h"
 
 using namespace cpd;
 
@@ -61,4 +64,43 @@ TEST_CASE("CPD_H5_CHECK: HDF5's own failure becomes the same LibraryError") {
   }
   set_error_rank(-1);
   std::remove(path.c_str());
+}
+
+namespace {
+
+// What a child process writes on stderr when it raises SIGTERM after handle_interrupts(true)
+// (and note_outputs_written(), when `written`), and whether it died of that signal.
+std::pair<std::string, bool> interrupted_child(bool written) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fds[1], STDERR_FILENO);
+    cpd::handle_interrupts(true);
+    if (written) cpd::note_outputs_written();
+    std::raise(SIGTERM);
+    ::_exit(0);  // not reached
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, buf + n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {text, WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM};
+}
+
+}  // namespace
+
+TEST_CASE("an interrupt says whether the outputs were already written") {
+  // Before: nothing was written. After note_outputs_written (the report and dump in place, as
+  // when mpirun ends the job's other processes once one left with a failing status): say so.
+  const auto [before, before_killed] = interrupted_child(false);
+  CHECK(before == "cpdrift: interrupted by signal 15; no report written\n");
+  CHECK(before_killed);
+  const auto [after, after_killed] = interrupted_child(true);
+  CHECK(after == "cpdrift: interrupted by signal 15 after its outputs were written\n");
+  CHECK(after_killed);
 }

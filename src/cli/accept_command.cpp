@@ -8,6 +8,7 @@
 #include "cpdrift/comm/agree.h"
 #include "cpdrift/core/errors.h"
 #include "cpdrift/report/provenance.h"
+#include "cpdrift/util/temp_file_guard.h"
 
 namespace cpd {
 namespace {
@@ -74,6 +75,7 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
     const json::Value doc =
         acceptance_json(o.mode, verdicts, o.thresholds, runtime, pv.created_at_utc);
     json::write_file_atomic(o.output, json::to_string(doc));
+    note_outputs_written();
     print_rows(verdicts, o.mode, doc.at("passed").as_bool());
     status = doc.at("passed").as_bool() ? kExitOk : kExitChecksFailed;
   }

@@ -21,6 +21,7 @@
 #include "cpdrift/report/run_recorder.h"
 #include "cpdrift/util/partial_files.h"
 #include "cpdrift/util/process_memory.h"
+#include "cpdrift/util/temp_file_guard.h"
 
 namespace cpd {
 namespace {
@@ -125,6 +126,7 @@ void finish(const RunOptions& options, const RunReport& report, TensorDump* dump
   }
   if (!options.output.empty()) json::write_file_atomic(options.output, text);
   if (options.json) std::fwrite(text.data(), 1, text.size(), stdout);
+  note_outputs_written();
   if (verbose) {
     print_footer(table, report);
   } else {

@@ -23,4 +23,9 @@ class TempFileGuard {
 /// says so on stderr in one line: "cpdrift: interrupted by signal N; no report written".
 void handle_interrupts(bool announce);
 
+/// From now on the announcement says "... after its outputs were written": the report (and dump)
+/// are in place, as when mpirun ends the other processes of a job whose first process to finish
+/// left with a failing status.
+void note_outputs_written();
+
 }  // namespace cpd
