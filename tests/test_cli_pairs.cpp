@@ -81,3 +81,57 @@ TEST_CASE("a run without both sides says the pairs are not applicable") {
   CHECK(report.at("trainer_vs_rollout").at("status").as_string() == "not_applicable");
   CHECK(report.at("summary").at("trainer_vs_rollout_pair_count").as_double() == 0);
 }
+
+#if defined(CPD_HAVE_MPI)
+TEST_CASE("rollout TP 1, 2, 4 under mpirun -np 1, 3: other placements, the same bits and pairs") {
+  // --rollout-tp-sizes: TP rank t owns KV heads [2t, 2t+2) at TP=4; on 3 processes TP=1
+  // spreads the 8 KV heads 2/3/3, TP=2 puts rank 0's 4 heads on process 0 and rank 1's on
+  // processes 1 and 2, TP=4 hosts ranks 0,1 on process 0: three placements. The paged kernels
+  // and the logit fold work per head, so every (mode, split) case has one digest and one
+  // logprob figure whatever the TP and the job size, and the aligned pair with the trainer is
+  // bitwise at every rollout TP (the run fails otherwise).
+  const std::string args =
+      "--seq-len 128 --batch 2 --tp-world-sizes 2 --cp-world-sizes 2 --cp-layouts zigzag "
+      "--kv-chunk-sizes 32 --modes chunked_prefill,decode --page-size 16 "
+      "--split-kv-policies fixed --fixed-split-size 32 --rollout-tp-sizes 1,2,4 --vocab-size 17 "
+      "--threads 1 --json --quiet";
+  std::string first;
+  for (const int np : {1, 3}) {
+    CAPTURE(np);
+    const Result r = run_mpi(np, args);
+    CAPTURE(r.err);
+    REQUIRE(r.status == 0);
+    const cpd::json::Value report = cpd::json::parse(r.out);
+    const cpd::json::Array& paged = report.at("paged_cases").as_array();
+    REQUIRE(paged.size() == 3);
+    std::string figures;
+    for (std::size_t i = 0; i < paged.size(); ++i) {
+      const cpd::json::Value& c = paged[i];
+      const int tp = 1 << i;  // 1, 2, 4 in order
+      CHECK(c.at("case_name").as_string() ==
+            "qwen3_8b_tp" + std::to_string(tp) + "_decode_split_kv_fixed32_bf16");
+      CHECK(c.at("paged").at("shape").at("tp_world_size").as_double() == tp);
+      const cpd::json::Value& d = c.at("paged").at("drift");
+      const std::string these = d.at("candidate").at("out").at("digest").as_string() + " " +
+                                cpd::json::to_string(d.at("dlogp"), false);
+      if (figures.empty()) figures = these;
+      CHECK(these == figures);  // the rollout TP never changes a bit
+    }
+    const cpd::json::Array& pairs = report.at("trainer_vs_rollout").at("pairs").as_array();
+    int aligned = 0;
+    for (const cpd::json::Value& p : pairs) {
+      if (p.at("trainer_merge").as_string() != "canonical") continue;
+      CHECK(p.at("aligned").as_bool());
+      CHECK(p.at("bitwise_equal").as_bool());
+      ++aligned;
+    }
+    CHECK(aligned == 3);  // the trainer case against each rollout TP
+    if (first.empty()) first = figures;
+    CHECK(figures == first);
+  }
+  // A size that does not divide the heads is refused before anything runs.
+  const Result bad = run("--modes decode --rollout-tp-sizes 3");
+  CHECK(bad.status == 2);
+  CHECK(bad.err.find("--rollout-tp-sizes 3: must divide 32 and 8") != std::string::npos);
+}
+#endif

@@ -282,6 +282,10 @@ void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& mode
 
 // The paged modes' flags; each one given is remembered, as it needs a paged mode.
 void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& given) {
+  r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
+    q.rollout_tp_sizes = parse_int_list(f, v);
+    given.push_back(f);
+  });
   r.value("--page-size", [&](const std::string& f, const std::string& v) {
     q.page_size = parse_int<int>(f, v, 1);
     given.push_back(f);

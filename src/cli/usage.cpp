@@ -35,8 +35,10 @@ Cases (every combination runs, in this order)
   --modes LIST                 prefill,chunked_prefill (the CP cases above, split none / sized)
                                and the rollout side's paged_prefill,decode (default
                                prefill,chunked_prefill)
-Paged cases (--modes paged_prefill,decode; TP=1, sequence b holds S - b*(S/4B) - b tokens,
-the first pages a prompt shared by all, q-len query tokens at each end)
+Paged cases (--modes paged_prefill,decode; sequence b holds S - b*(S/4B) - b tokens, the
+first pages a prompt shared by all, q-len query tokens at each end)
+  --rollout-tp-sizes LIST      the rollout engine's tensor-parallel sizes, must divide 32 and 8
+                               (default 1): heads split by TP rank, bits unchanged
   --page-size N                KV cache page size in tokens (default 16)
   --split-kv-policies LIST     disabled,fixed,auto (default disabled,fixed); auto is a
                                diagnostic and never passes an invariance check

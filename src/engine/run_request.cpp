@@ -56,11 +56,18 @@ std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
     }
     policies.push_back(p);
   }
-  // Plan-major, so each plan's lanes run once for both modes.
-  for (const SplitPolicy p : policies) {
-    for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
-      if (!o.runs(m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill)) continue;
-      cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}});
+  // Rollout-TP-major, then plan-major, so each plan's lanes run once for both modes.
+  for (const int tp : o.rollout_tp_sizes) {
+    if (tp < 1 || o.problem.dims.num_q_heads % tp != 0 || o.problem.dims.num_kv_heads % tp != 0) {
+      bad("--rollout-tp-sizes " + std::to_string(tp) + ": must divide " +
+          std::to_string(o.problem.dims.num_q_heads) + " and " +
+          std::to_string(o.problem.dims.num_kv_heads) + " (the query and KV heads)");
+    }
+    for (const SplitPolicy p : policies) {
+      for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
+        if (!o.runs(m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill)) continue;
+        cases.push_back(PagedCaseSpec{m, SplitKv{p, p == SplitPolicy::fixed ? fixed : 0}, tp});
+      }
     }
   }
   return cases;

@@ -1,6 +1,7 @@
 #include "cpdrift/paged/paged_case.h"
 
 #include <cstdio>
+#include <optional>
 
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/rollout_pairs.h"
@@ -30,9 +31,10 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   const AttnShard& candidate = o.held.keep(final_write(l.mode_rows(spec.mode), bf16));
   o.candidate = paged::same_rows(candidate, in.reference, w.q_len);
   if (ctx.decoded != nullptr) {  // the rollout's side of the trainer-vs-rollout pairs
-    ctx.decoded->rollout.push_back(gather_rollout_rows(
-        ctx, w, o.name, spec.split.policy == SplitPolicy::auto_select, o.plans,
-        paged::head_owners(ctx.problem, ctx.collectives.size()), local ? &candidate : nullptr));
+    ctx.decoded->rollout.push_back(
+        gather_rollout_rows(ctx, w, o.name, spec.split.policy == SplitPolicy::auto_select, o.plans,
+                            paged::head_owners(ctx.problem, spec.tp, ctx.collectives.size()),
+                            local ? &candidate : nullptr));
   }
   o.fp32 = paged::same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len);
 
@@ -41,8 +43,8 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   // Publishes one lane tensor; returns its index (the candidate's digest is its tensor's).
   const auto publish = [&](const char* path, const Shard& rows, int width, bool bf16_values,
                            bool digest) {
-    o.tensors.push_back(paged::query_rows_tensor(ctx, w, base + path, local ? &rows : nullptr,
-                                                 width, bf16_values, digest));
+    o.tensors.push_back(paged::query_rows_tensor(
+        ctx, w, spec.tp, base + path, local ? &rows : nullptr, width, bf16_values, digest));
     return static_cast<int>(o.tensors.size()) - 1;
   };
   o.candidate.out.candidate_tensor = publish("candidate/out", candidate.out, dim, bf16, true);
@@ -51,7 +53,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   publish("reference/lse", reference_cast.lse, 1, false, false);
 
   o.vocab_size = options.vocab_size;
-  paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in.heads, local ? &candidate : nullptr,
+  paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in, local ? &candidate : nullptr,
                                                   local ? &reference_cast : nullptr, o.vocab_size);
   const std::vector<float>& cand = o.held.keep(std::move(lp.candidate));
   const std::vector<float>& ref = o.held.keep(std::move(lp.reference));
@@ -68,7 +70,11 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
         TokenPair{b, pos, 0, cand[k], ref[k], lp.kl[k], -1, boundary_distance(edges, pos)});
   }
   paged::add_invariances(w, l, o);
-  o.processes_used = std::min(ctx.collectives.size(), ctx.problem.dims.num_kv_heads);
+  o.processes_used = 0;
+  for (int r = 0; r < ctx.collectives.size(); ++r) {
+    if (!paged::kv_heads_of(ctx.problem, spec.tp, ctx.collectives.size(), r).empty())
+      ++o.processes_used;
+  }
   sink.paged_case(o);
 }
 
@@ -79,37 +85,50 @@ const char* to_string(PagedMode m) { return m == PagedMode::decode ? "decode" : 
 std::string paged_case_name(const PagedCaseSpec& spec, DType dtype) {
   std::string split = to_string(spec.split.policy);
   if (spec.split.policy == SplitPolicy::fixed) split = "fixed" + std::to_string(spec.split.size);
-  return std::string("qwen3_8b_tp1_") + to_string(spec.mode) + "_split_kv_" + split + "_" +
-         to_string(dtype);
+  return "qwen3_8b_tp" + std::to_string(spec.tp) + "_" + to_string(spec.mode) + "_split_kv_" +
+         split + "_" + to_string(dtype);
 }
 
 void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
                      const std::vector<PagedCaseSpec>& specs, CaseSink& sink) {
   const PagedWorkload w = make_paged_workload(ctx.problem, o.page_size, o.q_len);
-  const paged::PagedInputs in = paged::prepare_paged_inputs(ctx, w);
-  const AttnShard reference_cast = final_write(in.reference, ctx.problem.dtype == DType::bf16);
+  // The specs come TP-major, then plan-major: the inputs follow each rollout TP's placement,
+  // and each plan's lanes run once for its modes.
+  std::optional<paged::PagedInputs> in;
+  std::optional<AttnShard> reference_cast;
   std::optional<paged::PlanLanes> lanes;
   std::optional<SplitKv> lanes_split;
   const bool say = o.progress && ctx.collectives.root();
   for (const PagedCaseSpec& spec : specs) {
     const auto started = std::chrono::steady_clock::now();
+    if (!in || in->tp != spec.tp) {
+      lanes.reset();
+      lanes_split.reset();
+      reference_cast.reset();
+      in.reset();
+      in = paged::prepare_paged_inputs(ctx, w, spec.tp);
+      reference_cast = final_write(in->reference, ctx.problem.dtype == DType::bf16);
+    }
     if (!lanes_split || !(*lanes_split == spec.split)) {
       lanes.reset();
       std::vector<PagedMode> modes;  // the modes this plan's cases ask for
       for (const PagedCaseSpec& other : specs) {
-        if (other.split == spec.split) modes.push_back(other.mode);
+        if (other.tp == spec.tp && other.split == spec.split) modes.push_back(other.mode);
       }
       const char* policy = to_string(spec.split.policy);
-      if (say) std::fprintf(stderr, "cpdrift: paged lanes, split-KV %s ...\n", policy);
-      lanes = paged::compute_plan_lanes(ctx, w, in, spec.split, modes);
+      if (say) {
+        std::fprintf(stderr, "cpdrift: paged lanes, rollout TP=%d, split-KV %s ...\n", spec.tp,
+                     policy);
+      }
+      lanes = paged::compute_plan_lanes(ctx, w, *in, spec.split, modes);
       lanes_split = spec.split;
       if (say) {
         std::fprintf(
-            stderr, "cpdrift: paged lanes, split-KV %s: %.1f s\n", policy,
+            stderr, "cpdrift: paged lanes, rollout TP=%d, split-KV %s: %.1f s\n", spec.tp, policy,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       }
     }
-    run_paged_case(ctx, o, w, in, reference_cast, *lanes, spec, started, sink);
+    run_paged_case(ctx, o, w, *in, *reference_cast, *lanes, spec, started, sink);
   }
 }
 

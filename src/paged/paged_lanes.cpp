@@ -24,20 +24,39 @@ std::uint64_t layout_seed(const Problem& p) { return p.seed ^ 0x5EEDBA5Eu; }
 
 }  // namespace
 
-Range kv_heads_of(const Problem& p, int world, int rank) {
-  const int n = std::min(world, p.dims.num_kv_heads);
-  if (rank >= n) return Range{0, 0};
-  return Range{std::int64_t{p.dims.num_kv_heads} * rank / n,
-               std::int64_t{p.dims.num_kv_heads} * (rank + 1) / n};
+Range kv_heads_of(const Problem& p, int tp, int world, int rank) {
+  const std::int64_t kv = p.dims.num_kv_heads;
+  const auto tp_heads = [&](std::int64_t t) { return Range{kv * t / tp, kv * (t + 1) / tp}; };
+  if (world < tp) {  // this process hosts the TP ranks t with t·world/tp = rank
+    std::int64_t first = -1, last = -1;
+    for (std::int64_t t = 0; t < tp; ++t) {
+      if (t * world / tp != rank) continue;
+      if (first < 0) first = t;
+      last = t;
+    }
+    return first < 0 ? Range{0, 0} : Range{tp_heads(first).begin, tp_heads(last).end};
+  }
+  // TP rank t's processes are [t·world/tp, (t+1)·world/tp) (rounded up at both ends: each
+  // gets at least one); they split its heads as evenly as can be.
+  for (std::int64_t t = 0; t < tp; ++t) {
+    const std::int64_t begin = (t * world + tp - 1) / tp, end = ((t + 1) * world + tp - 1) / tp;
+    if (rank < begin || rank >= end) continue;
+    const Range heads = tp_heads(t);
+    const std::int64_t n = std::min(end - begin, heads.size()), i = rank - begin;
+    if (i >= n) return Range{0, 0};
+    return Range{heads.begin + heads.size() * i / n, heads.begin + heads.size() * (i + 1) / n};
+  }
+  return Range{0, 0};
 }
 
-PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w) {
+PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, int tp) {
   const Problem& p = ctx.problem;
   const int group = p.dims.group_size();
   const InputPrecision precision =
       p.dtype == DType::bf16 ? InputPrecision::bf16 : InputPrecision::fp32;
   PagedInputs in;
-  in.heads = kv_heads_of(p, ctx.collectives.size(), ctx.collectives.rank());
+  in.tp = tp;
+  in.heads = kv_heads_of(p, tp, ctx.collectives.size(), ctx.collectives.rank());
   in.main_table = make_page_table(w.kv_lens, w.page_size, w.prefix_pages(), PageLayout::interleaved,
                                   layout_seed(p));
   if (in.heads.empty()) return in;

@@ -25,6 +25,7 @@ inline void add_rows(OutLseComparison& into, const AttnShard& c, int cs, std::in
 /// What every split plan shares on this process: its KV heads, the inputs, the allocator's
 /// page table, and the references (FP32, split disabled, contiguous), computed once per run.
 struct PagedInputs {
+  int tp = 1;   // the rollout TP the placement follows
   Range heads;  // this process's KV heads (empty: it computes nothing)
   PageTable main_table;
   Shard q, q32;              // the case dtype's queries, and FP32 ones
@@ -53,12 +54,16 @@ struct PlanLanes {
   }
 };
 
-/// KV heads [begin, end) process `rank` of `world` computes: contiguous, as even as can be.
-Range kv_heads_of(const Problem& p, int world, int rank);
+/// KV heads [begin, end) process `rank` of `world` computes under rollout TP `tp`: contiguous,
+/// within the TP ranks' head boundaries. With at least as many processes as TP ranks, TP rank
+/// t gets processes [t·world/tp, (t+1)·world/tp), which split its KV heads as evenly as can be
+/// (some none when they outnumber its heads); with fewer, process w hosts the TP ranks t with
+/// t·world/tp = w (rounded down), whose heads are consecutive.
+Range kv_heads_of(const Problem& p, int tp, int world, int rank);
 /// The process computing each query head (the owner of its KV head).
-std::vector<int> head_owners(const Problem& p, int world);
+std::vector<int> head_owners(const Problem& p, int tp, int world);
 
-PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w);
+PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, int tp);
 
 /// The lanes of `split`; the per-mode ones only for `modes`.
 PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
@@ -73,8 +78,9 @@ void add_invariances(const PagedWorkload& w, const PlanLanes& l, PagedCaseOutput
 /// The [B, Hq, q_len, width] tensor `path` of one lane's rows (`local`: this process's, null
 /// where it computes no KV head): pieces in global order, each held by the process computing
 /// its KV head.
-CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std::string path,
-                             const Shard* local, int width, bool bf16, bool digest);
+CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int tp,
+                             std::string path, const Shard* local, int width, bool bf16,
+                             bool digest);
 
 /// Target-token logprobs of `candidate` and `reference` (this process's query rows of KV heads
 /// `kv_heads`; null where that is empty): each process projects its heads through the synthetic
@@ -86,7 +92,7 @@ struct PagedLogprobs {
   std::vector<float> candidate, reference;  // [B][q_len], rank 0
   std::vector<float> kl;                    // KL(π_reference ‖ π_candidate) of each token
 };
-PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Range kv_heads,
+PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
                              const AttnShard* candidate, const AttnShard* reference, int vocab);
 
 }  // namespace cpd::paged

@@ -9,10 +9,10 @@
 
 namespace cpd::paged {
 
-std::vector<int> head_owners(const Problem& p, int world) {
+std::vector<int> head_owners(const Problem& p, int tp, int world) {
   std::vector<int> owner(static_cast<std::size_t>(p.dims.num_q_heads), 0);
   for (int r = 0; r < world; ++r) {
-    const Range heads = kv_heads_of(p, world, r);
+    const Range heads = kv_heads_of(p, tp, world, r);
     for (std::int64_t g = heads.begin; g < heads.end; ++g) {
       for (int x = 0; x < p.dims.group_size(); ++x)
         owner[static_cast<std::size_t>(g * p.dims.group_size() + x)] = r;
@@ -21,11 +21,12 @@ std::vector<int> head_owners(const Problem& p, int world) {
   return owner;
 }
 
-CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std::string path,
-                             const Shard* local, int width, bool bf16, bool digest) {
+CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int tp,
+                             std::string path, const Shard* local, int width, bool bf16,
+                             bool digest) {
   const Problem& p = ctx.problem;
   const int world = ctx.collectives.size(), me = ctx.collectives.rank();
-  const std::vector<int> owner = head_owners(p, world);
+  const std::vector<int> owner = head_owners(p, tp, world);
   CaseTensor t;
   t.path = std::move(path);
   t.digest = digest;
@@ -48,8 +49,9 @@ CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, std:
   return t;
 }
 
-PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Range kv,
+PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
                              const AttnShard* candidate, const AttnShard* reference, int vocab) {
+  const Range kv = in.heads;
   const Problem& p = ctx.problem;
   const int dim = p.dims.head_dim, hq = p.dims.num_q_heads, world = ctx.collectives.size();
   const std::int64_t q_len = w.q_len;
@@ -75,7 +77,7 @@ PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, Rang
     ctx.inputs.backend().project_heads(jobs, dim, vocab);
   }
   // Every head's partials to rank 0, in (which, b, h) order.
-  const std::vector<int> owner = head_owners(p, world);
+  const std::vector<int> owner = head_owners(p, in.tp, world);
   std::vector<StreamSegment> segments;
   for (int which = 0; which < 2; ++which) {
     for (int b = 0; b < p.batch; ++b) {

@@ -61,7 +61,7 @@ Value paged_case_json(const RunReport& r, const PagedCaseResult& c) {
   shape["num_query_heads"] = r.problem.dims.num_q_heads;
   shape["num_kv_heads"] = r.problem.dims.num_kv_heads;
   shape["head_dim"] = r.problem.dims.head_dim;
-  shape["tp_world_size"] = 1;
+  shape["tp_world_size"] = c.spec.tp;
   paged["shape"] = std::move(shape);
   paged["page_size"] = w.page_size;
   paged["physical_pages"] = c.physical_pages;

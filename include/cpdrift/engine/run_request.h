@@ -44,8 +44,10 @@ struct RunRequest {
   std::vector<CpLayout> layouts{CpLayout::contiguous};
   std::vector<Protocol> protocols{Protocol::ag_rs};
   std::vector<RunMode> modes{RunMode::prefill, RunMode::chunked_prefill};
-  // The paged modes: page size, split-KV policies (fixed at fixed_split_size, default four
-  // pages), query tokens per sequence (default: make_paged_workload's).
+  // The paged modes: the rollout's TP sizes, page size, split-KV policies (fixed at
+  // fixed_split_size, default four pages), query tokens per sequence (default:
+  // make_paged_workload's).
+  std::vector<int> rollout_tp_sizes{1};
   int page_size = 16;
   std::vector<SplitPolicy> split_policies{SplitPolicy::disabled, SplitPolicy::fixed};
   std::optional<std::int64_t> fixed_split_size;

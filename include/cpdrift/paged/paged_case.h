@@ -23,9 +23,13 @@ const char* to_string(PagedMode);
 struct PagedCaseSpec {
   PagedMode mode = PagedMode::decode;
   SplitKv split;
+  /// The rollout engine's tensor parallelism: TP rank t owns KV heads [t·Hkv/TP, (t+1)·Hkv/TP)
+  /// and their query heads, computed by the processes paged_kv_heads gives it. The paged
+  /// kernels and the logit fold work per head, so TP moves work, never a bit.
+  int tp = 1;
 };
 
-/// qwen3_8b_tp1_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
+/// qwen3_8b_tp{TP}_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
 std::string paged_case_name(const PagedCaseSpec& spec, DType dtype);
 
 /// A case's invariances must hold bitwise, except under the auto policy (a diagnostic).
