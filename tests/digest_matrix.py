@@ -103,7 +103,9 @@ def run_matrix(args):
                 cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe"] + cmd
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                sys.exit(f"digest_matrix: {run} exited {done.returncode}:\n{done.stderr}")
+                print(f"digest_matrix: {run} exited {done.returncode}:\n{done.stderr}",
+                      file=sys.stderr)
+                sys.exit(2)
             with open(out) as f:
                 lines += report_lines(run, json.load(f))
             if args.dump:
@@ -133,6 +135,10 @@ def main():
     p.add_argument("--summary", action="store_true",
                    help="one line per case (its lines' SHA-256): the form --check compares")
     p.add_argument("--check", metavar="GOLDEN", help="fail unless the summary equals GOLDEN")
+    p.add_argument("--expect-differ", action="store_true",
+                   help="with --check: the negative control; exit 0 only when every run ran and "
+                        "the summary differs from GOLDEN (1 when it is equal, 2 when a run "
+                        "failed)")
     p.add_argument("--runs", default=",".join(RUNS),
                    help="comma-separated runs of the matrix to make (default all: "
                         f"{','.join(RUNS)}); --check then compares those runs' lines only")
@@ -152,6 +158,13 @@ def main():
         with open(args.check) as f:
             golden = [line for line in f.read().splitlines()
                       if line.split(" ", 1)[0] in args.runs]
+        if args.expect_differ:
+            if golden == lines:
+                print(f"digest matrix: equal to {args.check}, expected to differ", file=sys.stderr)
+                sys.exit(1)
+            print(f"digest matrix: differs from {args.check} in "
+                  f"{len(set(golden) ^ set(lines))} lines, as expected")
+            return
         if golden != lines:
             gone = sorted(set(golden) - set(lines))
             new = sorted(set(lines) - set(golden))

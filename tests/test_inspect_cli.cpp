@@ -108,10 +108,11 @@ void check_refused(const Result& r, const std::string& file) {
 
 TEST_CASE("summary reproduces every figure of the report it can, bit for bit") {
   // TP=2 with CP=1 and 2 (so the topology figures have their counterpart), both layouts, a
-  // split and none, the backward and dlogp legs, and the paged cases; BF16 and FP32 runs.
+  // split and none, the backward (with the te_p2p lane's) and dlogp legs, and the paged cases;
+  // BF16 and FP32 runs.
   const std::string base =
       "--seq-len 32 --tp-world-sizes 2 --cp-world-sizes 1,2 --kv-chunk-sizes none,8 "
-      "--cp-layouts contiguous,zigzag --include-backward --include-dlogp "
+      "--cp-layouts contiguous,zigzag --include-backward --include-lane-backward --include-dlogp "
       "--modes prefill,chunked_prefill,paged_prefill,decode --page-size 4 --fixed-split-size 8";
   for (const char* dtype : {"bf16", "fp32"}) {
     CAPTURE(dtype);

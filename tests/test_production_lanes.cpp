@@ -241,3 +241,34 @@ TEST_CASE("negative controls: the order and the precision a lane stands for chan
   CHECK(precision_differs > 0);
   CHECK(rs_start_differs > 0);
 }
+
+TEST_CASE("te_p2p backward ring order: the K/V each rank holds, simulated send by send") {
+  // Transformer Engine's backward starts from the K/V the forward ended with (rank r's last
+  // forward step held rank (r − (cp − 1))'s, i.e. r + 1's) and each step sends its buffer to
+  // rank r − 1 and receives rank r + 1's. Simulating those moves gives, at every step, which
+  // K/V (and travelling dK/dV) each rank holds: te_backward_kv_source must say the same, and
+  // te_backward_dkv_visitor must name the rank holding a KV rank's buffer at each step.
+  for (const int cp : {1, 2, 3, 4, 8}) {
+    std::vector<int> held(static_cast<std::size_t>(cp));  // held[r]: the K/V rank r holds
+    for (int r = 0; r < cp; ++r)
+      held[static_cast<std::size_t>(r)] = cpd::ring_source(r, cp - 1, cp);
+    for (int step = 0; step < cp; ++step) {
+      for (int r = 0; r < cp; ++r) {
+        CAPTURE(cp);
+        CAPTURE(step);
+        CAPTURE(r);
+        const int s = held[static_cast<std::size_t>(r)];
+        CHECK(cpd::te_backward_kv_source(r, step, cp) == s);
+        CHECK(cpd::te_backward_dkv_visitor(s, step, cp) == r);
+      }
+      std::vector<int> next(held.size());  // every rank receives from rank + 1
+      for (int r = 0; r < cp; ++r)
+        next[static_cast<std::size_t>(r)] = held[static_cast<std::size_t>((r + 1) % cp)];
+      held = next;
+    }
+    // The diagonal is the last step's, on every rank (TE's `i == cp_size - 1`).
+    for (int r = 0; r < cp; ++r) CHECK(cpd::te_backward_kv_source(r, cp - 1, cp) == r);
+  }
+  // Negative control: the forward's order is another one from CP = 3 on.
+  CHECK(cpd::te_backward_kv_source(0, 0, 3) != cpd::ring_source(0, 0, 3));
+}

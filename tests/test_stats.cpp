@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "cpdrift/metrics/diff_stats.h"
+#include "cpdrift/numerics/bf16.h"
 
 using namespace cpd;
 
@@ -165,4 +167,74 @@ TEST_CASE("stats: whole blocks of exact matches, and NaN against the same NaN in
   CHECK(m.mismatch_count == 2);  // +0 vs -0, and 3 vs 12.5
   const DiffPart bf16{c.data(), r.data(), c.size(), true};
   CHECK(compute_diff_stats(std::span<const DiffPart>(&bf16, 1)).nonfinite_count == 1);
+}
+
+TEST_CASE("stats: a wanted bin holding more diffs than are kept, found by passes over the data") {
+  // Three million diffs within one top-level bin (a quarter binade at 1): more than the 2^21
+  // the radix select keeps, so its later levels pass over the data; the ranks are the sort's.
+  std::mt19937_64 rng(9);
+  std::vector<float> d(3'000'000);
+  for (float& x : d) {
+    const std::uint32_t u = 0x3f800000u + static_cast<std::uint32_t>(rng() % 0x1fffffu);
+    std::memcpy(&x, &u, sizeof x);
+  }
+  std::vector<float> sorted = d;
+  std::sort(sorted.begin(), sorted.end());
+  const DiffStats s = of_diffs(d);
+  CHECK(s.max_abs == sorted.back());
+  CHECK(s.p95_abs == sorted_quantile(sorted, 0.95));
+  CHECK(s.p99_abs == sorted_quantile(sorted, 0.99));
+}
+
+TEST_CASE("stats: BF16 candidates read rounded are the statistics of the rounded values") {
+  // bf16_candidate rounds each candidate once (round_bf16) inside the branch-free blocks: over
+  // many blocks of values that round to even, overflow to inf, NaNs of both signs and payloads,
+  // zeros of both signs and denormals, every figure equals the one of candidates rounded first.
+  std::mt19937_64 rng(11);
+  const auto random_float = [&] {
+    switch (rng() % 8) {
+      case 0:
+        return NAN;
+      case 1: {  // a NaN with another payload and sign
+        const std::uint32_t u = 0xff800001u | static_cast<std::uint32_t>(rng() & 0x3fffffu);
+        float x;
+        std::memcpy(&x, &u, sizeof x);
+        return x;
+      }
+      case 2:
+        return std::numeric_limits<float>::max();  // rounds past the largest BF16
+      case 3:
+        return (rng() & 1) != 0 ? 0.0f : -0.0f;
+      case 4:
+        return std::ldexp(1.0f, -140);  // denormal
+      case 5:
+        return 1.0f + std::ldexp(1.0f, -8);  // a tie
+      default: {
+        const std::uint32_t u = static_cast<std::uint32_t>(rng());
+        float x;
+        std::memcpy(&x, &u, sizeof x);
+        return x;
+      }
+    }
+  };
+  std::vector<float> c(5000), r(5000), rounded(5000);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    c[i] = random_float();
+    r[i] = (rng() % 3) == 0 ? round_bf16(c[i]) : random_float();
+    rounded[i] = round_bf16(c[i]);
+  }
+  const DiffPart as_bf16{c.data(), r.data(), c.size(), true};
+  const DiffPart pre{rounded.data(), r.data(), c.size(), false};
+  const DiffStats a = compute_diff_stats(std::span<const DiffPart>(&as_bf16, 1));
+  const DiffStats b = compute_diff_stats(std::span<const DiffPart>(&pre, 1));
+  CHECK(a.active_count == b.active_count);
+  CHECK(a.mismatch_count == b.mismatch_count);
+  CHECK(a.nonfinite_count == b.nonfinite_count);
+  CHECK(a.max_ulp == b.max_ulp);
+  CHECK(a.max_ulp == std::numeric_limits<std::uint64_t>::max());  // a NaN was in a block
+  CHECK(std::memcmp(&a.max_abs, &b.max_abs, sizeof a.max_abs) == 0);
+  CHECK(std::memcmp(&a.mean_abs, &b.mean_abs, sizeof a.mean_abs) == 0);
+  CHECK(std::memcmp(&a.p95_abs, &b.p95_abs, sizeof a.p95_abs) == 0);
+  CHECK(std::memcmp(&a.p99_abs, &b.p99_abs, sizeof a.p99_abs) == 0);
+  CHECK(a.nonfinite_count > 0);
 }

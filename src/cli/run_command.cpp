@@ -125,7 +125,10 @@ void finish(const RunOptions& options, const RunReport& report, TensorDump* dump
     dump->commit();
   }
   if (!options.output.empty()) json::write_file_atomic(options.output, text);
-  if (options.json) std::fwrite(text.data(), 1, text.size(), stdout);
+  if (options.json) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);  // on its way before the outputs count as written
+  }
   note_outputs_written();
   if (verbose) {
     print_footer(table, report);

@@ -12,6 +12,7 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/numerics/attention_backward_math.h"
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/production_lanes.h"
 #include "protocol_common.h"
 
 namespace cpd {
@@ -305,9 +306,9 @@ void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
   }
 }
 
-// The te_p2p lane's dK, dV of each fold: per query CP rank in ring order from the KV owner
-// (s, s+1, …; ranks whose queries never saw the block skipped), its pair's GQA-folded sums
-// (dK scaled) rounded to BF16, summed in BF16.
+// The te_p2p lane's dK, dV of each fold: per query CP rank in the order the travelling dK/dV
+// visits them (te_backward_dkv_visitor: s−1, s−2, …, s; ranks whose queries never saw the block
+// skipped), its pair's GQA-folded sums (dK scaled) rounded to BF16, summed in BF16.
 void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
                             std::vector<RankGradients>& grads) {
   const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
@@ -321,7 +322,7 @@ void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
     std::vector<float> pair(n);
     bool first = true;
     for (int step = 0; step < cp; ++step) {
-      const int r = (rg.rank.cp_rank + step) % cp;
+      const int r = te_backward_dkv_visitor(rg.rank.cp_rank, step, cp);
       const std::size_t lane = f.first_lane[static_cast<std::size_t>(r)];
       if (lane == KvTotals::kNone) continue;
       for (int which = 0; which < 2; ++which) {
@@ -339,9 +340,10 @@ void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
   }
 }
 
-// The te_p2p lane's dq of one query block qb of part t: per KV CP rank in ring order from the
-// query owner (r, r−1, …; ranks with no visible block skipped), the partials of its blocks
-// folded in block order and scaled, rounded to BF16, summed in BF16.
+// The te_p2p lane's dq of one query block qb of part t: per KV CP rank in the order the
+// backward ring brings them (te_backward_kv_source: r+1, r+2, …, r; ranks with no visible
+// block skipped), the partials of its blocks folded in block order and scaled, rounded to BF16,
+// summed in BF16.
 void fold_lane_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
                         const std::vector<const Message*>& terms) {
   const LogicalRank& r = rg.rank;
@@ -357,7 +359,7 @@ void fold_lane_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t,
       float* dq = rg.te_p2p->dq.at(b, h, rg.te_p2p->dq.shape.local_row(qb.range.begin));
       bool first = true;
       for (int step = 0; step < cp; ++step) {
-        const int s = ((r.cp_rank - step) % cp + cp) % cp;
+        const int s = te_backward_kv_source(r.cp_rank, step, cp);
         ptrs.clear();
         for (const Message* m : terms) {
           if (grid.blocks[static_cast<std::size_t>(m->header.block_index)].owner_cp_rank == s)

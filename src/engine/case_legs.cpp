@@ -8,19 +8,8 @@
 #include "cpdrift/engine/case_runner.h"
 #include "cpdrift/engine/dlogp.h"
 #include "cpdrift/engine/tensor_layout.h"
-#include "cpdrift/numerics/bf16.h"
 
 namespace cpd::case_legs {
-namespace {
-
-// A gradient rounded to BF16 (the canonical gradients' BF16 write, as a tensor).
-Shard bf16_copy(const Shard& s) {
-  Shard c = s;
-  for (float& x : c.data) x = round_bf16(x);
-  return c;
-}
-
-}  // namespace
 
 BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                             const std::vector<RankOutput>& fp32,
@@ -73,9 +62,11 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
       c.te_p2p->dq.add(r, lq, rq);
       c.te_p2p->dk.add(r, lk, rk);
       c.te_p2p->dv.add(r, lv, rv);
-      c.te_p2p->canonical_dq.add(r, lq, o.held.keep(bf16_copy(q)));
-      c.te_p2p->canonical_dk.add(r, lk, o.held.keep(bf16_copy(k)));
-      c.te_p2p->canonical_dv.add(r, lv, o.held.keep(bf16_copy(v)));
+      // The canonical gradients read rounded to BF16 against the lane (the statistics are
+      // symmetric; the lane's digest is the vs_fp32_reference figure's).
+      c.te_p2p->canonical_dq.add(r, q, lq, true);
+      c.te_p2p->canonical_dk.add(r, k, lk, true);
+      c.te_p2p->canonical_dv.add(r, v, lv, true);
       lane_dq.push_back(&lq);
       lane_dk.push_back(&lk);
       lane_dv.push_back(&lv);
@@ -100,9 +91,6 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
     publish("te_p2p_backward/dq", lane_dq, HeadKind::query, true, &c.te_p2p->dq, true);
     publish("te_p2p_backward/dk", lane_dk, HeadKind::kv, true, &c.te_p2p->dk, true);
     publish("te_p2p_backward/dv", lane_dv, HeadKind::kv, true, &c.te_p2p->dv, true);
-    c.te_p2p->canonical_dq.candidate_tensor = c.te_p2p->dq.candidate_tensor;
-    c.te_p2p->canonical_dk.candidate_tensor = c.te_p2p->dk.candidate_tensor;
-    c.te_p2p->canonical_dv.candidate_tensor = c.te_p2p->dv.candidate_tensor;
   }
   sink.prefill_part(o);
   return record;

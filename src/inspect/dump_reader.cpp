@@ -20,12 +20,19 @@ namespace {
 
 char being_read[4096] = "";
 
-// Records `path` as the file HDF5 is about to read (truncated to the buffer; NUL-terminated).
-void reading(const std::string& path) {
-  const std::size_t n = std::min(path.size(), sizeof being_read - 1);
-  std::memcpy(being_read, path.data(), n);
-  being_read[n] = '\0';
-}
+// Names `path` as the file HDF5 reads while this lives (truncated to the buffer;
+// NUL-terminated), and clears it after: a fault outside an HDF5 read blames no file.
+class Reading {
+ public:
+  explicit Reading(const std::string& path) {
+    const std::size_t n = std::min(path.size(), sizeof being_read - 1);
+    std::memcpy(being_read, path.data(), n);
+    being_read[n] = '\0';
+  }
+  ~Reading() { being_read[0] = '\0'; }
+  Reading(const Reading&) = delete;
+  Reading& operator=(const Reading&) = delete;
+};
 
 }  // namespace
 
@@ -64,8 +71,11 @@ std::string TensorInfo::leg_path() const {
 }
 
 struct DumpFile::Impl {
-  // The file closes after this body: a fault in HDF5's close names it too.
-  ~Impl() { reading(path); }
+  // The file closes here, named: a fault in HDF5's close names it too.
+  ~Impl() {
+    const Reading scope(path);
+    file.reset();
+  }
 
   std::string path;
   h5::Handle file;
@@ -201,7 +211,7 @@ DumpFile DumpFile::open(const std::string& path) {
     throw InspectError(path + ": empty file (0 bytes), not a dump");
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  reading(path);
+  const Reading scope(path);
   try {
     impl->file = h5::open_file(path);
     impl->load();
@@ -215,7 +225,7 @@ DumpFile DumpFile::open_image(const void* data, std::size_t size, const std::str
   if (size == 0) throw InspectError(name + ": empty file (0 bytes), not a dump");
   auto impl = std::make_unique<Impl>();
   impl->path = name;
-  reading(name);
+  const Reading scope(name);
   try {
     impl->file = h5::open_image(data, size, name);
     impl->load();
@@ -248,7 +258,7 @@ const TensorInfo* DumpFile::find(const std::string& path) const {
 
 std::vector<float> DumpFile::read(const TensorInfo& tensor) const {
   const std::string& file = impl_->path;
-  reading(file);
+  const Reading scope(file);
   std::vector<float> values;
   try {
     values.resize(static_cast<std::size_t>(tensor.elements()));
@@ -267,7 +277,7 @@ std::vector<float> DumpFile::read(const TensorInfo& tensor) const {
 std::optional<std::string> DumpFile::report_json() const {
   if (!impl_->has_report) return std::nullopt;
   const std::string& file = impl_->path;
-  reading(file);
+  const Reading scope(file);
   const h5::Handle data(h5::checked(H5Dopen2(impl_->file.get(), "/report_json", H5P_DEFAULT), file,
                                     "cannot open /report_json"),
                         H5Dclose);

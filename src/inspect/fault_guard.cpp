@@ -19,17 +19,29 @@ void say(const char* s) {
   }
 }
 
-// Async-signal-safe: write(2) and _exit(2) only.
+const char* name_of(int signal) {
+  return signal == SIGSEGV  ? "SIGSEGV"
+         : signal == SIGBUS ? "SIGBUS"
+         : signal == SIGFPE ? "SIGFPE"
+         : signal == SIGILL ? "SIGILL"
+                            : "SIGABRT";
+}
+
+// Async-signal-safe: write(2) and _exit(2) only. Inside an HDF5 read of a file (its name set),
+// the file is the cause: bad input, status 2; anywhere else it is cpdrift-inspect's own fault,
+// status 3, and no file is blamed.
 void on_fault(int signal) {
   const char* file = file_being_read();
   say("cpdrift-inspect: error: ");
-  say(*file != '\0' ? file : "(no file)");
+  if (*file == '\0') {
+    say("internal error (");
+    say(name_of(signal));
+    say("), not caused by the file: please report it\n");
+    ::_exit(3);
+  }
+  say(file);
   say(": the HDF5 library faulted (");
-  say(signal == SIGSEGV  ? "SIGSEGV"
-      : signal == SIGBUS ? "SIGBUS"
-      : signal == SIGFPE ? "SIGFPE"
-      : signal == SIGILL ? "SIGILL"
-                         : "SIGABRT");
+  say(name_of(signal));
   say(") reading this file: its metadata is corrupted\n");
   ::_exit(2);
 }

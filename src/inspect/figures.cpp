@@ -102,6 +102,15 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
   }
   for (const char* g : {"dq", "dk", "dv"})
     gradient(backward + "bf16_final_write." + g, g, false, std::nullopt, true);
+  // The te_p2p lane's backward (--include-lane-backward): against the FP32 reference (with the
+  // lane's digest), and the canonical gradients read as BF16 against it.
+  const std::string lane = backward + "production_lanes.te_p2p.";
+  for (const char* g : {"dq", "dk", "dv"}) {
+    f.add(lane + "vs_fp32_reference." + g, std::string("te_p2p_backward/") + g,
+          f.base() + "reference_fp32/" + g, true);
+    f.add(lane + "vs_canonical_bf16." + g, std::string("candidate_fp32/") + g,
+          f.base() + "te_p2p_backward/" + g, false, std::nullopt, true);
+  }
   // The logprobs' active tokens: every sequence's but its first.
   f.add("dlogp.drift", "candidate/logp", f.base() + "reference/logp", true,
         std::vector<Range>{Range{1, p.seq_len}});

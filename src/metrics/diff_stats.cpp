@@ -347,6 +347,34 @@ void by_kind(const Piece& c, Fn&& fn) {
   }
 }
 
+// A later level's histogram filled from the data itself (when the wanted bins hold too many
+// diffs to keep): every nonzero diff whose bits above `level` are one of `prefixes`, counted at
+// its bin of the level in h ([prefixes][level_bins(level)]).
+template <bool kReference, bool kBf16>
+void level_pass_of(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
+                   std::uint64_t* h) {
+  const int above = kLevelShift[level - 1], shift = kLevelShift[level];
+  const std::size_t bins = level_bins(level);
+  const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
+  for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
+    if (b.nonzero == 0) return;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t u = b.diff[k];
+      if (u == 0) continue;
+      for (std::size_t x = 0; x < prefixes.size(); ++x) {
+        if ((u >> above) == prefixes[x]) ++h[x * bins + ((u >> shift) & mask)];
+      }
+    }
+  });
+}
+
+void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
+                std::uint64_t* h) {
+  by_kind(c, [&](auto reference, auto bf16) {
+    level_pass_of<decltype(reference)::value, decltype(bf16)::value>(c, level, prefixes, h);
+  });
+}
+
 void collect(const Piece& c, std::span<const std::uint32_t> bins, std::vector<std::uint32_t>* out) {
   by_kind(c, [&](auto reference, auto bf16) {
     collect_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, out);
@@ -413,22 +441,27 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
     rank[w] = at.rank_in_bin;
   }
 
-  // The second pass over the data keeps the diffs in the wanted ranks' top-level bins (a
-  // small share of them: a bin spans a quarter of a binade); the later levels histogram those
-  // alone, one histogram per distinct prefix (the four ranks often share bins), each reduced
-  // and each rank located within it.
+  // The later levels: one histogram per distinct prefix (the four ranks often share bins),
+  // reduced, and each rank located within it. Their input is the diffs in the wanted ranks'
+  // top-level bins, usually a small share of the tensor (a bin spans a quarter of a binade):
+  // kept by a second pass over the data and histogrammed from there. When those bins hold more
+  // than kKeepLimit diffs (known alike on every holder from the reduced histogram), each level
+  // is a pass over the data instead, so the memory stays what the statistics always took.
   std::vector<std::uint32_t> top_bins;
+  std::uint64_t in_top_bins = 0;
   for (int w = 0; w < 4; ++w) {
-    if (!found[w] && std::find(top_bins.begin(), top_bins.end(), prefix[w]) == top_bins.end())
+    if (!found[w] && std::find(top_bins.begin(), top_bins.end(), prefix[w]) == top_bins.end()) {
       top_bins.push_back(prefix[w]);
+      in_top_bins += first.hist()[prefix[w]];
+    }
   }
-  std::vector<std::uint32_t> kept;
-  if (!top_bins.empty()) {  // else every wanted rank is a zero (the same on every holder)
-    std::vector<std::vector<std::uint32_t>> per_chunk(chunks.size());
+  constexpr std::uint64_t kKeepLimit = std::uint64_t{1} << 21;  // 8 MiB of diffs
+  const bool keep = in_top_bins <= kKeepLimit;
+  std::vector<std::vector<std::uint32_t>> kept(chunks.size());  // per chunk
+  if (keep && !top_bins.empty()) {  // else no rank is past the zeros (the same everywhere)
     for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-      for (const Piece& piece : chunks[c]) collect(piece, top_bins, &per_chunk[c]);
+      for (const Piece& piece : chunks[c]) collect(piece, top_bins, &kept[c]);
     });
-    for (const auto& v : per_chunk) kept.insert(kept.end(), v.begin(), v.end());
   }
   for (int level = 1; level < kLevels && !top_bins.empty(); ++level) {
     const std::size_t bins = level_bins(level);
@@ -443,9 +476,22 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
       if (at == prefixes.end()) prefixes.push_back(prefix[w]);
     }
     std::vector<std::uint64_t> hist(prefixes.size() * bins, 0);
-    for (const std::uint32_t u : kept) {
-      for (std::size_t b = 0; b < prefixes.size(); ++b) {
-        if ((u >> above) == prefixes[b]) ++hist[b * bins + ((u >> shift) & mask)];
+    if (keep) {
+      for (const std::vector<std::uint32_t>& chunk : kept) {
+        for (const std::uint32_t u : chunk) {
+          for (std::size_t b = 0; b < prefixes.size(); ++b) {
+            if ((u >> above) == prefixes[b]) ++hist[b * bins + ((u >> shift) & mask)];
+          }
+        }
+      }
+    } else {
+      std::vector<std::vector<std::uint64_t>> partial(chunks.size());
+      for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+        partial[c].assign(hist.size(), 0);
+        for (const Piece& piece : chunks[c]) level_pass(piece, level, prefixes, partial[c].data());
+      });
+      for (const auto& h : partial) {
+        for (std::size_t i = 0; i < hist.size(); ++i) hist[i] += h[i];
       }
     }
     reduce.sum(hist);

@@ -91,8 +91,8 @@ Value backward_json(const RunReport& r, const CaseResult& c) {
     te["emulates"] = "Transformer Engine AttnFuncWithCPAndKVP2P.backward";
     te["accumulation"] =
         "each ring step's (query CP rank, KV CP rank) gradients written in BF16; dq summed in "
-        "BF16 on the query rank over KV ranks r, r-1, ...; dK/dV summed in BF16 with their K/V "
-        "over query ranks s, s+1, ...";
+        "BF16 on the query rank over KV ranks r+1, r+2, ..., r; dK/dV summed in BF16 with their "
+        "K/V over query ranks s-1, s-2, ..., s (the backward ring, the diagonal last)";
     te["vs_fp32_reference"] = grads_json(b.te_p2p->dq, b.te_p2p->dk, b.te_p2p->dv);
     te["vs_canonical_bf16"] =
         grads_json(b.te_p2p->canonical_dq, b.te_p2p->canonical_dk, b.te_p2p->canonical_dv);

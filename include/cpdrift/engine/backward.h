@@ -24,10 +24,11 @@ struct RankGradients {
   Shard dq;                                // [B][its query heads][its tokens][D]
   Shard dk, dv;                            // [B][its KV heads][its tokens][D]
   std::vector<MessageHeader> dq_partials;  // the partial dq folded into dq, as validated
-  /// The te_p2p lane's backward (numerics.md §10), when asked: Transformer Engine's ring, each
-  /// step's (query CP rank, KV CP rank) pair written in BF16 and the steps summed in BF16 in
-  /// ring order — dq on the query rank over KV ranks r, r−1, …; dK/dV with their K/V over query
-  /// ranks s, s+1, …. A pair's gradients are the canonical FP32 sums restricted to the pair.
+  /// The te_p2p lane's backward (numerics.md §10), when asked: Transformer Engine's backward
+  /// ring, each step's (query CP rank, KV CP rank) pair written in BF16 and the steps summed in
+  /// BF16 in its order — dq on the query rank over KV ranks r+1, r+2, …, r; dK/dV with their K/V
+  /// over query ranks s−1, s−2, …, s (the diagonal last). A pair's gradients are the canonical
+  /// FP32 sums restricted to the pair.
   std::optional<LaneGradients> te_p2p;
 };
 

@@ -5,10 +5,11 @@
 
 namespace cpd::inspect {
 
-/// Installs handlers for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT (on an alternate stack)
-/// that print `cpdrift-inspect: error: <file>: ...` naming file_being_read() and end the
-/// process with status 2. For the executable only: tests and the fuzz target keep the default
-/// behaviour, so a fault there is seen.
+/// Installs handlers for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT (on an alternate stack).
+/// While HDF5 reads a file (file_being_read() names it) they print `cpdrift-inspect: error:
+/// <file>: ...` and end the process with status 2; elsewhere the fault is the tool's own: an
+/// "internal error" line and status 3. For the executable only: tests and the fuzz target keep
+/// the default behaviour, so a fault there is seen.
 void install_fault_guard();
 
 }  // namespace cpd::inspect

@@ -40,6 +40,17 @@ struct RankState {
 /// The CP rank whose K/V a ring holds at step `step` on rank `owner`: (owner − step) mod cp.
 inline int ring_source(int owner, int step, int cp) { return ((owner - step) % cp + cp) % cp; }
 
+/// Transformer Engine's backward ring ("in reversed order of fwd"): it starts from the K/V the
+/// forward ended with and passes them (with their dK/dV) to rank − 1, so at step `step` rank
+/// `owner` holds the K/V of rank (owner + 1 + step) mod cp — the diagonal last.
+inline int te_backward_kv_source(int owner, int step, int cp) { return (owner + 1 + step) % cp; }
+
+/// The query rank that adds to KV rank `kv_rank`'s travelling dK/dV at backward step `step`:
+/// the rank holding it then, (kv_rank − 1 − step) mod cp — its own queries last.
+inline int te_backward_dkv_visitor(int kv_rank, int step, int cp) {
+  return ((kv_rank - 1 - step) % cp + cp) % cp;
+}
+
 /// Transformer Engine: the LSE folded in ring order (max + log1p(exp(min − max)), FP32), then
 /// the output corrected step by step in ring order into a BF16 running output:
 /// out = bf16(o_s · exp(l_s − L)) for the first step, out = bf16(out + o_s · exp(l_s − L)).
