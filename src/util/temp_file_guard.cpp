@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 
@@ -62,6 +63,7 @@ TempFileGuard::TempFileGuard(const std::string& path) {
   g_armed = 0;
   if (path.size() >= sizeof g_path) return;  // too long to keep: left to the normal cleanup
   std::memcpy(g_path, path.c_str(), path.size() + 1);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the path is whole before it is armed
   g_armed = 1;
 }
 
