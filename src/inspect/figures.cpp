@@ -55,9 +55,15 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
   const Problem& p = dump.problem().problem;
   if (c.paged) {
     FigureList f(dump, "/paged_cases/" + c.name + "/");
+    // The candidate against the FP32-arithmetic reference before its BF16 write: dumped beside
+    // the BF16 one under --dtype bf16; the same tensor under fp32.
     const TensorInfo* reference_out = dump.find(f.base() + "reference/out");
-    if (reference_out != nullptr && !reference_out->bf16)
+    if (reference_out != nullptr && !reference_out->bf16) {
       f.add("paged.drift.candidate.out", "candidate/out", f.base() + "reference/out", true);
+    } else {
+      f.add("paged.drift.candidate.out", "candidate/out",
+            f.base() + "reference_fp32_arithmetic/out", true);
+    }
     f.add("paged.drift.candidate.lse", "candidate/lse", f.base() + "reference/lse", true);
     return f.take();
   }
@@ -120,11 +126,13 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
 std::vector<MissingFigure> missing_figures(const DumpFile& dump, const CaseInfo& c) {
   std::vector<MissingFigure> missing;
   if (c.paged) {
-    const TensorInfo* reference_out = dump.find("/paged_cases/" + c.name + "/reference/out");
-    if (reference_out == nullptr || reference_out->bf16) {
+    const std::string base = "/paged_cases/" + c.name + "/";
+    const TensorInfo* reference_out = dump.find(base + "reference/out");
+    if ((reference_out == nullptr || reference_out->bf16) &&
+        dump.find(base + "reference_fp32_arithmetic/out") == nullptr) {
       missing.push_back({"paged.drift.candidate.out",
-                         "the dump holds the reference cast to BF16; the report's figure is "
-                         "against the FP32 reference"});
+                         "the dump holds the reference cast to BF16 only (an older dump); the "
+                         "report's figure is against the reference before that write"});
     }
     missing.push_back({"paged.drift.fp32_split_merge", "the FP32 lane is not dumped"});
     missing.push_back({"paged.drift.dlogp", "the paged logprobs are not dumped"});

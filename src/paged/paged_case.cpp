@@ -51,6 +51,9 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   o.candidate.lse.candidate_tensor = publish("candidate/lse", candidate.lse, 1, false, true);
   publish("reference/out", reference_cast.out, dim, bf16, false);
   publish("reference/lse", reference_cast.lse, 1, false, false);
+  // Under BF16 the candidate's figure is against the reference before its BF16 write: that too,
+  // so that a dump reproduces the figure (cpdrift-inspect summary).
+  if (bf16) publish("reference_fp32_arithmetic/out", in.reference.out, dim, false, false);
 
   o.vocab_size = options.vocab_size;
   paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in, local ? &candidate : nullptr,
