@@ -174,7 +174,13 @@ TEST_CASE("memory budget: the least of what the node, the cgroup and ulimit -v a
   REQUIRE(node.bytes > 0);  // /proc/meminfo at least
   // Shared by four processes: each counts on a quarter (or less, if ulimit -v binds).
   CHECK(memory_budget(4).bytes <= node.bytes / 4 + 1);
-  // An address-space limit below everything else binds, and says so.
+  // An address-space limit below everything else binds, and says so. Not under AddressSanitizer:
+  // its shadow memory is reserved address space, so any limit below the node's memory makes its
+  // own next mapping fail (the plain build runs this; .ci/run runs both).
+#if defined(__SANITIZE_ADDRESS__)
+  MESSAGE("the ulimit -v part is left to the build without AddressSanitizer");
+  return;
+#endif
   rlimit old{};
   REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
   rlimit low = old;

@@ -9,35 +9,11 @@
 #include <vector>
 
 #include "cpdrift/inspect/dump_reader.h"
+#include "cpdrift/io/h5_handle.h"
 
 namespace cpd::inspect::h5 {
 
-/// Owns one HDF5 id and closes it with the matching function.
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  Handle& operator=(Handle&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    close_ = o.close_;
-    o.id_ = -1;
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-  hid_t get() const { return id_; }
-  void reset() {
-    if (id_ >= 0 && close_ != nullptr) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
+using h5io::Handle;
 
 /// Turns HDF5's automatic error printing off, for good (the reader reports errors itself).
 void silence_errors();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpdrift/core/errors.h"
+#include "cpdrift/io/h5_handle.h"
 #include "cpdrift/io/tensor_dump.h"
 #include "cpdrift/util/partial_files.h"
 #include "cpdrift/util/temp_file_guard.h"
@@ -68,33 +69,7 @@ std::string os_error(const std::vector<std::string>& stack) {
 namespace cpd {
 namespace {
 
-// Owns one HDF5 id and closes it with the matching function.
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  Handle& operator=(Handle&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    close_ = o.close_;
-    o.id_ = -1;
-    return *this;
-  }
-  ~Handle() { reset(); }
-  hid_t get() const { return id_; }
-  void reset() { close(); }
-  /// Closes the id now; the close's status (a close can be where buffered data is written).
-  herr_t close() {
-    const herr_t status = id_ >= 0 && close_ != nullptr ? close_(id_) : 0;
-    id_ = -1;
-    return status;
-  }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
+using h5io::Handle;
 
 void write_attribute(hid_t object, const std::string& name, const DumpValue& value) {
   const Handle space(CPD_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
