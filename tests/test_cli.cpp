@@ -337,7 +337,7 @@ TEST_CASE(
   const std::string cases =
       "--seq-len 48 --tp-world-sizes 1,2 --cp-world-sizes 1,2,3 --kv-chunk-sizes none,5 "
       "--cp-layouts contiguous,zigzag --protocols ag_rs,ring_kv,allgather_kv --include-backward "
-      "--include-dlogp";
+      "--include-dlogp --vocab-size 17";
   const Result planned = run("plan --profile cpu " + cases + " --json");
   REQUIRE(planned.status == 0);
   const cpd::json::Value plan_doc = cpd::json::parse(planned.out);
