@@ -28,9 +28,10 @@ inline std::string bin() {
   return path;
 }
 
-// Whether this test (and so, in .ci/run, the binary it runs) is built with AddressSanitizer:
-// its shadow memory is reserved address space, which an address-space limit (ulimit -v) below
-// the node's memory leaves no room for, and it runs the binary several times slower.
+// Whether this test (and so, under .ci/sanitize --all, the binary it runs) is built with
+// AddressSanitizer: its shadow memory is reserved address space, which an address-space limit
+// (ulimit -v) below the node's memory leaves no room for, and it runs the binary several times
+// slower.
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kAddressSanitizer = true;
 #else
