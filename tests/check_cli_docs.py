@@ -39,7 +39,7 @@ import re
 import subprocess
 import sys
 
-CPDRIFT_COMMANDS = ["run", "bench", "accept", "plan"]
+CPDRIFT_COMMANDS = ["run", "bench", "accept", "plan", "compare"]
 MARKER = re.compile(r"^<!--[ \t]*cli-scope:[ \t]*(.*?)[ \t]*-->[ \t]*$", re.M)
 LONG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
 SHORT_IN_HELP = re.compile(r"(?m)^\s+(-[a-zA-Z]),\s+--")

@@ -155,6 +155,21 @@ const std::vector<BadInput>& bad_inputs() {
          "--out-threshold"},
         {{"accept", "--mode", "manifest", "--output", "@D/acc.json", "--lse-threshold", "x"},
          "--lse-threshold"},
+        {{"--input-distribution", "uniform"}, "uniform"},
+        // compare: its arguments, its options, and streams that cannot be compared.
+        {{"compare"}, "TRAIN ROLLOUT (got 0)"},
+        {{"compare", "@D/a.jsonl"}, "(got 1)"},
+        {{"compare", "@D/a.jsonl", "@D/a.jsonl", "@D/a.jsonl"}, "(got 3)"},
+        {{"compare", "--no-such-flag"}, "--no-such-flag"},
+        {{"compare", "@D/a.jsonl", "@D/a.jsonl", "--max-abs-delta", "-1"}, "--max-abs-delta"},
+        {{"compare", "@D/a.jsonl", "@D/a.jsonl", "--worst", "x"}, "--worst"},
+        {{"compare", "@D/a.jsonl", "@D/b.jsonl", "--output", "@D/b.jsonl"},
+         "is one of the streams"},
+        {{"compare", "@D/nothing.jsonl", "@D/a.jsonl"}, "@D/nothing.jsonl: no such file"},
+        {{"compare", "@D/a.jsonl", "@D/b.jsonl"}, "token ids differ at (sequence 0, position 1)"},
+        {{"compare", "@D/a.jsonl", "@D/empty.jsonl"}, "has no record for (sequence 0, position 1)"},
+        {{"compare", "@D/empty.jsonl", "@D/empty.jsonl", "--output", "@D/c.json"}, "no records"},
+        {{"compare", "@D/a.jsonl", "@D/a.jsonl", "--output", "@D/adir"}, "is a directory"},
     };
     // Where the bench could run on a GPU, asking for one is no error.
     if (!cpd::cuda_backend_built()) {
@@ -178,6 +193,14 @@ TEST_CASE(
   if (comm().rank() == 0) {
     fs::create_directory(scratch.dir / "adir");
     std::ofstream(scratch.dir / "existing.h5") << "an earlier dump";
+    // Logprob streams for compare: b differs from a in its token id, empty has no record.
+    std::ofstream(scratch.dir / "a.jsonl")
+        << R"({"sequence": 0, "position": 1, "token_id": 5, "logprob": -0.5})"
+        << "\n";
+    std::ofstream(scratch.dir / "b.jsonl")
+        << R"({"sequence": 0, "position": 1, "token_id": 6, "logprob": -0.5})"
+        << "\n";
+    std::ofstream(scratch.dir / "empty.jsonl");
   }
   comm().barrier();
   const std::string before = listing(scratch.dir);

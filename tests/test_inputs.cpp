@@ -55,31 +55,52 @@ TEST_CASE("normals: moments of a million draws") {
   CHECK(std::fabs(sum4 / n - 3.0) < 0.05);  // kurtosis 3: the tails are Gaussian, not uniform
 }
 
+namespace {
+
+struct InputKind {
+  TensorId tensor;
+  InputPrecision precision;
+  InputDistribution distribution;
+};
+
+// q, k, v in both precisions, under every input distribution.
+std::vector<InputKind> all_input_kinds() {
+  std::vector<InputKind> kinds;
+  for (const auto& [dist, name] : kInputDistributionNames) {
+    for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+      for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16})
+        kinds.push_back(InputKind{t, prec, dist});
+    }
+  }
+  return kinds;
+}
+
+}  // namespace
+
 TEST_CASE("a slice generated alone equals the same slice cut from the whole tensor") {
   Problem p;
   p.seq_len = 40;
   p.batch = 2;
   ThreadPool pool(2);
-  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
-    for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16}) {
-      const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
-      const ShardShape whole{p.batch, Range{0, heads}, {Range{0, p.seq_len}}, p.dims.head_dim};
-      const ShardShape slice{p.batch, Range{1, 3}, {Range{3, 9}, Range{30, 37}}, p.dims.head_dim};
-      const Shard all = generate_shard(p, t, whole, prec, pool);
-      const Shard part = generate_shard(p, t, slice, prec, pool);
-      bool equal = true;
-      for (int b = 0; b < p.batch; ++b) {
-        for (std::int64_t h = 1; h < 3; ++h) {
-          for (std::int64_t pos : {3, 5, 8, 30, 36}) {
-            const float* x = all.at(b, h, whole.local_row(pos));
-            const float* y = part.at(b, h, slice.local_row(pos));
-            for (int d = 0; d < p.dims.head_dim; ++d)
-              equal = equal && bits_of(x[d]) == bits_of(y[d]);
-          }
+  for (const auto& [t, prec, dist] : all_input_kinds()) {
+    CAPTURE(std::string(to_string(dist)));
+    p.distribution = dist;
+    const int heads = t == TensorId::q ? p.dims.num_q_heads : p.dims.num_kv_heads;
+    const ShardShape whole{p.batch, Range{0, heads}, {Range{0, p.seq_len}}, p.dims.head_dim};
+    const ShardShape slice{p.batch, Range{1, 3}, {Range{0, 9}, Range{30, 37}}, p.dims.head_dim};
+    const Shard all = generate_shard(p, t, whole, prec, pool);
+    const Shard part = generate_shard(p, t, slice, prec, pool);
+    bool equal = true;
+    for (int b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 1; h < 3; ++h) {
+        for (std::int64_t pos : {0, 3, 5, 8, 30, 36}) {
+          const float* x = all.at(b, h, whole.local_row(pos));
+          const float* y = part.at(b, h, slice.local_row(pos));
+          for (int d = 0; d < p.dims.head_dim; ++d) equal = equal && bits_of(x[d]) == bits_of(y[d]);
         }
       }
-      CHECK(equal);
     }
+    CHECK(equal);
   }
 }
 

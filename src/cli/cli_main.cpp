@@ -42,6 +42,8 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
         return accept_command(cl.accept, comm, shell_join(argv));
       case CommandLine::Command::plan:
         return plan_command(cl.plan, comm);
+      case CommandLine::Command::compare:
+        return compare_command(cl.compare, comm, shell_join(argv));
     }
   } catch (const UsageError& e) {
     // Agreed on every process: one line from rank 0, the same status everywhere, no hang.

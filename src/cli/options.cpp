@@ -150,6 +150,8 @@ class FlagReader {
 
   void value(const std::string& name, Setter s) { values_[name] = std::move(s); }
   void toggle(const std::string& name, Switch s) { toggles_[name] = std::move(s); }
+  /// Where arguments that are not flags go (a command's files); without it they are refused.
+  void positional(std::function<void(const std::string&)> take) { positional_ = std::move(take); }
 
   void read(const std::vector<std::string>& args, std::size_t first) {
     for (std::size_t i = first; i < args.size(); ++i) {
@@ -167,6 +169,8 @@ class FlagReader {
       } else if (const auto v = values_.find(flag); v != values_.end()) {
         if (!has_inline && i + 1 >= args.size()) bad(flag + ": missing value");
         v->second(flag, has_inline ? inline_value : args[++i]);
+      } else if (positional_ && !args[i].empty() && args[i][0] != '-') {
+        positional_(args[i]);
       } else {
         bad("unknown option '" + args[i] + "' (see cpdrift --help)");
       }
@@ -176,6 +180,7 @@ class FlagReader {
  private:
   std::map<std::string, Setter> values_;
   std::map<std::string, Switch> toggles_;
+  std::function<void(const std::string&)> positional_;
 };
 
 void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
@@ -195,6 +200,9 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
     p.dtype = parse_name(f, v, "dtype", kDTypeNames);
   });
   r.toggle("--no-rope", [&] { p.rope = false; });
+  r.value("--input-distribution", [&](const std::string& f, const std::string& v) {
+    p.distribution = parse_name(f, v, "input distribution", kInputDistributionNames);
+  });
 }
 
 // The flags every command takes: the problem and the worker threads.
@@ -462,6 +470,42 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
   return plan;
 }
 
+CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+                             const bool& help) {
+  CompareOptions c;
+  std::vector<std::string> files;
+  r.positional([&](const std::string& v) { files.push_back(v); });
+  r.value("--output", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    c.output = v;
+  });
+  r.toggle("--json", [&] { c.json = true; });
+  r.toggle("--quiet", [&] { c.quiet = true; });
+  r.value("--max-abs-delta", [&](const std::string& f, const std::string& v) {
+    c.max_abs_delta = parse_threshold(f, v);
+  });
+  r.value("--ratio-band", [&](const std::string& f, const std::string& v) {
+    c.metrics.ratio_band = parse_threshold(f, v);
+  });
+  r.value("--tis-clip", [&](const std::string& f, const std::string& v) {
+    c.metrics.tis_clip = parse_threshold(f, v);
+  });
+  r.value("--worst", [&](const std::string& f, const std::string& v) {
+    c.metrics.worst = parse_int<int>(f, v, 0);
+  });
+  r.read(args, first);
+  if (help) return c;
+  if (files.size() != 2) {
+    bad("compare: expected two logprob streams, TRAIN ROLLOUT (got " +
+        std::to_string(files.size()) + ")");
+  }
+  c.train = files[0];
+  c.rollout = files[1];
+  if (!c.output.empty() && (c.output == c.train || c.output == c.rollout))
+    bad("compare: --output " + c.output + " is one of the streams compared");
+  return c;
+}
+
 }  // namespace
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
@@ -471,7 +515,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       {"run", CommandLine::Command::run},
       {"bench", CommandLine::Command::bench},
       {"accept", CommandLine::Command::accept},
-      {"plan", CommandLine::Command::plan}};
+      {"plan", CommandLine::Command::plan},
+      {"compare", CommandLine::Command::compare}};
   if (!args.empty()) {
     if (const auto c = commands.find(args[0]); c != commands.end()) {
       cl.command = c->second;
@@ -491,6 +536,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       break;
     case CommandLine::Command::plan:
       cl.plan = parse_plan(r, args, first);
+      break;
+    case CommandLine::Command::compare:
+      cl.compare = parse_compare(r, args, first, help);
       break;
     default:
       cl.run = parse_run(r, args, first);

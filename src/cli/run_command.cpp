@@ -78,6 +78,7 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
        {"num_kv_heads", std::int64_t{p.dims.num_kv_heads}},
        {"head_dim", std::int64_t{p.dims.head_dim}},
        {"seed", static_cast<std::int64_t>(p.seed)},
+       {"input_distribution", std::string(to_string(p.distribution))},
        {"dtype", std::string(to_string(p.dtype))},
        {"rope", std::string(p.rope ? "gpt_neox_rotate_half theta=1e6" : "not_composed")},
        {"layout_note", std::string("tensors are global [B, H, S, D] (out, inputs) or [B, H, S] "

@@ -13,6 +13,11 @@ std::string usage_text() {
                                       what that run would cost, per case and rank, without
                                       running it: FLOPs, bytes, peak memory per process,
                                       time, the quickest protocol
+       cpdrift compare TRAIN ROLLOUT [options]
+                                      two engines' per-token logprobs (JSON Lines, HDF5 or a
+                                      directory of .npy columns) aligned by (sequence,
+                                      position): |dlogp|, importance ratio, KL; an invalid
+                                      comparison is status 2, never a figure
 
 Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
@@ -24,6 +29,11 @@ Problem
   --seed N                     input seed (default 2355)
   --dtype bf16|fp32            candidate dtype (default bf16)
   --no-rope                    attention only, no RoPE on q/k
+  --input-distribution gaussian|sink|outlier_channels|mix
+                               how q and k look (default gaussian): sink = every sequence's
+                               first key takes most of the attention, outlier_channels = 4
+                               key channels per KV head 8x larger, mix = both
+                               (docs/input-distributions.md)
 Cases (every combination runs, in this order)
   --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
   --cp-world-sizes LIST        context-parallel sizes (default 1,2)
@@ -95,6 +105,13 @@ options of how a run executes -- --dump, --progress, --threads, --transport, --c
   --bf16-tflops X --fp32-tflops X --hbm-tbs X --nvlink-gbs X --network-gbs X
                                h200's figures (990, 67, 4.8, 450, 50)
   --gpus-per-node N            ranks sharing NVLink (default 8); one logical rank per GPU
+
+Compare (TRAIN and ROLLOUT: files of {sequence, position, token_id, logprob[, active]
+[, vocab_logprobs]} records, docs/compare.md; --output, --json, --quiet as above)
+  --max-abs-delta X            exit 1 when the largest |logp_train - logp_rollout| exceeds X
+  --ratio-band X               importance ratios outside [1 - X, 1 + X] are counted (0.2)
+  --tis-clip X                 ratios above X are counted as truncated-IS clipped (2)
+  --worst N                    list the N tokens with the largest |delta| (5)
 
 Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
   --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X

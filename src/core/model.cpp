@@ -32,4 +32,6 @@ std::int64_t shared_prompt_len(const Problem& p) {
 
 const char* to_string(DType t) { return name_of(kDTypeNames, t); }
 
+const char* to_string(InputDistribution d) { return name_of(kInputDistributionNames, d); }
+
 }  // namespace cpd

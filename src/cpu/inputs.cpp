@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/input_shape.h"
 #include "cpdrift/numerics/rope.h"
 
 namespace cpd {
@@ -27,6 +28,8 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
     throw std::invalid_argument("generate_shard: lm_head is not a [B, H, S, D] tensor");
   const bool rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
   const bool round = precision == InputPrecision::bf16;
+  const bool shaped = problem.distribution != InputDistribution::gaussian &&
+                      (tensor == TensorId::q || tensor == TensorId::k);
   const std::vector<float> inv_freq = rope_inv_freq(dims);
   const int half = dims.rotary_dim / 2;
   const std::int64_t num_heads = heads_of(dims, tensor), seq = problem.seq_len;
@@ -61,6 +64,11 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
           const std::uint64_t first =
               static_cast<std::uint64_t>(((src * num_heads + h) * seq + pos) * d);
           for (int e = 0; e < d; e += 4) normal4(problem.seed, tensor, (first + e) >> 2, row + e);
+          if (shaped) {
+            const std::int64_t kv_head = tensor == TensorId::q ? h / dims.group_size() : h;
+            for (int e = 0; e < d; ++e)
+              row[e] = shape_input(problem.distribution, tensor, kv_head, pos, e, d, row[e]);
+          }
           if (rotate) rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
           if (round) {
             for (int e = 0; e < d; ++e) row[e] = round_bf16(row[e]);

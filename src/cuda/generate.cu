@@ -2,6 +2,7 @@
 // the same bits as the CPU.
 #include "cpdrift/core/model.h"
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/numerics/input_shape.h"
 #include "cpdrift/numerics/philox.h"
 #include "cpdrift/numerics/rope.h"
 #include "cuda_check.cuh"
@@ -11,7 +12,8 @@ namespace cpd::cuda {
 namespace {
 
 // One thread per (b, h, row, i < dim/2): the pair (i, i + dim/2) of one row, generated at its
-// global coordinates, rotated when the tensor takes RoPE, rounded when BF16 is asked for.
+// global coordinates, shaped by the input distribution, rotated when the tensor takes RoPE, rounded
+// when BF16 is asked for.
 __global__ void generate_kernel(GenerateParams p) {
   const long long half = p.dim / 2;
   const long long id = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -31,6 +33,12 @@ __global__ void generate_kernel(GenerateParams p) {
   const TensorId tensor = static_cast<TensorId>(p.tensor);
   float x1 = normal_at(p.seed, tensor, first + i);
   float x2 = normal_at(p.seed, tensor, first + i + half);
+  if (tensor == TensorId::q || tensor == TensorId::k) {
+    const long long h = p.head_begin + hl;
+    const long long kv_head = tensor == TensorId::q ? h / p.group_size : h;
+    x1 = shape_input(p.distribution, tensor, kv_head, pos, static_cast<int>(i), p.dim, x1);
+    x2 = shape_input(p.distribution, tensor, kv_head, pos, static_cast<int>(i + half), p.dim, x2);
+  }
   if (p.rotate) {
     float c, s;
     rope_cos_sin(pos, p.inv_freq[i], c, s);
@@ -64,6 +72,8 @@ GenerateParams generate_params(const Problem& problem, TensorId tensor, int batc
   g.rows = rows;
   g.rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
   g.bf16 = bf16;
+  g.distribution = problem.distribution;
+  g.group_size = problem.dims.group_size();
   g.inv_freq = inv_freq;
   g.out = out;
   return g;

@@ -102,8 +102,10 @@ struct GenerateParams {
   const long long* row_positions;  // global position of each local row
   long long rows;
   bool rotate, bf16;
-  const float* inv_freq;  // dim / 2 entries (rotary dim = head dim)
-  float* out;             // [batch][head_count][rows][dim]
+  InputDistribution distribution;  // numerics/input_shape.h
+  int group_size;                  // query heads per KV head
+  const float* inv_freq;           // dim / 2 entries (rotary dim = head dim)
+  float* out;                      // [batch][head_count][rows][dim]
 };
 
 // The (job, row) or (job, tile) pairs a launch covers, one CUDA block each.

@@ -83,6 +83,11 @@ DumpProblem read_problem(const Attributes& root, const std::string& file) {
   p.seed = static_cast<std::uint64_t>(*seed);
   p.dtype = parse_name(kDTypeNames, text(root, "dtype", file, "/"), file, "dtype");
   p.rope = optional_text(root, "rope") != "not_composed";
+  // Absent in dumps written before --input-distribution existed: those inputs were Gaussian.
+  const std::string distribution = optional_text(root, "input_distribution");
+  if (!distribution.empty()) {
+    p.distribution = parse_name(kInputDistributionNames, distribution, file, "input_distribution");
+  }
   return d;
 }
 

@@ -16,7 +16,10 @@ std::string problem_text(const Problem& p) {
                 static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
                 p.dims.head_dim, to_string(p.dtype), static_cast<unsigned long long>(p.seed),
                 p.rope ? ", RoPE" : ", no RoPE");
-  return buf;
+  std::string text = buf;
+  if (p.distribution != InputDistribution::gaussian)
+    text += std::string(", ") + to_string(p.distribution) + " inputs";
+  return text;
 }
 
 std::string sci(double value) {

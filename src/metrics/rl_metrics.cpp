@@ -1,6 +1,7 @@
 #include "cpdrift/metrics/rl_metrics.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "cpdrift/numerics/hd.h"
@@ -22,34 +23,30 @@ double stddev(double sum, double sum_sq, double n) {
   return std::sqrt(std::max(0.0, sum_sq / n - mean * mean));
 }
 
-// |Δ| binned by one of the tokens' boundary distances; empty when no token has one.
-std::vector<DistanceBin> bins_by(std::span<const TokenPair> tokens,
-                                 std::int64_t TokenPair::*distance) {
-  constexpr std::int64_t kEdges[] = {0, 1, 4, 16, 64};
+}  // namespace
+
+std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
+                                        std::int64_t TokenPair::*field,
+                                        std::span<const std::int64_t> edges) {
   std::vector<DistanceBin> bins;
-  for (std::size_t i = 0; i < std::size(kEdges); ++i)
-    bins.push_back(DistanceBin{kEdges[i], i + 1 < std::size(kEdges) ? kEdges[i + 1] - 1 : -1});
+  for (std::size_t i = 0; i < edges.size(); ++i)
+    bins.push_back(DistanceBin{edges[i], i + 1 < edges.size() ? edges[i + 1] - 1 : -1});
   std::vector<double> sums(bins.size(), 0.0);
-  bool any = false;
   for (const TokenPair& t : tokens) {
-    const std::int64_t d = t.*distance;
-    if (d < 0) continue;
-    any = true;
+    const std::int64_t d = t.*field;
+    if (d < 0 || bins.empty() || d < bins[0].min) continue;
     std::size_t b = bins.size() - 1;
     while (d < bins[b].min) --b;
-    const double a = std::fabs(static_cast<double>(t.train) - t.rollout);
+    const double a = std::fabs(t.train - t.rollout);
     ++bins[b].tokens;
     sums[b] += a;
     bins[b].abs_max = std::max(bins[b].abs_max, a);
   }
-  if (!any) return {};
   for (std::size_t b = 0; b < bins.size(); ++b) {
     if (bins[b].tokens > 0) bins[b].abs_mean = sums[b] / static_cast<double>(bins[b].tokens);
   }
   return bins;
 }
-
-}  // namespace
 
 RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOptions& options) {
   RlMetrics m;
@@ -81,7 +78,8 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
     kl += t.kl;
     lp_train += t.train;
     lp_rollout += t.rollout;
-    if (!m.diverged && bits_of(t.train) != bits_of(t.rollout)) {
+    if (!m.diverged &&
+        std::bit_cast<std::uint64_t>(t.train) != std::bit_cast<std::uint64_t>(t.rollout)) {
       m.diverged = true;
       m.first_divergent = t;
     }
@@ -113,8 +111,15 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return abs_of(a) > abs_of(b); });
   for (std::size_t i = 0; i < keep; ++i) m.worst.push_back(tokens[order[i]]);
-  m.by_shard_distance = bins_by(tokens, &TokenPair::shard_distance);
-  m.by_split_distance = bins_by(tokens, &TokenPair::split_distance);
+  // Bins 0, 1–3, 4–15, 16–63, 64+; none when the case has no such boundary.
+  constexpr std::int64_t kEdges[] = {0, 1, 4, 16, 64};
+  const auto by = [&](std::int64_t TokenPair::*distance) {
+    const bool any = std::any_of(tokens.begin(), tokens.end(),
+                                 [&](const TokenPair& t) { return t.*distance >= 0; });
+    return any ? abs_delta_bins(tokens, distance, kEdges) : std::vector<DistanceBin>{};
+  };
+  m.by_shard_distance = by(&TokenPair::shard_distance);
+  m.by_split_distance = by(&TokenPair::split_distance);
   return m;
 }
 

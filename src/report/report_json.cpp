@@ -259,6 +259,7 @@ Value report_json(const RunReport& r) {
   target["shared_prompt_tokens"] = shared_prompt_len(p);
   target["causal"] = true;
   target["seed"] = p.seed;
+  target["input_distribution"] = to_string(p.distribution);
   v["target"] = std::move(target);
 
   Value te = Value::object();

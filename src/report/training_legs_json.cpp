@@ -127,12 +127,12 @@ Value token_json(const TokenPair& t) {
   return v;
 }
 
-Value bins_json(const std::vector<DistanceBin>& bins) {
+Value abs_delta_bins_json(const std::vector<DistanceBin>& bins, const std::string& unit) {
   Value a = Value::array();
   for (const DistanceBin& b : bins) {
     Value v = Value::object();
-    v["min_distance"] = b.min;
-    v["max_distance"] = b.max < 0 ? Value() : Value(b.max);
+    v["min_" + unit] = b.min;
+    v["max_" + unit] = b.max < 0 ? Value() : Value(b.max);
     v["tokens"] = b.tokens;
     v["abs_delta_mean"] = b.abs_mean;
     v["abs_delta_max"] = b.abs_max;
@@ -180,8 +180,8 @@ Value rl_metrics_json(const RlMetrics& m) {
   for (const TokenPair& t : m.worst) worst.push_back(token_json(t));
   v["worst_tokens"] = std::move(worst);
   Value by = Value::object();
-  by["cp_shard"] = bins_json(m.by_shard_distance);
-  by["split"] = bins_json(m.by_split_distance);
+  by["cp_shard"] = abs_delta_bins_json(m.by_shard_distance, "distance");
+  by["split"] = abs_delta_bins_json(m.by_split_distance, "distance");
   v["abs_delta_by_boundary_distance"] = std::move(by);
   return v;
 }

@@ -30,6 +30,12 @@ void check_output_path(const std::string& path, const CommContext& comm);
 /// would pick; nothing runs. Rank 0 prints; other processes only agree.
 int plan_command(const PlanOptions& options, const CommContext& comm);
 
+/// `cpdrift compare TRAIN ROLLOUT`: rank 0 reads both streams, aligns them and prints and
+/// writes the figures; 2 for an invalid comparison, 1 when --max-abs-delta fails, every
+/// process agreeing.
+int compare_command(const CompareOptions& options, const CommContext& comm,
+                    const std::string& command_line);
+
 /// `cpdrift bench`: the kernels' throughput (CPU FP32 and BF16-emulated, or the GPU paths).
 int bench_command(const BenchOptions& options, const CommContext& comm);
 

@@ -1,5 +1,6 @@
 // The command line: `cpdrift [run] [options]`, `cpdrift bench [options]`,
-// `cpdrift accept [options]` and `cpdrift plan [options]`, parsed into what each command needs.
+// `cpdrift accept [options]`, `cpdrift plan [options]` and `cpdrift compare TRAIN ROLLOUT`,
+// parsed into what each command needs.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "cpdrift/engine/run_request.h"
 #include "cpdrift/metrics/gates.h"
+#include "cpdrift/metrics/rl_metrics.h"
 
 namespace cpd {
 
@@ -53,12 +55,22 @@ struct AcceptOptions {
   Thresholds thresholds;
 };
 
+/// `cpdrift compare TRAIN ROLLOUT`: two engines' logprob streams, aligned and measured.
+struct CompareOptions {
+  std::string train, rollout;  // the streams' paths
+  std::string output;          // JSON report path; empty: none
+  bool json = false, quiet = false;
+  std::optional<double> max_abs_delta;  // the gate: exit 1 when |Δ| max exceeds it
+  RlMetricOptions metrics;              // --ratio-band, --tis-clip, --worst
+};
+
 struct CommandLine {
-  enum class Command { run, bench, accept, plan, help } command = Command::run;
+  enum class Command { run, bench, accept, plan, compare, help } command = Command::run;
   RunOptions run;
   BenchOptions bench;
   PlanOptions plan;
   AcceptOptions accept;
+  CompareOptions compare;
 };
 
 /// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpdrift/core/enum_names.h"
+#include "cpdrift/numerics/input_shape.h"
 #include "cpdrift/numerics/philox.h"
 
 namespace cpd {
@@ -35,6 +36,13 @@ enum class DType { bf16, fp32 };
 inline constexpr EnumName<DType> kDTypeNames[] = {{DType::bf16, "bf16"}, {DType::fp32, "fp32"}};
 const char* to_string(DType);
 
+inline constexpr EnumName<InputDistribution> kInputDistributionNames[] = {
+    {InputDistribution::gaussian, "gaussian"},
+    {InputDistribution::sink, "sink"},
+    {InputDistribution::outlier_channels, "outlier_channels"},
+    {InputDistribution::mix, "mix"}};
+const char* to_string(InputDistribution);
+
 /// Precision of the values a path reads: FP32, or the BF16 rounding of them (q and k are
 /// rounded after RoPE, `rope_cast_at: rope_output`; v directly).
 enum class InputPrecision { fp32, bf16 };
@@ -47,6 +55,7 @@ struct Problem {
   std::uint64_t seed = 2355;
   bool rope = true;
   DType dtype = DType::bf16;
+  InputDistribution distribution = InputDistribution::gaussian;  // numerics/input_shape.h
 };
 
 /// The shared prompt: with two or more sequences, their first max(⌊shortest/4⌋, min(16,

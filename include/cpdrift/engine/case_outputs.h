@@ -81,8 +81,10 @@ struct TokenPair {
   int sequence = 0;
   std::int64_t position = 0;
   int cp_rank = 0;  // the CP rank that owns it
-  float train = 0, rollout = 0;
-  float kl = 0;  // KL(π_rollout ‖ π_train) over the whole vocabulary at this token
+  /// The two logprobs: FP32 values from cpdrift's own legs (exact in double), FP64 as read by
+  /// `cpdrift compare`.
+  double train = 0, rollout = 0;
+  double kl = 0;  // KL(π_rollout ‖ π_train) over the whole vocabulary at this token
   /// Tokens to the nearest boundary between CP shards and between KV blocks (the split): 0 for
   /// the two tokens either side of one; -1 when the case has none.
   std::int64_t shard_distance = -1, split_distance = -1;

@@ -26,7 +26,8 @@ struct RlMetricOptions {
   int worst = 5;            // how many worst tokens to list
 };
 
-/// |Δ| of the tokens at distances [min, max] (max -1: no bound) from the nearest boundary.
+/// |Δ| of the tokens at distances [min, max] (max -1: no bound) from the nearest boundary, or
+/// at positions [min, max] (`cpdrift compare`).
 struct DistanceBin {
   std::int64_t min = 0, max = -1;
   std::uint64_t tokens = 0;
@@ -51,6 +52,12 @@ struct RlMetrics {
   std::vector<DistanceBin> by_shard_distance, by_split_distance;
   RlMetricOptions options;
 };
+
+/// |Δ| of the tokens binned by `field` (a distance or the position): bin i holds the values in
+/// [edges[i], edges[i+1] − 1], the last bin is open; tokens whose field is negative are left out.
+std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
+                                        std::int64_t TokenPair::*field,
+                                        std::span<const std::int64_t> edges);
 
 /// `tokens` in (sequence, position) order. No tokens: every figure 0.
 RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens,

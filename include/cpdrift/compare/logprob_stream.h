@@ -1,0 +1,59 @@
+// Per-token logprob records that an engine wrote (a trainer, a rollout engine), as
+// `cpdrift compare TRAIN ROLLOUT` reads them (docs/compare.md):
+//   JSON Lines   one object per line: {"sequence", "position", "token_id", "logprob"}, optional
+//                "active" (default true) and "vocab_logprobs" (the full vocabulary's logprobs
+//                at that position); other members are ignored
+//   HDF5         datasets /sequence, /position, /token_id, /logprob, [/active], [N] each, and
+//                [/vocab_logprobs] [N, V], any integer or float type HDF5 converts
+//   .npy         a directory of the same names with .npy: sequence.npy, …
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cpd {
+
+struct LogprobRecord {
+  std::int64_t sequence = 0, position = 0, token_id = 0;
+  double logprob = 0;
+  bool active = true;
+  std::int64_t source_line = 0;  // JSON Lines: the line it came from (1-based); else 0
+};
+
+/// A file read, as the comparison's report names it.
+struct SourceFile {
+  std::string path;
+  std::uint64_t size_bytes = 0;
+  std::string sha256;
+};
+
+struct LogprobStream {
+  std::string path;    // as given on the command line
+  std::string format;  // "jsonl", "hdf5" or "npy"
+  std::vector<SourceFile> files;
+  std::vector<LogprobRecord> records;  // in file order
+  /// Full-vocabulary logprobs, `vocab_size` per record that has them; vocab_row[i] is record
+  /// i's row index or -1.
+  std::int64_t vocab_size = 0;
+  std::vector<double> vocab;
+  std::vector<std::int64_t> vocab_row;
+
+  /// Where record i came from, for a message: "train.jsonl line 12", "train.h5 row 11".
+  std::string where(std::size_t i) const;
+};
+
+/// Reads `path`: a directory of .npy columns, an HDF5 file (by its signature), else JSON Lines.
+/// Throws UsageError with one line naming the file and, for a bad record, where it is.
+LogprobStream read_logprob_stream(const std::string& path);
+
+namespace stream_io {
+// One reader per format (logprob_stream.cpp dispatches); each fills records, vocab and files.
+void read_jsonl(const std::string& path, LogprobStream& s);
+void read_npy_columns(const std::string& dir, LogprobStream& s);
+void read_hdf5_columns(const std::string& path, LogprobStream& s);
+/// Size and SHA-256 of a file, streamed.
+SourceFile fingerprint(const std::string& path);
+}  // namespace stream_io
+
+}  // namespace cpd

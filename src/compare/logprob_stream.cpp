@@ -1,0 +1,71 @@
+#include "cpdrift/compare/logprob_stream.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/util/sha256.h"
+
+namespace cpd {
+
+std::string LogprobStream::where(std::size_t i) const {
+  if (format == "jsonl") return path + " line " + std::to_string(records[i].source_line);
+  return path + " row " + std::to_string(i);
+}
+
+namespace stream_io {
+
+SourceFile fingerprint(const std::string& path) {
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"),
+                                                          std::fclose);
+  if (!f) throw UsageError(path + ": cannot read: " + std::strerror(errno));
+  SourceFile s;
+  s.path = path;
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;) {
+    sha.update(buf.data(), n);
+    s.size_bytes += n;
+  }
+  if (std::ferror(f.get()) != 0) throw UsageError(path + ": read error: " + std::strerror(errno));
+  s.sha256 = Sha256::hex(sha.finish());
+  return s;
+}
+
+}  // namespace stream_io
+
+LogprobStream read_logprob_stream(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    throw UsageError(path + ": no such file or directory");
+  }
+  LogprobStream s;
+  s.path = path;
+  if (std::filesystem::is_directory(st)) {
+    s.format = "npy";
+    stream_io::read_npy_columns(path, s);
+    return s;
+  }
+  // HDF5's signature opens the file (a user block would move it; cpdrift's writers add none).
+  char magic[8] = {};
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    const std::size_t n = std::fread(magic, 1, sizeof magic, f);
+    std::fclose(f);
+    if (n == sizeof magic && std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0) s.format = "hdf5";
+  } else {
+    throw UsageError(path + ": cannot read: " + std::strerror(errno));
+  }
+  if (s.format == "hdf5") {
+    stream_io::read_hdf5_columns(path, s);
+  } else {
+    s.format = "jsonl";
+    stream_io::read_jsonl(path, s);
+  }
+  return s;
+}
+
+}  // namespace cpd

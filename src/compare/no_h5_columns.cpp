@@ -1,0 +1,13 @@
+// Built without HDF5: an HDF5 stream is refused with one line.
+#include "cpdrift/compare/logprob_stream.h"
+#include "cpdrift/core/errors.h"
+
+namespace cpd::stream_io {
+
+void read_hdf5_columns(const std::string& path, LogprobStream&) {
+  throw UsageError(path +
+                   ": an HDF5 file, and this cpdrift was built without HDF5 (use JSON "
+                   "Lines or a directory of .npy columns)");
+}
+
+}  // namespace cpd::stream_io

@@ -1,0 +1,170 @@
+#include "cpdrift/compare/stream_comparison.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cpdrift/core/errors.h"
+
+namespace cpd {
+namespace {
+
+constexpr double kMaxDelta = 300;
+
+[[noreturn]] void invalid(const std::string& why) {
+  throw UsageError("invalid comparison: " + why);
+}
+
+std::string key_text(const LogprobRecord& r) {
+  return "(sequence " + std::to_string(r.sequence) + ", position " + std::to_string(r.position) +
+         ")";
+}
+
+bool key_less(const LogprobRecord& a, const LogprobRecord& b) {
+  return a.sequence != b.sequence ? a.sequence < b.sequence : a.position < b.position;
+}
+
+// The stream's record indices in (sequence, position) order; refuses a non-finite logprob
+// (the first in file order) and a key seen twice.
+std::vector<std::size_t> sorted_records(const LogprobStream& s) {
+  for (std::size_t i = 0; i < s.records.size(); ++i) {
+    if (!std::isfinite(s.records[i].logprob)) {
+      invalid(s.where(i) + ": logprob is not finite (" + std::to_string(s.records[i].logprob) +
+              ")");
+    }
+  }
+  std::vector<std::size_t> order(s.records.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return key_less(s.records[a], s.records[b]);
+  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const LogprobRecord &a = s.records[order[i - 1]], &b = s.records[order[i]];
+    if (!key_less(a, b)) {
+      invalid(s.where(order[i]) + ": " + key_text(b) + " again (first at " + s.where(order[i - 1]) +
+              ")");
+    }
+  }
+  return order;
+}
+
+// KL(π_rollout ‖ π_train) = Σ_v p_rollout(v)·(logp_rollout(v) − logp_train(v)), FP64.
+double exact_kl(const LogprobStream& train, std::size_t ti, const LogprobStream& rollout,
+                std::size_t ri) {
+  const double* t = train.vocab.data() + train.vocab_row[ti] * train.vocab_size;
+  const double* r = rollout.vocab.data() + rollout.vocab_row[ri] * rollout.vocab_size;
+  double kl = 0;
+  for (std::int64_t v = 0; v < train.vocab_size; ++v) {
+    if (!std::isfinite(t[v]) && t[v] != -INFINITY)
+      invalid(train.where(ti) + ": vocab_logprobs[" + std::to_string(v) + "] is not finite");
+    if (!std::isfinite(r[v]) && r[v] != -INFINITY)
+      invalid(rollout.where(ri) + ": vocab_logprobs[" + std::to_string(v) + "] is not finite");
+    if (r[v] == -INFINITY) continue;  // p_rollout = 0 adds nothing
+    if (t[v] == -INFINITY) {
+      invalid(train.where(ti) + ": vocab_logprobs[" + std::to_string(v) +
+              "] is -inf where the rollout's is not: KL(rollout || train) is infinite");
+    }
+    kl += std::exp(r[v]) * (r[v] - t[v]);
+  }
+  return kl;
+}
+
+}  // namespace
+
+StreamComparison compare_streams(const LogprobStream& train, const LogprobStream& rollout,
+                                 const RlMetricOptions& options) {
+  const std::vector<std::size_t> ts = sorted_records(train), rs = sorted_records(rollout);
+  StreamComparison c;
+  // A key in one stream only: the first such key in (sequence, position) order.
+  std::size_t i = 0, j = 0;
+  const bool both_vocab = train.vocab_size > 0 && rollout.vocab_size > 0;
+  if (both_vocab && train.vocab_size != rollout.vocab_size) {
+    invalid("the vocabularies differ: " + train.path + " has " + std::to_string(train.vocab_size) +
+            " logprobs a token, " + rollout.path + " " + std::to_string(rollout.vocab_size));
+  }
+  c.exact_kl = both_vocab;
+  c.exact_kl_reason = both_vocab ? "" : "needs vocab_logprobs in both streams";
+  std::int64_t last_sequence = -1;
+  while (i < ts.size() || j < rs.size()) {
+    const LogprobRecord* t = i < ts.size() ? &train.records[ts[i]] : nullptr;
+    const LogprobRecord* r = j < rs.size() ? &rollout.records[rs[j]] : nullptr;
+    if (r == nullptr || (t != nullptr && key_less(*t, *r))) {
+      invalid(rollout.path + " has no record for " + key_text(*t) + " (" + train.where(ts[i]) +
+              ")");
+    }
+    if (t == nullptr || key_less(*r, *t)) {
+      invalid(train.path + " has no record for " + key_text(*r) + " (" + rollout.where(rs[j]) +
+              ")");
+    }
+    if (t->token_id != r->token_id) {
+      invalid("the token ids differ at " + key_text(*t) + ": " + std::to_string(t->token_id) +
+              " in " + train.where(ts[i]) + ", " + std::to_string(r->token_id) + " in " +
+              rollout.where(rs[j]));
+    }
+    if (t->active != r->active) {
+      invalid("\"active\" differs at " + key_text(*t) + ": " + train.where(ts[i]) + " says " +
+              (t->active ? "true" : "false") + ", " + rollout.where(rs[j]) + " " +
+              (r->active ? "true" : "false"));
+    }
+    ++c.records;
+    if (!t->active) {
+      ++c.inactive;
+    } else {
+      // exp(Δ) and its square must stay finite for the ratio figures: a logprob off by more
+      // than 300 nats is a broken stream, not a drift to average.
+      if (std::fabs(t->logprob - r->logprob) > kMaxDelta) {
+        invalid("the logprobs differ by " + std::to_string(t->logprob - r->logprob) + " nats at " +
+                key_text(*t) + " (" + train.where(ts[i]) + ", " + rollout.where(rs[j]) +
+                "): more than " + std::to_string(static_cast<int>(kMaxDelta)) +
+                ", so exp(delta) is no ratio to report");
+      }
+      TokenPair p;
+      p.sequence = t->sequence;
+      p.position = t->position;
+      p.train = t->logprob;
+      p.rollout = r->logprob;
+      if (c.exact_kl) {
+        const bool rows = train.vocab_row[ts[i]] >= 0 && rollout.vocab_row[rs[j]] >= 0;
+        if (!rows) {
+          c.exact_kl = false;
+          c.exact_kl_reason =
+              "vocab_logprobs missing at " + key_text(*t) + " (" +
+              (train.vocab_row[ts[i]] < 0 ? train.where(ts[i]) : rollout.where(rs[j])) + ")";
+        } else {
+          if (t->token_id >= train.vocab_size) {
+            invalid(train.where(ts[i]) + ": token_id " + std::to_string(t->token_id) +
+                    " is outside its " + std::to_string(train.vocab_size) + "-entry vocabulary");
+          }
+          p.kl = exact_kl(train, ts[i], rollout, rs[j]);
+        }
+      }
+      if (c.tokens.empty()) c.first_position = p.position;
+      c.first_position = std::min(c.first_position, p.position);
+      c.last_position = std::max(c.last_position, p.position);
+      if (p.sequence != last_sequence) ++c.sequences;
+      last_sequence = p.sequence;
+      c.tokens.push_back(p);
+      c.token_ids.push_back(t->token_id);
+      c.train_record.push_back(ts[i]);
+      c.rollout_record.push_back(rs[j]);
+    }
+    ++i;
+    ++j;
+  }
+  if (c.tokens.empty()) {
+    invalid(c.records == 0 ? "no records in " + train.path + " and " + rollout.path
+                           : "no active token (all " + std::to_string(c.records) +
+                                 " records have \"active\": false)");
+  }
+  if (!c.exact_kl) {
+    for (TokenPair& p : c.tokens) p.kl = 0;
+  }
+  c.metrics = compute_rl_metrics(c.tokens, options);
+  constexpr std::int64_t kEdges[] = {0, 64, 256, 1024, 4096, 16384, 65536};
+  c.by_position = abs_delta_bins(c.tokens, &TokenPair::position, kEdges);
+  // A 2K-token stream does not list the empty bins beyond its last position.
+  while (c.by_position.back().tokens == 0) c.by_position.pop_back();
+  return c;
+}
+
+}  // namespace cpd
