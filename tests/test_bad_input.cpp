@@ -156,6 +156,17 @@ const std::vector<BadInput>& bad_inputs() {
         {{"accept", "--mode", "manifest", "--output", "@D/acc.json", "--lse-threshold", "x"},
          "--lse-threshold"},
         {{"--input-distribution", "uniform"}, "uniform"},
+        // --inputs: the file, and what cannot go with it.
+        {{"--inputs", "@D/nothing.h5"}, "@D/nothing.h5: no such file or directory"},
+        {{"plan", "--inputs", "@D/nothing.h5"}, "@D/nothing.h5: no such file or directory"},
+        {{"--inputs", "@D/a.jsonl"}, "not HDF5, safetensors or a .npy directory"},
+        {{"--inputs", "@D/adir"}, "no inputs.json"},
+        {{"--inputs", ""}, "--inputs: empty path"},
+        {{"--inputs", "@D/a.jsonl", "--seq-len", "8"}, "drop --seq-len and --batch"},
+        {{"--inputs", "@D/a.jsonl", "--batch", "2"}, "drop --seq-len and --batch"},
+        {{"--inputs", "@D/a.jsonl", "--smoke"}, "--smoke"},
+        {{"--inputs", "@D/a.jsonl", "--input-distribution", "sink"}, "drop --input-distribution"},
+        {{"bench", "--inputs", "@D/a.jsonl"}, "unknown option '--inputs'"},
         // compare: its arguments, its options, and streams that cannot be compared.
         {{"compare"}, "TRAIN ROLLOUT (got 0)"},
         {{"compare", "@D/a.jsonl"}, "(got 1)"},

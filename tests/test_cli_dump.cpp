@@ -162,6 +162,45 @@ TEST_CASE("dumps hold the same bits for 1, 2 and 4 processes and every protocol"
   }
   CHECK_FALSE(cpd::testing::same_bits(dumps.back().at("inputs/q"), first.at("inputs/q")));
 }
+
+TEST_CASE("--inputs reads a --dump-inputs file back: every forward tensor bit for bit") {
+  // Run 1 generates (seed 2355) and dumps its inputs; run 2 reads them (--inputs) on another
+  // process count with --seed 7. Its q, k, v are the file's, so every forward tensor equals run
+  // 1's; its dO and lm_head come from seed 7, so the gradients and logprobs differ: the control
+  // that run 2 did not just generate again.
+  const std::string base = tmp_dir() + "/cpdrift_cli_inputs_" + std::to_string(::getpid());
+  const std::string args =
+      "--tp-world-sizes 2 --cp-world-sizes 2 --kv-chunk-sizes none,8 --include-backward "
+      "--include-dlogp --dump-inputs --quiet";
+  const std::string h1 = base + "_1.h5", h2 = base + "_2.h5", js = base + "_2.json";
+  REQUIRE(run_mpi(4, "--seq-len 32 --batch 2 " + args + " --dump " + h1).status == 0);
+  const Result r =
+      run_mpi(2, "--inputs " + h1 + " --seed 7 " + args + " --dump " + h2 + " --output " + js);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  const auto one = float_datasets(h1), two = float_datasets(h2);
+  REQUIRE(one.size() == two.size());
+  int forward = 0, other = 0;
+  for (const auto& [name, values] : one) {
+    CAPTURE(name);
+    const bool gradient_or_logp = name.ends_with("/dq") || name.ends_with("/dk") ||
+                                  name.ends_with("/dv") || name.ends_with("/logp");
+    const bool same = cpd::testing::same_bits(two.at(name), values);
+    CHECK(same != gradient_or_logp);
+    ++(gradient_or_logp ? other : forward);
+  }
+  CHECK(forward > 20);
+  CHECK(other > 4);
+  // The report says where the inputs came from, with the file's digest.
+  const cpd::json::Value report = cpd::json::parse(slurp(js));
+  const cpd::json::Value& in = report.at("target").at("inputs");
+  CHECK(report.at("target").at("input_distribution").as_string() == "file");
+  CHECK(in.at("format").as_string() == "hdf5");
+  CHECK(in.at("rope_applied").as_bool());
+  CHECK(in.at("sha256").as_string() + "  " + h1 + "\n" == run_command("sha256sum " + h1).out);
+  CHECK(report.at("target").at("batch").as_int64() == 2);
+  CHECK(report.at("target").at("seq_len").as_int64() == 32);
+  for (const std::string& f : {h1, h2, js}) std::remove(f.c_str());
+}
 #endif
 
 TEST_CASE("a dump the file system refuses says why, with its path, and leaves no file") {

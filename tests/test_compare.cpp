@@ -13,29 +13,15 @@
 
 #include "cpdrift/compare/stream_comparison.h"
 #include "cpdrift/core/errors.h"
+#include "temp_dir.h"
 
 using namespace cpd;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A private directory for the test's files, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "cpdrift_compare_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path / name;
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p.string();
-  }
+struct TempDir : cpd::testing::TempDir {
+  TempDir() : cpd::testing::TempDir("cpdrift_compare") {}
 };
 
 struct Rec {

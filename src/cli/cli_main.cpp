@@ -8,7 +8,9 @@
 
 #include "cpdrift/cli/commands.h"
 #include "cpdrift/cli/options.h"
+#include "cpdrift/comm/agree.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/inputs/input_files.h"
 #include "cpdrift/report/provenance.h"
 
 namespace cpd {
@@ -19,17 +21,35 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
   try {
     // Every process must reach the same verdict on the same arguments, or none can proceed.
     CommandLine cl;
-    std::string error;
-    try {
-      cl = parse_command_line(args);
-    } catch (const UsageError& e) {
-      error = e.what();
+    const auto parse = [&](const InputFileInfo* inputs) {
+      std::string error;
+      try {
+        cl = parse_command_line(args, inputs);
+      } catch (const UsageError& e) {
+        error = e.what();
+      }
+      error = comm.agree(error);
+      if (error.empty() && !comm.same_everywhere(shell_join(args))) {
+        error = "the processes of this job were started with different arguments";
+      }
+      if (!error.empty()) throw UsageError(error);
+    };
+    parse(nullptr);
+    // --inputs: every process opens the file (and checks it alike); rank 0 also hashes it for
+    // the report. Then the run's options are read again with the file's B and S.
+    RunOptions* run = cl.command == CommandLine::Command::run    ? &cl.run
+                      : cl.command == CommandLine::Command::plan ? &cl.plan.run
+                                                                 : nullptr;
+    if (run != nullptr && !run->inputs.empty()) {
+      std::shared_ptr<const InputSource> source;
+      agree_or_throw(comm, true, "", [&] {
+        source = open_input_file(run->inputs, ModelDims{},
+                                 root && cl.command == CommandLine::Command::run);
+      });
+      parse(&source->info());
+      (cl.command == CommandLine::Command::run ? cl.run : cl.plan.run).request.problem.inputs =
+          source;
     }
-    error = comm.agree(error);
-    if (error.empty() && !comm.same_everywhere(shell_join(args))) {
-      error = "the processes of this job were started with different arguments";
-    }
-    if (!error.empty()) throw UsageError(error);
     switch (cl.command) {
       case CommandLine::Command::help:
         if (root) std::fputs(usage_text().c_str(), stdout);

@@ -51,12 +51,18 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
   const Problem& p = r.problem;
   std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (%s)\n", pv.git_describe.c_str(),
                kReportSchema);
+  std::string inputs = std::string(to_string(p.distribution)) + " inputs";
+  if (p.inputs) {
+    const InputFileInfo& f = p.inputs->info();
+    inputs = "inputs " + f.path + " (" + f.format + " " + f.dtype + ", " +
+             (f.rope_applied ? "after RoPE" : "RoPE applied here") + ", sha256 " +
+             f.sha256.substr(0, 12) + ")";
+  }
   std::fprintf(out,
-               "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu, "
-               "%s inputs\n",
+               "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu, %s\n",
                p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
                p.dims.head_dim, p.rope ? "RoPE theta=1e6" : "no RoPE", to_string(p.dtype),
-               static_cast<unsigned long long>(p.seed), to_string(p.distribution));
+               static_cast<unsigned long long>(p.seed), inputs.c_str());
   std::fprintf(
       out, "# launch  : %d process%s (%s), device %s, transport %s, %d thread%s/process (%s)\n",
       pv.world_size, pv.world_size == 1 ? "" : "es", pv.launcher.c_str(), pv.device.c_str(),

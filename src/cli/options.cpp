@@ -387,19 +387,41 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
 }
 
 // `extra`: the flags of a command that takes the run's flags and more (plan).
+// `inputs`: the --inputs file once opened (parse_command_line).
 RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+                     const InputFileInfo* inputs,
                      const std::function<void(FlagReader&)>& extra = {}) {
   RunOptions o;
   RunRequest& q = o.request;
-  bool seq_len_given = false, splits_given = false, modes_given = false;
+  bool seq_len_given = false, splits_given = false, modes_given = false, batch_given = false;
   std::vector<std::string> paged_flags;
   add_common_flags(r, q.problem, seq_len_given, q.threads);
+  r.value("--batch", [&](const std::string& f, const std::string& v) {
+    q.problem.batch = parse_int<int>(f, v, 1);
+    batch_given = true;
+  });
+  r.value("--inputs", [&](const std::string& f, const std::string& v) {
+    if (v.empty()) bad(f + ": empty path");
+    o.inputs = v;
+  });
   add_case_flags(r, q, splits_given, modes_given);
   add_paged_flags(r, q, paged_flags);
   add_execution_flags(r, q);
   add_output_flags(r, o);
   if (extra) extra(r);
   r.read(args, first);
+  if (!o.inputs.empty()) {
+    // The file says B and S; its q, k, v replace the generator's.
+    if (seq_len_given || batch_given)
+      bad("--inputs: B and S come from the file; drop --seq-len and --batch");
+    if (o.smoke) bad("--inputs: --smoke sets its own sequence; drop one of them");
+    if (q.problem.distribution != InputDistribution::gaussian)
+      bad("--inputs: the file's q, k, v are the inputs; drop --input-distribution");
+    if (inputs == nullptr) return o;  // the rest is checked once the file says B and S
+    q.problem.batch = inputs->batch;
+    q.problem.seq_len = inputs->seq_len;
+    seq_len_given = true;
+  }
   check_run_options(o, paged_flags, modes_given);
   if (o.smoke) {
     if (!seq_len_given) q.problem.seq_len = 4;
@@ -418,7 +440,8 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   return o;
 }
 
-PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
+PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
+                       const InputFileInfo* inputs) {
   PlanOptions plan;
   bool figures_given = false;
   const auto figure = [&](const char* flag, double& slot) {
@@ -428,7 +451,7 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
       figures_given = true;
     });
   };
-  plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
+  plan.run = parse_run(r, args, first, inputs, [&](FlagReader& fr) {
     fr.value("--profile", [&](const std::string& f, const std::string& v) {
       if (v != "h200" && v != "cpu") bad(f + ": unknown profile '" + v + "' (h200, cpu)");
       plan.profile = v;
@@ -508,7 +531,7 @@ CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args
 
 }  // namespace
 
-CommandLine parse_command_line(const std::vector<std::string>& args) {
+CommandLine parse_command_line(const std::vector<std::string>& args, const InputFileInfo* inputs) {
   CommandLine cl;
   std::size_t first = 0;
   const std::map<std::string, CommandLine::Command> commands{
@@ -535,13 +558,13 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       parse_accept(r, args, first, help, cl.accept);
       break;
     case CommandLine::Command::plan:
-      cl.plan = parse_plan(r, args, first);
+      cl.plan = parse_plan(r, args, first, inputs);
       break;
     case CommandLine::Command::compare:
       cl.compare = parse_compare(r, args, first, help);
       break;
     default:
-      cl.run = parse_run(r, args, first);
+      cl.run = parse_run(r, args, first, inputs);
   }
   if (help) cl.command = CommandLine::Command::help;
   return cl;

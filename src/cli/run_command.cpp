@@ -65,6 +65,13 @@ void dump_inputs(TensorDump& dump, const Problem& p, ThreadPool& pool) {
 
 void annotate_file(TensorDump& dump, const RunReport& r) {
   const Problem& p = r.problem;
+  // Where q, k, v came from: a distribution of the generator, or a file and its digest.
+  if (p.inputs) {
+    dump.annotate(
+        "/", {{"inputs_file", p.inputs->info().path}, {"inputs_sha256", p.inputs->info().sha256}});
+  } else {
+    dump.annotate("/", {{"input_distribution", std::string(to_string(p.distribution))}});
+  }
   dump.annotate(
       "/",
       {{"schema_version", std::string(kReportSchema)},
@@ -78,7 +85,6 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
        {"num_kv_heads", std::int64_t{p.dims.num_kv_heads}},
        {"head_dim", std::int64_t{p.dims.head_dim}},
        {"seed", static_cast<std::int64_t>(p.seed)},
-       {"input_distribution", std::string(to_string(p.distribution))},
        {"dtype", std::string(to_string(p.dtype))},
        {"rope", std::string(p.rope ? "gpt_neox_rotate_half theta=1e6" : "not_composed")},
        {"layout_note", std::string("tensors are global [B, H, S, D] (out, inputs) or [B, H, S] "

@@ -34,6 +34,9 @@ Problem
                                first key takes most of the attention, outlier_channels = 4
                                key channels per KV head 8x larger, mix = both
                                (docs/input-distributions.md)
+  --inputs PATH                run and plan: q, k, v from a model (HDF5, safetensors, or a
+                               directory of .npy files; docs/inputs.md) instead of generated;
+                               B and S are the file's; each process reads only its rows
 Cases (every combination runs, in this order)
   --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
   --cp-world-sizes LIST        context-parallel sizes (default 1,2)

@@ -24,7 +24,7 @@ int heads_of(const ModelDims& dims, TensorId tensor) {
 }
 
 std::int64_t shared_prompt_len(const Problem& p) {
-  if (p.batch < 2) return 0;
+  if (p.batch < 2 || p.inputs) return 0;
   const std::int64_t shortest = p.seq_len - (p.batch - 1) * (p.seq_len / (4 * p.batch) + 1);
   if (shortest <= 0) return 0;
   return std::max<std::int64_t>(shortest / 4, std::min<std::int64_t>(16, shortest / 3));

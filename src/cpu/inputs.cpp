@@ -16,6 +16,57 @@ namespace {
 // shared by every head and batch entry of the shard.
 constexpr std::int64_t kRowsPerTask = 32;
 
+// Inputs from a file: each (b, h) row run read as it is stored, RoPE at the file's positions
+// when the file holds q and k before RoPE, then the precision's rounding.
+Shard read_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                 InputPrecision precision, ThreadPool& pool) {
+  const InputSource& source = *problem.inputs;
+  const ModelDims& dims = problem.dims;
+  const int d = dims.head_dim, half = dims.rotary_dim / 2;
+  const bool rotate = problem.rope && !source.info().rope_applied &&
+                      (tensor == TensorId::q || tensor == TensorId::k);
+  const bool round = precision == InputPrecision::bf16;
+  const std::vector<float> inv_freq = rope_inv_freq(dims);
+  struct Task {
+    int b;
+    std::int64_t h;
+    Range tokens;
+    std::int64_t local_row;
+  };
+  std::vector<Task> tasks;
+  for (int b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+      std::int64_t local = 0;
+      for (const Range& r : shape.tokens) {
+        for (std::int64_t p = r.begin; p < r.end; p += kRowsPerTask) {
+          tasks.push_back(
+              Task{b, h, Range{p, std::min(r.end, p + kRowsPerTask)}, local + (p - r.begin)});
+        }
+        local += r.size();
+      }
+    }
+  }
+  Shard shard(shape);
+  pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
+    const Task& task = tasks[static_cast<std::size_t>(t)];
+    float* rows = shard.at(task.b, task.h, task.local_row);
+    source.read_rows(tensor, task.b, task.h, task.tokens, rows);
+    std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
+    for (std::int64_t i = 0; i < task.tokens.size(); ++i) {
+      float* row = rows + i * d;
+      if (rotate) {
+        const std::int64_t pos = source.rope_position(task.b, task.tokens.begin + i);
+        for (int f = 0; f < half; ++f) rope_cos_sin(pos, inv_freq[f], cos_row[f], sin_row[f]);
+        rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
+      }
+      if (round) {
+        for (int e = 0; e < d; ++e) row[e] = round_bf16(row[e]);
+      }
+    }
+  });
+  return shard;
+}
+
 }  // namespace
 
 Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
@@ -26,6 +77,8 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
   if (d % 4 != 0) throw std::invalid_argument("generate_shard: head_dim must be a multiple of 4");
   if (tensor == TensorId::lm_head)
     throw std::invalid_argument("generate_shard: lm_head is not a [B, H, S, D] tensor");
+  if (problem.inputs && tensor != TensorId::d_out)
+    return read_shard(problem, tensor, shape, precision, pool);
   const bool rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
   const bool round = precision == InputPrecision::bf16;
   const bool shaped = problem.distribution != InputDistribution::gaussian &&

@@ -10,6 +10,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/core/errors.h"
+#include "cpdrift/cpu/inputs.h"
 #include "cuda_check.cuh"
 #include "kernels.cuh"
 #include "staging.cuh"
@@ -52,6 +53,11 @@ class CudaBackend final : public AttentionBackend {
 
   Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                        InputPrecision precision) override {
+    if (problem.inputs && tensor != TensorId::d_out) {
+      // Read from the file on the host (--inputs): the CPU's reader and rounding, the same bits.
+      ThreadPool pool(1);
+      return cpd::generate_shard(problem, tensor, shape, precision, pool);
+    }
     const ModelDims& dims = problem.dims;
     if (shape.width != dims.head_dim || dims.rotary_dim != dims.head_dim) {
       throw std::invalid_argument(

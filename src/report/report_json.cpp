@@ -259,7 +259,22 @@ Value report_json(const RunReport& r) {
   target["shared_prompt_tokens"] = shared_prompt_len(p);
   target["causal"] = true;
   target["seed"] = p.seed;
-  target["input_distribution"] = to_string(p.distribution);
+  // Generated inputs: their distribution; a file's (--inputs): "file" and what it was.
+  target["input_distribution"] = p.inputs ? "file" : to_string(p.distribution);
+  if (p.inputs) {
+    const InputFileInfo& f = p.inputs->info();
+    Value in = Value::object();
+    in["path"] = f.path;
+    in["format"] = f.format;
+    in["dtype"] = f.dtype;
+    in["size_bytes"] = f.size_bytes;
+    in["sha256"] = f.sha256;
+    in["rope_applied"] = f.rope_applied;
+    in["positions"] = f.positions ? "from the file" : "token index";
+    target["inputs"] = std::move(in);
+  } else {
+    target["inputs"] = Value();
+  }
   v["target"] = std::move(target);
 
   Value te = Value::object();

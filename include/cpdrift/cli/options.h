@@ -19,6 +19,7 @@ struct RunOptions {
   RunRequest request;
   std::string output;  // JSON report path; empty: none
   std::string dump;    // HDF5 tensor dump path; empty: none
+  std::string inputs;  // --inputs: q, k, v from this file (request.problem.inputs once opened)
   bool dump_inputs = false;
   bool overwrite = false;  // --dump may replace an existing file
   bool json = false;       // print the JSON report on stdout
@@ -74,7 +75,10 @@ struct CommandLine {
 };
 
 /// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.
-CommandLine parse_command_line(const std::vector<std::string>& args);
+/// `inputs`: the --inputs file once opened, whose B and S the run takes (the checks that need
+/// the sequence length wait for it: parse once without, open the file, parse again with it).
+CommandLine parse_command_line(const std::vector<std::string>& args,
+                               const InputFileInfo* inputs = nullptr);
 
 /// `cpdrift --help`.
 std::string usage_text();

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cpdrift/core/enum_names.h"
+#include "cpdrift/core/input_source.h"
 #include "cpdrift/numerics/input_shape.h"
 #include "cpdrift/numerics/philox.h"
 
@@ -56,14 +58,17 @@ struct Problem {
   bool rope = true;
   DType dtype = DType::bf16;
   InputDistribution distribution = InputDistribution::gaussian;  // numerics/input_shape.h
+  /// q, k and v read from a file (`--inputs`) instead of generated; null: generated. dO and the
+  /// lm_head are generated either way.
+  std::shared_ptr<const InputSource> inputs;
 };
 
 /// The shared prompt: with two or more sequences, their first max(⌊shortest/4⌋, min(16,
 /// ⌊shortest/3⌋)) tokens (at least a 16-token page where the sequences allow) are one prompt (q, k
 /// and v rows equal to sequence 0's; input_sequence in philox.h), where shortest = S −
 /// (B−1)·(⌊S/(4B)⌋ + 1) is the rollout workload's shortest sequence (paged_workload.h); none with
-/// one sequence. A pure function of the problem, so every case, path and process sees the same
-/// inputs.
+/// one sequence, and none for inputs read from a file (whose sequences are their own). A pure
+/// function of the problem, so every case, path and process sees the same inputs.
 std::int64_t shared_prompt_len(const Problem& problem);
 
 }  // namespace cpd

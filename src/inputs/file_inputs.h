@@ -1,0 +1,49 @@
+// The InputSource of an input file, whatever its format: one row reader per tensor, the file's
+// RoPE positions, and what the report records. Each format's opener (hdf5_inputs.cpp,
+// safetensors_inputs.cpp, npy_inputs.cpp) fills one.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/input_source.h"
+#include "cpdrift/core/model.h"
+
+namespace cpd::input_files {
+
+using RowReader = std::function<void(int b, std::int64_t h, Range tokens, float* out)>;
+
+class FileInputs : public InputSource {
+ public:
+  RowReader q, k, v;
+  std::vector<std::int64_t> positions;  // [B][S], empty: the token index
+  InputFileInfo file;
+
+  void read_rows(TensorId tensor, int b, std::int64_t h, Range tokens, float* out) const override {
+    (tensor == TensorId::q ? q : tensor == TensorId::k ? k : v)(b, h, tokens, out);
+  }
+  std::int64_t rope_position(int b, std::int64_t pos) const override {
+    return positions.empty() ? pos : positions[static_cast<std::size_t>(b * file.seq_len + pos)];
+  }
+  const InputFileInfo& info() const override { return file; }
+};
+
+/// Checks the three shapes against the model (q [B, Hq, S, D], k and v [B, Hkv, S, D], one B and
+/// S) and sets file.batch and file.seq_len; a UsageError naming `path` and the tensor otherwise.
+void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
+                  const std::vector<std::int64_t>& k, const std::vector<std::int64_t>& v,
+                  const ModelDims& dims, InputFileInfo& file);
+
+/// Checks positions' shape [B, S] and that every value is ≥ 0 and < 2^24 (exact as FP32, which
+/// RoPE's angle needs).
+void check_positions(const std::string& path, const std::vector<std::int64_t>& shape,
+                     const std::vector<std::int64_t>& values, const InputFileInfo& file);
+
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
+void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in);
+void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in);
+void open_npy_directory(const std::string& path, const ModelDims& dims, FileInputs& in);
+
+}  // namespace cpd::input_files

@@ -1,0 +1,111 @@
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/inputs/input_files.h"
+#include "cpdrift/util/sha256.h"
+#include "file_inputs.h"
+
+namespace cpd {
+namespace input_files {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
+                  const std::vector<std::int64_t>& k, const std::vector<std::int64_t>& v,
+                  const ModelDims& dims, InputFileInfo& file) {
+  const auto check = [&](const char* name, const std::vector<std::int64_t>& s, int heads) {
+    const bool ok = s.size() == 4 && s[0] >= 1 && s[1] == heads && s[2] >= 1 &&
+                    s[3] == dims.head_dim && s[0] == q[0] && s[2] == q[2];
+    if (!ok) {
+      throw UsageError(path + ": " + name + " has shape " + shape_text(s) +
+                       "; qwen3-8b needs [B, " + std::to_string(heads) + ", S, " +
+                       std::to_string(dims.head_dim) + "]" +
+                       (q.size() == 4 && name[0] != 'q' ? " with q's B and S" : ""));
+    }
+  };
+  check("q", q, dims.num_q_heads);
+  check("k", k, dims.num_kv_heads);
+  check("v", v, dims.num_kv_heads);
+  if (q[0] > (1 << 20)) throw UsageError(path + ": B = " + std::to_string(q[0]) + " sequences");
+  file.batch = static_cast<int>(q[0]);
+  file.seq_len = q[2];
+}
+
+void check_positions(const std::string& path, const std::vector<std::int64_t>& shape,
+                     const std::vector<std::int64_t>& values, const InputFileInfo& file) {
+  if (shape.size() != 2 || shape[0] != file.batch || shape[1] != file.seq_len) {
+    throw UsageError(path + ": positions has shape " + shape_text(shape) + "; needs [" +
+                     std::to_string(file.batch) + ", " + std::to_string(file.seq_len) + "]");
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (values[i] < 0 || values[i] >= (std::int64_t{1} << 24)) {
+      throw UsageError(path + ": positions[" + std::to_string(i / file.seq_len) + ", " +
+                       std::to_string(i % file.seq_len) + "] = " + std::to_string(values[i]) +
+                       " (must be in [0, 2^24))");
+    }
+  }
+}
+
+namespace {
+
+// SHA-256 of the files' bytes, one after the other.
+std::string hash_files(const std::vector<std::string>& paths) {
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (const std::string& path : paths) {
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"),
+                                                            std::fclose);
+    if (!f) throw UsageError(path + ": cannot read: " + std::strerror(errno));
+    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;)
+      sha.update(buf.data(), n);
+  }
+  return Sha256::hex(sha.finish());
+}
+
+}  // namespace
+}  // namespace input_files
+
+std::shared_ptr<const InputSource> open_input_file(const std::string& path, const ModelDims& dims,
+                                                   bool fingerprint) {
+  namespace fs = std::filesystem;
+  using namespace input_files;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) throw UsageError("--inputs " + path + ": no such file or directory");
+  auto in = std::make_shared<FileInputs>();
+  in->file.path = path;
+  std::vector<std::string> files{path};
+  if (fs::is_directory(st)) {
+    in->file.format = "npy";
+    open_npy_directory(path, dims, *in);
+    files = {(fs::path(path) / "q.npy").string(), (fs::path(path) / "k.npy").string(),
+             (fs::path(path) / "v.npy").string()};
+  } else {
+    char magic[8] = {};
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      const std::size_t n = std::fread(magic, 1, sizeof magic, f);
+      std::fclose(f);
+      in->file.format =
+          n == 8 && std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0 ? "hdf5" : "safetensors";
+    } else {
+      throw UsageError("--inputs " + path + ": cannot read: " + std::strerror(errno));
+    }
+    if (in->file.format == "hdf5") {
+      open_hdf5(path, dims, *in);
+    } else {
+      open_safetensors(path, dims, *in);
+    }
+  }
+  for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
+  if (fingerprint) in->file.sha256 = hash_files(files);
+  return in;
+}
+
+}  // namespace cpd

@@ -1,0 +1,57 @@
+// A [B, H, S, D] tensor stored raw in a file (safetensors, .npy): row runs read with pread at
+// their offsets and widened to FP32. Shared by the safetensors and .npy readers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpdrift/core/range.h"
+#include "file_inputs.h"
+
+namespace cpd::input_files {
+
+enum class StoredType { f32, f16, bf16 };
+
+/// Exact widening of one stored element to FP32.
+float widen(StoredType type, const unsigned char* p);
+int type_bytes(StoredType type);
+const char* type_name(StoredType type);
+
+/// An open file descriptor shared by the tensors of one file.
+class RawFile {
+ public:
+  explicit RawFile(const std::string& path);
+  ~RawFile();
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  /// Reads exactly `bytes` at `offset`; a short read is a std::runtime_error (the openers check
+  /// sizes first, so it means the file changed under the run).
+  void read(std::uint64_t offset, void* out, std::size_t bytes) const;
+  std::uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+struct RawTensor {
+  std::shared_ptr<RawFile> file;
+  std::uint64_t offset = 0;  // of element [0, 0, 0, 0]
+  StoredType type = StoredType::f32;
+  std::vector<std::int64_t> shape;  // [B, H, S, D]
+  /// Rows `tokens` of (b, h) into out ([tokens.size()][D]).
+  void read_rows(int b, std::int64_t h, Range tokens, float* out) const;
+};
+
+/// Points `in`'s q, k and v readers at the three tensors and records their dtype (q's).
+void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]);
+
+/// `count` little-endian integers of `size` bytes (signed or not) at `raw`, as int64.
+std::vector<std::int64_t> decode_integers(const unsigned char* raw, std::size_t count, int size,
+                                          bool is_signed);
+
+}  // namespace cpd::input_files

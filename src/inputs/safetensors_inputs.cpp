@@ -1,0 +1,141 @@
+// safetensors: an 8-byte little-endian header length N, N bytes of JSON ({name: {dtype, shape,
+// data_offsets: [begin, end]}, "__metadata__": {string: string}}), then the tensors' bytes, each
+// at 8 + N + begin, row-major, little-endian.
+#include <memory>
+
+#include "cpdrift/core/errors.h"
+#include "cpdrift/report/json.h"
+#include "file_inputs.h"
+#include "raw_tensor.h"
+
+namespace cpd::input_files {
+namespace {
+
+constexpr std::uint64_t kMaxHeader = 100u << 20;  // what the safetensors format itself allows
+
+std::vector<std::int64_t> shape_of(const json::Value& t, const std::string& where) {
+  std::vector<std::int64_t> shape;
+  if (!t.contains("shape") || !t.at("shape").is_array()) throw UsageError(where + ": no shape");
+  for (const json::Value& d : t.at("shape").as_array()) {
+    if (!d.is_integer() || d.as_double() < 0) throw UsageError(where + ": bad shape");
+    shape.push_back(d.as_int64());
+  }
+  return shape;
+}
+
+// [begin, end) of a tensor's bytes in the file, checked against its shape and the file's size.
+std::pair<std::uint64_t, std::uint64_t> span_of(const json::Value& t, std::uint64_t base,
+                                                std::uint64_t bytes, const RawFile& file,
+                                                const std::string& where) {
+  const json::Value& o = t.contains("data_offsets") ? t.at("data_offsets") : json::Value();
+  if (!o.is_array() || o.size() != 2 || !o.at(0).is_integer() || !o.at(1).is_integer())
+    throw UsageError(where + ": no data_offsets [begin, end]");
+  const std::uint64_t begin = o.at(0).as_uint64(), end = o.at(1).as_uint64();
+  if (end < begin || end - begin != bytes) {
+    throw UsageError(where + ": data_offsets hold " + std::to_string(end - begin) +
+                     " bytes, its shape and dtype need " + std::to_string(bytes));
+  }
+  if (base + end > file.size()) {
+    throw UsageError(where + ": ends at byte " + std::to_string(base + end) + ", the file has " +
+                     std::to_string(file.size()) + " (truncated?)");
+  }
+  return {base + begin, base + end};
+}
+
+}  // namespace
+
+void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in) {
+  const auto file = std::make_shared<RawFile>(path);
+  unsigned char len_bytes[8];
+  if (file->size() < 8) throw UsageError(path + ": not HDF5, safetensors or a .npy directory");
+  file->read(0, len_bytes, 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | len_bytes[i];
+  if (n < 2 || n > kMaxHeader || 8 + n > file->size()) {
+    throw UsageError(path +
+                     ": not HDF5, safetensors or a .npy directory (a safetensors header "
+                     "of " +
+                     std::to_string(n) + " bytes in a file of " + std::to_string(file->size()) +
+                     ")");
+  }
+  std::string text(n, '\0');
+  file->read(8, text.data(), n);
+  json::Value header;
+  try {
+    header = json::parse(text);
+  } catch (const std::exception& e) {
+    throw UsageError(path + ": safetensors header is not JSON (" + e.what() + ")");
+  }
+  if (!header.is_object()) throw UsageError(path + ": safetensors header is not a JSON object");
+  const std::uint64_t base = 8 + n;
+
+  // RoPE: stated in the metadata, or the file is refused.
+  const json::Value* meta = header.contains("__metadata__") ? &header.at("__metadata__") : nullptr;
+  if (meta == nullptr || !meta->is_object() || !meta->contains("rope_applied") ||
+      !meta->at("rope_applied").is_string()) {
+    throw UsageError(path +
+                     ": __metadata__ must say \"rope_applied\": \"true\" or \"false\" "
+                     "(are q and k stored after RoPE?)");
+  }
+  const std::string rope = meta->at("rope_applied").as_string();
+  if (rope != "true" && rope != "false" && rope != "1" && rope != "0")
+    throw UsageError(path + ": __metadata__ rope_applied is \"" + rope + "\", not true or false");
+  in.file.rope_applied = rope == "true" || rope == "1";
+
+  std::vector<std::int64_t> shapes[3];
+  RawTensor tensors[3];
+  const char* names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string where = path + ": tensor " + names[i];
+    if (!header.contains(names[i])) throw UsageError(path + ": no tensor \"" + names[i] + "\"");
+    const json::Value& t = header.at(names[i]);
+    if (!t.is_object() || !t.contains("dtype") || !t.at("dtype").is_string())
+      throw UsageError(where + ": no dtype");
+    const std::string dtype = t.at("dtype").as_string();
+    RawTensor& r = tensors[i];
+    if (dtype == "F32") {
+      r.type = StoredType::f32;
+    } else if (dtype == "F16") {
+      r.type = StoredType::f16;
+    } else if (dtype == "BF16") {
+      r.type = StoredType::bf16;
+    } else {
+      throw UsageError(where + ": dtype " + dtype + " (reads F32, F16 and BF16)");
+    }
+    shapes[i] = shape_of(t, where);
+    r.shape = shapes[i];
+  }
+  check_shapes(path, shapes[0], shapes[1], shapes[2], dims, in.file);
+  for (int i = 0; i < 3; ++i) {
+    RawTensor& r = tensors[i];
+    std::uint64_t count = 1;
+    for (const std::int64_t d : r.shape) count *= static_cast<std::uint64_t>(d);
+    r.file = file;
+    r.offset = span_of(header.at(names[i]), base, count * type_bytes(r.type), *file,
+                       path + ": tensor " + names[i])
+                   .first;
+  }
+  use_raw_tensors(in, tensors);
+
+  if (header.contains("positions")) {
+    const json::Value& t = header.at("positions");
+    const std::string where = path + ": tensor positions";
+    const std::string dtype = t.contains("dtype") && t.at("dtype").is_string()
+                                  ? t.at("dtype").as_string()
+                                  : std::string();
+    if (dtype != "I64" && dtype != "I32") throw UsageError(where + ": dtype must be I64 or I32");
+    const std::vector<std::int64_t> shape = shape_of(t, where);
+    const std::uint64_t count =
+        shape.size() == 2 ? static_cast<std::uint64_t>(shape[0] * shape[1]) : 0;
+    const int size = dtype == "I64" ? 8 : 4;
+    std::vector<unsigned char> raw(count * size);
+    const std::uint64_t at = span_of(t, base, raw.size(), *file, where).first;
+    if (!raw.empty()) file->read(at, raw.data(), raw.size());
+    std::vector<std::int64_t> values = decode_integers(raw.data(), count, size, true);
+    check_positions(path, shape, values, in.file);
+    in.positions = std::move(values);
+    in.file.positions = true;
+  }
+}
+
+}  // namespace cpd::input_files
