@@ -210,6 +210,49 @@ TEST_CASE("exact KL from full-vocabulary rows against an FP64 oracle; a missing 
   CHECK(d.metrics.kl_exact_mean == 0.0);
 }
 
+TEST_CASE("top-k lists: overlap, top-1 agreement and shared entries against a hand count") {
+  TempDir dir;
+  const std::string t0 = R"({"sequence": 0, "position": 1, "token_id": 1, "logprob": -0.1, )"
+                         R"("top_logprobs": {"1": -0.1, "2": -2.0, "3": -3.0}})";
+  const std::string r0 = R"({"sequence": 0, "position": 1, "token_id": 1, "logprob": -0.12, )"
+                         R"("top_logprobs": [[4, -3.5], [1, -0.12], [2, -1.9]]})";
+  const std::string t1 = R"({"sequence": 0, "position": 2, "token_id": 5, "logprob": -0.5, )"
+                         R"("top_logprobs": [[5, -0.5], [6, -1.0]]})";
+  const std::string r1 = R"({"sequence": 0, "position": 2, "token_id": 5, "logprob": -0.6, )"
+                         R"("top_logprobs": [[6, -0.4], [5, -0.6]]})";
+  const std::string bare = R"({"sequence": 0, "position": 3, "token_id": 7, "logprob": -1.0})";
+  const LogprobStream t =
+      read_logprob_stream(dir.write("t.jsonl", t0 + "\n" + t1 + "\n" + bare + "\n"));
+  const LogprobStream r =
+      read_logprob_stream(dir.write("r.jsonl", r0 + "\n" + r1 + "\n" + bare + "\n"));
+  const TopkFigures k = compare_streams(t, r).topk;
+  REQUIRE(k.available);
+  // Token 1: {1, 2, 3} vs {1, 2, 4}: 2 shared of 4, |Δ| 0.02 and 0.1, the same best id (1).
+  // Token 2: {5, 6} both: 2 of 2, |Δ| 0.1 and 0.6, best ids 5 and 6. Token 3 has no lists.
+  CHECK(k.tokens == 2);
+  CHECK(k.overlap_mean == doctest::Approx(0.75));
+  CHECK(k.overlap_min == doctest::Approx(0.5));
+  CHECK(k.top1_agreement == doctest::Approx(0.5));
+  CHECK(k.common_entries == 4);
+  CHECK(k.common_abs_mean == doctest::Approx((0.02 + 0.1 + 0.1 + 0.6) / 4));
+  CHECK(k.common_abs_max == doctest::Approx(0.6));
+  // A stream against itself: full overlap, same top-1, nothing apart (the control).
+  const TopkFigures self = compare_streams(t, t).topk;
+  CHECK(self.overlap_min == 1.0);
+  CHECK(self.top1_agreement == 1.0);
+  CHECK(self.common_abs_max == 0.0);
+  // Lists on one side only: unavailable, with the reason.
+  const LogprobStream plain = read_logprob_stream(
+      dir.write("p.jsonl", jsonl({{0, 1, 1, -0.1}, {0, 2, 5, -0.5}, {0, 3, 7, -1.0}})));
+  CHECK(compare_streams(t, plain).topk.reason == "needs top_logprobs in both streams");
+  // An id twice in one list is an invalid comparison.
+  const std::string twice = R"({"sequence": 0, "position": 1, "token_id": 1, "logprob": -0.1, )"
+                            R"("top_logprobs": [[1, -0.1], [1, -0.2]]})";
+  CHECK(error_of(dir, twice + "\n", twice + "\n") ==
+        "invalid comparison: " + dir.path.string() +
+            "/train.jsonl line 1: top-k list names token 1 twice");
+}
+
 TEST_CASE(".npy columns: integer and float dtypes, and a truncated column refused") {
   TempDir dir;
   const auto npy = [](const std::string& descr, const std::string& shape, const void* data,
@@ -235,15 +278,22 @@ TEST_CASE(".npy columns: integer and float dtypes, and a truncated column refuse
   dir.write("cols/token_id.npy", npy("<u2", "(3,)", tok, sizeof tok));
   dir.write("cols/logprob.npy", npy("<f4", "(3,)", lp, sizeof lp));
   dir.write("cols/active.npy", npy("|b1", "(3,)", active, sizeof active));
+  // Top-2 lists, the third row's padded to one entry with -1.
+  const std::int64_t top_ids[6] = {7, 3, 8, 2, 9, -1};
+  const double top_lp[6] = {-1.5, -2.0, -0.25, -3.0, -2.0, 0.0};
+  dir.write("cols/top_ids.npy", npy("<i8", "(3, 2)", top_ids, sizeof top_ids));
+  dir.write("cols/top_logprobs.npy", npy("<f8", "(3, 2)", top_lp, sizeof top_lp));
   const LogprobStream s = read_logprob_stream((dir.path / "cols").string());
   CHECK(s.format == "npy");
-  CHECK(s.files.size() == 5);
+  CHECK(s.files.size() == 7);
   REQUIRE(s.records.size() == 3);
   CHECK(s.records[1].position == 2);
   CHECK(s.records[2].token_id == 9);
   CHECK(s.records[0].logprob == -1.5);
   CHECK_FALSE(s.records[1].active);
   CHECK(s.where(2) == (dir.path / "cols").string() + " row 2");
+  CHECK(s.top_begin == std::vector<std::size_t>{0, 2, 4, 5});
+  CHECK(s.top_ids[4] == 9);
   const StreamComparison c = compare_streams(s, s);
   CHECK(c.tokens.size() == 2);
   CHECK(c.inactive == 1);

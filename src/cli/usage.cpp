@@ -110,7 +110,8 @@ options of how a run executes -- --dump, --progress, --threads, --transport, --c
   --gpus-per-node N            ranks sharing NVLink (default 8); one logical rank per GPU
 
 Compare (TRAIN and ROLLOUT: files of {sequence, position, token_id, logprob[, active]
-[, vocab_logprobs]} records, docs/compare.md; --output, --json, --quiet as above)
+[, vocab_logprobs][, top_logprobs]} records, docs/compare.md; --output, --json and --quiet
+as above)
   --max-abs-delta X            exit 1 when the largest |logp_train - logp_rollout| exceeds X
   --ratio-band X               importance ratios outside [1 - X, 1 + X] are counted (0.2)
   --tis-clip X                 ratios above X are counted as truncated-IS clipped (2)

@@ -91,6 +91,24 @@ json::Value compare_json(const CompareRun& run) {
   rl["abs_delta_by_position"] = abs_delta_bins_json(c.by_position, "position");
   v["rl_metrics"] = std::move(rl);
 
+  const TopkFigures& k = c.topk;
+  Value top = Value::object();
+  top["status"] = k.available ? "available" : "unavailable";
+  if (!k.available) {
+    top["reason"] = k.reason;
+  } else {
+    top["tokens"] = k.tokens;
+    top["overlap_jaccard"] = Value::object();
+    top["overlap_jaccard"]["mean"] = k.overlap_mean;
+    top["overlap_jaccard"]["min"] = k.overlap_min;
+    top["top1_agreement"] = k.top1_agreement;
+    top["common_entries"] = k.common_entries;
+    top["common_abs_delta"] = Value::object();
+    top["common_abs_delta"]["mean"] = k.common_abs_mean;
+    top["common_abs_delta"]["max"] = k.common_abs_max;
+  }
+  v["top_logprobs"] = std::move(top);
+
   Value verdict = Value::object();
   verdict["max_abs_delta"] = run.max_abs_delta ? Value(*run.max_abs_delta) : Value();
   verdict["passed"] = run.passed();
@@ -134,6 +152,17 @@ void print_compare_table(std::FILE* out, const CompareRun& run) {
                m.abs_mean, m.abs_p50, m.abs_p99, m.abs_max, m.ratio_min, m.ratio_max,
                m.effective_sample_size, m.k3_mean, exact, first.c_str());
   if (!c.exact_kl) std::fprintf(out, "# exact KL: %s\n", c.exact_kl_reason.c_str());
+  const TopkFigures& k = c.topk;
+  if (k.available) {
+    std::fprintf(out,
+                 "# top-k   : %llu tokens; id overlap (Jaccard) mean %.3f, least %.3f; same top-1 "
+                 "id %.1f%%; |Δ| of the %llu shared entries mean %.2e, max %.2e\n",
+                 static_cast<unsigned long long>(k.tokens), k.overlap_mean, k.overlap_min,
+                 100.0 * k.top1_agreement, static_cast<unsigned long long>(k.common_entries),
+                 k.common_abs_mean, k.common_abs_max);
+  } else {
+    std::fprintf(out, "# top-k   : %s\n", k.reason.c_str());
+  }
   std::fprintf(out, "#\n# by position       tokens     |Δ| mean   |Δ| max\n");
   for (const DistanceBin& b : c.by_position) {
     const std::string range =

@@ -83,6 +83,20 @@ void read_hdf5_columns(const std::string& path, LogprobStream& s) {
       throw UsageError(path + ": /vocab_logprobs must be [" + std::to_string(n) + ", V]");
     s.vocab_size = static_cast<std::int64_t>(dims[1]);
   }
+  if (exists("top_ids") != exists("top_logprobs"))
+    throw UsageError(path + ": /top_ids and /top_logprobs go together");
+  if (exists("top_ids")) {
+    const std::vector<std::int64_t> ids =
+        read_dataset<std::int64_t>(file.get(), path, "top_ids", H5T_NATIVE_INT64, dims);
+    const std::vector<hsize_t> id_dims = dims;
+    const std::vector<double> lps =
+        read_dataset<double>(file.get(), path, "top_logprobs", H5T_NATIVE_DOUBLE, dims);
+    if (id_dims.size() != 2 || id_dims[0] != n || dims != id_dims) {
+      throw UsageError(path + ": /top_ids and /top_logprobs must both be [" + std::to_string(n) +
+                       ", K]");
+    }
+    take_top_columns(ids, lps, n, static_cast<std::size_t>(id_dims[1]), path, s);
+  }
   for (std::size_t i = 0; i < n; ++i) {
     for (const auto* v : {&seq, &pos, &tok}) {
       if ((*v)[i] < 0) {

@@ -90,8 +90,41 @@ void read_jsonl(const std::string& path, LogprobStream& s) {
       for (std::size_t i = 0; i < a.size(); ++i)
         s.vocab.push_back(number_member(a.at(i), where, "\"vocab_logprobs\" entry"));
     }
+    if (v.contains("top_logprobs")) {
+      const json::Value& t = v.at("top_logprobs");
+      const auto add = [&](std::int64_t id, const json::Value& lp) {
+        if (id < 0) throw UsageError(where + ": a \"top_logprobs\" token id is negative");
+        s.top_ids.push_back(id);
+        s.top_logprobs.push_back(number_member(lp, where, "a \"top_logprobs\" logprob"));
+      };
+      // Records before the first list have none.
+      if (s.top_begin.empty()) s.top_begin.assign(s.records.size() + 1, 0);
+      if (t.is_object()) {
+        for (const auto& [key, lp] : t.as_object()) {
+          std::size_t used = 0;
+          long long id = -1;
+          try {
+            id = std::stoll(key, &used);
+          } catch (const std::exception&) {
+            used = 0;
+          }
+          if (used == 0 || used != key.size())
+            throw UsageError(where + ": \"top_logprobs\" key \"" + key + "\" is not a token id");
+          add(id, lp);
+        }
+      } else if (t.is_array()) {
+        for (const json::Value& e : t.as_array()) {
+          if (!e.is_array() || e.size() != 2 || !e.at(0).is_integer())
+            throw UsageError(where + ": \"top_logprobs\" entries must be [token_id, logprob]");
+          add(e.at(0).as_int64(), e.at(1));
+        }
+      } else {
+        throw UsageError(where + ": \"top_logprobs\" must be an object or an array of pairs");
+      }
+    }
     s.records.push_back(r);
     s.vocab_row.push_back(row_index);
+    if (!s.top_begin.empty()) s.top_begin.push_back(s.top_ids.size());
   }
 }
 

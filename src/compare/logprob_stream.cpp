@@ -35,6 +35,24 @@ SourceFile fingerprint(const std::string& path) {
   return s;
 }
 
+void take_top_columns(const std::vector<std::int64_t>& ids, const std::vector<double>& logprobs,
+                      std::size_t rows, std::size_t k, const std::string& where, LogprobStream& s) {
+  s.top_begin.assign(1, 0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::int64_t id = ids[i * k + j];
+      if (id == -1) continue;  // padding: fewer than K entries
+      if (id < 0) {
+        throw UsageError(where + " row " + std::to_string(i) + ": top_ids holds " +
+                         std::to_string(id) + " (token ids are >= 0, -1 pads)");
+      }
+      s.top_ids.push_back(id);
+      s.top_logprobs.push_back(logprobs[i * k + j]);
+    }
+    s.top_begin.push_back(s.top_ids.size());
+  }
+}
+
 }  // namespace stream_io
 
 LogprobStream read_logprob_stream(const std::string& path) {

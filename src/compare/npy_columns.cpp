@@ -142,6 +142,24 @@ void read_npy_columns(const std::string& dir, LogprobStream& s) {
     s.records.push_back(r);
     s.vocab_row.push_back(vocab ? static_cast<std::int64_t>(i) : -1);
   }
+  const std::optional<NpyArray> top_ids = column("top_ids", false);
+  const std::optional<NpyArray> top_lp = column("top_logprobs", false);
+  if (top_ids.has_value() != top_lp.has_value())
+    throw UsageError(dir + ": top_ids.npy and top_logprobs.npy go together");
+  if (top_ids) {
+    if (top_ids->shape.size() != 2 || top_ids->shape[0] != static_cast<std::int64_t>(n) ||
+        top_lp->shape != top_ids->shape || top_ids->kind == 'f') {
+      throw UsageError(dir + ": top_ids.npy (integers) and top_logprobs.npy must both be [" +
+                       std::to_string(n) + ", K]");
+    }
+    std::vector<std::int64_t> ids(top_ids->count());
+    std::vector<double> lps(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = top_ids->at<std::int64_t>(i);
+      lps[i] = top_lp->at<double>(i);
+    }
+    take_top_columns(ids, lps, n, static_cast<std::size_t>(top_ids->shape[1]), dir, s);
+  }
   if (vocab) {
     s.vocab_size = vocab->shape[1];
     s.vocab.resize(vocab->count());

@@ -69,6 +69,83 @@ double exact_kl(const LogprobStream& train, std::size_t ti, const LogprobStream&
   return kl;
 }
 
+// Record i's top-k list as (id, logprob) sorted by id; refuses a repeated id and a non-finite
+// logprob.
+std::vector<std::pair<std::int64_t, double>> top_list(const LogprobStream& s, std::size_t i) {
+  std::vector<std::pair<std::int64_t, double>> list;
+  if (s.top_begin.empty()) return list;
+  for (std::size_t e = s.top_begin[i]; e < s.top_begin[i + 1]; ++e) {
+    if (!std::isfinite(s.top_logprobs[e])) {
+      invalid(s.where(i) + ": top-k logprob of token " + std::to_string(s.top_ids[e]) +
+              " is not finite");
+    }
+    list.emplace_back(s.top_ids[e], s.top_logprobs[e]);
+  }
+  std::sort(list.begin(), list.end());
+  for (std::size_t e = 1; e < list.size(); ++e) {
+    if (list[e].first == list[e - 1].first)
+      invalid(s.where(i) + ": top-k list names token " + std::to_string(list[e].first) + " twice");
+  }
+  return list;
+}
+
+// The id with the largest logprob (the smallest id among equals).
+std::int64_t best_id(const std::vector<std::pair<std::int64_t, double>>& list) {
+  std::size_t best = 0;
+  for (std::size_t e = 1; e < list.size(); ++e) {
+    if (list[e].second > list[best].second) best = e;
+  }
+  return list[best].first;
+}
+
+TopkFigures compare_topk(const LogprobStream& train, const LogprobStream& rollout,
+                         const StreamComparison& c) {
+  TopkFigures f;
+  if (train.top_begin.empty() || rollout.top_begin.empty()) {
+    f.reason = "needs top_logprobs in both streams";
+    return f;
+  }
+  double overlap_sum = 0, abs_sum = 0;
+  std::uint64_t top1 = 0;
+  f.overlap_min = 1;
+  for (std::size_t k = 0; k < c.tokens.size(); ++k) {
+    const auto a = top_list(train, c.train_record[k]), b = top_list(rollout, c.rollout_record[k]);
+    if (a.empty() || b.empty()) continue;
+    std::size_t common = 0;
+    for (std::size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+      if (a[i].first < b[j].first) {
+        ++i;
+      } else if (b[j].first < a[i].first) {
+        ++j;
+      } else {
+        const double d = std::fabs(a[i].second - b[j].second);
+        abs_sum += d;
+        f.common_abs_max = std::max(f.common_abs_max, d);
+        ++common;
+        ++i;
+        ++j;
+      }
+    }
+    const double overlap =
+        static_cast<double>(common) / static_cast<double>(a.size() + b.size() - common);
+    overlap_sum += overlap;
+    f.overlap_min = std::min(f.overlap_min, overlap);
+    top1 += best_id(a) == best_id(b);
+    f.common_entries += common;
+    ++f.tokens;
+  }
+  if (f.tokens == 0) {
+    f.reason = "no active token has a top_logprobs list in both streams";
+    f.overlap_min = 0;
+    return f;
+  }
+  f.available = true;
+  f.overlap_mean = overlap_sum / static_cast<double>(f.tokens);
+  f.top1_agreement = static_cast<double>(top1) / static_cast<double>(f.tokens);
+  if (f.common_entries > 0) f.common_abs_mean = abs_sum / static_cast<double>(f.common_entries);
+  return f;
+}
+
 }  // namespace
 
 StreamComparison compare_streams(const LogprobStream& train, const LogprobStream& rollout,
@@ -160,6 +237,7 @@ StreamComparison compare_streams(const LogprobStream& train, const LogprobStream
     for (TokenPair& p : c.tokens) p.kl = 0;
   }
   c.metrics = compute_rl_metrics(c.tokens, options);
+  c.topk = compare_topk(train, rollout, c);
   constexpr std::int64_t kEdges[] = {0, 64, 256, 1024, 4096, 16384, 65536};
   c.by_position = abs_delta_bins(c.tokens, &TokenPair::position, kEdges);
   // A 2K-token stream does not list the empty bins beyond its last position.

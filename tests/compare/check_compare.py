@@ -47,9 +47,14 @@ def streams(rng, n_seq=3, length=300, vocab=50):
     vt, vr = log_softmax(logits_t), log_softmax(logits_r)
     tok = rng.integers(0, vocab, size=seq.size)
     rows = np.arange(seq.size)
+    # Each engine's top-5 of its own distribution (the ids may differ between them).
+    top_t = np.argsort(-vt, axis=1)[:, :5]
+    top_r = np.argsort(-vr, axis=1)[:, :5]
     return dict(sequence=seq, position=pos, token_id=tok, logprob=vt[rows, tok],
-                vocab_logprobs=vt), dict(sequence=seq, position=pos, token_id=tok,
-                                         logprob=vr[rows, tok], vocab_logprobs=vr)
+                vocab_logprobs=vt, top_ids=top_t,
+                top_logprobs=np.take_along_axis(vt, top_t, axis=1)), \
+        dict(sequence=seq, position=pos, token_id=tok, logprob=vr[rows, tok], vocab_logprobs=vr,
+             top_ids=top_r, top_logprobs=np.take_along_axis(vr, top_r, axis=1))
 
 
 def write_jsonl(path, s, order):
@@ -57,7 +62,9 @@ def write_jsonl(path, s, order):
         for i in order:
             f.write(json.dumps({"sequence": int(s["sequence"][i]), "position": int(s["position"][i]),
                                 "token_id": int(s["token_id"][i]), "logprob": float(s["logprob"][i]),
-                                "vocab_logprobs": [float(x) for x in s["vocab_logprobs"][i]]}) + "\n")
+                                "vocab_logprobs": [float(x) for x in s["vocab_logprobs"][i]],
+                                "top_logprobs": [[int(a), float(b)] for a, b in
+                                                 zip(s["top_ids"][i], s["top_logprobs"][i])]}) + "\n")
 
 
 def write_npy(path, s):
@@ -79,7 +86,18 @@ def oracle(t, r):
     rho = np.exp(d)
     p_r = np.exp(r["vocab_logprobs"])
     kl = (p_r * (r["vocab_logprobs"] - t["vocab_logprobs"])).sum(axis=1)
-    return {"abs_delta.mean": a.mean(), "abs_delta.std": a.std(), "abs_delta.max": a.max(),
+    jac, top1, common = [], [], []
+    for i in range(d.size):
+        ta = dict(zip(t["top_ids"][i].tolist(), t["top_logprobs"][i].tolist()))
+        rb = dict(zip(r["top_ids"][i].tolist(), r["top_logprobs"][i].tolist()))
+        shared = set(ta) & set(rb)
+        jac.append(len(shared) / len(set(ta) | set(rb)))
+        top1.append(max(ta, key=lambda v: (ta[v], -v)) == max(rb, key=lambda v: (rb[v], -v)))
+        common += [abs(ta[v] - rb[v]) for v in shared]
+    topk = {"overlap_jaccard.mean": np.mean(jac), "overlap_jaccard.min": np.min(jac),
+            "top1_agreement": np.mean(top1), "common_abs_delta.mean": np.mean(common),
+            "common_abs_delta.max": np.max(common)}
+    return topk, {"abs_delta.mean": a.mean(), "abs_delta.std": a.std(), "abs_delta.max": a.max(),
             "abs_delta.p50": np.quantile(a, 0.5), "abs_delta.p99": np.quantile(a, 0.99),
             "importance_ratio.mean": rho.mean(), "importance_ratio.min": rho.min(),
             "importance_ratio.max": rho.max(),
@@ -103,7 +121,7 @@ def main():
     exe = args.cpdrift
     rng = np.random.default_rng(2355)
     t, r = streams(rng)
-    want = oracle(t, r)
+    want_topk, want = oracle(t, r)
     with tempfile.TemporaryDirectory(prefix="cpdrift_compare_") as tmp:
         paths = {}
         order = rng.permutation(t["logprob"].size)  # file order is not the key order
@@ -138,6 +156,15 @@ def main():
                 tol = 1e-9 if name.endswith("k3_mean") else 1e-12
                 check(abs(got - value) <= tol * max(abs(value), 1e-300),
                       f"{fmt}: {name} = {got!r}, NumPy {value!r}")
+            top = rep["top_logprobs"]
+            check(top["status"] == "available" and top["tokens"] == t["logprob"].size,
+                  f"{fmt}: top-k figures over every token")
+            for name, value in want_topk.items():
+                got = top
+                for part in name.split("."):
+                    got = got[part]
+                check(abs(got - value) <= 1e-12 * max(abs(value), 1e-300),
+                      f"{fmt}: top_logprobs.{name} = {got!r}, NumPy {value!r}")
             files = rep["train"]["files"]
             check(all(len(f["sha256"]) == 64 and f["size_bytes"] > 0 for f in files),
                   f"{fmt}: each input file's size and SHA-256 recorded")
@@ -145,6 +172,8 @@ def main():
             a, b, c = (reports[k]["rl_metrics"] for k in ("jsonl", "npy", "hdf5"))
             for k in ("abs_delta", "importance_ratio", "kl_rollout_train"):
                 check(a[k] == b[k] == c[k], f"formats agree bit for bit on {k}")
+            tops = [reports[k]["top_logprobs"] for k in ("jsonl", "npy", "hdf5")]
+            check(tops[0] == tops[1] == tops[2], "formats agree bit for bit on top_logprobs")
 
         # The gate: |Δ| max is about 0.04 here.
         rc, _, _ = run([exe, "compare", *paths["hdf5"], "--max-abs-delta", "1e-6", "--quiet"])

@@ -1,10 +1,11 @@
 // Per-token logprob records that an engine wrote (a trainer, a rollout engine), as
 // `cpdrift compare TRAIN ROLLOUT` reads them (docs/compare.md):
 //   JSON Lines   one object per line: {"sequence", "position", "token_id", "logprob"}, optional
-//                "active" (default true) and "vocab_logprobs" (the full vocabulary's logprobs
-//                at that position); other members are ignored
-//   HDF5         datasets /sequence, /position, /token_id, /logprob, [/active], [N] each, and
-//                [/vocab_logprobs] [N, V], any integer or float type HDF5 converts
+//                "active" (default true), "vocab_logprobs" (the full vocabulary's logprobs at
+//                that position) and "top_logprobs" ({"id": logprob, …} or [[id, logprob], …]);
+//                other members are ignored
+//   HDF5         datasets /sequence, /position, /token_id, /logprob, [/active], [N] each,
+//                [/vocab_logprobs] [N, V], [/top_ids] (-1 pads) and [/top_logprobs] [N, K]
 //   .npy         a directory of the same names with .npy: sequence.npy, …
 #pragma once
 
@@ -38,6 +39,11 @@ struct LogprobStream {
   std::int64_t vocab_size = 0;
   std::vector<double> vocab;
   std::vector<std::int64_t> vocab_row;
+  /// Top-k lists (a rollout engine's `top_logprobs`): record i's entries are top_ids and
+  /// top_logprobs [top_begin[i], top_begin[i + 1]); top_begin is empty when no record has one.
+  std::vector<std::int64_t> top_ids;
+  std::vector<double> top_logprobs;
+  std::vector<std::size_t> top_begin;
 
   /// Where record i came from, for a message: "train.jsonl line 12", "train.h5 row 11".
   std::string where(std::size_t i) const;
@@ -54,6 +60,9 @@ void read_npy_columns(const std::string& dir, LogprobStream& s);
 void read_hdf5_columns(const std::string& path, LogprobStream& s);
 /// Size and SHA-256 of a file, streamed.
 SourceFile fingerprint(const std::string& path);
+/// Top-k columns [N, K] (ids padded with -1) into s.top_*; `where` names the source.
+void take_top_columns(const std::vector<std::int64_t>& ids, const std::vector<double>& logprobs,
+                      std::size_t rows, std::size_t k, const std::string& where, LogprobStream& s);
 }  // namespace stream_io
 
 }  // namespace cpd
