@@ -2,9 +2,10 @@
 """cpdrift --inputs on files Python writes: the same q, k, v (values k/64, exact in float16,
 bfloat16 and float32) stored before RoPE as float32 HDF5 (h5py), a float16 .npy directory
 (NumPy) and a BF16 safetensors file (written here from its specification), with positions.
-The three runs must report the same bits (every case's output and LSE digests); a run on other
-values must not (the control); and h5py-written files that are wrong in one way each end with
-status 2 and one line.
+The three runs must report the same bits (every case's output and LSE digests, under each of
+the three protocols, which agree); a run on other values must not (the control); paged lanes
+and pairs on the file keep every invariance; and h5py-written files that are wrong in one way
+each end with status 2 and one line.
 
 usage: check_inputs.py --cpdrift BUILD/cpdrift   (MPIRUN in the environment: 2 processes)
 """
@@ -93,7 +94,8 @@ def main():
     ap.add_argument("--cpdrift", required=True)
     exe = ap.parse_args().cpdrift
     t, positions = tensors(1)
-    common = ["--tp-world-sizes", "1,2", "--cp-world-sizes", "2", "--kv-chunk-sizes", "none,8", "--quiet"]
+    common = ["--tp-world-sizes", "1,2", "--cp-world-sizes", "2", "--kv-chunk-sizes", "none,8",
+              "--protocols", "ag_rs,ring_kv,allgather_kv", "--quiet"]
     with tempfile.TemporaryDirectory(prefix="cpdrift_inputs_") as tmp:
         files = {"hdf5": os.path.join(tmp, "in.h5"), "npy": os.path.join(tmp, "in_npy"),
                  "safetensors": os.path.join(tmp, "in.safetensors")}
@@ -114,7 +116,15 @@ def main():
                       f"{fmt}: target.inputs says what was read")
         if len(reports) == 3:
             d = {k: digests(v) for k, v in reports.items()}
-            check(len(d["hdf5"]) >= 8, f"{len(d['hdf5'])} digests per run")
+            check(len(d["hdf5"]) >= 24, f"{len(d['hdf5'])} digests per run")
+            # Every protocol moves the file's inputs to the same bits (names: "_ring_kv", …).
+            by_protocol = {}
+            for (name, cls, part), digest in d["hdf5"].items():
+                base = name.replace("_ring_kv", "").replace("_allgather_kv", "")
+                by_protocol.setdefault((base, cls, part), set()).add(digest)
+            check(all(len(v) == 1 for v in by_protocol.values()) and
+                  len(by_protocol) * 3 == len(d["hdf5"]),
+                  "ag_rs, ring_kv and allgather_kv: the same bits on the file's inputs")
             check(d["hdf5"] == d["npy"] == d["safetensors"],
                   "float32 HDF5, float16 .npy and BF16 safetensors of the same values: the same bits")
         # The rollout side on the same file: paged prefill and decode at rollout TP 1 and 2, and
