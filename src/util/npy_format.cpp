@@ -42,7 +42,9 @@ std::string NpyHeader::shape_text() const {
 NpyHeader parse_npy_header(std::string_view bytes) {
   if (bytes.size() < 10 || std::memcmp(bytes.data(), "\x93NUMPY", 6) != 0)
     bad("not a .npy file (no \\x93NUMPY magic)");
-  const auto byte = [&](std::size_t i) { return static_cast<std::size_t>(static_cast<unsigned char>(bytes[i])); };
+  const auto byte = [&](std::size_t i) {
+    return static_cast<std::size_t>(static_cast<unsigned char>(bytes[i]));
+  };
   const std::size_t major = byte(6);
   std::size_t header_len = 0, offset = 0;
   if (major == 1) {

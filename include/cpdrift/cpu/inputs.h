@@ -15,7 +15,8 @@ namespace cpd {
 /// ((b·H + h)·S + s)·D + d, shaped by problem.distribution (numerics/input_shape.h), RoPE at
 /// the global position for q and k when problem.rope, then the precision's rounding. With
 /// problem.inputs, q, k and v are the file's rows instead (RoPE only where the file holds them
-/// before it, at the file's positions), then the same rounding. Any slice equals the same slice cut from the whole tensor.
+/// before it, at the file's positions), then the same rounding. Any slice equals the same slice cut
+/// from the whole tensor.
 Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                      InputPrecision precision, ThreadPool& pool);
 
