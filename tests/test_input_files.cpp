@@ -20,6 +20,7 @@
 #include "cpdrift/io/tensor_dump.h"
 #include "cpdrift/numerics/bf16.h"
 #include "cpdrift/numerics/rope.h"
+#include "cpdrift/util/sha256.h"
 #include "temp_dir.h"
 
 using namespace cpd;
@@ -230,6 +231,7 @@ TEST_CASE(".npy directory and HDF5 (cpdrift's own dump writer): the same tensors
   const Problem p = problem();
   // .npy: float32 q, k, v and inputs.json.
   fs::create_directory(dir.path / "npy");
+  std::string qkv;  // the three files' bytes, one after the other
   for (const auto& [id, n] :
        {std::pair{TensorId::q, "q"}, std::pair{TensorId::k, "k"}, std::pair{TensorId::v, "v"}}) {
     const Shard s = whole(p, id);
@@ -243,6 +245,7 @@ TEST_CASE(".npy directory and HDF5 (cpdrift's own dump writer): the same tensors
     bytes += '\0';
     bytes += header + std::string(reinterpret_cast<const char*>(s.data.data()), s.data.size() * 4);
     dir.write(std::string("npy/") + n + ".npy", bytes);
+    qkv += bytes;
   }
   const std::string npy = (dir.path / "npy").string();
   CHECK(error_of(npy) == npy +
@@ -251,6 +254,14 @@ TEST_CASE(".npy directory and HDF5 (cpdrift's own dump writer): the same tensors
   dir.write("npy/inputs.json", "{\"rope_applied\": true}");
   const ShardShape all{kBatch, Range{0, 32}, {Range{0, kSeq}}, kDim};
   CHECK(same_bits(read(npy, TensorId::q, all).data, whole(p, TensorId::q).data));
+  // The fingerprint covers every file the inputs come from: inputs.json, then q, k, v.
+  const auto info = [&] { return open_input_file(npy, p.dims, true)->info(); };
+  const std::string json = "{\"rope_applied\": true}";
+  CHECK(info().sha256 == sha256_hex(json + qkv));
+  CHECK(info().size_bytes == json.size() + qkv.size());
+  dir.write("npy/inputs.json", "{\"rope_applied\":  true}");  // the same meaning, other bytes
+  CHECK(info().sha256 == sha256_hex("{\"rope_applied\":  true}" + qkv));
+  CHECK(info().sha256 != sha256_hex(json + qkv));
 
   if (!dump_supported()) return;
   // HDF5: /inputs/{q,k,v} as --dump-inputs writes them.

@@ -19,20 +19,8 @@ std::string LogprobStream::where(std::size_t i) const {
 namespace stream_io {
 
 SourceFile fingerprint(const std::string& path) {
-  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"),
-                                                          std::fclose);
-  if (!f) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-  SourceFile s;
-  s.path = path;
-  Sha256 sha;
-  std::vector<char> buf(1 << 20);
-  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;) {
-    sha.update(buf.data(), n);
-    s.size_bytes += n;
-  }
-  if (std::ferror(f.get()) != 0) throw UsageError(path + ": read error: " + std::strerror(errno));
-  s.sha256 = Sha256::hex(sha.finish());
-  return s;
+  const FileDigest d = sha256_files({path});
+  return SourceFile{path, d.size_bytes, d.sha256};
 }
 
 void take_top_columns(const std::vector<std::int64_t>& ids, const std::vector<double>& logprobs,

@@ -53,23 +53,6 @@ void check_positions(const std::string& path, const std::vector<std::int64_t>& s
   }
 }
 
-namespace {
-
-// SHA-256 of the files' bytes, one after the other.
-std::string hash_files(const std::vector<std::string>& paths) {
-  Sha256 sha;
-  std::vector<char> buf(1 << 20);
-  for (const std::string& path : paths) {
-    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"),
-                                                            std::fclose);
-    if (!f) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;)
-      sha.update(buf.data(), n);
-  }
-  return Sha256::hex(sha.finish());
-}
-
-}  // namespace
 }  // namespace input_files
 
 std::shared_ptr<const InputSource> open_input_file(const std::string& path, const ModelDims& dims,
@@ -85,8 +68,12 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
   if (fs::is_directory(st)) {
     in->file.format = "npy";
     open_npy_directory(path, dims, *in);
-    files = {(fs::path(path) / "q.npy").string(), (fs::path(path) / "k.npy").string(),
-             (fs::path(path) / "v.npy").string()};
+    // Every file the directory's inputs are read from, in a fixed order.
+    files.clear();
+    for (const char* name : {"inputs.json", "q.npy", "k.npy", "v.npy", "positions.npy"}) {
+      const fs::path f = fs::path(path) / name;
+      if (fs::exists(f, ec)) files.push_back(f.string());
+    }
   } else {
     char magic[8] = {};
     if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
@@ -103,8 +90,13 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
       open_safetensors(path, dims, *in);
     }
   }
-  for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
-  if (fingerprint) in->file.sha256 = hash_files(files);
+  if (fingerprint) {
+    const FileDigest d = sha256_files(files);
+    in->file.size_bytes = d.size_bytes;
+    in->file.sha256 = d.sha256;
+  } else {
+    for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
+  }
   return in;
 }
 

@@ -4,8 +4,14 @@
 #include <nettle/sha2.h>
 #include <nettle/version.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
 #include <new>
 #include <stdexcept>
+
+#include "cpdrift/core/errors.h"
 
 namespace cpd {
 
@@ -49,6 +55,24 @@ std::string sha256_hex(std::string_view bytes) {
   Sha256 hasher;
   hasher.update(bytes.data(), bytes.size());
   return Sha256::hex(hasher.finish());
+}
+
+FileDigest sha256_files(const std::vector<std::string>& paths) {
+  FileDigest out;
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (const std::string& path : paths) {
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"),
+                                                            std::fclose);
+    if (!f) throw UsageError(path + ": cannot read: " + std::strerror(errno));
+    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;) {
+      sha.update(buf.data(), n);
+      out.size_bytes += n;
+    }
+    if (std::ferror(f.get()) != 0) throw UsageError(path + ": read error: " + std::strerror(errno));
+  }
+  out.sha256 = Sha256::hex(sha.finish());
+  return out;
 }
 
 }  // namespace cpd

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 struct sha256_ctx;  // nettle's state, kept out of this header (sha256.cpp)
 
@@ -45,5 +46,15 @@ class Sha256 {
 
 /// Lowercase hex SHA-256 of `bytes`.
 std::string sha256_hex(std::string_view bytes);
+
+/// What identifies input files in a report: their bytes' SHA-256 and their size.
+struct FileDigest {
+  std::string sha256;  ///< lowercase hex
+  std::uint64_t size_bytes = 0;
+};
+
+/// The SHA-256 of the files' bytes, one after the other, read in 1 MiB pieces (nothing held
+/// whole), and their total size. Throws cpd::UsageError naming the path that cannot be read.
+FileDigest sha256_files(const std::vector<std::string>& paths);
 
 }  // namespace cpd
