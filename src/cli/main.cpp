@@ -33,5 +33,11 @@ int main(int argc, char** argv) {
     return kExitRuntime;
   }
   handle_interrupts(comm->rank() == 0);
-  return cli_main(args, *comm);
+  const int status = cli_main(args, *comm);
+  // Every output is written and every line printed. Open MPI ends a job's other processes as
+  // soon as one exits non-zero (a failed drift check is status 1 on every process), so rank 0
+  // may be sent SIGTERM while it finalizes MPI: the job is over, and a line would be noise
+  // after the verdict.
+  handle_interrupts(false);
+  return status;  // comm's destructor finalizes MPI
 }
