@@ -397,7 +397,7 @@ TEST_CASE("the RL metrics of every case are the same figures on 1, 2 and 4 proce
   // on where the tokens lived. Negative control: another seed changes them.
   const std::string args =
       "--seq-len 48 --batch 2 --tp-world-sizes 1,2 --cp-world-sizes 2 --kv-chunk-sizes 8 "
-      "--cp-layouts zigzag --include-dlogp --json --quiet";
+      "--cp-layouts zigzag --include-dlogp --vocab-size 256 --json --quiet";
   std::vector<std::string> runs;
   for (const auto& [np, extra] : std::vector<std::pair<int, std::string>>{
            {1, ""}, {2, " --protocols ring_kv"}, {4, ""}, {4, " --seed 7"}}) {

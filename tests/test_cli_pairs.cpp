@@ -18,7 +18,8 @@ TEST_CASE(
   const std::string args =
       "--seq-len 256 --batch 2 --tp-world-sizes 2 --cp-world-sizes 2 --cp-layouts zigzag "
       "--kv-chunk-sizes 64,32 --modes chunked_prefill,decode --page-size 16 "
-      "--split-kv-policies fixed,disabled,auto --fixed-split-size 64 --threads 1";
+      "--split-kv-policies fixed,disabled,auto --fixed-split-size 64 --vocab-size 256 "
+      "--threads 1";
   check_across_job_sizes(args, "trainer_vs_rollout", [](const cpd::json::Value& report) {
     const cpd::json::Value& block = report.at("trainer_vs_rollout");
     CHECK(block.at("status").as_string() == "available");
