@@ -71,7 +71,8 @@ Execution and output
                                (default: as many as keep a round's states of a range within
                                32 MiB): memory against supersteps; the FP32 and emulated-BF16
                                bits never change (cuBLAS's unfused path is fixed per shape)
-  --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU (cuda_vs_cpu_fp32)
+  --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU
+                               (the cuda_vs_cpu_fp32 check)
   --inject-fault KIND@RANK[:WHEN]
                                test aid: process RANK breaks the first partial state it sends
                                in its WHEN-th exchange (default 1): drop-state, duplicate-state,
