@@ -38,9 +38,11 @@ int compare_command(const CompareOptions& o, const CommContext& comm,
       std::fprintf(table, "# Comparison : FAILED (|Δ| max %.3e > --max-abs-delta %.3e)\n",
                    comparison.metrics.abs_max, *o.max_abs_delta);
     }
-    const std::string text = json::to_string(compare_json(run));
-    if (!o.output.empty()) json::write_file_atomic(o.output, text);
-    if (o.json) std::fwrite(text.data(), 1, text.size(), stdout);
+    if (!o.output.empty() || o.json) {
+      const std::string text = json::to_string(compare_json(run));
+      if (!o.output.empty()) json::write_file_atomic(o.output, text);
+      if (o.json) std::fwrite(text.data(), 1, text.size(), stdout);
+    }
   }
   passed = comm.agree(passed ? "" : "failed").empty();
   return passed ? kExitOk : kExitChecksFailed;
