@@ -90,13 +90,8 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
       open_safetensors(path, dims, *in);
     }
   }
-  if (fingerprint) {
-    const FileDigest d = sha256_files(files);
-    in->file.size_bytes = d.size_bytes;
-    in->file.sha256 = d.sha256;
-  } else {
-    for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
-  }
+  for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
+  if (fingerprint) in->file.sha256 = sha256_files(files).sha256;
   return in;
 }
 
