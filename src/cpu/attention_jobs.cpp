@@ -75,11 +75,19 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
 
 void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,
                           float* lse) {
-  std::vector<std::size_t> order(states.size());
+  // Ascending block index, ties in the order given: an insertion sort, which is stable and
+  // needs no scratch memory (a job holds a few dozen states at most), into a buffer each worker
+  // thread keeps, for this runs once per (batch, head, query range).
+  thread_local std::vector<std::size_t> order;
+  order.resize(states.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return states[a].block_index < states[b].block_index;
-  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const std::size_t moving = order[i];
+    std::size_t j = i;
+    for (; j > 0 && states[moving].block_index < states[order[j - 1]].block_index; --j)
+      order[j] = order[j - 1];
+    order[j] = moving;
+  }
   std::fill(out, out + rows * dim, 0.0f);
   std::fill(lse, lse + rows, neg_inf_f32());
   for (std::size_t i : order) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 
 #include "cpdrift/cpu/attention.h"
@@ -17,12 +18,13 @@ void for_each_row_group(const LogicalRank& r, const std::vector<Range>& groups,
                         const std::vector<Message>& states, int batch, int dim,
                         const std::vector<std::size_t>& order, Fn&& fn) {
   const std::int64_t heads = r.q_heads.size();
+  std::vector<StateRef> refs;  // one buffer for every (group, batch, head)
   for (const Range& t : groups) {
     const std::int64_t rows = t.size();
     for (int b = 0; b < batch; ++b) {
       for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
         const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-        std::vector<StateRef> refs;
+        refs.clear();
         for (std::size_t i : order) {
           const Message& m = states[i];
           if (m.header.tokens() != t) continue;
@@ -47,13 +49,14 @@ void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& gro
                        dim);
 }
 
-OracleRow merge_oracle_row(const std::vector<const float*>& outs, const std::vector<float>& lses,
-                           int dim) {
+void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
+                      OracleRow& row) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   double top = neg_inf;
   for (float l : lses) top = std::max(top, static_cast<double>(l));
-  OracleRow row{std::vector<double>(static_cast<std::size_t>(dim), 0.0), neg_inf};
-  if (top == neg_inf) return row;
+  row.out.assign(static_cast<std::size_t>(dim), 0.0);
+  row.lse = neg_inf;
+  if (top == neg_inf) return;
   double total = 0.0;
   for (std::size_t i = 0; i < lses.size(); ++i) {
     const double w = std::exp(static_cast<double>(lses[i]) - top);
@@ -62,6 +65,12 @@ OracleRow merge_oracle_row(const std::vector<const float*>& outs, const std::vec
   }
   for (double& o : row.out) o /= total;
   row.lse = top + std::log(total);
+}
+
+OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
+                           int dim) {
+  OracleRow row;
+  merge_oracle_row(outs, lses, dim, row);
   return row;
 }
 
@@ -81,17 +90,21 @@ void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
   const ShardShape& lse = merged.lse.shape;
   std::vector<std::size_t> manifest_order(states.size());
   for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
+  // One set of buffers for every row: this runs once per query row and head.
+  std::vector<const float*> outs;
+  std::vector<float> lses;
+  OracleRow oracle;
   for_each_row_group(r, groups, states, out.batch, dim, manifest_order,
                      [&](const Range& t, int b, std::int64_t h, const auto& refs) {
                        const std::int64_t first = out.local_row(t.begin);
                        for (std::int64_t row = 0; row < t.size(); ++row) {
-                         std::vector<const float*> outs;
-                         std::vector<float> lses;
+                         outs.clear();
+                         lses.clear();
                          for (const StateRef& s : refs) {
                            outs.push_back(s.out + row * dim);
                            lses.push_back(s.lse[row]);
                          }
-                         const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+                         merge_oracle_row(outs, lses, dim, oracle);
                          const std::size_t o = out.offset(b, h, first + row);
                          const std::size_t l = lse.offset(b, h, first + row);
                          for (int d = 0; d < dim; ++d)

@@ -171,12 +171,16 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
                                        const std::vector<std::size_t>& order, int batch, int dim) {
   std::vector<MergeJob> jobs;
   const std::int64_t heads = r.q_heads.size();
+  jobs.reserve(groups.size() * static_cast<std::size_t>(batch * heads));
   for (const Range& t : groups) {
     const std::int64_t rows = t.size(), row = into.out.shape.local_row(t.begin);
+    const auto covering = std::count_if(states.begin(), states.end(),
+                                        [&](const Message& m) { return m.header.tokens() == t; });
     for (int b = 0; b < batch; ++b) {
       for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
         const std::int64_t slot = b * heads + (h - r.q_heads.begin);
         MergeJob job;
+        job.states.reserve(static_cast<std::size_t>(covering));
         for (std::size_t i : order) {
           const Message& m = states[i];
           if (m.header.tokens() != t) continue;

@@ -403,7 +403,6 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
     max_bits = std::max(max_bits, l.max_bits);
     max_ulp = std::max(max_ulp, l.max_ulp);
   }
-  locals.clear();
   reduce.sum(first.v);
   std::uint64_t maxima[2] = {max_bits, max_ulp};
   reduce.max(maxima);
@@ -460,9 +459,13 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
   std::vector<std::vector<std::uint32_t>> kept(chunks.size());  // per chunk
   if (keep && !top_bins.empty()) {  // else no rank is past the zeros (the same everywhere)
     for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+      std::uint64_t here = 0;  // this chunk's diffs in those bins, from its first pass
+      for (const std::uint32_t bin : top_bins) here += locals[c].counters.hist()[bin];
+      kept[c].reserve(static_cast<std::size_t>(here));
       for (const Piece& piece : chunks[c]) collect(piece, top_bins, &kept[c]);
     });
   }
+  locals.clear();
   for (int level = 1; level < kLevels && !top_bins.empty(); ++level) {
     const std::size_t bins = level_bins(level);
     const int above = kLevelShift[level - 1], shift = kLevelShift[level];

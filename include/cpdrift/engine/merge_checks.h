@@ -2,6 +2,7 @@
 // one round's rows at a time (the rounds of run_protocol).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "cpdrift/backend/attention_backend.h"
@@ -30,10 +31,13 @@ void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
 /// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.
 struct OracleRow {
   std::vector<double> out;
-  double lse;
+  double lse = 0.0;
 };
-OracleRow merge_oracle_row(const std::vector<const float*>& outs, const std::vector<float>& lses,
+OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
                            int dim);
+/// The same into `row`, whose buffer is reused (the per-row loop of merge_oracle_diffs).
+void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
+                      OracleRow& row);
 
 /// Merges fixed states with the production fold and the oracle and compares them: the
 /// report's merge_oracle self-test. Returns "" when it passes, else what failed.
