@@ -112,8 +112,12 @@ cpdrift_launch() {
   local per_node=$((SLURM_NTASKS / SLURM_NNODES)) cpus=${SLURM_CPUS_PER_TASK:-1}
   if [[ $CPDRIFT_LAUNCHER == srun ]]; then
     # srun no longer inherits --cpus-per-task from the allocation (Slurm 22.05): pass it on.
-    # --kill-on-bad-exit: a process that dies ends the step rather than leave the rest waiting.
-    launcher=(srun --mpi=pmix --cpus-per-task="$cpus" --kill-on-bad-exit=1)
+    # --wait=60: once a process has ended, the rest have a minute to end before Slurm kills
+    # them, so a process that dies does not leave the others waiting. Not --kill-on-bad-exit
+    # (turned off, whatever the site's default): status 1 and 2 are verdicts every process
+    # reaches together, and it would kill the processes still exiting (CUDA's teardown,
+    # LeakSanitizer's scan) and make the step's status 143 instead of the verdict.
+    launcher=(srun --mpi=pmix --cpus-per-task="$cpus" --kill-on-bad-exit=0 --wait=60)
   else
     # Open MPI reads the allocation (nodes and slots) from Slurm and starts its daemons with
     # srun. Each process is bound to its task's CPUs -- hardware threads, as Slurm counts

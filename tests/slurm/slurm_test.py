@@ -11,7 +11,10 @@ at a size of seconds; each job must complete with status 0, its Slurm output mus
 `# Drift check : OK`, and its report, named by the job id, must have passed with the grid's
 case count, topology, process count and launcher. The gate, jobs/cpdrift-accept.sbatch, must
 write its acceptance document under the job id, with no row failed and the job's exit code its
-verdict's. Every process the test started -- jobs, job steps and daemons -- is stopped on the
+verdict's (Slurm must not kill the processes still exiting: the status stays 1). A third run
+of the drift script, whose process 1 exits in the middle of the exchange (--inject-fault
+rank-exit@1), must fail, leave no report and end within srun's --wait bound. Every process the
+test started -- jobs, job steps and daemons -- is stopped on the
 way out, whatever happened.
 
 Exit status 0 passed, 1 failed, 77 (Meson's skip) when a Slurm or munge program is missing or
@@ -50,6 +53,9 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PRE
 # The jobs' problem: TP=2 x CP=2 on 4 tasks, S=64, split-KV off and 16, the script's layouts
 # (contiguous, zigzag) and protocols (ag_rs, ring_kv): 8 cases.
 SEQ_LEN, KV_CHUNKS, CASES, TASKS = 64, "none,16", 8, 4
+# A job whose process dies ends within srun's --wait (60 s, jobs/lib/cpdrift-job.sh) after it,
+# plus the start-up before the exchange (seconds; under ASan, tens of seconds).
+FAULT_BOUND_S = 150
 
 
 class Failure(Exception):
@@ -395,6 +401,26 @@ def check_accept(job_id, fields, rundir, launcher):
         f"({', '.join(statuses)}), none failed")
 
 
+def check_fault(job_id, fields, rundir, launcher):
+    """A process that dies mid-exchange (--inject-fault rank-exit@1): the step ends (srun's
+    --wait bounds how long the others outlive it), the job fails, and no report is written."""
+    name = "cpdrift-tp2cp2"
+    problems, out = job_files(job_id, rundir, name)
+    if fields.get("JobState") != "FAILED" or fields.get("ExitCode") == "0:0":
+        problems.append(f"state {fields.get('JobState')}, exit code {fields.get('ExitCode')}, "
+                        "expected a failed job")
+    reports = sorted(p.name for p in rundir.glob("*.json"))
+    if reports:
+        problems.append(f"reports {reports} written by a job whose process died")
+    h, m, sec = (int(x) for x in fields.get("RunTime", "99:00:00").split(":"))
+    if h * 3600 + m * 60 + sec > FAULT_BOUND_S:
+        problems.append(f"RunTime {fields.get('RunTime')}: more than {FAULT_BOUND_S} s for a "
+                        "step whose process died (srun --wait=60)")
+    report_problems(job_id, fields, launcher, out, problems)
+    log(f"job {job_id} ({launcher}, rank-exit@1): {fields['JobState']} {fields['ExitCode']} "
+        f"after RunTime {fields['RunTime']}, no report")
+
+
 def report_problems(job_id, fields, launcher, out, problems):
     if problems:
         print(f"----- job {job_id}: {' '.join(f'{k}={v}' for k, v in fields.items())}")
@@ -439,6 +465,8 @@ def main():
             ("cpdrift-tp2cp2.sbatch", "srun", "run", {} if a.no_dump else {"CPDRIFT_DUMP": "1"}),
             ("cpdrift-tp2cp2.sbatch", "mpirun", "run", {}),
             ("cpdrift-accept.sbatch", "srun", "accept", {}),
+            ("cpdrift-tp2cp2.sbatch", "srun", "fault",
+             {"CPDRIFT_EXTRA_ARGS": "--inject-fault rank-exit@1"}),
         ]
         jobs = []
         for i, (script, launcher, kind, env) in enumerate(runs):
@@ -453,6 +481,8 @@ def main():
                 f"{time.monotonic() - start:.0f} s (RunTime {fields.get('RunTime')})")
             if kind == "run":
                 check_run(job_id, fields, rundir, launcher, dump)
+            elif kind == "fault":
+                check_fault(job_id, fields, rundir, launcher)
             else:
                 check_accept(job_id, fields, rundir, launcher)
         status = 0
