@@ -76,8 +76,10 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
 void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,
                           float* lse) {
   // Ascending block index, ties in the order given: an insertion sort, which is stable and
-  // needs no scratch memory (a job holds a few dozen states at most), into a buffer each worker
-  // thread keeps, for this runs once per (batch, head, query range).
+  // needs no scratch memory, into a buffer each worker thread keeps (this runs once per batch,
+  // head and query range). The states come in or near block order, where it is linear; in
+  // reverse (the merge-order probe) it takes n²/2 steps, small beside the n × rows × dim of
+  // the merge itself.
   thread_local std::vector<std::size_t> order;
   order.resize(states.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
