@@ -152,17 +152,20 @@ std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t
                                  ThreadPool& pool) {
   const int dim = problem.dims.head_dim;
   const std::int64_t width = std::int64_t{problem.dims.num_q_heads} * dim;
+  if (dim % 4 != 0) throw std::invalid_argument("lm_head_plane: head_dim must be a multiple of 4");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(width)));
   std::vector<float> w(static_cast<std::size_t>(vocab) * dim);
   constexpr std::int64_t kRowsPerItem = 64;
   pool.parallel_for((vocab + kRowsPerItem - 1) / kRowsPerItem, [&](std::int64_t item) {
     const std::int64_t end = std::min<std::int64_t>(vocab, (item + 1) * kRowsPerItem);
     for (std::int64_t v = item * kRowsPerItem; v < end; ++v) {
-      for (int d = 0; d < dim; ++d) {
-        w[static_cast<std::size_t>(v * dim + d)] =
-            normal_at(problem.seed, TensorId::lm_head,
-                      static_cast<std::uint64_t>(v * width + head * dim + d)) *
-            scale;
+      // width and dim are multiples of 4 (generate_shard's check): a row's elements fill whole
+      // Philox blocks, each generated once (normal_at would generate it for every element).
+      float* row = w.data() + v * dim;
+      const auto first = static_cast<std::uint64_t>(v * width + head * dim);
+      for (int d = 0; d < dim; d += 4) {
+        normal4(problem.seed, TensorId::lm_head, (first + d) >> 2, row + d);
+        for (int e = d; e < d + 4; ++e) row[e] *= scale;
       }
     }
   });

@@ -10,78 +10,113 @@ namespace {
 
 using simd::F16;
 
-// Logits of the tile's rows (transposed in ht, `n` of them valid) for vocabulary rows
-// [v, v + kVocab) of w: acc = fma(h[d], w[d], acc) from +0 over d ascending, per lane.
-template <int kVocab>
+// A register block: kTiles row tiles (16 rows each, one SIMD lane a row) × kVocabStep
+// vocabulary rows. Per d: kTiles loads of hidden columns and kVocabStep broadcasts of w for
+// kTiles × kVocabStep fmas (2 + 8 for 16 on AVX-512, where twelve rows of w ran out of
+// general registers for their pointers; AVX2's F16 is two of its 16 registers: 12 + 2).
+#if defined(CPD_SIMD16_AVX512)
+constexpr int kTiles = 2, kVocabStep = 8;
+#else
+constexpr int kTiles = 2, kVocabStep = 8;
+#endif
+
+// Vocabulary rows a work item covers (a multiple of either step): their rows of w (96 × D
+// floats, 48 KiB at D = 128) stay in cache while every row tile of the job passes over them.
+constexpr std::int64_t kVocabBlock = 96;
+
+// Logits of T row tiles (transposed in ht, [tile][d][16], `n` rows valid in all) for
+// vocabulary rows [v, v + V) of w: acc = fma(h[d], w[d], acc) from +0 over d ascending, per
+// lane, so the bits are head_partial_logits's.
+template <int T, int V>
 void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std::int64_t v,
                    int dim, int vocab, float* z) {
-  F16 acc[kVocab];
-  const float* wv[kVocab];
-  for (int x = 0; x < kVocab; ++x) {
-    acc[x] = simd::splat(0.0f);
+  F16 acc[T][V];
+  const float* wv[V];
+  for (int x = 0; x < V; ++x) {
+    for (int t = 0; t < T; ++t) acc[t][x] = simd::splat(0.0f);
     wv[x] = w + (v + x) * ldw;
   }
+  const std::int64_t tile = std::int64_t{dim} * kTileRows;
   for (int d = 0; d < dim; ++d) {
-    const F16 hd = simd::load(ht + d * kTileRows);
-    for (int x = 0; x < kVocab; ++x) acc[x] = simd::fma(hd, simd::splat(wv[x][d]), acc[x]);
+    F16 hd[T];
+    for (int t = 0; t < T; ++t) hd[t] = simd::load(ht + t * tile + d * kTileRows);
+    for (int x = 0; x < V; ++x) {
+      const F16 wx = simd::splat(wv[x][d]);
+      for (int t = 0; t < T; ++t) acc[t][x] = simd::fma(hd[t], wx, acc[t][x]);
+    }
   }
-  alignas(64) float lanes[kVocab][kTileRows];
-  for (int x = 0; x < kVocab; ++x) simd::store(lanes[x], acc[x]);
-  for (int r = 0; r < n; ++r) {
-    for (int x = 0; x < kVocab; ++x) z[r * std::int64_t{vocab} + v + x] = lanes[x][r];
+  for (int t = 0; t < T; ++t) {
+    alignas(64) float lanes[V][kTileRows];
+    for (int x = 0; x < V; ++x) simd::store(lanes[x], acc[t][x]);
+    for (int r = 0; r < std::min(kTileRows, n - t * kTileRows); ++r) {
+      float* out = z + (t * kTileRows + r) * std::int64_t{vocab} + v;
+      for (int x = 0; x < V; ++x) out[x] = lanes[x][r];
+    }
   }
 }
 
-// Vocabulary rows per pass over d: their accumulators and the hidden column fill the vector
-// registers (six F16 pairs and the operands on AVX2's sixteen, eight on AVX-512's 32).
-#if defined(CPD_SIMD16_AVX512)
-constexpr int kVocabStep = 8;
-#else
-constexpr int kVocabStep = 6;
-#endif
+// Vocabulary rows [v0, v1) for T row tiles (transposed in ht) holding n rows.
+template <int T>
+void project_tiles(const float* ht, int n, const ProjectionJob& j, std::int64_t v0, std::int64_t v1,
+                   int dim, int vocab, float* z) {
+  std::int64_t v = v0;
+  for (; v + kVocabStep <= v1; v += kVocabStep)
+    project_block<T, kVocabStep>(ht, n, j.w, j.ldw, v, dim, vocab, z);
+  for (; v < v1; ++v) project_block<T, 1>(ht, n, j.w, j.ldw, v, dim, vocab, z);
+}
 
-// Vocabulary rows a work item covers (a multiple of either step): their columns of w (96 rows
-// of the head's D floats, 48 KiB at D = 128) stay in cache while every row tile of the job
-// passes over them.
-constexpr std::int64_t kVocabBlock = 96;
-
-// Vocabulary rows [v0, v1) for every row of the job, a row tile at a time.
-void project_vocab_block(const ProjectionJob& j, std::int64_t v0, std::int64_t v1, int dim,
-                         int vocab, float* ht) {
-  for (std::int64_t r0 = 0; r0 < j.rows; r0 += kTileRows) {
-    const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, j.rows - r0));
-    tile::transpose(j.hidden + r0 * dim, n, dim, ht);
-    float* z = j.z + r0 * vocab;
-    std::int64_t v = v0;
-    for (; v + kVocabStep <= v1; v += kVocabStep)
-      project_block<kVocabStep>(ht, n, j.w, j.ldw, v, dim, vocab, z);
-    for (; v < v1; ++v) project_block<1>(ht, n, j.w, j.ldw, v, dim, vocab, z);
+// Vocabulary rows [v0, v1) for every row of the job (transposed in ht, a tile after another).
+void project_vocab_block(const ProjectionJob& j, const float* ht, std::int64_t v0, std::int64_t v1,
+                         int dim, int vocab) {
+  const std::int64_t tile = std::int64_t{dim} * kTileRows;
+  std::int64_t r = 0;
+  for (; r + kTiles * kTileRows <= j.rows; r += kTiles * kTileRows) {
+    project_tiles<kTiles>(ht + r / kTileRows * tile, kTiles * kTileRows, j, v0, v1, dim, vocab,
+                          j.z + r * vocab);
+  }
+  for (; r < j.rows; r += kTileRows) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, j.rows - r));
+    project_tiles<1>(ht + r / kTileRows * tile, n, j, v0, v1, dim, vocab, j.z + r * vocab);
   }
 }
 
 std::int64_t blocks_of(int vocab) { return (vocab + kVocabBlock - 1) / kVocabBlock; }
 
+// The job's hidden rows, transposed a tile at a time ([tile][d][16], lanes past the rows zero).
+void transpose_rows(const ProjectionJob& j, int dim, std::vector<float>& ht) {
+  const std::int64_t tiles = (j.rows + kTileRows - 1) / kTileRows,
+                     tile = std::int64_t{dim} * kTileRows;
+  ht.resize(static_cast<std::size_t>(tiles * tile));
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, j.rows - t * kTileRows));
+    tile::transpose(j.hidden + t * kTileRows * dim, n, dim, ht.data() + t * tile);
+  }
+}
+
 }  // namespace
 
 void project_rows(const ProjectionJob& job, int dim, int vocab) {
-  std::vector<float> ht(static_cast<std::size_t>(dim) * kTileRows);
+  std::vector<float> ht;
+  transpose_rows(job, dim, ht);
   for (std::int64_t b = 0; b < blocks_of(vocab); ++b) {
-    project_vocab_block(job, b * kVocabBlock, std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock),
-                        dim, vocab, ht.data());
+    project_vocab_block(job, ht.data(), b * kVocabBlock,
+                        std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock), dim, vocab);
   }
 }
 
 void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab,
                          ThreadPool& pool) {
-  // One work item per (job, vocabulary block).
+  // Each job's rows transposed once, then one work item per (job, vocabulary block).
+  std::vector<std::vector<float>> ht(jobs.size());
+  pool.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
+    transpose_rows(jobs[static_cast<std::size_t>(i)], dim, ht[static_cast<std::size_t>(i)]);
+  });
   const std::int64_t blocks = blocks_of(vocab);
   pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
-    thread_local std::vector<float> ht;
-    ht.resize(static_cast<std::size_t>(dim) * kTileRows);
+    const auto i = static_cast<std::size_t>(item / blocks);
     const std::int64_t b = item % blocks;
-    project_vocab_block(jobs[static_cast<std::size_t>(item / blocks)], b * kVocabBlock,
-                        std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock), dim, vocab,
-                        ht.data());
+    project_vocab_block(jobs[i], ht[i].data(), b * kVocabBlock,
+                        std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock), dim, vocab);
   });
 }
 

@@ -12,13 +12,15 @@ namespace cpd {
 namespace {
 
 // Per-head partial logits of one rank's token chunk: [2][B][heads][rows][vocab] for the
-// candidate then the reference; each head's columns of the lm_head from the input store.
+// candidate then the reference; each head's columns of the lm_head from the input store. `z`
+// is a buffer of an earlier step (or empty): every element is written, so a recycled buffer
+// of the step's size is not cleared again.
 std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
                                   const AttnShard& cand, const AttnShard& ref, int vocab,
-                                  InputStore& store) {
+                                  InputStore& store, std::vector<float> z) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const std::int64_t heads = r.q_heads.size(), rows = tokens.size();
-  std::vector<float> z(static_cast<std::size_t>(2 * batch * heads * rows * vocab));
+  z.resize(static_cast<std::size_t>(2 * batch * heads * rows * vocab));
   const std::int64_t first = cand.out.shape.local_row(tokens.begin);
   std::vector<ProjectionJob> jobs;
   for (int which = 0; which < 2; ++which) {
@@ -42,18 +44,22 @@ struct Source {
 };
 
 // The chunk's logprobs (and per-token KL) at the token owner, from every TP rank's partials
-// folded in ascending head order.
+// folded in ascending head order. Tokens are independent: the pool takes blocks of them, each
+// with its own two logit rows, and every token's arithmetic is the same whichever thread runs it.
 void chunk_logprobs(const Problem& p, const Range& t, std::vector<Source> sources, int vocab,
-                    TokenLogprobs& lp) {
+                    TokenLogprobs& lp, ThreadPool& pool) {
+  constexpr std::int64_t kTokensPerTask = 16;
   std::sort(sources.begin(), sources.end(),
             [](const Source& a, const Source& b) { return a.head_begin < b.head_begin; });
-  const std::int64_t rows = t.size();
-  std::vector<float> logits[2] = {std::vector<float>(static_cast<std::size_t>(vocab)),
-                                  std::vector<float>(static_cast<std::size_t>(vocab))};
-  std::vector<const float*> heads;  // the token's partials, ascending head order
+  const std::int64_t rows = t.size(), blocks = (rows + kTokensPerTask - 1) / kTokensPerTask;
   const ShardShape& shape = lp.candidate.shape;
-  for (int b = 0; b < p.batch; ++b) {
-    for (std::int64_t i = 0; i < rows; ++i) {
+  pool.parallel_for(p.batch * blocks, [&](std::int64_t task) {
+    const int b = static_cast<int>(task / blocks);
+    const std::int64_t first = task % blocks * kTokensPerTask;
+    std::vector<float> logits[2] = {std::vector<float>(static_cast<std::size_t>(vocab)),
+                                    std::vector<float>(static_cast<std::size_t>(vocab))};
+    std::vector<const float*> heads;  // the token's partials, ascending head order
+    for (std::int64_t i = first; i < std::min(rows, first + kTokensPerTask); ++i) {
       const std::int64_t pos = t.begin + i, row = shape.local_row(pos);
       const int target = logprob_target(b, pos, p.seq_len, vocab);
       for (int which = 0; which < 2; ++which) {
@@ -69,7 +75,7 @@ void chunk_logprobs(const Problem& p, const Range& t, std::vector<Source> source
       lp.kl.at(b, 0, row)[0] =
           static_cast<float>(kl_divergence(logits[1].data(), logits[0].data(), vocab));
     }
-  }
+  });
 }
 
 }  // namespace
@@ -92,6 +98,15 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
   // Step by step, one chunk of every rank's tokens: each hosted rank projects its heads; TP
   // ranks > 0 send their partials to the chunk's owner, which folds them with its own.
   const int steps = logit_steps(grid, vocab);
+  std::vector<std::vector<float>> spare;  // the last step's partials, reused (pages not cleared)
+  const auto recycled = [&spare] {
+    std::vector<float> z;
+    if (!spare.empty()) {
+      z = std::move(spare.back());
+      spare.pop_back();
+    }
+    return z;
+  };
   for (int step = 0; step < steps; ++step) {
     std::map<int, std::vector<float>> own;  // per hosted token owner, its partials
     std::vector<Message> outgoing;
@@ -100,7 +115,8 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
       const std::vector<Range>& mine = chunks.at(r.id);
       if (step >= static_cast<int>(mine.size())) continue;
       const Range& t = mine[static_cast<std::size_t>(step)];
-      std::vector<float> z = partial_logits(grid, r, t, *candidate[i], *reference[i], vocab, store);
+      std::vector<float> z =
+          partial_logits(grid, r, t, *candidate[i], *reference[i], vocab, store, recycled());
       if (r.tp_rank == 0) {
         own[r.id] = std::move(z);
         continue;
@@ -120,8 +136,13 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
       for (const Message& m : inboxes.at(r.id).messages())
         sources.push_back({m.header.head_begin, m.header.heads().size(), m.payload.data()});
       chunk_logprobs(p, chunks.at(r.id)[static_cast<std::size_t>(step)], std::move(sources), vocab,
-                     lp);
+                     lp, store.pool());
     }
+    for (auto& [id, z] : own) spare.push_back(std::move(z));
+    for (auto& [id, inbox] : inboxes) {
+      for (Message& m : inbox.take_messages()) spare.push_back(std::move(m.payload));
+    }
+    spare.resize(std::min(spare.size(), hosted.size()));  // no more than a step allocates
   }
   return result;
 }

@@ -9,11 +9,11 @@
 
 namespace cpd {
 
-/// z[r][v] = dot_seq(hidden_r, w_v) for every row r < job.rows and v < vocab: blocks of 96
-/// vocabulary rows, each passed over by every row tile of 16 rows (one SIMD lane each, the
-/// hidden rows transposed), six or eight vocabulary rows of w per pass over d. Every output keeps
-/// its one sequential fma chain over d, so the bits are those of head_partial_logits whatever the
-/// tiling.
+/// z[r][v] = dot_seq(hidden_r, w_v) for every row r < job.rows and v < vocab: the job's rows
+/// transposed once into tiles of 16 (one SIMD lane a row), then blocks of 96 vocabulary rows,
+/// each passed over by two row tiles at a time, eight vocabulary rows of w per pass over d on
+/// AVX-512 (one tile and six rows on AVX2). Every output keeps its one sequential fma chain over
+/// d, so the bits are those of head_partial_logits whatever the tiling.
 void project_rows(const ProjectionJob& job, int dim, int vocab);
 
 /// Every job, spread over the pool by (job, vocabulary block).

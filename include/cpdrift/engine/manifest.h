@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpdrift/comm/message.h"
@@ -70,6 +71,8 @@ class Inbox {
   void require_complete() const;
   /// The arrived messages, in manifest order (never arrival order).
   const std::vector<Message>& messages() const { return slots_; }
+  /// Moves the messages out (their buffers to be reused); messages() is empty after.
+  std::vector<Message> take_messages() { return std::exchange(slots_, {}); }
   /// Arrival order, for the merge-order probe.
   const std::vector<std::size_t>& arrival_order() const { return arrival_; }
 
