@@ -44,6 +44,7 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
   // query owners, merged there.
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   const int rounds = grid.rounds();
+  PayloadPool pool;
   for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
@@ -55,15 +56,17 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
         const QueryPiece q = piece.group(group, dim);
         for (const KvBlock& block : grid.blocks_of(owner.cp_rank)) {
           if (causally_visible(block.range, q.tokens))
-            states.push_back(state_message(grid, q, block, in.k, in.v, jobs));
+            states.push_back(state_message(grid, q, block, in.k, in.v, jobs, pool));
         }
       }
     }
     run_state_jobs(grid, path, jobs, store.backend());
+    const std::size_t made = states.size();
     std::map<int, Inbox> inboxes =
         superstep(transport, hosted, std::move(states),
                   [&](const LogicalRank& r) { return expected_states(grid, r, round); });
     merge_round(grid, round, hosted, inboxes, store.backend(), outputs);
+    pool.give_back(inboxes, made);
   }
   return outputs;
 }

@@ -81,12 +81,33 @@ KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
   return piece;
 }
 
+std::vector<float> PayloadPool::take(std::size_t floats) {
+  if (spare_.empty()) return std::vector<float>(floats);
+  auto it = spare_.lower_bound(floats);
+  if (it == spare_.end()) --it;  // the largest, grown (only its new tail is cleared)
+  std::vector<float> buffer = std::move(it->second);
+  spare_.erase(it);
+  buffer.resize(floats);
+  return buffer;
+}
+
+void PayloadPool::give_back(std::map<int, Inbox>& inboxes, std::size_t made) {
+  for (auto& [id, inbox] : inboxes) {
+    for (Message& m : inbox.take_messages()) {
+      const std::size_t size = m.payload.size();
+      spare_.emplace(size, std::move(m.payload));
+    }
+  }
+  while (spare_.size() > made) spare_.erase(spare_.begin());
+}
+
 Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs) {
+                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
+                      PayloadPool& pool) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const int group = grid.problem.dims.group_size();
   const MessageHeader h = state_header(grid, *query.owner, query.tokens, block);
-  Message m{h, std::vector<float>(static_cast<std::size_t>(h.floats))};
+  Message m{h, pool.take(static_cast<std::size_t>(h.floats))};
   float* out = m.payload.data();
   const std::int64_t rows = query.tokens.size(), heads = query.owner->q_heads.size();
   float* lse = out + batch * heads * rows * dim;
@@ -116,7 +137,7 @@ void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const 
 
 void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
                 const Shard& k, const Shard& v, int round, std::vector<Message>& states,
-                std::vector<BlockJob>& jobs) {
+                std::vector<BlockJob>& jobs, PayloadPool& pool) {
   for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
     const Range group = grid.round_group(owner.tokens[i], round);
     if (group.empty()) continue;
@@ -126,7 +147,7 @@ void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vecto
       const bool held = std::any_of(k.shape.tokens.begin(), k.shape.tokens.end(),
                                     [&](const Range& t) { return t.contains(block.range); });
       if (held && causally_visible(block.range, q.tokens))
-        states.push_back(state_message(grid, q, block, k, v, jobs));
+        states.push_back(state_message(grid, q, block, k, v, jobs, pool));
     }
   }
 }
@@ -255,19 +276,24 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      MergeExtras extras) {
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   const int rounds = grid.rounds();
+  PayloadPool pool;
   for (int round = 0; round < rounds; ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
     for (const LogicalRank& r : hosted) {
-      for (const KvView& piece : kv.at(r.id))
-        own_states(grid, r, own_rows.at(r.id).data(), *piece.k, *piece.v, round, states, jobs);
+      for (const KvView& piece : kv.at(r.id)) {
+        own_states(grid, r, own_rows.at(r.id).data(), *piece.k, *piece.v, round, states, jobs,
+                   pool);
+      }
     }
+    const std::size_t made = states.size();
     run_state_jobs(grid, path, jobs, backend);
     // The states were computed here, but they are checked against the same manifest.
     std::map<int, Inbox> inboxes =
         inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
     check_local(transport, std::move(states), inboxes);
     merge_round(grid, round, hosted, inboxes, backend, outputs);
+    pool.give_back(inboxes, made);
   }
   return outputs;
 }

@@ -58,17 +58,36 @@ struct KvView {
 /// The K then V rows of `tokens`, as a message payload.
 std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens);
 
+/// The payload buffers of one round's merged states, handed to the next round's states (whose
+/// shapes repeat round after round), so a state's pages are written by its kernel, not cleared
+/// before it. Lives as long as one path's rounds and keeps no more buffers than the last round
+/// made here, so a round holds no more memory than without it.
+class PayloadPool {
+ public:
+  /// A buffer of `floats` floats, contents unspecified (the smallest spare that is large
+  /// enough; else the largest, grown).
+  std::vector<float> take(std::size_t floats);
+  /// The payloads of the inboxes' messages (the inboxes are empty after), keeping the largest
+  /// `made` of the spares: the number of buffers this process took for the round.
+  void give_back(std::map<int, Inbox>& inboxes, std::size_t made);
+
+ private:
+  std::multimap<std::size_t, std::vector<float>> spare_;  // by size
+};
+
 /// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
-/// the query's owner; the jobs that fill its payload are appended to `jobs` (run them before
-/// the payload is read). Messages can be moved freely: jobs point into the payload buffer.
+/// the query's owner, its payload from `pool`; the jobs that fill it (every float) are appended
+/// to `jobs` (run them before the payload is read). Messages can be moved freely: jobs point
+/// into the payload buffer.
 Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs);
+                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
+                      PayloadPool& pool);
 
 /// States of round `round`'s group of a query owner's own ranges (`own_rows[i]`: range i's rows)
 /// against every block of `k`/`v` they can see (ring_kv, allgather_kv: the owner computes them).
 void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
                 const Shard& k, const Shard& v, int round, std::vector<Message>& states,
-                std::vector<BlockJob>& jobs);
+                std::vector<BlockJob>& jobs, PayloadPool& pool);
 
 /// Partial states of `jobs` with the path's kernel.
 void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
