@@ -25,18 +25,28 @@ inline void transpose(const float* rows, int nrows, int dim, float* out) {
 /// Dot products of the tile (transposed, qt) with keys [j0, j0 + kKeys) of `k`: a sequential
 /// fma chain over d each, times `scale`, stored as out[j - out_first][r]; lane r gets -inf for
 /// keys at or past visible[r] (counted from key 0 of `k`).
-template <int kKeys>
+/// kStride > 0: the keys' rows lie kStride floats apart (contiguous, dim == kStride), so one
+/// pointer with constant offsets reaches all of them (eight pointers of their own spill out of
+/// the general registers in the inner loop); the arithmetic is the same.
+template <int kKeys, int kStride = 0>
 inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim, F16 scale,
                      F16 visible, float* out, std::int64_t out_first = 0) {
   F16 acc[kKeys];
-  const float* kj[kKeys];
-  for (int x = 0; x < kKeys; ++x) {
-    acc[x] = simd::splat(0.0f);
-    kj[x] = k.row(j0 + x, dim);
-  }
-  for (int d = 0; d < dim; ++d) {
-    const F16 qd = simd::load(qt + d * kTileRows);
-    for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
+  for (int x = 0; x < kKeys; ++x) acc[x] = simd::splat(0.0f);
+  if constexpr (kStride > 0) {
+    const float* kd = k.row(j0, dim);  // key x's element d at kd[x * kStride] in step d
+    const float* qd = qt;
+    for (int d = 0; d < kStride; ++d, ++kd, qd += kTileRows) {
+      const F16 q = simd::load(qd);
+      for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(q, simd::splat(kd[x * kStride]), acc[x]);
+    }
+  } else {
+    const float* kj[kKeys];
+    for (int x = 0; x < kKeys; ++x) kj[x] = k.row(j0 + x, dim);
+    for (int d = 0; d < dim; ++d) {
+      const F16 qd = simd::load(qt + d * kTileRows);
+      for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
+    }
   }
   const F16 neg_inf = simd::splat(neg_inf_f32());
   for (int x = 0; x < kKeys; ++x) {
@@ -51,8 +61,15 @@ inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
 /// key j stored at out[j - out_first].
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
                           int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
+  // Qwen3's head dim, the one the product runs, takes the contiguous form where eight rows are.
+  constexpr int kDim = 128;
   std::int64_t j = j0;
-  for (; j + 8 <= j1; j += 8) dot_keys<8>(qt, k, j, dim, scale, visible, out, out_first);
+  for (; j + 8 <= j1; j += 8) {
+    if (dim == kDim && k.row(j + 7, dim) == k.row(j, dim) + 7 * kDim)
+      dot_keys<8, kDim>(qt, k, j, dim, scale, visible, out, out_first);
+    else
+      dot_keys<8>(qt, k, j, dim, scale, visible, out, out_first);
+  }
   for (; j < j1; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
 }
 
