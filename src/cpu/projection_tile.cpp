@@ -17,7 +17,7 @@ using simd::F16;
 #if defined(CPD_SIMD16_AVX512)
 constexpr int kTiles = 2, kVocabStep = 8;
 #else
-constexpr int kTiles = 2, kVocabStep = 8;
+constexpr int kTiles = 1, kVocabStep = 6;
 #endif
 
 // Vocabulary rows a work item covers (a multiple of either step): their rows of w (96 × D

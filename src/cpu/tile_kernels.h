@@ -61,7 +61,7 @@ inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
 /// key j stored at out[j - out_first].
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
                           int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
-  // Qwen3's head dim, the one the product runs, takes the contiguous form where eight rows are.
+  // At Qwen3's head dim (the product's), eight contiguous key rows take the one-pointer form.
   constexpr int kDim = 128;
   std::int64_t j = j0;
   for (; j + 8 <= j1; j += 8) {
