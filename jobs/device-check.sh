@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU, nvcc, meson and ninja but no Open MPI, no
-# HDF5 and no network (docs/device.md). Builds the one-process CUDA configuration, runs the
-# unit and GPU test suites, a --device cuda smoke, a TP=2 x CP=2 run whose FP32 path must match
+# The GPU check, for a machine with an NVIDIA GPU, nvcc, meson and ninja but possibly no Open
+# MPI, no HDF5 and no network (docs/device.md). Builds the CUDA configuration (with MPI when the
+# machine has it or .device/openmpi.tar.xz brings it, else the one-process build), runs the
+# GPU test suites (the multi-process one under mpirun), a --device cuda smoke, a TP=2 x CP=2 run whose FP32 path must match
 # the CPU backend's bits, the paged (rollout) cases with every invariance bitwise, and the
 # benchmark; prints a pass/fail table and exits non-zero on any
-# failure. Logs and reports go to $OUT (or build-device-logs/).
+# failure; the unit and CLI suites run last. Logs and reports go to $OUT (or build-device-logs/).
 #   jobs/device-check.sh [--no-bench]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,9 +40,29 @@ if [[ -d .device/lib/pkgconfig ]]; then  # nettle, carried by jobs/prepare-devic
   export PKG_CONFIG_PATH=$root/.device/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$root/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# pkg-config, carried, only where the machine has none.
+[[ -x .device/bin/pkg-config ]] && ! command -v pkg-config >/dev/null && export PATH=$PATH:$root/.device/bin
+# Open MPI, carried, where the machine has no mpirun: unpacked into / without replacing a file.
+mpi_setup() {
+  if command -v mpirun >/dev/null; then
+    echo "mpirun already here: $(command -v mpirun)"
+  else
+    tar -C / --skip-old-files -xJf .device/openmpi.tar.xz || return 1
+    local t
+    for t in mpirun mpiexec mpicc mpicxx mpic++; do
+      [[ -e /usr/bin/$t ]] || ln -s "$t.openmpi" "/usr/bin/$t"
+    done
+    ldconfig
+  fi
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # Components whose libraries this machine lacks (InfiniBand, UCX, libfabric) stay unloaded.
+  export OMPI_MCA_mca_base_component_show_load_errors=0
+  mpirun --version && mpirun -np 2 --oversubscribe hostname
+}
+mpi=disabled
 configure() {
   rm -rf "$build"
-  meson setup "$build" -Dmpi=disabled -Dhdf5=disabled -Dcuda=enabled -Dgpu_arch=90 "${extra[@]}"
+  meson setup "$build" -Dmpi=$mpi -Dhdf5=disabled -Dcuda=enabled -Dgpu_arch=90 "${extra[@]}"
 }
 # A device present means the GPU suite must run, not skip: exit 77 fails here.
 gpu_tests() { "$build/tests/test_gpu"; }
@@ -76,7 +97,7 @@ print(f"{len(cases)} paged cases: every invariance bitwise")
 PY
 }
 
-# One process (this build has no MPI): the GPU transports start, and a run through them gives
+# One process: the GPU transports start, and a run through them gives
 # the in-process run's digests. Every message stays in the process, so no byte crosses a GPU
 # transport here; tests/test_gpu_transports.cpp and test_gpu_nccl.cpp under mpirun move data.
 transports_init() {
@@ -110,10 +131,15 @@ PY
 }
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
+if command -v mpirun >/dev/null || [[ -f .device/openmpi.tar.xz ]]; then
+  step mpi_setup mpi_setup && mpi=enabled
+fi
 step configure configure && step build ninja -C "$build" &&
   {
-    step unit_tests meson test -C "$build" --suite unit --suite cli --print-errorlogs
     step gpu_tests gpu_tests
+    # Under mpirun -np 2 on however many GPUs there are: gpu_nccl needs one GPU per process and
+    # says SKIP (exit 77) on a one-GPU machine; the log names every verdict.
+    [[ $mpi == enabled ]] && step gpu_mpi_suite meson test -C "$build" --suite gpu --print-errorlogs
     step smoke smoke
     step tp2cp2_vs_cpu tp2cp2
     step paged paged
@@ -121,6 +147,7 @@ step configure configure && step build ninja -C "$build" &&
     step transports_init transports_init
     [[ $no_nccl == 1 && ${results[-1]} == pass ]] && results[-1]="pass, no NCCL"
     [[ $bench == 1 ]] && step bench "$build/cpdrift" bench --device cuda --repeats 5
+    step unit_tests meson test -C "$build" --suite unit --suite cli --print-errorlogs
   }
 
 echo

@@ -332,6 +332,7 @@ TEST_CASE("under mpirun: 4 processes, one logical rank each, report says so") {
 }
 #endif
 
+#if defined(CPD_HAVE_MPI)
 TEST_CASE("under mpirun: the report gives each process's peak resident memory") {
   // One case, two logical ranks per process: at S=2048 each process holds at least its ranks'
   // query rows and their merged output at once (2 ranks x 2 tensors x 16 heads x 1024 rows x
@@ -358,6 +359,7 @@ TEST_CASE("under mpirun: the report gives each process's peak resident memory") 
   REQUIRE(table.status == 0);
   CHECK(table.out.find("resident per process (2 processes)") != std::string::npos);
 }
+#endif
 
 TEST_CASE(
     "plan: every case's messages and bytes are what the run counts, on 1, 2 and 4 processes") {

@@ -29,12 +29,14 @@ std::size_t error_lines(const std::string& err) {
   return n;
 }
 
+#if defined(CPD_HAVE_MPI) && defined(CPD_HAVE_HDF5)
 // Whether a line of err starts with prefix. A process that fails alone prints its line, then
 // MPI_Abort makes Open MPI print its own notice: that comes to mpirun by another channel than
 // the process's stderr, so it may come first (seen in a CI rehearsal).
 bool has_line_starting(const std::string& err, const std::string& prefix) {
   return err.rfind(prefix, 0) == 0 || err.find("\n" + prefix) != std::string::npos;
 }
+#endif
 
 }  // namespace
 
