@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, meson and ninja but possibly no Open
-# MPI, no HDF5 and no network (docs/device.md). Builds the CUDA configuration (with MPI when the
-# machine has it or .device/openmpi.tar.xz brings it, else the one-process build), runs the
-# GPU test suites (the multi-process one under mpirun), a --device cuda smoke, a TP=2 x CP=2 run whose FP32 path must match
-# the CPU backend's bits, the paged (rollout) cases with every invariance bitwise, and the
-# benchmark; prints a pass/fail table and exits non-zero on any
-# failure; the unit and CLI suites run last. Logs and reports go to $OUT (or build-device-logs/).
+# MPI, no HDF5 and no network (docs/device.md). Builds the CUDA configuration (with MPI where the
+# machine has it or .device/openmpi.tar.xz brings it, else the one-process build); runs the GPU
+# suites (the multi-process one under mpirun), a --device cuda smoke, a TP=2 x CP=2 run whose
+# FP32 path must match the CPU backend's bits, the paged (rollout) cases with every invariance
+# bitwise, the benchmark, and last the unit and CLI suites; prints a pass/fail table and exits
+# non-zero on any failure. Logs and reports go to $OUT (or build-device-logs/).
 #   jobs/device-check.sh [--no-bench]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +41,9 @@ if [[ -d .device/lib/pkgconfig ]]; then  # nettle, carried by jobs/prepare-devic
   export LD_LIBRARY_PATH=$root/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 # pkg-config, carried, only where the machine has none.
-[[ -x .device/bin/pkg-config ]] && ! command -v pkg-config >/dev/null && export PATH=$PATH:$root/.device/bin
+if [[ -x .device/bin/pkg-config ]] && ! command -v pkg-config >/dev/null; then
+  export PATH=$PATH:$root/.device/bin
+fi
 # Open MPI, carried, where the machine has no mpirun: unpacked into / without replacing a file.
 mpi_setup() {
   if command -v mpirun >/dev/null; then
@@ -97,8 +99,8 @@ print(f"{len(cases)} paged cases: every invariance bitwise")
 PY
 }
 
-# One process: the GPU transports start, and a run through them gives
-# the in-process run's digests. Every message stays in the process, so no byte crosses a GPU
+# One process: the GPU transports start, and a run through them gives the in-process run's
+# digests. Every message stays in the process, so no byte crosses a GPU
 # transport here; tests/test_gpu_transports.cpp and test_gpu_nccl.cpp under mpirun move data.
 transports_init() {
   local t used=()

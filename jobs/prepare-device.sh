@@ -32,8 +32,7 @@ echo "prepare-device: headers in $dest ($(du -sh "$dest" | cut -f1)), nettle in 
 bin=$root/.device/bin
 mkdir -p "$bin"
 cp "$(command -v pkgconf)" "$bin/pkg-config"
-cp -P "$(dirname "$(readlink -f "$(command -v pkgconf)")")"/../lib/x86_64-linux-gnu/libpkgconf.so* "$lib/" 2>/dev/null ||
-  cp -P /usr/lib/x86_64-linux-gnu/libpkgconf.so* "$lib/"
+cp -P "$(dirname "$(ldd "$(command -v pkgconf)" | awk '/libpkgconf/ { print $3 }')")"/libpkgconf.so* "$lib/"
 
 # Open MPI as dpkg installed it (absolute paths; documentation left out), with the libraries it
 # links: device-check.sh unpacks it into / without replacing any file already there.
