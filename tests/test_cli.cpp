@@ -204,9 +204,9 @@ TEST_CASE("output paths: a directory, one file for two outputs, an existing dump
 // process catches signal n when bit n-1 of SigCgt in /proc/PID/status is set (bits 1 and 14);
 // other processes the job starts (MPI's helpers) are not counted. A fixed sleep raced MPI's
 // start-up under AddressSanitizer on a loaded machine, and a SIGINT that comes before the
-// handler is ignored, as the shell ignores it for background jobs. After two minutes the signal
-// goes anyway, and a watchdog kills the job at five, so a handler that never comes fails the
-// test instead of hanging it.
+// handler is ignored, as the shell ignores it for background jobs. Not ready in two minutes:
+// the job is killed (status 137, with a line saying why); a watchdog kills it at five minutes
+// if the signal does not end it, so a missing handler fails the test instead of hanging it.
 static std::string interrupt_when_ready(const std::string& job, const char* sig, int ready) {
   const std::string catching =
       "cat /proc/[0-9]*/status 2>/dev/null | awk -v p=$p '"
@@ -216,9 +216,10 @@ static std::string interrupt_when_ready(const std::string& job, const char* sig,
       "int(h(substr($2, l, 1)) / 2) % 2 && int(h(substr($2, l - 3, 1)) / 4) % 2) k++ } "
       "END { print k + 0 }'";
   return "( " + job + " & p=$!; (sleep 300; kill -KILL $p) >/dev/null 2>&1 & w=$!; i=0; " +
-         "while [ $i -lt 600 ] && [ $(" + catching + ") -lt " + std::to_string(ready) +
-         " ]; do sleep 0.2; i=$((i+1)); done; " + "kill -" + sig +
-         " $p; wait $p; s=$?; kill $w; exit $s )";
+         "until [ $(" + catching + ") -ge " + std::to_string(ready) + " ]; do " +
+         "if [ $i -ge 600 ]; then echo 'test: no handler in 120 s' >&2; sig=KILL; break; fi; " +
+         "sleep 0.2; i=$((i+1)); done; kill -${sig:-" + sig +
+         "} $p; wait $p; s=$?; kill $w; exit $s )";
 }
 
 TEST_CASE("SIGTERM or SIGINT ends a run with one line saying so") {
