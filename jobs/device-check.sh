@@ -76,8 +76,11 @@ gpu_suite() {
   python3 - "$build/meson-logs/testlog.json" "$gpus" <<'PY'
 import json, sys
 log, gpus = sys.argv[1], int(sys.argv[2])
-# Names are "gpu" or, in some meson versions, "cpdrift:gpu / gpu".
-results = {t["name"].split(" / ")[-1]: t["result"] for t in map(json.loads, open(log))}
+# The test's name as meson's version writes it: "gpu_nccl_np2", "cpdrift:gpu / gpu_nccl_np2"
+# or (meson 1.12) "gpu - cpdrift:gpu_nccl_np2".
+def bare(name):
+    return name.rsplit(":", 1)[-1].split(" / ")[-1]
+results = {bare(t["name"]): t["result"] for t in map(json.loads, open(log))}
 allowed = {"gpu_nccl_np2"} if gpus < 2 else set()
 bad = {n: r for n, r in results.items() if r != "OK" and not (r == "SKIP" and n in allowed)}
 print(", ".join(f"{n}: {r}" for n, r in sorted(results.items())), f"({gpus} GPU)")

@@ -30,7 +30,8 @@ CaseSpec tp2_cp2(std::int64_t split) {
   return s;
 }
 
-const PhaseMemory& phase(const ProcessMemory& m, const std::string& name) {
+// A C string: a std::string temporary would make g++ 13 warn (-Wdangling-reference).
+const PhaseMemory& phase(const ProcessMemory& m, const char* name) {
   for (const PhaseMemory& p : m.phases) {
     if (p.phase == name) return p;
   }

@@ -17,7 +17,9 @@ using json::Value;
 namespace {
 
 // Follows a dotted path ("a.b.c"); fails the test when a key is missing.
-const Value& at_path(const Value& root, const std::string& path) {
+// A C string, not std::string: a temporary argument would make g++ 13 warn (-Wdangling-reference)
+// wherever the result binds a reference.
+const Value& at_path(const Value& root, const char* path) {
   const Value* v = &root;
   std::stringstream ss(path);
   std::string key;
@@ -203,8 +205,8 @@ TEST_CASE("every compatible field of the contract is present") {
     }
     for (const char* d : {"drift.cp_merge_fp32", "drift.dtype_path_vs_fp32", "drift.bf16_kernel",
                           "drift.topology_invariance"}) {
-      require_stats(at_path(c, std::string(d) + ".out"), std::string(d) + ".out");
-      require_stats(at_path(c, std::string(d) + ".lse"), std::string(d) + ".lse");
+      require_stats(at_path(c, (std::string(d) + ".out").c_str()), std::string(d) + ".out");
+      require_stats(at_path(c, (std::string(d) + ".lse").c_str()), std::string(d) + ".lse");
     }
     CHECK(at_path(c, "drift.cp_merge_fp32.source_class").as_string() ==
           "reduction_and_collective_drift");
@@ -264,7 +266,7 @@ TEST_CASE("every compatible field of the contract is present") {
          {"attention_mode", "gradient_mode", "saved_forward_state", "merge_order", "accum_dtype",
           "downcast_at", "dtypes", "decode_backward", "actual_split_kv_plans"}) {
       CAPTURE(k);
-      at_path(d, std::string("provenance.") + k);
+      at_path(d, (std::string("provenance.") + k).c_str());
     }
     CHECK(at_path(d, "provenance.gradient_mode").as_string() == "training_backward");
     CHECK(at_path(d, "provenance.saved_forward_state") ==
@@ -272,7 +274,7 @@ TEST_CASE("every compatible field of the contract is present") {
     CHECK(at_path(d, "provenance.cp_world_size").as_int64() == 2);
     CHECK(at_path(d, "provenance.gradient_inputs") == Value(json::Array{"q", "k", "v"}));
     for (const char* k : {"q_dtype", "k_dtype", "v_dtype", "dout_dtype", "output_dtype"})
-      CHECK(at_path(d, std::string("provenance.") + k).as_string() == "float32");
+      CHECK(at_path(d, (std::string("provenance.") + k).c_str()).as_string() == "float32");
     CHECK(at_path(d, "provenance.te_backward_oracle").as_string() == "not_used");
     CHECK(at_path(d, "provenance.decode_backward").as_string() == "not_supported");
     CHECK(at_path(d, "provenance.actual_split_kv_plans").at(0).at("split_kv_backend").as_string() ==
