@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "cpdrift/numerics/bf16.h"
@@ -28,7 +29,7 @@ inline bool same_bits(const float* a, const float* b, std::size_t n) {
   return true;
 }
 
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,7 @@ Shard whole(const Problem& p, TensorId t) {
 
 // Stored bytes of `x` as `dtype`: F32 as is, BF16 by rounding (round_bf16 is exact to 16 bits),
 // F16 only for the values this test gives it (exactly representable).
-std::string encode(const std::vector<float>& x, const std::string& dtype) {
+std::string encode(std::span<const float> x, const std::string& dtype) {
   std::string out;
   for (const float v : x) {
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
@@ -118,7 +119,7 @@ std::string error_of(const std::string& path) {
   return "";
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
@@ -174,7 +175,7 @@ TEST_CASE("BF16 and FP16 storage widen exactly; positions drive RoPE") {
   const Problem p = problem();
   const std::string path = write_safetensors(dir, p, "BF16");
   const ShardShape all{kBatch, Range{0, 8}, {Range{0, kSeq}}, kDim};
-  std::vector<float> want = whole(p, TensorId::k).data;
+  FloatBuffer want = whole(p, TensorId::k).data;
   for (float& x : want) x = round_bf16(x);
   CHECK(same_bits(read(path, TensorId::k, all).data, want));
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 
 #include "case_digests.h"
 #include "cpdrift/backend/attention_backend.h"
@@ -124,7 +125,7 @@ TEST_CASE("backward te_p2p lane: BF16 ring sums of the pairs' gradients") {
   // the canonical gradients' bits alone, and its own bits do not depend on TP, the protocol,
   // the rounds or the layout's processes.
   const Problem p = small_problem();
-  const auto max_abs = [](const std::vector<float>& v) {
+  const auto max_abs = [](std::span<const float> v) {
     float m = 0.0f;
     for (float x : v) m = std::max(m, std::fabs(x));
     return m;

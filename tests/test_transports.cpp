@@ -32,7 +32,7 @@ TEST_CASE("packed supersteps: cut by destination process, counted, and unpacked 
   TransportCounters counters;
   const PackedSuperstep s = pack_messages(out, 3, 1, counters);
   REQUIRE(s.local.size() == 1);  // rank 4 → process 1
-  CHECK(s.local[0].payload == std::vector<float>{7.0f, 8.0f});
+  CHECK(s.local[0].payload == FloatBuffer{7.0f, 8.0f});
   CHECK(counters.messages == 5);
   CHECK(counters.bytes == 5 * sizeof(MessageHeader) + 11 * sizeof(float));
   CHECK(counters.remote_bytes == 4 * sizeof(MessageHeader) + 9 * sizeof(float));
@@ -42,8 +42,8 @@ TEST_CASE("packed supersteps: cut by destination process, counted, and unpacked 
   CHECK(arrived[0].header.dst == 0);  // process 0: ranks 0 and 3, in send order
   CHECK(arrived[1].header.dst == 3);
   CHECK(arrived[1].payload.empty());
-  CHECK(arrived[2].payload == std::vector<float>{-1.5f, -0.5f, 0.5f, 1.5f, 2.5f});
-  CHECK(arrived[3].payload == std::vector<float>{9.0f});
+  CHECK(arrived[2].payload == FloatBuffer{-1.5f, -0.5f, 0.5f, 1.5f, 2.5f});
+  CHECK(arrived[3].payload == FloatBuffer{9.0f});
   CHECK(s.to_peer[1].empty());
 }
 

@@ -93,7 +93,7 @@ const float* InputStore::row(TensorId tensor, int b, std::int64_t h, std::int64_
 
 Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision precision) {
   ensure(tensor, shape);
-  Shard out(shape);
+  Shard out(shape, Uninitialized{});  // every row copied below
   const int d = problem_.dims.head_dim;
   for (int b = 0; b < shape.batch; ++b) {
     for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {

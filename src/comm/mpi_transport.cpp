@@ -103,7 +103,7 @@ void MpiTransport::start(std::vector<Message> outgoing) {
   for (std::size_t p = 0; p < peers; ++p) {
     if (static_cast<int>(p) == me) continue;
     for (const WireHeader& w : in_headers_[p]) {
-      in_[p].push_back(Message{w.header, std::vector<float>(w.floats)});
+      in_[p].push_back(Message{w.header, unwritten_floats(w.floats)});  // received whole
       Message& m = in_[p].back();
       post(m.payload.data(), m.payload.size() * sizeof(float), static_cast<int>(p), false);
     }

@@ -39,7 +39,7 @@ PackedSuperstep pack_messages(std::vector<Message> outgoing, int world, int me,
     // An empty payload's data() may be null, which memcpy may not be given even for 0 bytes.
     if (payload > 0)
       std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
-    std::vector<float>().swap(m.payload);
+    FloatBuffer().swap(m.payload);
   }
   return s;
 }

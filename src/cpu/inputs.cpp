@@ -46,7 +46,7 @@ Shard read_shard(const Problem& problem, TensorId tensor, const ShardShape& shap
       }
     }
   }
-  Shard shard(shape);
+  Shard shard(shape, Uninitialized{});  // the tasks write every row
   pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
     const Task& task = tasks[static_cast<std::size_t>(t)];
     float* rows = shard.at(task.b, task.h, task.local_row);
@@ -101,7 +101,7 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
     local += r.size();
   }
 
-  Shard shard(shape);
+  Shard shard(shape, Uninitialized{});  // the tasks write every row
   pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
     const Task& task = tasks[static_cast<std::size_t>(t)];
     std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());

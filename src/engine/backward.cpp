@@ -47,11 +47,11 @@ struct PackedRows {
 
 // The backward inputs of rank r's rows `part` packed as one payload (PackedRows' layout): q and
 // dO read in place from the input memo (prepared), lse and Δ from the saved forward.
-std::vector<float> pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard& fwd,
-                             const Range& part, int dim) {
+FloatBuffer pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard& fwd,
+                      const Range& part, int dim) {
   const int batch = inputs.problem().batch;
   const std::size_t n = static_cast<std::size_t>(part.size()) * dim;
-  std::vector<float> payload;
+  FloatBuffer payload;
   payload.reserve(static_cast<std::size_t>(batch * r.q_heads.size()) * (2 * n + 2 * part.size()));
   for (const TensorId t : {TensorId::q, TensorId::d_out}) {
     for (int b = 0; b < batch; ++b) {
@@ -61,7 +61,7 @@ std::vector<float> pack_rows(InputStore& inputs, const LogicalRank& r, const Att
       }
     }
   }
-  const std::vector<float> lse = protocol::rows_of(fwd.lse, part);
+  const FloatBuffer lse = protocol::rows_of(fwd.lse, part);
   payload.insert(payload.end(), lse.begin(), lse.end());
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
@@ -88,7 +88,7 @@ std::vector<KvBlock> blocks_in(const CaseGrid& grid, const Range& tokens) {
 // span (`own[id][t]`, empty where range t has no row in it) and what arrived from the other CP
 // ranks for the KV blocks hosted here.
 struct ExchangedRows {
-  std::map<int, std::vector<std::vector<float>>> own;
+  std::map<int, std::vector<FloatBuffer>> own;
   std::map<int, Inbox> inboxes;
 };
 
@@ -101,9 +101,8 @@ ExchangedRows exchange_rows(const CaseGrid& grid, const Range& span,
   for (const LogicalRank& r : hosted) {
     for (const Range& t : r.tokens) {
       const Range part = intersection(t, span);
-      rows.own[r.id].push_back(part.empty()
-                                   ? std::vector<float>{}
-                                   : pack_rows(inputs, r, forward.at(r.id)->merged, part, dim));
+      rows.own[r.id].push_back(
+          part.empty() ? FloatBuffer{} : pack_rows(inputs, r, forward.at(r.id)->merged, part, dim));
     }
   }
   std::vector<Message> outgoing;
@@ -244,8 +243,7 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
       if (parts[s].empty() || !causally_visible(kb.range, parts[s])) continue;
       const MessageHeader h = dq_partial_header(grid, *served[s].owner, parts[s], kb);
       message_of[s] = round.partials.size();
-      round.partials.push_back(
-          Message{h, std::vector<float>(static_cast<std::size_t>(h.floats), 0.0f)});
+      round.partials.push_back(Message{h, FloatBuffer(static_cast<std::size_t>(h.floats), 0.0f)});
     }
     if (message_of.empty()) continue;
     for (int b = 0; b < grid.problem.batch; ++b) {

@@ -133,8 +133,7 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
 namespace {
 
 // Appends rows `tokens` of heads `heads` of `s`, [B][heads][rows][width]: a payload piece.
-void append_rows(const Shard& s, const Range& heads, const Range& tokens,
-                 std::vector<float>& payload) {
+void append_rows(const Shard& s, const Range& heads, const Range& tokens, FloatBuffer& payload) {
   const std::int64_t row = s.shape.local_row(tokens.begin), n = tokens.size() * s.shape.width;
   for (int b = 0; b < s.shape.batch; ++b) {
     for (std::int64_t h = heads.begin; h < heads.end; ++h) {
@@ -159,9 +158,9 @@ Range group_heads(std::int64_t g, std::int64_t group) { return Range{g * group, 
 
 // The rows `tokens` of a whole-sequence result of KV head g's group, packed as the
 // reference_grads payload: dq [B][group][rows][D], then dk, dv [B][rows][D].
-std::vector<float> pack_reference(const LocalCp1Backward::Result& full, std::int64_t g,
-                                  std::int64_t group, const Range& tokens) {
-  std::vector<float> payload;
+FloatBuffer pack_reference(const LocalCp1Backward::Result& full, std::int64_t g, std::int64_t group,
+                           const Range& tokens) {
+  FloatBuffer payload;
   payload.reserve(static_cast<std::size_t>(full.dk.shape.batch * (group + 2) * tokens.size() *
                                            full.dk.shape.width));
   append_rows(full.dq, group_heads(g, group), tokens, payload);

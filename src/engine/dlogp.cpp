@@ -14,13 +14,14 @@ namespace {
 // Per-head partial logits of one rank's token chunk: [2][B][heads][rows][vocab] for the
 // candidate then the reference; each head's columns of the lm_head from the input store. `z`
 // is a buffer of an earlier step (or empty): every element is written, so a recycled buffer
-// of the step's size is not cleared again.
-std::vector<float> partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
-                                  const AttnShard& cand, const AttnShard& ref, int vocab,
-                                  InputStore& store, std::vector<float> z) {
+// is not cleared, nor is a new one.
+FloatBuffer partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
+                           const AttnShard& cand, const AttnShard& ref, int vocab,
+                           InputStore& store, FloatBuffer z) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const std::int64_t heads = r.q_heads.size(), rows = tokens.size();
   z.resize(static_cast<std::size_t>(2 * batch * heads * rows * vocab));
+  mark_unwritten(z);
   const std::int64_t first = cand.out.shape.local_row(tokens.begin);
   std::vector<ProjectionJob> jobs;
   for (int which = 0; which < 2; ++which) {
@@ -98,9 +99,9 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
   // Step by step, one chunk of every rank's tokens: each hosted rank projects its heads; TP
   // ranks > 0 send their partials to the chunk's owner, which folds them with its own.
   const int steps = logit_steps(grid, vocab);
-  std::vector<std::vector<float>> spare;  // the last step's partials, reused (pages not cleared)
+  std::vector<FloatBuffer> spare;  // the last step's partials, reused
   const auto recycled = [&spare] {
-    std::vector<float> z;
+    FloatBuffer z;
     if (!spare.empty()) {
       z = std::move(spare.back());
       spare.pop_back();
@@ -108,14 +109,14 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
     return z;
   };
   for (int step = 0; step < steps; ++step) {
-    std::map<int, std::vector<float>> own;  // per hosted token owner, its partials
+    std::map<int, FloatBuffer> own;  // per hosted token owner, its partials
     std::vector<Message> outgoing;
     for (std::size_t i = 0; i < hosted.size(); ++i) {
       const LogicalRank& r = hosted[i];
       const std::vector<Range>& mine = chunks.at(r.id);
       if (step >= static_cast<int>(mine.size())) continue;
       const Range& t = mine[static_cast<std::size_t>(step)];
-      std::vector<float> z =
+      FloatBuffer z =
           partial_logits(grid, r, t, *candidate[i], *reference[i], vocab, store, recycled());
       if (r.tp_rank == 0) {
         own[r.id] = std::move(z);

@@ -32,7 +32,9 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
     return in_place ? inputs.row(t, b, h, pos) : copy.at(b, h, copy.shape.local_row(pos));
   };
 
-  AttnShard result{Shard(qs), Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+  // Unwritten: a fold job per (batch, head, token range) writes each row.
+  AttnShard result{Shard(qs, Uninitialized{}),
+                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1}, Uninitialized{})};
   std::vector<FoldJob> jobs;
   for (int b = 0; b < rows.batch; ++b) {
     for (std::int64_t h = rows.heads.begin; h < rows.heads.end; ++h) {
@@ -50,6 +52,12 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
 }
 
 namespace {
+
+// Out and lse for `rows`' rows, unwritten: each caller copies every row in.
+AttnShard unwritten(const ShardShape& rows, int dim) {
+  return AttnShard{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}, Uninitialized{}),
+                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1}, Uninitialized{})};
+}
 
 // Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`.
 void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens) {
@@ -78,8 +86,7 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
     if (find(t) == nullptr) missing.push_back(t);
   }
   if (missing.empty()) {
-    AttnShard result{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}),
-                     Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+    AttnShard result = unwritten(rows, dim);
     for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
     return result;
   }
@@ -91,16 +98,13 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   } else {
     held_bytes_ += bytes;
     for (const Range& t : missing) {
-      Entry e{rows.heads, t,
-              AttnShard{Shard(ShardShape{rows.batch, rows.heads, {t}, dim}),
-                        Shard(ShardShape{rows.batch, rows.heads, {t}, 1})}};
+      Entry e{rows.heads, t, unwritten(ShardShape{rows.batch, rows.heads, {t}, dim}, dim)};
       copy_rows(fresh, e.data, rows.heads, t);
       entries.push_back(std::move(e));
     }
   }
   // Some rows memoised, the others fresh.
-  AttnShard result{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}),
-                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1})};
+  AttnShard result = unwritten(rows, dim);
   for (const Range& t : rows.tokens) {
     const Entry* e = find(t);
     copy_rows(e != nullptr ? e->data : fresh, result, rows.heads, t);

@@ -26,7 +26,7 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
                 [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
 
   // The query ranges each hosted KV owner serves: its own, and those that arrived.
-  std::vector<std::vector<float>> own_rows;  // inner buffers stay put when this grows
+  std::vector<FloatBuffer> own_rows;  // inner buffers stay put when this grows
   std::map<int, std::vector<QueryPiece>> served;
   for (const LogicalRank& owner : hosted) {
     for (const Range& t : owner.tokens) {

@@ -27,7 +27,7 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
 
   // Every hosted rank's K/V: its own, then what it gathered; and its own query rows.
   std::map<int, std::vector<KvPiece>> gathered;
-  std::map<int, std::vector<std::vector<float>>> own_rows;
+  std::map<int, std::vector<FloatBuffer>> own_rows;
   for (const LogicalRank& r : hosted) {
     for (const Message& m : kv_inboxes.at(r.id).messages())
       gathered[r.id].push_back(kv_piece_of(m, grid));

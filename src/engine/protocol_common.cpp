@@ -51,10 +51,10 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
   return inputs;
 }
 
-std::vector<float> rows_of(const Shard& shard, const Range& tokens) {
+FloatBuffer rows_of(const Shard& shard, const Range& tokens) {
   const ShardShape& s = shard.shape;
   const std::int64_t first = s.local_row(tokens.begin);
-  std::vector<float> payload;
+  FloatBuffer payload;
   payload.reserve(static_cast<std::size_t>(s.batch) * s.heads.size() * tokens.size() * s.width);
   for (int b = 0; b < s.batch; ++b) {
     for (std::int64_t h = s.heads.begin; h < s.heads.end; ++h) {
@@ -65,29 +65,30 @@ std::vector<float> rows_of(const Shard& shard, const Range& tokens) {
   return payload;
 }
 
-std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens) {
-  std::vector<float> payload = rows_of(k, tokens);
-  const std::vector<float> vr = rows_of(v, tokens);
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens) {
+  FloatBuffer payload = rows_of(k, tokens);
+  const FloatBuffer vr = rows_of(v, tokens);
   payload.insert(payload.end(), vr.begin(), vr.end());
   return payload;
 }
 
 KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
   const ShardShape shape{grid.problem.batch, m.header.heads(), {m.header.tokens()}, m.header.width};
-  KvPiece piece{Shard(shape), Shard(shape)};
+  KvPiece piece{Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};  // copied whole
   const std::size_t half = shape.size();
   std::memcpy(piece.k.data.data(), m.payload.data(), half * sizeof(float));
   std::memcpy(piece.v.data.data(), m.payload.data() + half, half * sizeof(float));
   return piece;
 }
 
-std::vector<float> PayloadPool::take(std::size_t floats) {
-  if (spare_.empty()) return std::vector<float>(floats);
+FloatBuffer PayloadPool::take(std::size_t floats) {
+  if (spare_.empty()) return unwritten_floats(floats);
   auto it = spare_.lower_bound(floats);
-  if (it == spare_.end()) --it;  // the largest, grown (only its new tail is cleared)
-  std::vector<float> buffer = std::move(it->second);
+  if (it == spare_.end()) --it;  // the largest, grown
+  FloatBuffer buffer = std::move(it->second);
   spare_.erase(it);
   buffer.resize(floats);
+  mark_unwritten(buffer);  // last round's values, which the kernels overwrite
   return buffer;
 }
 
@@ -135,7 +136,7 @@ void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const 
   }
 }
 
-void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
+void own_states(const CaseGrid& grid, const LogicalRank& owner, const FloatBuffer* own_rows,
                 const Shard& k, const Shard& v, int round, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs, PayloadPool& pool) {
   for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
@@ -225,14 +226,18 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
     const ShardShape out = query_shape(grid, r, dim), lse = query_shape(grid, r, 1);
-    RankOutput o{r, AttnShard{Shard(out), Shard(lse)}, std::nullopt, {}, {}};
+    // Unwritten: the rounds' merges write every row (each round's groups, all rounds together
+    // the rank's tokens), and so do the probe's and the production lanes'.
+    const auto fresh = [&] {
+      return AttnShard{Shard(out, Uninitialized{}), Shard(lse, Uninitialized{})};
+    };
+    RankOutput o{r, fresh(), std::nullopt, {}, {}};
     if (extras.checks) {
-      o.checks = MergeChecks{AttnShard{Shard(out), Shard(lse)}, std::vector<float>(out.size()),
-                             std::vector<float>(lse.size())};
+      o.checks =
+          MergeChecks{fresh(), std::vector<float>(out.size()), std::vector<float>(lse.size())};
     }
     if (extras.lanes) {
-      for (std::size_t k = 0; k < kProductionLanes.size(); ++k)
-        o.lanes.push_back(AttnShard{Shard(out), Shard(lse)});
+      for (std::size_t k = 0; k < kProductionLanes.size(); ++k) o.lanes.push_back(fresh());
     }
     outputs.push_back(std::move(o));
   }
@@ -272,7 +277,7 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, AttentionBackend& backend,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
-                                     const std::map<int, std::vector<std::vector<float>>>& own_rows,
+                                     const std::map<int, std::vector<FloatBuffer>>& own_rows,
                                      MergeExtras extras) {
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   const int rounds = grid.rounds();

@@ -21,7 +21,7 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
                                           const PathSpec& path, InputStore& store);
 
 /// Rows `tokens` of a shard for every (batch, head): the layout [B][heads][rows][width].
-std::vector<float> rows_of(const Shard& shard, const Range& tokens);
+FloatBuffer rows_of(const Shard& shard, const Range& tokens);
 
 /// Query rows somebody computes states for: their owner, their tokens, and where their rows
 /// are: the row of (batch b, owner's head h, token tokens.begin + i) at
@@ -56,7 +56,7 @@ struct KvView {
   const Shard* v;
 };
 /// The K then V rows of `tokens`, as a message payload.
-std::vector<float> kv_payload(const Shard& k, const Shard& v, const Range& tokens);
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens);
 
 /// The payload buffers of one round's merged states, handed to the next round's states (whose
 /// shapes repeat round after round), so a state's pages are written by its kernel, not cleared
@@ -66,13 +66,13 @@ class PayloadPool {
  public:
   /// A buffer of `floats` floats, contents unspecified (the smallest spare that is large
   /// enough; else the largest, grown).
-  std::vector<float> take(std::size_t floats);
+  FloatBuffer take(std::size_t floats);
   /// The payloads of the inboxes' messages (the inboxes are empty after), keeping the largest
   /// `made` of the spares: the number of buffers this process took for the round.
   void give_back(std::map<int, Inbox>& inboxes, std::size_t made);
 
  private:
-  std::multimap<std::size_t, std::vector<float>> spare_;  // by size
+  std::multimap<std::size_t, FloatBuffer> spare_;  // by size
 };
 
 /// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
@@ -85,7 +85,7 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
 
 /// States of round `round`'s group of a query owner's own ranges (`own_rows[i]`: range i's rows)
 /// against every block of `k`/`v` they can see (ring_kv, allgather_kv: the owner computes them).
-void own_states(const CaseGrid& grid, const LogicalRank& owner, const std::vector<float>* own_rows,
+void own_states(const CaseGrid& grid, const LogicalRank& owner, const FloatBuffer* own_rows,
                 const Shard& k, const Shard& v, int round, std::vector<Message>& states,
                 std::vector<BlockJob>& jobs, PayloadPool& pool);
 
@@ -140,7 +140,7 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, AttentionBackend& backend,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
-                                     const std::map<int, std::vector<std::vector<float>>>& own_rows,
+                                     const std::map<int, std::vector<FloatBuffer>>& own_rows,
                                      MergeExtras extras);
 
 /// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query

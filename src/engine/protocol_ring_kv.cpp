@@ -18,7 +18,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
   // those from `latest[id]` on arrived in the last step and travel on.
   std::map<int, std::vector<KvPiece>> arrived;
   std::map<int, std::size_t> latest;
-  std::map<int, std::vector<std::vector<float>>> own_rows;
+  std::map<int, std::vector<FloatBuffer>> own_rows;
   for (const LogicalRank& r : hosted) {
     arrived[r.id];
     latest[r.id] = 0;

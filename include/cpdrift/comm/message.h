@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpdrift/core/float_buffer.h"
 #include "cpdrift/core/range.h"
 
 namespace cpd {
@@ -53,7 +54,7 @@ struct MessageHeader {
 
 struct Message {
   MessageHeader header;
-  std::vector<float> payload;
+  FloatBuffer payload;
 };
 
 /// "partial_state block 3 [8,12) from logical rank 1 to 0" — for error messages.

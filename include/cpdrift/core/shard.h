@@ -6,9 +6,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cpdrift/core/float_buffer.h"
 #include "cpdrift/core/range.h"
 
 namespace cpd {
+
+/// Tag: a Shard whose every element its producer writes (no zeros first).
+struct Uninitialized {};
 
 /// Which part of a global [batch, heads, seq, width] tensor a buffer holds: all batches, the
 /// heads in `heads`, the sequence positions of `tokens` (ascending, concatenated) and the full
@@ -41,10 +45,12 @@ struct ShardShape {
 
 struct Shard {
   ShardShape shape;
-  std::vector<float> data;
+  FloatBuffer data;
 
   Shard() = default;
   explicit Shard(ShardShape s) : shape(std::move(s)), data(shape.size(), 0.0f) {}
+  /// Elements unwritten, for a producer that writes every one (NaN in a sanitized build).
+  Shard(ShardShape s, Uninitialized) : shape(std::move(s)), data(unwritten_floats(shape.size())) {}
   float* at(int b, std::int64_t h, std::int64_t t) { return data.data() + shape.offset(b, h, t); }
   const float* at(int b, std::int64_t h, std::int64_t t) const {
     return data.data() + shape.offset(b, h, t);

@@ -1,0 +1,55 @@
+// FloatBuffer: a vector of floats that a producer fills whole, so growing it does not clear it
+// first (a partial state's payload, a shard's rows).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace cpd {
+
+/// std::allocator, except that a vector grown without a value leaves its new elements
+/// uninitialised (default-initialised), so a buffer that a kernel fills whole is written once,
+/// not cleared first.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <class U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+/// Floats whose growth without a value leaves them unwritten (see DefaultInitAllocator).
+using FloatBuffer = std::vector<float, DefaultInitAllocator<float>>;
+
+/// Marks `b` as not yet written: nothing, except in a sanitized build (CPD_POISON_UNINITIALIZED),
+/// where it is filled with NaN, so an element its producer failed to write shows in the
+/// results instead of passing unseen with whatever the memory held.
+inline void mark_unwritten([[maybe_unused]] FloatBuffer& b) {
+#if defined(CPD_POISON_UNINITIALIZED)
+  std::fill(b.begin(), b.end(), std::numeric_limits<float>::quiet_NaN());
+#endif
+}
+
+/// `n` floats for a producer that writes every one (see mark_unwritten).
+inline FloatBuffer unwritten_floats(std::size_t n) {
+  FloatBuffer b(n);
+  mark_unwritten(b);
+  return b;
+}
+
+}  // namespace cpd
