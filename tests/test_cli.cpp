@@ -208,10 +208,10 @@ TEST_CASE("output paths: a directory, one file for two outputs, an existing dump
 // follows on the command's. By then every process has installed cpdrift's handlers (right after
 // MPI_Init, before the processes agree on the arguments). Earlier probes raced: a fixed sleep
 // lost to MPI's start-up under AddressSanitizer, and "the process catches SIGINT and SIGTERM"
-// (SigCgt) was true on the H200's Open MPI while MPI_Init ran, whose own handlers took the
-// signal. No line in two minutes, or the job ended first: it is killed (status 137, with a line
-// saying why); a watchdog kills it at five minutes if the signal does not end it, so a missing
-// handler fails the test instead of hanging it.
+// (SigCgt) was, by all signs, already true on the H200's Open MPI while MPI_Init ran, whose own
+// handlers then took the signal (docs/device.md). No line in two minutes, or the job ended first:
+// it is killed (status 137, with a line saying why); a watchdog kills it at five minutes if the
+// signal does not end it, so a missing handler fails the test instead of hanging it.
 static std::string interrupt_when_ready(const std::string& job, const char* sig) {
   return "( e=$(mktemp); " + job +
          " 2>\"$e\" & p=$!; (sleep 300; kill -KILL $p) >/dev/null 2>&1 & " +
