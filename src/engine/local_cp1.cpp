@@ -33,8 +33,7 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
   };
 
   // Unwritten: a fold job per (batch, head, token range) writes each row.
-  AttnShard result{Shard(qs, Uninitialized{}),
-                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1}, Uninitialized{})};
+  AttnShard result = AttnShard::unwritten(qs);
   std::vector<FoldJob> jobs;
   for (int b = 0; b < rows.batch; ++b) {
     for (std::int64_t h = rows.heads.begin; h < rows.heads.end; ++h) {
@@ -53,12 +52,6 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
 
 namespace {
 
-// Out and lse for `rows`' rows, unwritten: each caller copies every row in.
-AttnShard unwritten(const ShardShape& rows, int dim) {
-  return AttnShard{Shard(ShardShape{rows.batch, rows.heads, rows.tokens, dim}, Uninitialized{}),
-                   Shard(ShardShape{rows.batch, rows.heads, rows.tokens, 1}, Uninitialized{})};
-}
-
 // Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`.
 void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens) {
   cpd::copy_rows(from.out, to.out, heads, tokens);
@@ -70,6 +63,7 @@ void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const R
 AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
                                const std::vector<Range>& grid, const ShardShape& rows) {
   const int dim = inputs.problem().dims.head_dim;
+  const ShardShape out{rows.batch, rows.heads, rows.tokens, dim};
   std::vector<Entry>& entries =
       entries_[Key{static_cast<int>(path.inputs), static_cast<int>(path.rounding), grid}];
   const auto find = [&](const Range& t) -> const Entry* {
@@ -86,7 +80,7 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
     if (find(t) == nullptr) missing.push_back(t);
   }
   if (missing.empty()) {
-    AttnShard result = unwritten(rows, dim);
+    AttnShard result = AttnShard::unwritten(out);
     for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
     return result;
   }
@@ -98,13 +92,13 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   } else {
     held_bytes_ += bytes;
     for (const Range& t : missing) {
-      Entry e{rows.heads, t, unwritten(ShardShape{rows.batch, rows.heads, {t}, dim}, dim)};
+      Entry e{rows.heads, t, AttnShard::unwritten(ShardShape{rows.batch, rows.heads, {t}, dim})};
       copy_rows(fresh, e.data, rows.heads, t);
       entries.push_back(std::move(e));
     }
   }
   // Some rows memoised, the others fresh.
-  AttnShard result = unwritten(rows, dim);
+  AttnShard result = AttnShard::unwritten(out);
   for (const Range& t : rows.tokens) {
     const Entry* e = find(t);
     copy_rows(e != nullptr ? e->data : fresh, result, rows.heads, t);

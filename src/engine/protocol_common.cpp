@@ -225,19 +225,17 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
   const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs;
   for (const LogicalRank& r : hosted) {
-    const ShardShape out = query_shape(grid, r, dim), lse = query_shape(grid, r, 1);
+    const ShardShape out = query_shape(grid, r, dim);
     // Unwritten: the rounds' merges write every row (each round's groups, all rounds together
     // the rank's tokens), and so do the probe's and the production lanes'.
-    const auto fresh = [&] {
-      return AttnShard{Shard(out, Uninitialized{}), Shard(lse, Uninitialized{})};
-    };
-    RankOutput o{r, fresh(), std::nullopt, {}, {}};
+    RankOutput o{r, AttnShard::unwritten(out), std::nullopt, {}, {}};
     if (extras.checks) {
-      o.checks =
-          MergeChecks{fresh(), std::vector<float>(out.size()), std::vector<float>(lse.size())};
+      o.checks = MergeChecks{AttnShard::unwritten(out), std::vector<float>(out.size()),
+                             std::vector<float>(query_shape(grid, r, 1).size())};
     }
     if (extras.lanes) {
-      for (std::size_t k = 0; k < kProductionLanes.size(); ++k) o.lanes.push_back(fresh());
+      for (std::size_t k = 0; k < kProductionLanes.size(); ++k)
+        o.lanes.push_back(AttnShard::unwritten(out));
     }
     outputs.push_back(std::move(o));
   }

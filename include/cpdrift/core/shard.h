@@ -61,6 +61,14 @@ struct Shard {
 struct AttnShard {
   Shard out;
   Shard lse;
+
+  /// Out of shape `out` and lse of its rows (width 1), elements unwritten, for a producer that
+  /// writes every row.
+  static AttnShard unwritten(const ShardShape& out) {
+    ShardShape lse = out;
+    lse.width = 1;
+    return AttnShard{Shard(out, Uninitialized{}), Shard(std::move(lse), Uninitialized{})};
+  }
 };
 
 /// Copies rows `tokens` of heads `heads` from `from` into `to` at the same coordinates (both
