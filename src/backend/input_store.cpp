@@ -95,21 +95,27 @@ Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision
   ensure(tensor, shape);
   Shard out(shape, Uninitialized{});  // every row copied below
   const int d = problem_.dims.head_dim;
+  const std::int64_t heads = shape.heads.size();
+  std::vector<const float*> planes;  // looked up first: plane() may add to the memo's map
   for (int b = 0; b < shape.batch; ++b) {
-    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
-      const float* src = plane(tensor, b, h).rows.get();
-      for (const Range& t : shape.tokens) {
-        float* dst = out.at(b, h, shape.local_row(t.begin));
-        const float* from = src + t.begin * d;
-        const std::size_t n = static_cast<std::size_t>(t.size() * d);
-        if (precision == InputPrecision::bf16) {
-          for (std::size_t i = 0; i < n; ++i) dst[i] = round_bf16(from[i]);
-        } else {
-          std::memcpy(dst, from, n * sizeof(float));
-        }
+    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h)
+      planes.push_back(plane(tensor, b, h).rows.get());
+  }
+  pool_.parallel_for(shape.batch * heads, [&](std::int64_t i) {
+    const int b = static_cast<int>(i / heads);
+    const std::int64_t h = shape.heads.begin + i % heads;
+    const float* src = planes[static_cast<std::size_t>(i)];
+    for (const Range& t : shape.tokens) {
+      float* dst = out.at(b, h, shape.local_row(t.begin));
+      const float* from = src + t.begin * d;
+      const std::size_t n = static_cast<std::size_t>(t.size() * d);
+      if (precision == InputPrecision::bf16) {
+        for (std::size_t k = 0; k < n; ++k) dst[k] = round_bf16(from[k]);
+      } else {
+        std::memcpy(dst, from, n * sizeof(float));
       }
     }
-  }
+  });
   return out;
 }
 

@@ -61,7 +61,7 @@ FloatBuffer pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard&
       }
     }
   }
-  const FloatBuffer lse = protocol::rows_of(fwd.lse, part);
+  const FloatBuffer lse = protocol::rows_of(fwd.lse, part, inputs.pool());
   payload.insert(payload.end(), lse.begin(), lse.end());
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {

@@ -1,5 +1,6 @@
 #include "cpdrift/engine/case_runner.h"
 
+#include <algorithm>
 #include <functional>
 #include <initializer_list>
 #include <optional>
@@ -212,14 +213,19 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
 
 }  // namespace
 
-Shard bf16_written(const Shard& s) {
-  Shard w = s;
-  for (float& x : w.data) x = round_bf16(x);
+Shard bf16_written(const Shard& s, ThreadPool& pool) {
+  constexpr std::int64_t kChunk = 1 << 16;  // floats a task rounds
+  Shard w(s.shape, Uninitialized{});        // every element written below
+  const auto n = static_cast<std::int64_t>(s.data.size());
+  pool.parallel_for((n + kChunk - 1) / kChunk, [&](std::int64_t c) {
+    for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
+      w.data[static_cast<std::size_t>(i)] = round_bf16(s.data[static_cast<std::size_t>(i)]);
+  });
   return w;
 }
 
-AttnShard final_write(const AttnShard& merged, bool bf16) {
-  return bf16 ? AttnShard{bf16_written(merged.out), merged.lse} : merged;
+AttnShard final_write(const AttnShard& merged, bool bf16, ThreadPool& pool) {
+  return bf16 ? AttnShard{bf16_written(merged.out, pool), merged.lse} : merged;
 }
 
 void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink) {
@@ -261,7 +267,8 @@ void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& 
     // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the
     // FP32 CP=1 output cast the same way.
     std::vector<AttnShard> cast;
-    for (const AttnShard* r : reference) cast.push_back(final_write(*r, p.dtype == DType::bf16));
+    for (const AttnShard* r : reference)
+      cast.push_back(final_write(*r, p.dtype == DType::bf16, ctx.pool));
     HostedAttention cast_of;
     for (const AttnShard& c : cast) cast_of.push_back(&c);
     case_legs::add_dlogp(ctx, grid, record.name, dtype_written, cast_of, sink);

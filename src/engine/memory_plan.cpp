@@ -312,12 +312,16 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
             std::max(lane_folds, u64(grid.spec.cp) * u64(p.batch) * u64(r->q_heads.size()) *
                                      u64(rows) * u64(dim + 1) * kFloat);
       }
+      // ag_rs serves a one-range shard's query rows in place; the other protocols copy them.
+      const auto own_query_rows = [&](const LogicalRank& r, RankSizes s) -> std::uint64_t {
+        return grid.spec.protocol == Protocol::ag_rs && r.tokens.size() == 1 ? 0 : s.q;
+      };
       phase(std::string("forward: ") + o.paths[k].name,
             {{"references", references},
              {"outputs of earlier paths", kept},
              {"path inputs (q, k, v)",
               each(proc, [](const LogicalRank&, RankSizes s) { return s.q + 2 * s.kv; })},
-             {"own query rows", each(proc, [](const LogicalRank&, RankSizes s) { return s.q; })},
+             {"own query rows", each(proc, own_query_rows)},
              {grid.spec.protocol == Protocol::ag_rs ? "query rows received" : "K/V received",
               exchanged},
              {fp32    ? "outputs, merge-order probe, FP64 oracle"

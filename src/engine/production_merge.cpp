@@ -11,7 +11,8 @@ namespace cpd::protocol {
 
 void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
                             const std::vector<Range>& groups, const std::vector<Message>& states,
-                            AttentionBackend& backend, std::vector<AttnShard>& lanes) {
+                            AttentionBackend& backend, ThreadPool& pool,
+                            std::vector<AttnShard>& lanes) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch, cp = grid.spec.cp;
   const std::int64_t heads = r.q_heads.size(), slots = batch * heads;
   const std::size_t calls = static_cast<std::size_t>(cp * slots);
@@ -51,26 +52,29 @@ void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
       }
       backend.merge_states(nonempty, dim);
       const WorkTimer timer(WorkKind::merge);
-      for (float& x : out) x = round_bf16(x);  // each kernel call writes BF16
-      std::vector<RankState> by_rank(static_cast<std::size_t>(cp));
-      for (int b = 0; b < batch; ++b) {
-        for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-          const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-          for (std::int64_t i = 0; i < n; ++i) {
-            for (int s = 0; s < cp; ++s) {
-              const std::size_t c = call(s, slot);
-              by_rank[static_cast<std::size_t>(s)] =
-                  RankState{out.data() + (c * n + i) * dim, lse[c * n + i]};
-            }
-            const std::int64_t row = row0 + first + i;
-            for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
-              production_row(kProductionLanes[k], by_rank, r.cp_rank, dim,
-                             const_cast<float*>(lanes[k].out.at(b, h, row)),
-                             const_cast<float*>(lanes[k].lse.at(b, h, row)));
-            }
+      // Per (batch, head) slot: its calls' outputs rounded to BF16 (each kernel call writes
+      // BF16), then its rows merged as each lane does. Slots share nothing.
+      pool.parallel_for(slots, [&](std::int64_t slot) {
+        const int b = static_cast<int>(slot / heads);
+        const std::int64_t h = r.q_heads.begin + slot % heads;
+        for (int s = 0; s < cp; ++s) {
+          float* o = out.data() + call(s, slot) * static_cast<std::size_t>(n * dim);
+          for (std::int64_t k = 0; k < n * dim; ++k) o[k] = round_bf16(o[k]);
+        }
+        std::vector<RankState> by_rank(static_cast<std::size_t>(cp));
+        for (std::int64_t i = 0; i < n; ++i) {
+          for (int s = 0; s < cp; ++s) {
+            const std::size_t c = call(s, slot);
+            by_rank[static_cast<std::size_t>(s)] =
+                RankState{out.data() + (c * n + i) * dim, lse[c * n + i]};
+          }
+          const std::int64_t row = row0 + first + i;
+          for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
+            production_row(kProductionLanes[k], by_rank, r.cp_rank, dim, lanes[k].out.at(b, h, row),
+                           lanes[k].lse.at(b, h, row));
           }
         }
-      }
+      });
     }
   }
 }

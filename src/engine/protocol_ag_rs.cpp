@@ -18,20 +18,26 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
   for (const LogicalRank& dst : grid.ranks) {
     for (const MessageHeader& h : expected_q_shards(grid, dst)) {
       if (inputs.count(h.src) != 0)
-        outgoing.push_back(Message{h, rows_of(inputs.at(h.src).q, h.tokens())});
+        outgoing.push_back(Message{h, rows_of(inputs.at(h.src).q, h.tokens(), store.pool())});
     }
   }
   const std::map<int, Inbox> q_inboxes =
       superstep(transport, hosted, std::move(outgoing),
                 [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
 
-  // The query ranges each hosted KV owner serves: its own, and those that arrived.
+  // The query ranges each hosted KV owner serves: its own, and those that arrived. A shard of
+  // one range is already in a piece's layout; the ranges of a zigzag shard are copied out.
   std::vector<FloatBuffer> own_rows;  // inner buffers stay put when this grows
   std::map<int, std::vector<QueryPiece>> served;
   for (const LogicalRank& owner : hosted) {
+    const Shard& q = inputs.at(owner.id).q;
     for (const Range& t : owner.tokens) {
-      own_rows.push_back(rows_of(inputs.at(owner.id).q, t));
-      served[owner.id].push_back(QueryPiece::range(&owner, t, own_rows.back().data()));
+      const float* rows = q.data.data();
+      if (q.shape.tokens.size() != 1) {
+        own_rows.push_back(rows_of(q, t, store.pool()));
+        rows = own_rows.back().data();
+      }
+      served[owner.id].push_back(QueryPiece::range(&owner, t, rows));
     }
     for (const Message& m : q_inboxes.at(owner.id).messages()) {
       served[owner.id].push_back(
@@ -65,7 +71,7 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
     std::map<int, Inbox> inboxes =
         superstep(transport, hosted, std::move(states),
                   [&](const LogicalRank& r) { return expected_states(grid, r, round); });
-    merge_round(grid, round, hosted, inboxes, store.backend(), outputs);
+    merge_round(grid, round, hosted, inboxes, store, outputs);
     pool.give_back(inboxes, made);
   }
   return outputs;

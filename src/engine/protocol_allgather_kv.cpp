@@ -17,7 +17,7 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
     for (const MessageHeader& h : expected_kv_allgather(grid, dst)) {
       if (inputs.count(h.src) != 0) {
         const RankInputs& in = inputs.at(h.src);
-        outgoing.push_back(Message{h, kv_payload(in.k, in.v, h.tokens())});
+        outgoing.push_back(Message{h, kv_payload(in.k, in.v, h.tokens(), store.pool())});
       }
     }
   }
@@ -31,7 +31,8 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
   for (const LogicalRank& r : hosted) {
     for (const Message& m : kv_inboxes.at(r.id).messages())
       gathered[r.id].push_back(kv_piece_of(m, grid));
-    for (const Range& t : r.tokens) own_rows[r.id].push_back(rows_of(inputs.at(r.id).q, t));
+    for (const Range& t : r.tokens)
+      own_rows[r.id].push_back(rows_of(inputs.at(r.id).q, t, store.pool()));
   }
   std::map<int, std::vector<KvView>> kv;
   for (const LogicalRank& r : hosted) {
@@ -40,7 +41,7 @@ std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& p
     for (const KvPiece& piece : gathered[r.id]) kv[r.id].push_back(KvView{&piece.k, &piece.v});
   }
 
-  return local_rounds(grid, path, transport, store.backend(), hosted, kv, own_rows, extras);
+  return local_rounds(grid, path, transport, store, hosted, kv, own_rows, extras);
 }
 
 }  // namespace cpd::protocol

@@ -51,24 +51,36 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
   return inputs;
 }
 
-FloatBuffer rows_of(const Shard& shard, const Range& tokens) {
+namespace {
+
+// Copies rows `tokens` of every (batch, head) of `shard` to `to`, [B][heads][rows][width].
+void copy_rows_to(const Shard& shard, const Range& tokens, float* to, ThreadPool& pool) {
   const ShardShape& s = shard.shape;
-  const std::int64_t first = s.local_row(tokens.begin);
-  FloatBuffer payload;
-  payload.reserve(static_cast<std::size_t>(s.batch) * s.heads.size() * tokens.size() * s.width);
-  for (int b = 0; b < s.batch; ++b) {
-    for (std::int64_t h = s.heads.begin; h < s.heads.end; ++h) {
-      const float* src = shard.at(b, h, first);
-      payload.insert(payload.end(), src, src + tokens.size() * s.width);
-    }
-  }
+  const std::int64_t first = s.local_row(tokens.begin), heads = s.heads.size();
+  const std::size_t n = static_cast<std::size_t>(tokens.size()) * s.width;
+  pool.parallel_for(s.batch * heads, [&](std::int64_t i) {
+    const int b = static_cast<int>(i / heads);
+    std::memcpy(to + static_cast<std::size_t>(i) * n, shard.at(b, s.heads.begin + i % heads, first),
+                n * sizeof(float));
+  });
+}
+
+}  // namespace
+
+FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool) {
+  const ShardShape& s = shard.shape;
+  FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(s.batch) * s.heads.size() *
+                                         tokens.size() * s.width);
+  copy_rows_to(shard, tokens, payload.data(), pool);  // every element
   return payload;
 }
 
-FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens) {
-  FloatBuffer payload = rows_of(k, tokens);
-  const FloatBuffer vr = rows_of(v, tokens);
-  payload.insert(payload.end(), vr.begin(), vr.end());
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool) {
+  const std::size_t half = static_cast<std::size_t>(k.shape.batch) * k.shape.heads.size() *
+                           tokens.size() * k.shape.width;
+  FloatBuffer payload = unwritten_floats(2 * half);
+  copy_rows_to(k, tokens, payload.data(), pool);  // every element, K then V
+  copy_rows_to(v, tokens, payload.data() + half, pool);
   return payload;
 }
 
@@ -230,8 +242,9 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
     // the rank's tokens), and so do the probe's and the production lanes'.
     RankOutput o{r, AttnShard::unwritten(out), std::nullopt, {}, {}};
     if (extras.checks) {
-      o.checks = MergeChecks{AttnShard::unwritten(out), std::vector<float>(out.size()),
-                             std::vector<float>(query_shape(grid, r, 1).size())};
+      // The oracle's diffs too: each round's checks write its rows.
+      o.checks = MergeChecks{AttnShard::unwritten(out), unwritten_floats(out.size()),
+                             unwritten_floats(query_shape(grid, r, 1).size())};
     }
     if (extras.lanes) {
       for (std::size_t k = 0; k < kProductionLanes.size(); ++k)
@@ -243,8 +256,9 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
 }
 
 void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
-                 std::map<int, Inbox>& inboxes, AttentionBackend& backend,
+                 std::map<int, Inbox>& inboxes, InputStore& store,
                  std::vector<RankOutput>& outputs) {
+  AttentionBackend& backend = store.backend();
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   for (std::size_t i = 0; i < hosted.size(); ++i) {
     const LogicalRank& r = hosted[i];
@@ -259,7 +273,8 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
     backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
                          dim);
-    if (!o.lanes.empty()) merge_production_lanes(grid, r, groups, states, backend, o.lanes);
+    if (!o.lanes.empty())
+      merge_production_lanes(grid, r, groups, states, backend, store.pool(), o.lanes);
     if (!o.checks) continue;
     merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
                             o.checks->probe);
@@ -272,7 +287,7 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
 }
 
 std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, AttentionBackend& backend,
+                                     Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<FloatBuffer>>& own_rows,
@@ -290,12 +305,12 @@ std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
       }
     }
     const std::size_t made = states.size();
-    run_state_jobs(grid, path, jobs, backend);
+    run_state_jobs(grid, path, jobs, store.backend());
     // The states were computed here, but they are checked against the same manifest.
     std::map<int, Inbox> inboxes =
         inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
     check_local(transport, std::move(states), inboxes);
-    merge_round(grid, round, hosted, inboxes, backend, outputs);
+    merge_round(grid, round, hosted, inboxes, store, outputs);
     pool.give_back(inboxes, made);
   }
   return outputs;

@@ -20,8 +20,9 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
                                           const std::vector<LogicalRank>& hosted,
                                           const PathSpec& path, InputStore& store);
 
-/// Rows `tokens` of a shard for every (batch, head): the layout [B][heads][rows][width].
-FloatBuffer rows_of(const Shard& shard, const Range& tokens);
+/// Rows `tokens` of a shard for every (batch, head): the layout [B][heads][rows][width]. The
+/// (batch, head) pieces are copied across the pool.
+FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool);
 
 /// Query rows somebody computes states for: their owner, their tokens, and where their rows
 /// are: the row of (batch b, owner's head h, token tokens.begin + i) at
@@ -56,7 +57,7 @@ struct KvView {
   const Shard* v;
 };
 /// The K then V rows of `tokens`, as a message payload.
-FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens);
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool);
 
 /// The payload buffers of one round's merged states, handed to the next round's states (whose
 /// shapes repeat round after round), so a state's pages are written by its kernel, not cleared
@@ -121,15 +122,17 @@ std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRa
   return inboxes;
 }
 
-/// The hosted ranks' outputs before the first round: zeroed rows (and checks when asked).
+/// The hosted ranks' outputs before the first round: rows unwritten, which the rounds' merges
+/// write (and checks and lanes when asked).
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
                                       MergeExtras extras);
 
 /// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged
 /// in global block order into its rows of the round; when the outputs carry checks, the merge
-/// checks of those rows and the states' headers.
+/// checks of those rows and the states' headers. The store's backend merges; its pool runs the
+/// host-side work.
 void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
-                 std::map<int, Inbox>& inboxes, AttentionBackend& backend,
+                 std::map<int, Inbox>& inboxes, InputStore& store,
                  std::vector<RankOutput>& outputs);
 
 /// The rounds of a protocol whose query owners compute their own states (ring_kv,
@@ -137,7 +140,7 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
 /// against the blocks of every K/V piece it holds (`kv[id]`), checked against the manifest and
 /// merged. Collective.
 std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
-                                     Transport& transport, AttentionBackend& backend,
+                                     Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::map<int, std::vector<KvView>>& kv,
                                      const std::map<int, std::vector<FloatBuffer>>& own_rows,
@@ -158,9 +161,11 @@ inline constexpr std::int64_t kLaneRows = 64;
 /// The production lanes (numerics.md §10) of the rows `groups` of rank `r` from the round's
 /// validated `states`: per row, each CP rank's blocks folded in block order (its kernel call),
 /// rounded to BF16, then merged as each lane's stack does into `lanes[k]` (kProductionLanes[k]).
+/// The (batch, head) rows of the lanes' merges are spread over `pool`.
 void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
                             const std::vector<Range>& groups, const std::vector<Message>& states,
-                            AttentionBackend& backend, std::vector<AttnShard>& lanes);
+                            AttentionBackend& backend, ThreadPool& pool,
+                            std::vector<AttnShard>& lanes);
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
                                   InputStore& store, MergeExtras extras);

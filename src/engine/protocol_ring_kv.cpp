@@ -22,7 +22,8 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
   for (const LogicalRank& r : hosted) {
     arrived[r.id];
     latest[r.id] = 0;
-    for (const Range& t : r.tokens) own_rows[r.id].push_back(rows_of(inputs.at(r.id).q, t));
+    for (const Range& t : r.tokens)
+      own_rows[r.id].push_back(rows_of(inputs.at(r.id).q, t, store.pool()));
   }
   for (int step = 1; step < cp; ++step) {
     std::vector<Message> outgoing;
@@ -30,7 +31,8 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
       const LogicalRank& next = grid.at(r.tp_rank, (r.cp_rank + 1) % cp);
       const auto send = [&](const Shard& k, const Shard& v) {
         for (const Range& t : k.shape.tokens)
-          outgoing.push_back(Message{kv_shard_header(grid, r, next, t), kv_payload(k, v, t)});
+          outgoing.push_back(
+              Message{kv_shard_header(grid, r, next, t), kv_payload(k, v, t, store.pool())});
       };
       const std::vector<KvPiece>& pieces = arrived.at(r.id);
       if (step == 1) send(inputs.at(r.id).k, inputs.at(r.id).v);
@@ -51,7 +53,7 @@ std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
     held[r.id].push_back(KvView{&in.k, &in.v});
     for (const KvPiece& piece : arrived.at(r.id)) held[r.id].push_back(KvView{&piece.k, &piece.v});
   }
-  return local_rounds(grid, path, transport, store.backend(), hosted, held, own_rows, extras);
+  return local_rounds(grid, path, transport, store, hosted, held, own_rows, extras);
 }
 
 }  // namespace cpd::protocol

@@ -21,7 +21,7 @@ void run_rope_check(const RunContext& ctx, CaseSink& sink) {
     // positions unrelated to the cases' shards, and the memo would hold them all run.
     AttentionBackend& backend = ctx.inputs.backend();
     const Shard& exact = o.held.keep(backend.generate_shard(p, t, shape, InputPrecision::fp32));
-    const Shard& cast = o.held.keep(bf16 ? bf16_written(exact) : Shard(exact));
+    const Shard& cast = o.held.keep(bf16 ? bf16_written(exact, ctx.pool) : Shard(exact));
     Comparison& c = t == TensorId::q ? o.q : o.k;
     c.add(0, cast, exact);
     c.candidate_tensor = static_cast<int>(o.tensors.size());

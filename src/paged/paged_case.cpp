@@ -28,7 +28,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   // The plans the candidate lane ran with (rank 0 always computes KV heads, and its report is
   // the job's).
   o.plans = l.mode_plans(spec.mode);
-  const AttnShard& candidate = o.held.keep(final_write(l.mode_rows(spec.mode), bf16));
+  const AttnShard& candidate = o.held.keep(final_write(l.mode_rows(spec.mode), bf16, ctx.pool));
   o.candidate = paged::same_rows(candidate, in.reference, w.q_len);
   if (ctx.decoded != nullptr) {  // the rollout's side of the trainer-vs-rollout pairs
     ctx.decoded->rollout.push_back(
@@ -110,7 +110,7 @@ void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
       reference_cast.reset();
       in.reset();
       in = paged::prepare_paged_inputs(ctx, w, spec.tp);
-      reference_cast = final_write(in->reference, ctx.problem.dtype == DType::bf16);
+      reference_cast = final_write(in->reference, ctx.problem.dtype == DType::bf16, ctx.pool);
     }
     if (!lanes_split || !(*lanes_split == spec.split)) {
       lanes.reset();

@@ -10,10 +10,10 @@
 namespace cpd {
 
 /// The final write of an attention output: `out` rounded once to BF16 when `bf16` (lse stays
-/// FP32, as flash kernels keep it); a copy otherwise.
-AttnShard final_write(const AttnShard& merged, bool bf16);
+/// FP32, as flash kernels keep it); a copy otherwise. The elements are spread over `pool`.
+AttnShard final_write(const AttnShard& merged, bool bf16, ThreadPool& pool);
 /// A tensor rounded once to BF16 (kept in FP32 storage): the final write of a BF16 kernel.
-Shard bf16_written(const Shard& s);
+Shard bf16_written(const Shard& s, ThreadPool& pool);
 
 /// Runs `spec` and hands what it computed to `sink.prefill_case`. Collective over the
 /// transport's processes.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,7 +43,7 @@ struct Comparison {
     add(cp_rank, candidate.data.data(), reference.data.data(), candidate.data.size(),
         bf16_candidate);
   }
-  void add_diffs(int cp_rank, const std::vector<float>& diffs) {
+  void add_diffs(int cp_rank, std::span<const float> diffs) {
     add(cp_rank, diffs.data(), nullptr, diffs.size());
   }
 };

@@ -36,7 +36,7 @@ struct PathSpec {
 /// merge_order_probe), and |production FP32 fold − FP64 oracle| per element (merge_checks.h).
 struct MergeChecks {
   AttnShard probe;                            // layout of the rank's query shard
-  std::vector<float> oracle_out, oracle_lse;  // layouts of merged.out and merged.lse
+  FloatBuffer oracle_out, oracle_lse;  // layouts of merged.out and merged.lse
 };
 
 /// A path's result on one logical rank hosted by this process.
