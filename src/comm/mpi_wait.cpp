@@ -16,6 +16,11 @@ constexpr std::chrono::microseconds kSpin{50};
 constexpr std::chrono::microseconds kFirstNap{10};
 constexpr std::chrono::microseconds kLongestNap{200};
 
+// What the processes other than rank 0 add to the timeout. Rank 0 may start its wait later
+// than they do, and the job's teardown after its MPI_Abort takes time; with 4 processes on 2
+// busy cores, 2 s was not enough and the others' lines followed rank 0's.
+constexpr double kOthersGrace = 10.0;
+
 double g_timeout_seconds = 0.0;  // set_wait_timeout; 0: wait for ever
 int g_rank = 0;
 
@@ -40,7 +45,7 @@ void wait_all(std::span<MPI_Request> requests) {
   if (requests.empty()) return;
   const int n = static_cast<int>(requests.size());
   const Clock::time_point start = Clock::now();
-  const double limit = g_timeout_seconds > 0 ? g_timeout_seconds + (g_rank == 0 ? 0.0 : 2.0) : 0;
+  const double limit = g_timeout_seconds > 0 ? g_timeout_seconds + (g_rank == 0 ? 0.0 : kOthersGrace) : 0;
   std::chrono::microseconds nap = kFirstNap;
   for (;;) {
     int done = 0;

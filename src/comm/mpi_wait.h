@@ -19,8 +19,8 @@ void wait_one(MPI_Request& request);
 
 /// From now on a wait longer than `seconds` (0: none) ends the job: one line on stderr naming
 /// this process (`rank`) and the timeout, then MPI_Abort with status 3. Processes other than
-/// rank 0 allow themselves two seconds more, so that when every process is left waiting the
-/// line comes from rank 0.
+/// rank 0 allow themselves ten seconds more, so that when every process is left
+/// waiting the line comes from rank 0 alone.
 void set_wait_timeout(double seconds, int rank);
 
 }  // namespace cpd
