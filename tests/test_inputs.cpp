@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpdrift/cpu/inputs.h"
+#include "cpdrift/cpu/normals.h"
 #include "cpdrift/numerics/bf16.h"
 #include "cpdrift/numerics/philox.h"
 #include "cpdrift/numerics/rope.h"
@@ -53,6 +54,73 @@ TEST_CASE("normals: moments of a million draws") {
   CHECK(std::fabs(sum / n) < 5e-3);
   CHECK(std::fabs(sum2 / n - 1.0) < 7e-3);
   CHECK(std::fabs(sum4 / n - 3.0) < 0.05);  // kurtosis 3: the tails are Gaussian, not uniform
+}
+
+namespace {
+
+// Index of the first element whose bits differ, or -1.
+std::int64_t first_mismatch(const std::vector<float>& a, const std::vector<float>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<std::int64_t>(i);
+  }
+  return a.size() == b.size() ? -1 : static_cast<std::int64_t>(a.size());
+}
+
+}  // namespace
+
+TEST_CASE("normal_blocks (vectorised) gives normal4's bits, block by block") {
+  // Runs that end inside a SIMD vector and inside normal_blocks' batch of 64, starting where the
+  // block index carries into its high word, for every tensor and two seeds.
+  for (const std::uint64_t seed : {std::uint64_t{2355}, std::uint64_t{0x123456789abcdefULL}}) {
+    for (const TensorId t :
+         {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out, TensorId::lm_head}) {
+      for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{0xfffffff0ULL}}) {
+        for (const std::int64_t blocks : {1, 15, 17, 64, 65, 200}) {
+          CAPTURE(seed);
+          CAPTURE(first);
+          CAPTURE(blocks);
+          std::vector<float> fast(static_cast<std::size_t>(4 * blocks)), each(fast.size());
+          normal_blocks(seed, t, first, blocks, fast.data());
+          for (std::int64_t i = 0; i < blocks; ++i)
+            normal4(seed, t, first + static_cast<std::uint64_t>(i), each.data() + 4 * i);
+          CHECK(first_mismatch(fast, each) == -1);
+        }
+      }
+    }
+  }
+  // Negative control: the comparison sees one bit of one element.
+  std::vector<float> a(64), b;
+  normal_blocks(2355, TensorId::q, 0, 16, a.data());
+  b = a;
+  std::uint32_t bits;
+  std::memcpy(&bits, &b[37], sizeof bits);
+  bits ^= 1u;
+  std::memcpy(&b[37], &bits, sizeof bits);
+  CHECK(first_mismatch(a, b) == 37);
+}
+
+TEST_CASE("box_muller_pairs (vectorised) gives box_muller's bits for every radius and angle") {
+  // A Philox word reaches box_muller through uniform_open01, which keeps its top 23 bits: 2^23
+  // radii and 2^23 angles. Pair i takes radius i and angle (i * 0x2545f5) mod 2^23, an odd
+  // multiplier, so a permutation: every radius and every angle once.
+  constexpr std::int64_t kValues = std::int64_t{1} << 23, kChunk = std::int64_t{1} << 18;
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(2 * kChunk));
+  std::vector<float> fast(words.size()), each(words.size());
+  std::int64_t mismatches = 0;
+  for (std::int64_t c0 = 0; c0 < kValues; c0 += kChunk) {
+    for (std::int64_t i = 0; i < kChunk; ++i) {
+      const auto k = static_cast<std::uint32_t>(c0 + i);
+      words[static_cast<std::size_t>(2 * i)] = k << 9;
+      words[static_cast<std::size_t>(2 * i + 1)] = ((k * 0x2545f5u) & 0x7fffffu) << 9;
+    }
+    box_muller_pairs(words.data(), kChunk, fast.data());
+    for (std::int64_t i = 0; i < kChunk; ++i) {
+      const auto w = static_cast<std::size_t>(2 * i);
+      box_muller(words[w], words[w + 1], each[w], each[w + 1]);
+    }
+    if (first_mismatch(fast, each) != -1) ++mismatches;
+  }
+  CHECK(mismatches == 0);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "cpdrift/cpu/normals.h"
 #include "cpdrift/numerics/bf16.h"
 #include "cpdrift/numerics/input_shape.h"
 #include "cpdrift/numerics/rope.h"
@@ -116,7 +117,7 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
           const std::int64_t src = input_sequence(tensor, b, pos, prompt);
           const std::uint64_t first =
               static_cast<std::uint64_t>(((src * num_heads + h) * seq + pos) * d);
-          for (int e = 0; e < d; e += 4) normal4(problem.seed, tensor, (first + e) >> 2, row + e);
+          normal_blocks(problem.seed, tensor, first >> 2, d / 4, row);  // first: a multiple of 4
           if (shaped) {
             const std::int64_t kv_head = tensor == TensorId::q ? h / dims.group_size() : h;
             for (int e = 0; e < d; ++e)
@@ -163,10 +164,8 @@ std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t
       // Philox blocks, each generated once (normal_at would generate it for every element).
       float* row = w.data() + v * dim;
       const auto first = static_cast<std::uint64_t>(v * width + head * dim);
-      for (int d = 0; d < dim; d += 4) {
-        normal4(problem.seed, TensorId::lm_head, (first + d) >> 2, row + d);
-        for (int e = d; e < d + 4; ++e) row[e] *= scale;
-      }
+      normal_blocks(problem.seed, TensorId::lm_head, first >> 2, dim / 4, row);
+      for (int e = 0; e < dim; ++e) row[e] *= scale;
     }
   });
   return w;

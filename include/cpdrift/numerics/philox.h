@@ -42,24 +42,34 @@ CPD_HD float uniform_open01(std::uint32_t bits) {
   return static_cast<float>(((bits >> 9) << 1) | 1u) * 5.9604644775390625e-08f;  // 2^-24
 }
 
-/// Four standard normals for the Philox block `block` of tensor `tensor`: elements
-/// 4·block … 4·block+3 of the tensor's global linear index space.
-///
-/// Counter = (block lo, block hi, tensor id, 0), key = (seed lo, seed hi). Box–Muller on the
-/// word pairs (0,1) and (2,3): r = sqrt(-2·log(u_even)), (cos, sin)(2π·u_odd); lane 2i gets
-/// r·cos, lane 2i+1 gets r·sin. All FP32 with the project's own log and sincos.
-CPD_HD void normal4(std::uint64_t seed, TensorId tensor, std::uint64_t block, float out[4]) {
+/// The Philox block `block` of tensor `tensor`: counter = (block lo, block hi, tensor id, 0),
+/// key = (seed lo, seed hi).
+CPD_HD Philox4x32 philox_block(std::uint64_t seed, TensorId tensor, std::uint64_t block) {
   const Philox4x32 ctr{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
                         static_cast<std::uint32_t>(tensor), 0u}};
-  const Philox4x32 r =
-      philox4x32_10(ctr, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
-  for (int pair = 0; pair < 2; ++pair) {
-    const float radius = sqrt_f32(-2.0f * log_f32(uniform_open01(r.v[2 * pair])));
-    float s, c;
-    sincos_2pi_f32(uniform_open01(r.v[2 * pair + 1]), s, c);
-    out[2 * pair] = radius * c;
-    out[2 * pair + 1] = radius * s;
-  }
+  return philox4x32_10(ctr, static_cast<std::uint32_t>(seed),
+                       static_cast<std::uint32_t>(seed >> 32));
+}
+
+/// Box–Muller on one pair of Philox words: r = sqrt(-2·log(u(radius_bits))),
+/// (cos, sin)(2π·u(angle_bits)); x = r·cos, y = r·sin. All FP32 with the project's own log and
+/// sincos.
+CPD_HD void box_muller(std::uint32_t radius_bits, std::uint32_t angle_bits, float& x, float& y) {
+  const float radius = sqrt_f32(-2.0f * log_f32(uniform_open01(radius_bits)));
+  float s, c;
+  sincos_2pi_f32(uniform_open01(angle_bits), s, c);
+  x = radius * c;
+  y = radius * s;
+}
+
+/// Four standard normals for the Philox block `block` of tensor `tensor`: elements
+/// 4·block … 4·block+3 of the tensor's global linear index space. Box–Muller on the word
+/// pairs (0,1) and (2,3): lane 2i gets r·cos, lane 2i+1 gets r·sin. (cpu/normals.h computes
+/// rows of blocks with the same two functions, vectorised.)
+CPD_HD void normal4(std::uint64_t seed, TensorId tensor, std::uint64_t block, float out[4]) {
+  const Philox4x32 r = philox_block(seed, tensor, block);
+  box_muller(r.v[0], r.v[1], out[0], out[1]);
+  box_muller(r.v[2], r.v[3], out[2], out[3]);
 }
 
 /// The sequence whose random numbers row (b, pos) of `tensor` takes: inside the shared prompt
