@@ -85,34 +85,46 @@ float oracle_diff(float production, double oracle) {
 
 void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
                         const std::vector<Message>& states, const AttnShard& merged, int dim,
-                        MergeChecks& checks) {
+                        ThreadPool& pool, MergeChecks& checks) {
   const ShardShape& out = merged.out.shape;
   const ShardShape& lse = merged.lse.shape;
   std::vector<std::size_t> manifest_order(states.size());
   for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-  // One set of buffers for every row: this runs once per query row and head.
-  std::vector<const float*> outs;
-  std::vector<float> lses;
-  OracleRow oracle;
+  // Each (group, batch, head) run of rows is a task; its rows' results land in their own
+  // elements, so the bits do not depend on which thread takes it.
+  struct RowRun {
+    Range t;
+    int b;
+    std::int64_t h;
+    std::vector<StateRef> refs;
+  };
+  std::vector<RowRun> runs;
   for_each_row_group(r, groups, states, out.batch, dim, manifest_order,
                      [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-                       const std::int64_t first = out.local_row(t.begin);
-                       for (std::int64_t row = 0; row < t.size(); ++row) {
-                         outs.clear();
-                         lses.clear();
-                         for (const StateRef& s : refs) {
-                           outs.push_back(s.out + row * dim);
-                           lses.push_back(s.lse[row]);
-                         }
-                         merge_oracle_row(outs, lses, dim, oracle);
-                         const std::size_t o = out.offset(b, h, first + row);
-                         const std::size_t l = lse.offset(b, h, first + row);
-                         for (int d = 0; d < dim; ++d)
-                           checks.oracle_out[o + d] =
-                               oracle_diff(merged.out.data[o + d], oracle.out[d]);
-                         checks.oracle_lse[l] = oracle_diff(merged.lse.data[l], oracle.lse);
-                       }
+                       runs.push_back(RowRun{t, b, h, refs});
                      });
+  pool.parallel_for(static_cast<std::int64_t>(runs.size()), [&](std::int64_t i) {
+    const RowRun& run = runs[static_cast<std::size_t>(i)];
+    // One set of buffers for every row of the run: this runs once per query row and head.
+    std::vector<const float*> outs;
+    std::vector<float> lses;
+    OracleRow oracle;
+    const std::int64_t first = out.local_row(run.t.begin);
+    for (std::int64_t row = 0; row < run.t.size(); ++row) {
+      outs.clear();
+      lses.clear();
+      for (const StateRef& s : run.refs) {
+        outs.push_back(s.out + row * dim);
+        lses.push_back(s.lse[row]);
+      }
+      merge_oracle_row(outs, lses, dim, oracle);
+      const std::size_t o = out.offset(run.b, run.h, first + row);
+      const std::size_t l = lse.offset(run.b, run.h, first + row);
+      for (int d = 0; d < dim; ++d)
+        checks.oracle_out[o + d] = oracle_diff(merged.out.data[o + d], oracle.out[d]);
+      checks.oracle_lse[l] = oracle_diff(merged.lse.data[l], oracle.lse);
+    }
+  });
 }
 
 std::string merge_oracle_self_test() {

@@ -280,7 +280,7 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
                             o.checks->probe);
     {
       const WorkTimer t(WorkKind::checks);
-      merge_oracle_diffs(r, groups, states, o.merged, dim, *o.checks);
+      merge_oracle_diffs(r, groups, states, o.merged, dim, store.pool(), *o.checks);
     }
     for (const Message& m : states) o.merged_states.push_back(m.header);
   }

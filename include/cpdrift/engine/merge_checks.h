@@ -7,6 +7,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/engine/protocol.h"
+#include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
 
@@ -22,10 +23,10 @@ void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& gro
 /// |production FP32 fold (`merged`) − FP64 oracle| per element of the rows `groups`, rounded to
 /// FP32, into checks.oracle_out / oracle_lse: the oracle takes the same sorted states, subtracts
 /// the global max lse first and forms one weighted sum in FP64 (a different but equivalent
-/// formulation).
+/// formulation). The (group, batch, head) row runs are spread over `pool`.
 void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
                         const std::vector<Message>& states, const AttnShard& merged, int dim,
-                        MergeChecks& checks);
+                        ThreadPool& pool, MergeChecks& checks);
 
 /// The oracle on explicit states, for the start-up self-test and the unit tests: states are
 /// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.
