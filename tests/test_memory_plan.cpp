@@ -77,6 +77,7 @@ TEST_CASE("memory plan: TP=2 CP=2 S=4096 split 512 on 4 processes, by hand") {
     CHECK(term(fp32, "outputs, merge-order probe, FP64 oracle") == 3 * (q + lse));
     CHECK(term(fp32, "path inputs (q, k, v)") == q + 2 * kv);
     CHECK(term(fp32, "outputs of earlier paths") == 0);
+    CHECK(term(fp32, "own query rows") == 0);  // ag_rs, one range: served in place
     const PhaseMemory& kernel = phase(m[proc], "forward: bf16_kernel");
     CHECK(term(kernel, "outputs of earlier paths") == 2 * (q + lse));
     CHECK(term(kernel, "outputs, production lanes") == 4 * (q + lse));  // its own and 3 lanes'
@@ -88,10 +89,32 @@ TEST_CASE("memory plan: TP=2 CP=2 S=4096 split 512 on 4 processes, by hand") {
   CHECK(term(phase(m[2], "backward"), "one round's rows and partial dq") ==
         rows + 4 * partial + 4 * partial);
   CHECK(term(phase(m[0], "backward"), "one round's rows and partial dq") == rows + 4 * partial);
-  // Where the peak is: the BF16-kernel path with its lanes, on every process (the backward of
-  // rank 2, which also serves the last round, is still the larger of the two backwards).
-  for (int proc = 0; proc < 4; ++proc) CHECK(m[proc].peak().phase == "forward: bf16_kernel");
+  // Where the peak is: the BF16-kernel path with its lanes on CP rank 0's processes; on CP
+  // rank 1's, whose backward also serves the last round, the backward (by 3.4 MB, since ag_rs
+  // serves a rank's own query rows in place).
+  for (int proc = 0; proc < 2; ++proc) CHECK(m[proc].peak().phase == "forward: bf16_kernel");
+  for (int proc = 2; proc < 4; ++proc) CHECK(m[proc].peak().phase == "backward");
   CHECK(phase(m[2], "backward").bytes() > phase(m[0], "backward").bytes());
+}
+
+TEST_CASE("memory plan: own query rows are copied unless ag_rs serves one range in place") {
+  // The runs' copies (protocol_ag_rs.cpp, local_rounds' own_rows): ag_rs on a contiguous shard
+  // reads it where it lies; a zigzag shard's two ranges, and ring_kv's and allgather_kv's own
+  // rows, are copied.
+  const Problem p = problem_of(4096);
+  const std::uint64_t q = 16ull * 2048 * 128 * kF;
+  const auto own_rows = [&](CpLayout layout, Protocol protocol) {
+    CaseSpec spec = tp2_cp2(512);
+    spec.layout = layout;
+    spec.protocol = protocol;
+    RunMemoryPlan plan(p, 4, 1);
+    return term(phase(plan.add_case(CaseGrid(p, spec), full_case())[0], "forward: fp32"),
+                "own query rows");
+  };
+  CHECK(own_rows(CpLayout::contiguous, Protocol::ag_rs) == 0);
+  CHECK(own_rows(CpLayout::zigzag, Protocol::ag_rs) == q);
+  CHECK(own_rows(CpLayout::contiguous, Protocol::ring_kv) == q);
+  CHECK(own_rows(CpLayout::contiguous, Protocol::allgather_kv) == q);
 }
 
 TEST_CASE("memory plan: the te_p2p backward lane's per-rank sums and gradients") {
