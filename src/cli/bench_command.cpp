@@ -160,8 +160,8 @@ void whole_case(const Problem& p, ThreadPool& pool) {
   // vocabulary is S words (the default 4096 at S = 4096).
   const double attention = work_seconds(WorkKind::kernels);
   std::printf("  %-26s %10.2f\n", "case / attention kernels", total / attention);
-  std::printf("  %-26s %10.2f   (attention kernels + lm_head projection)\n",
-              "case / kernel passes", total / (attention + work_seconds(WorkKind::projection)));
+  std::printf("  %-26s %10.2f   (attention kernels + lm_head projection)\n", "case / kernel passes",
+              total / (attention + work_seconds(WorkKind::projection)));
   std::fflush(stdout);
 }
 

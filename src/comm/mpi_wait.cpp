@@ -45,7 +45,8 @@ void wait_all(std::span<MPI_Request> requests) {
   if (requests.empty()) return;
   const int n = static_cast<int>(requests.size());
   const Clock::time_point start = Clock::now();
-  const double limit = g_timeout_seconds > 0 ? g_timeout_seconds + (g_rank == 0 ? 0.0 : kOthersGrace) : 0;
+  const double limit =
+      g_timeout_seconds > 0 ? g_timeout_seconds + (g_rank == 0 ? 0.0 : kOthersGrace) : 0;
   std::chrono::microseconds nap = kFirstNap;
   for (;;) {
     int done = 0;

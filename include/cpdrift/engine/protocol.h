@@ -35,7 +35,7 @@ struct PathSpec {
 /// (the merge sorts by block index, so this must equal `merged` bit for bit: the report's
 /// merge_order_probe), and |production FP32 fold − FP64 oracle| per element (merge_checks.h).
 struct MergeChecks {
-  AttnShard probe;                            // layout of the rank's query shard
+  AttnShard probe;                     // layout of the rank's query shard
   FloatBuffer oracle_out, oracle_lse;  // layouts of merged.out and merged.lse
 };
 
