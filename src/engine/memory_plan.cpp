@@ -312,9 +312,8 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
             std::max(lane_folds, u64(grid.spec.cp) * u64(p.batch) * u64(r->q_heads.size()) *
                                      u64(rows) * u64(dim + 1) * kFloat);
       }
-      // ag_rs serves a one-range shard's query rows in place; the other protocols copy them.
       const auto own_query_rows = [&](const LogicalRank& r, RankSizes s) -> std::uint64_t {
-        return grid.spec.protocol == Protocol::ag_rs && r.tokens.size() == 1 ? 0 : s.q;
+        return protocol::serves_own_rows_in_place(grid.spec.protocol, r) ? 0 : s.q;
       };
       phase(std::string("forward: ") + o.paths[k].name,
             {{"references", references},

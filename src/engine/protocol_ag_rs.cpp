@@ -25,15 +25,15 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
       superstep(transport, hosted, std::move(outgoing),
                 [&](const LogicalRank& r) { return expected_q_shards(grid, r); });
 
-  // The query ranges each hosted KV owner serves: its own, and those that arrived. A shard of
-  // one range is already in a piece's layout; the ranges of a zigzag shard are copied out.
+  // The query ranges each hosted KV owner serves: its own (in place or copied out, see
+  // serves_own_rows_in_place), and those that arrived.
   std::vector<FloatBuffer> own_rows;  // inner buffers stay put when this grows
   std::map<int, std::vector<QueryPiece>> served;
   for (const LogicalRank& owner : hosted) {
     const Shard& q = inputs.at(owner.id).q;
     for (const Range& t : owner.tokens) {
       const float* rows = q.data.data();
-      if (q.shape.tokens.size() != 1) {
+      if (!serves_own_rows_in_place(grid.spec.protocol, owner)) {
         own_rows.push_back(rows_of(q, t, store.pool()));
         rows = own_rows.back().data();
       }

@@ -24,6 +24,13 @@ std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
 /// (batch, head) pieces are copied across the pool.
 FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool);
 
+/// Whether `protocol` computes a hosted rank's states from its own query shard in place: ag_rs
+/// does when the shard is one range, already a piece's layout; a zigzag shard's ranges, and the
+/// other protocols' pieces, are copies. The memory plan counts the copy by the same rule.
+inline bool serves_own_rows_in_place(Protocol protocol, const LogicalRank& rank) {
+  return protocol == Protocol::ag_rs && rank.tokens.size() == 1;
+}
+
 /// Query rows somebody computes states for: their owner, their tokens, and where their rows
 /// are: the row of (batch b, owner's head h, token tokens.begin + i) at
 /// rows + ((b·heads + h)·row_stride + i)·D — a whole range ([B][heads][tokens][D], row_stride =
