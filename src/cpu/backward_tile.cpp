@@ -82,10 +82,14 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
       const float* q_rows = q + t * kTileRows * dim;
       const float* d_out_rows = d_out + t * kTileRows * dim;
       for (int col = 0; col < dim; col += 64) {
-        for (std::int64_t jj = j0; jj < j1; jj += 4) {
-          const int nk = static_cast<int>(std::min<std::int64_t>(4, j1 - jj));
-          tile::keys4_accumulate(ds, j0, q_rows, tile_rows, dim, col, jj, nk, dk);
-          tile::keys4_accumulate(p, j0, d_out_rows, tile_rows, dim, col, jj, nk, dv);
+        std::int64_t jj = j0;
+        for (; jj + 4 <= j1; jj += 4) {
+          tile::keys_accumulate<4>(ds, j0, q_rows, tile_rows, dim, col, jj, dk);
+          tile::keys_accumulate<4>(p, j0, d_out_rows, tile_rows, dim, col, jj, dv);
+        }
+        for (; jj < j1; ++jj) {
+          tile::keys_accumulate<1>(ds, j0, q_rows, tile_rows, dim, col, jj, dk);
+          tile::keys_accumulate<1>(p, j0, d_out_rows, tile_rows, dim, col, jj, dv);
         }
       }
     }

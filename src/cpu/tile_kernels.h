@@ -10,6 +10,10 @@
 #include "cpdrift/cpu/attention.h"
 #include "simd16.h"
 
+// The innermost loops (dot_keys, rows4_times, keys_accumulate) stay out of line: inlined into
+// a tile kernel, they lose their registers to the code around them (GCC 12 kept their loop
+// counters on the stack and folded V's row loads into every FMA, four loads where one does).
+
 namespace cpd::tile {
 
 using simd::F16;
@@ -29,8 +33,9 @@ inline void transpose(const float* rows, int nrows, int dim, float* out) {
 /// pointer with constant offsets reaches all of them (eight pointers of their own spill out of
 /// the general registers in the inner loop); the arithmetic is the same.
 template <int kKeys, int kStride = 0>
-inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim, F16 scale,
-                     F16 visible, float* out, std::int64_t out_first = 0) {
+[[gnu::noinline]] inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
+                                       F16 scale, F16 visible, float* out,
+                                       std::int64_t out_first = 0) {
   F16 acc[kKeys];
   for (int x = 0; x < kKeys; ++x) acc[x] = simd::splat(0.0f);
   if constexpr (kStride > 0) {
@@ -61,9 +66,16 @@ inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
 /// key j stored at out[j - out_first].
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
                           int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
-  // At Qwen3's head dim (the product's), eight contiguous key rows take the one-pointer form.
+  // At Qwen3's head dim (the product's), contiguous key rows take the one-pointer form, as
+  // many keys at once as the registers hold accumulators: an FMA's latency is four of its
+  // issue slots, so eight independent chains only just keep both FMA units busy; sixteen
+  // leave room (AVX-512's 32 registers; AVX2's 16 hold eight keys' 16 lanes).
   constexpr int kDim = 128;
   std::int64_t j = j0;
+  if constexpr (simd::kRegisters >= 32) {
+    for (; j + 16 <= j1 && dim == kDim && k.row(j + 15, dim) == k.row(j, dim) + 15 * kDim; j += 16)
+      dot_keys<16, kDim>(qt, k, j, dim, scale, visible, out, out_first);
+  }
   for (; j + 8 <= j1; j += 8) {
     if (dim == kDim && k.row(j + 7, dim) == k.row(j, dim) + 7 * kDim)
       dot_keys<8, kDim>(qt, k, j, dim, scale, visible, out, out_first);
@@ -73,27 +85,40 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
   for (; j < j1; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
 }
 
-/// For rows r0 … r0+nrows-1 (nrows ≤ 4), columns [col, col+64) and keys [j0, j1):
-///   acc[r] = sequential over j0 ≤ j < min(limit[r0+r], j1):  fma(coef[j][r0+r], b[j][col…],
-///   acc[r])
-/// continuing from the acc given. Rows share the loop up to their smallest limit, then each
-/// finishes on its own, so every row stops exactly at its limit.
-inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, int r0,
-                        const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
-                        F16 acc[4][4], std::int64_t coef_first = 0) {
+/// For rows r0 … r0+nrows-1 (nrows ≤ 4) of `out` ([rows][dim]), columns [col, col+64) and keys
+/// [j0, j1):
+///   out[r0+r][col…] = sequential over j0 ≤ j < min(limit[r0+r], j1):
+///                     fma(coef[j - coef_first][r0+r], b[j][col…], ·)
+/// continuing from what out holds (exact float loads and stores). Rows share the loop up to
+/// their smallest limit, then each finishes on its own, so every row stops exactly at its limit.
+[[gnu::noinline]] inline void rows4_times(const float* coef, std::int64_t coef_first,
+                                          const KvRows& b, int dim, int col, int r0,
+                                          const std::int64_t* limit, int nrows, std::int64_t j0,
+                                          std::int64_t j1, float* out) {
+  F16 acc[4][4];
+  for (int r = 0; r < 4; ++r) {
+    for (int x = 0; x < 4; ++x) {
+      acc[r][x] = r < nrows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
+    }
+  }
   std::int64_t common = std::min(limit[r0], j1);
   for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
-  for (std::int64_t j = j0; j < common; ++j) {
+  // A run of adjacent rows of b at a time (all of them unless paged): two pointers that step.
+  for (std::int64_t j = j0; j < common;) {
+    const std::int64_t run = std::min(common, b.run_end(j));
     const float* bj = b.row(j, dim) + col;
-    const F16 b0 = simd::load(bj), b1 = simd::load(bj + 16), b2 = simd::load(bj + 32),
-              b3 = simd::load(bj + 48);
     const float* cj = coef + (j - coef_first) * kTileRows + r0;
-    for (int r = 0; r < 4; ++r) {
-      const F16 c = simd::splat(cj[r]);
-      acc[r][0] = simd::fma(c, b0, acc[r][0]);
-      acc[r][1] = simd::fma(c, b1, acc[r][1]);
-      acc[r][2] = simd::fma(c, b2, acc[r][2]);
-      acc[r][3] = simd::fma(c, b3, acc[r][3]);
+    for (; j < run; ++j, bj += dim, cj += kTileRows) {
+      const F16 b0 = simd::in_register(simd::load(bj)), b1 = simd::in_register(simd::load(bj + 16)),
+                b2 = simd::in_register(simd::load(bj + 32)),
+                b3 = simd::in_register(simd::load(bj + 48));
+      for (int r = 0; r < 4; ++r) {
+        const F16 c = simd::splat(cj[r]);
+        acc[r][0] = simd::fma(c, b0, acc[r][0]);
+        acc[r][1] = simd::fma(c, b1, acc[r][1]);
+        acc[r][2] = simd::fma(c, b2, acc[r][2]);
+        acc[r][3] = simd::fma(c, b3, acc[r][3]);
+      }
     }
   }
   for (int r = 0; r < nrows; ++r) {
@@ -103,6 +128,9 @@ inline void rows4_times(const float* coef, const KvRows& b, int dim, int col, in
       const float* bj = b.row(j, dim) + col;
       for (int x = 0; x < 4; ++x) acc[r][x] = simd::fma(c, simd::load(bj + 16 * x), acc[r][x]);
     }
+  }
+  for (int r = 0; r < nrows; ++r) {
+    for (int x = 0; x < 4; ++x) simd::store(out + (r0 + r) * dim + col + 16 * x, acc[r][x]);
   }
 }
 
@@ -123,19 +151,8 @@ inline void rows_times_range(const float* coef, std::int64_t coef_first, const K
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
     if (!any) continue;
-    for (int col = 0; col < dim; col += 64) {
-      F16 acc[4][4];
-      for (int r = 0; r < 4; ++r) {
-        for (int x = 0; x < 4; ++x) {
-          acc[r][x] =
-              r < rows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
-        }
-      }
-      rows4_times(coef, b, dim, col, r0, limit, rows, j0, j1, acc, coef_first);
-      for (int r = 0; r < rows; ++r) {
-        for (int x = 0; x < 4; ++x) simd::store(out + (r0 + r) * dim + col + 16 * x, acc[r][x]);
-      }
-    }
+    for (int col = 0; col < dim; col += 64)
+      rows4_times(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
   }
 }
 
@@ -161,29 +178,33 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
   }
 }
 
-/// For keys j0 … j0+nkeys-1 (nkeys ≤ 4) and columns [col, col+64):
+/// For keys j0 … j0+kKeys-1 and columns [col, col+64):
 ///   acc_j += sequential over r < nrows:  fma(coef[j][r], rows[r][col…], acc_j)
 /// where acc_j lives in out[j][col…] (loaded, updated, stored); key j's coefficients at
 /// coef[j - coef_first].
-inline void keys4_accumulate(const float* coef, std::int64_t coef_first, const float* rows,
-                             int nrows, int dim, int col, std::int64_t j0, int nkeys, float* out) {
-  F16 acc[4][4];
-  for (int x = 0; x < nkeys; ++x) {
+template <int kKeys>
+[[gnu::noinline]] inline void keys_accumulate(const float* coef, std::int64_t coef_first,
+                                              const float* rows, int nrows, int dim, int col,
+                                              std::int64_t j0, float* out) {
+  F16 acc[kKeys][4];
+  for (int x = 0; x < kKeys; ++x) {
     for (int c = 0; c < 4; ++c) acc[x][c] = simd::load(out + (j0 + x) * dim + col + 16 * c);
   }
-  for (int r = 0; r < nrows; ++r) {
+  const float* cr = coef + (j0 - coef_first) * kTileRows;
+  for (int r = 0; r < nrows; ++r, ++cr) {
     const float* row = rows + r * dim + col;
-    const F16 r0 = simd::load(row), r1 = simd::load(row + 16), r2 = simd::load(row + 32),
-              r3 = simd::load(row + 48);
-    for (int x = 0; x < nkeys; ++x) {
-      const F16 c = simd::splat(coef[(j0 + x - coef_first) * kTileRows + r]);
+    const F16 r0 = simd::in_register(simd::load(row)), r1 = simd::in_register(simd::load(row + 16)),
+              r2 = simd::in_register(simd::load(row + 32)),
+              r3 = simd::in_register(simd::load(row + 48));
+    for (int x = 0; x < kKeys; ++x) {
+      const F16 c = simd::splat(cr[x * kTileRows]);
       acc[x][0] = simd::fma(c, r0, acc[x][0]);
       acc[x][1] = simd::fma(c, r1, acc[x][1]);
       acc[x][2] = simd::fma(c, r2, acc[x][2]);
       acc[x][3] = simd::fma(c, r3, acc[x][3]);
     }
   }
-  for (int x = 0; x < nkeys; ++x) {
+  for (int x = 0; x < kKeys; ++x) {
     for (int c = 0; c < 4; ++c) simd::store(out + (j0 + x) * dim + col + 16 * c, acc[x][c]);
   }
 }

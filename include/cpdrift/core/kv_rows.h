@@ -36,6 +36,12 @@ class KvRows {
     assert(j < rows_);
     return base_ + pages_[j / page_size_] * page_stride_ + (j % page_size_) * dim;
   }
+  /// The end of the run of adjacent rows that holds row j: rows [j, run_end(j)) lie dim floats
+  /// apart (all of them for contiguous views; up to the end of j's page for paged ones).
+  std::int64_t run_end(std::int64_t j) const {
+    if (pages_ == nullptr) return INT64_MAX;
+    return j + page_size_ - (j + first_) % page_size_;
+  }
   friend bool operator==(const KvRows&, const KvRows&) = default;
 
   /// The same rows from row j on.
