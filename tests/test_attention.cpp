@@ -152,6 +152,39 @@ TEST_CASE("tile kernel reads paged K/V in place: the bits of contiguous rows, wh
   }
 }
 
+TEST_CASE("tile kernel: key rows are adjacent only within a page, whatever their ends say") {
+  // Pages of 4 rows packed tightly, the view starting at row 2: keys 0 … 7 lie on logical pages
+  // 0, 1, 2, placed in physical pages 0, 3, 2. Key 7 then sits exactly 7 rows after key 0, as
+  // if the eight were adjacent, while keys 2 … 5 are elsewhere (physical page 1 holds logical
+  // page 3). A kernel that judged adjacency by a group's first and last rows would read page
+  // 3's keys; the bits must be those of the contiguous rows.
+  constexpr int kPage = 4;
+  const std::vector<float> q = random_rows(16, 31), k = random_rows(16, 32),
+                           v = random_rows(16, 33);
+  const std::vector<int> table{0, 3, 2, 1};
+  const auto pooled = [&](const std::vector<float>& rows) {
+    std::vector<float> pool(rows.size());
+    for (int j = 0; j < 16; ++j)
+      std::copy_n(rows.data() + j * kDim, kDim,
+                  pool.data() + (table[j / kPage] * kPage + j % kPage) * kDim);
+    return pool;
+  };
+  const std::vector<float> pk = pooled(k), pv = pooled(v);
+  const KvRows kp = KvRows::paged(pk.data(), table.data(), kPage, kPage * kDim, 16).from(2),
+               vp = KvRows::paged(pv.data(), table.data(), kPage, kPage * kDim, 16).from(2);
+  REQUIRE(kp.row(7, kDim) == kp.row(0, kDim) + 7 * kDim);  // the ends line up
+  REQUIRE(kp.row(2, kDim) != kp.row(0, kDim) + 2 * kDim);  // the middle does not
+  TileScratch scratch;
+  const Range keys{2, 14};
+  std::vector<float> a(16 * kDim), a_lse(16), b(16 * kDim), b_lse(16);
+  attend_tile(q.data(), 20, 16, k.data() + 2 * kDim, v.data() + 2 * kDim, keys, kDim, kScale,
+              ProbRounding::none, scratch, a.data(), a_lse.data());
+  attend_tile(q.data(), 20, 16, kp, vp, keys, kDim, kScale, ProbRounding::none, scratch, b.data(),
+              b_lse.data());
+  CHECK(same_bits(a, b));
+  CHECK(same_bits(a_lse, b_lse));
+}
+
 TEST_CASE("partial state and merged result against a naive FP64 attention") {
   // Error analysis (Higham, sequential sums): a score has |err| ≤ E_s = γ_D·scale·Σ|q_d k_d| +
   // u|s|; the softmax weights then carry relative error ≤ 2E_s + (n + 4)u (exp ≤ 1 ulp, the

@@ -58,11 +58,13 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   }
   const F16 scale16 = simd::splat(scale);
 
-  // Scores, a chunk of keys at a time for every lane tile: the chunk of K is read from memory
-  // once for all of them. Each score is the same fma chain over d whichever chunk holds it.
-  for (std::int64_t j0 = 0; j0 < n; j0 += tile::kKeyChunk) {
+  // Scores, sixteen keys at a time for every lane tile: those keys' rows of K (8 KB at D = 128)
+  // are read from memory once for all of them and stay in L1 meanwhile. Each score is the same
+  // fma chain over d whichever call computes it.
+  constexpr std::int64_t kScoreKeys = 16;
+  for (std::int64_t j0 = 0; j0 < n; j0 += kScoreKeys) {
     for (int t = 0; t < tiles; ++t) {
-      const std::int64_t j1 = std::min(j0 + tile::kKeyChunk, tile_keys[t]);
+      const std::int64_t j1 = std::min(j0 + kScoreKeys, tile_keys[t]);
       if (j1 <= j0) continue;
       tile::dot_key_range(
           scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows, k, j0, j1,

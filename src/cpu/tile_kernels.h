@@ -66,23 +66,27 @@ template <int kKeys, int kStride = 0>
 /// key j stored at out[j - out_first].
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
                           int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
-  // At Qwen3's head dim (the product's), contiguous key rows take the one-pointer form, as
-  // many keys at once as the registers hold accumulators: an FMA's latency is four of its
-  // issue slots, so eight independent chains only just keep both FMA units busy; sixteen
+  // At Qwen3's head dim (the product's), adjacent key rows (k.run_end) take the one-pointer
+  // form, as many keys at once as the registers hold accumulators: an FMA's latency is four of
+  // its issue slots, so eight independent chains only just keep both FMA units busy; sixteen
   // leave room (AVX-512's 32 registers; AVX2's 16 hold eight keys' 16 lanes).
   constexpr int kDim = 128;
-  std::int64_t j = j0;
-  if constexpr (simd::kRegisters >= 32) {
-    for (; j + 16 <= j1 && dim == kDim && k.row(j + 15, dim) == k.row(j, dim) + 15 * kDim; j += 16)
+  for (std::int64_t j = j0; j < j1;) {
+    const std::int64_t adjacent = dim == kDim ? std::min(j1, k.run_end(j)) - j : 0;
+    if (simd::kRegisters >= 32 && adjacent >= 16) {
       dot_keys<16, kDim>(qt, k, j, dim, scale, visible, out, out_first);
-  }
-  for (; j + 8 <= j1; j += 8) {
-    if (dim == kDim && k.row(j + 7, dim) == k.row(j, dim) + 7 * kDim)
+      j += 16;
+    } else if (adjacent >= 8) {
       dot_keys<8, kDim>(qt, k, j, dim, scale, visible, out, out_first);
-    else
+      j += 8;
+    } else if (j + 8 <= j1) {
       dot_keys<8>(qt, k, j, dim, scale, visible, out, out_first);
+      j += 8;
+    } else {
+      dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
+      ++j;
+    }
   }
-  for (; j < j1; ++j) dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
 }
 
 /// For rows r0 … r0+nrows-1 (nrows ≤ 4) of `out` ([rows][dim]), columns [col, col+64) and keys
@@ -138,6 +142,20 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
 /// while every row group and column block of the tile goes over it.
 inline constexpr std::int64_t kKeyChunk = 128;
 
+/// rows_times_range (below) for the columns [col, col + 64) only: the row groups one after
+/// another over the same 64 columns of the key chunk, which stay in L1 (the chunk's whole rows,
+/// 64 KB at D = 128, would not).
+inline void rows_times_cols(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
+                            int col, const std::int64_t* limit, int nrows, std::int64_t j0,
+                            std::int64_t j1, float* out) {
+  for (int r0 = 0; r0 < nrows; r0 += 4) {
+    const int rows = std::min(4, nrows - r0);
+    bool any = false;
+    for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
+    if (any) rows4_times(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+  }
+}
+
 /// One lane tile's rows r < nrows (≤ 16), keys [j0, j1) (coefficients of key j at
 /// coef[j - coef_first][r]):
 ///   out[r][…] = sequential over j0 ≤ j < min(limit[r], j1):  fma(coef[j][r], b[j][…], ·)
@@ -146,14 +164,8 @@ inline constexpr std::int64_t kKeyChunk = 128;
 inline void rows_times_range(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
                              const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
                              float* out) {
-  for (int r0 = 0; r0 < nrows; r0 += 4) {
-    const int rows = std::min(4, nrows - r0);
-    bool any = false;
-    for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
-    if (!any) continue;
-    for (int col = 0; col < dim; col += 64)
-      rows4_times(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
-  }
+  for (int col = 0; col < dim; col += 64)
+    rows_times_cols(coef, coef_first, b, dim, col, limit, nrows, j0, j1, out);
 }
 
 /// For the rows of `groups` tiles (tile g: rows 16g … 16g+15 of `out`, coefficients
@@ -170,10 +182,12 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
   std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
   for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
     const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
-    for (int g = 0; g * kTileRows < nrows; ++g) {
-      rows_times_range(coef + g * coef_stride, 0, b, dim, limit + g * kTileRows,
-                       std::min(kTileRows, nrows - g * kTileRows), j0, j1,
-                       out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim);
+    for (int col = 0; col < dim; col += 64) {
+      for (int g = 0; g * kTileRows < nrows; ++g) {
+        rows_times_cols(coef + g * coef_stride, 0, b, dim, col, limit + g * kTileRows,
+                        std::min(kTileRows, nrows - g * kTileRows), j0, j1,
+                        out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim);
+      }
     }
   }
 }
