@@ -51,19 +51,23 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
   }
   std::fill(dq, dq + static_cast<std::ptrdiff_t>(rows) * dim, 0.0f);
   // A chunk of keys at a time for every lane tile in row order: the chunk's K, V, dK and dV are
-  // read from memory once for all of them. Per key the rows still add in ascending order, and
-  // each row's dq continues over the keys in ascending order.
+  // read from memory once for all of them. Each row's dq continues over the keys in ascending
+  // order, and per key the rows add in ascending order.
   for (std::int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    for (int t = 0; t < tiles; ++t) {
-      const std::int64_t j1 = std::min(j0 + kChunk, tile_keys[t]);
-      if (j1 <= j0) continue;
+    // The lane tiles that see a key of this chunk (tile_keys grows with t); each of them gets P
+    // and dS over all the chunk's keys [j0, j1), exp(-inf) = +0 and dS = ±0 past its rows' last
+    // visible key.
+    const std::int64_t j1 = std::min(j0 + kChunk, n);
+    int first_tile = 0;
+    while (tile_keys[first_tile] <= j0) ++first_tile;
+    for (int t = first_tile; t < tiles; ++t) {
       const int tile_rows = std::min(kTileRows, rows - t * kTileRows);
       float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk,
             *dp = s.dp.data() + t * chunk;
       tile::dot_key_range(s.q_t.data() + t * lanes, k, j0, j1, dim, simd::splat(scale),
                           simd::load(visible_f + t * kTileRows), p, j0);
       tile::dot_key_range(s.d_out_t.data() + t * lanes, v, j0, j1, dim, simd::splat(1.0f),
-                          simd::splat(static_cast<float>(tile_keys[t] + 1)), dp, j0);
+                          simd::splat(static_cast<float>(j1 + 1)), dp, j0);
       const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
                 delta16 = simd::load(delta_lanes + t * kTileRows);
       for (std::int64_t j = 0; j < j1 - j0; ++j) {
@@ -75,22 +79,21 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
       // dq: each row over exactly its visible keys.
       tile::rows_times_range(ds, j0, k, dim, visible + t * kTileRows, tile_rows, j0, j1,
                              dq + t * kTileRows * dim);
-      // dk, dv over the tile's rows in order. A row that cannot see key j (it comes before j)
-      // has P = exp(-inf) = +0 and dS = ±0, and every earlier row cannot see j either, so j's
-      // accumulators are still the +0 they started from: adding ±0 keeps +0, the same bits as
-      // leaving the masked rows out, which the definition does.
-      const float* q_rows = q + t * kTileRows * dim;
-      const float* d_out_rows = d_out + t * kTileRows * dim;
-      for (int col = 0; col < dim; col += 64) {
-        std::int64_t jj = j0;
-        for (; jj + 4 <= j1; jj += 4) {
-          tile::keys_accumulate<4>(ds, j0, q_rows, tile_rows, dim, col, jj, dk);
-          tile::keys_accumulate<4>(p, j0, d_out_rows, tile_rows, dim, col, jj, dv);
-        }
-        for (; jj < j1; ++jj) {
-          tile::keys_accumulate<1>(ds, j0, q_rows, tile_rows, dim, col, jj, dk);
-          tile::keys_accumulate<1>(p, j0, d_out_rows, tile_rows, dim, col, jj, dv);
-        }
+    }
+    // dk, dv over the rows of those tiles in order, one pass per key group. A row that cannot
+    // see key j (it comes before j) has P = +0 and dS = ±0, and every earlier row cannot see j
+    // either, so j's accumulators are still the +0 they started from: adding ±0 keeps +0, the
+    // same bits as leaving the masked rows out, which the definition does.
+    const int first_row = first_tile * kTileRows;
+    for (int col = 0; col < dim; col += 64) {
+      std::int64_t jj = j0;
+      for (; jj + 4 <= j1; jj += 4) {
+        tile::keys_accumulate<4>(s.ds.data(), chunk, j0, q, first_row, rows, dim, col, jj, dk);
+        tile::keys_accumulate<4>(s.p.data(), chunk, j0, d_out, first_row, rows, dim, col, jj, dv);
+      }
+      for (; jj < j1; ++jj) {
+        tile::keys_accumulate<1>(s.ds.data(), chunk, j0, q, first_row, rows, dim, col, jj, dk);
+        tile::keys_accumulate<1>(s.p.data(), chunk, j0, d_out, first_row, rows, dim, col, jj, dv);
       }
     }
   }

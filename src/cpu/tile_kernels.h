@@ -193,29 +193,35 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
 }
 
 /// For keys j0 … j0+kKeys-1 and columns [col, col+64):
-///   acc_j += sequential over r < nrows:  fma(coef[j][r], rows[r][col…], acc_j)
-/// where acc_j lives in out[j][col…] (loaded, updated, stored); key j's coefficients at
-/// coef[j - coef_first].
+///   acc_j += sequential over row_begin ≤ r < row_end:  fma(coef(j, r), rows[r][col…], acc_j)
+/// where acc_j lives in out[j][col…] (loaded, updated, stored). Row r's coefficients belong to
+/// lane tile r / 16: key j's at coef + (r / 16)·tile_stride + (j - coef_first)·16 + r % 16.
 template <int kKeys>
-[[gnu::noinline]] inline void keys_accumulate(const float* coef, std::int64_t coef_first,
-                                              const float* rows, int nrows, int dim, int col,
+[[gnu::noinline]] inline void keys_accumulate(const float* coef, std::size_t tile_stride,
+                                              std::int64_t coef_first, const float* rows,
+                                              int row_begin, int row_end, int dim, int col,
                                               std::int64_t j0, float* out) {
   F16 acc[kKeys][4];
   for (int x = 0; x < kKeys; ++x) {
     for (int c = 0; c < 4; ++c) acc[x][c] = simd::load(out + (j0 + x) * dim + col + 16 * c);
   }
-  const float* cr = coef + (j0 - coef_first) * kTileRows;
-  for (int r = 0; r < nrows; ++r, ++cr) {
-    const float* row = rows + r * dim + col;
-    const F16 r0 = simd::in_register(simd::load(row)), r1 = simd::in_register(simd::load(row + 16)),
-              r2 = simd::in_register(simd::load(row + 32)),
-              r3 = simd::in_register(simd::load(row + 48));
-    for (int x = 0; x < kKeys; ++x) {
-      const F16 c = simd::splat(cr[x * kTileRows]);
-      acc[x][0] = simd::fma(c, r0, acc[x][0]);
-      acc[x][1] = simd::fma(c, r1, acc[x][1]);
-      acc[x][2] = simd::fma(c, r2, acc[x][2]);
-      acc[x][3] = simd::fma(c, r3, acc[x][3]);
+  for (int r = row_begin; r < row_end;) {
+    const int tile_end = std::min(row_end, (r / kTileRows + 1) * kTileRows);
+    const float* cr = coef + static_cast<std::size_t>(r / kTileRows) * tile_stride +
+                      (j0 - coef_first) * kTileRows + r % kTileRows;
+    for (; r < tile_end; ++r, ++cr) {
+      const float* row = rows + static_cast<std::ptrdiff_t>(r) * dim + col;
+      const F16 r0 = simd::in_register(simd::load(row)),
+                r1 = simd::in_register(simd::load(row + 16)),
+                r2 = simd::in_register(simd::load(row + 32)),
+                r3 = simd::in_register(simd::load(row + 48));
+      for (int x = 0; x < kKeys; ++x) {
+        const F16 c = simd::splat(cr[x * kTileRows]);
+        acc[x][0] = simd::fma(c, r0, acc[x][0]);
+        acc[x][1] = simd::fma(c, r1, acc[x][1]);
+        acc[x][2] = simd::fma(c, r2, acc[x][2]);
+        acc[x][3] = simd::fma(c, r3, acc[x][3]);
+      }
     }
   }
   for (int x = 0; x < kKeys; ++x) {
