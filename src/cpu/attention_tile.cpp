@@ -59,16 +59,30 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   const F16 scale16 = simd::splat(scale);
 
   // Scores, sixteen keys at a time for every lane tile: those keys' rows of K (8 KB at D = 128)
-  // are read from memory once for all of them and stay in L1 meanwhile. Each score is the same
-  // fma chain over d whichever call computes it.
+  // are read from memory once for all of them and stay in L1 meanwhile. Lane tiles go in pairs
+  // over the keys both see (a later tile sees at least the keys an earlier one does). Each
+  // score is the same fma chain over d whichever call computes it.
   constexpr std::int64_t kScoreKeys = 16;
+  const auto qt = [&](int t) {
+    return scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows;
+  };
+  const auto vis = [&](int t) { return simd::load(visible_f + t * kTileRows); };
+  const auto scores = [&](int t) { return scratch.scores.data() + t * stride; };
   for (std::int64_t j0 = 0; j0 < n; j0 += kScoreKeys) {
-    for (int t = 0; t < tiles; ++t) {
-      const std::int64_t j1 = std::min(j0 + kScoreKeys, tile_keys[t]);
-      if (j1 <= j0) continue;
-      tile::dot_key_range(
-          scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows, k, j0, j1,
-          dim, scale16, simd::load(visible_f + t * kTileRows), scratch.scores.data() + t * stride);
+    for (int t = 0; t < tiles; t += 2) {
+      const std::int64_t end = std::min(j0 + kScoreKeys, tile_keys[t]);
+      if (t + 1 == tiles) {
+        if (end > j0) tile::dot_key_range(qt(t), k, j0, end, dim, scale16, vis(t), scores(t));
+        continue;
+      }
+      const std::int64_t next_end = std::min(j0 + kScoreKeys, tile_keys[t + 1]);
+      if (end > j0) {
+        tile::dot_key_range_pair(qt(t), qt(t + 1), k, j0, end, dim, scale16, vis(t), vis(t + 1),
+                                 scores(t), scores(t + 1));
+      }
+      const std::int64_t rest = std::max(end, j0);
+      if (next_end > rest)
+        tile::dot_key_range(qt(t + 1), k, rest, next_end, dim, scale16, vis(t + 1), scores(t + 1));
     }
   }
 

@@ -60,14 +60,29 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
     const std::int64_t j1 = std::min(j0 + kChunk, n);
     int first_tile = 0;
     while (tile_keys[first_tile] <= j0) ++first_tile;
-    for (int t = first_tile; t < tiles; ++t) {
+    // Scores and dP, lane tiles in pairs (the same keys for all of them here).
+    const F16 scale16 = simd::splat(scale), one = simd::splat(1.0f),
+              unmasked = simd::splat(static_cast<float>(j1 + 1));
+    const auto vis = [&](int t) { return simd::load(visible_f + t * kTileRows); };
+    int t = first_tile;
+    for (; t + 1 < tiles; t += 2) {
+      tile::dot_key_range_pair(s.q_t.data() + t * lanes, s.q_t.data() + (t + 1) * lanes, k, j0, j1,
+                               dim, scale16, vis(t), vis(t + 1), s.p.data() + t * chunk,
+                               s.p.data() + (t + 1) * chunk, j0);
+      tile::dot_key_range_pair(s.d_out_t.data() + t * lanes, s.d_out_t.data() + (t + 1) * lanes, v,
+                               j0, j1, dim, one, unmasked, unmasked, s.dp.data() + t * chunk,
+                               s.dp.data() + (t + 1) * chunk, j0);
+    }
+    if (t < tiles) {
+      tile::dot_key_range(s.q_t.data() + t * lanes, k, j0, j1, dim, scale16, vis(t),
+                          s.p.data() + t * chunk, j0);
+      tile::dot_key_range(s.d_out_t.data() + t * lanes, v, j0, j1, dim, one, unmasked,
+                          s.dp.data() + t * chunk, j0);
+    }
+    for (t = first_tile; t < tiles; ++t) {
       const int tile_rows = std::min(kTileRows, rows - t * kTileRows);
       float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk,
             *dp = s.dp.data() + t * chunk;
-      tile::dot_key_range(s.q_t.data() + t * lanes, k, j0, j1, dim, simd::splat(scale),
-                          simd::load(visible_f + t * kTileRows), p, j0);
-      tile::dot_key_range(s.d_out_t.data() + t * lanes, v, j0, j1, dim, simd::splat(1.0f),
-                          simd::splat(static_cast<float>(j1 + 1)), dp, j0);
       const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
                 delta16 = simd::load(delta_lanes + t * kTileRows);
       for (std::int64_t j = 0; j < j1 - j0; ++j) {

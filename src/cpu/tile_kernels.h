@@ -10,7 +10,7 @@
 #include "cpdrift/cpu/attention.h"
 #include "simd16.h"
 
-// The innermost loops (dot_keys, rows4_times, keys_accumulate) stay out of line: inlined into
+// The innermost loops (dot_keys, rows_times_block, keys_accumulate) stay out of line: inlined into
 // a tile kernel, they lose their registers to the code around them (GCC 12 kept their loop
 // counters on the stack and folded V's row loads into every FMA, four loads where one does).
 
@@ -23,6 +23,20 @@ inline void transpose(const float* rows, int nrows, int dim, float* out) {
   std::fill(out, out + static_cast<std::ptrdiff_t>(dim) * kTileRows, 0.0f);
   for (int r = 0; r < nrows; ++r) {
     for (int d = 0; d < dim; ++d) out[d * kTileRows + r] = rows[r * dim + d];
+  }
+}
+
+/// Scores from the dot products acc[x] of keys j0 + x: acc · scale, stored at
+/// out[j0 + x - out_first], lane r -inf for keys at or past visible[r].
+template <int kKeys>
+inline void store_scores(const F16* acc, std::int64_t j0, F16 scale, F16 visible, float* out,
+                         std::int64_t out_first) {
+  const F16 neg_inf = simd::splat(neg_inf_f32());
+  for (int x = 0; x < kKeys; ++x) {
+    const F16 s = simd::mul(acc[x], scale);
+    const F16 j = simd::splat(static_cast<float>(j0 + x));
+    simd::store(out + (j0 + x - out_first) * kTileRows,
+                simd::select(simd::lt(j, visible), s, neg_inf));
   }
 }
 
@@ -53,13 +67,7 @@ template <int kKeys, int kStride = 0>
       for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
     }
   }
-  const F16 neg_inf = simd::splat(neg_inf_f32());
-  for (int x = 0; x < kKeys; ++x) {
-    const F16 s = simd::mul(acc[x], scale);
-    const F16 j = simd::splat(static_cast<float>(j0 + x));
-    simd::store(out + (j0 + x - out_first) * kTileRows,
-                simd::select(simd::lt(j, visible), s, neg_inf));
-  }
+  store_scores<kKeys>(acc, j0, scale, visible, out, out_first);
 }
 
 /// dot_keys over keys [j0, j1) (each key's chain is the same whichever call computes it),
@@ -89,18 +97,19 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
   }
 }
 
-/// For rows r0 … r0+nrows-1 (nrows ≤ 4) of `out` ([rows][dim]), columns [col, col+64) and keys
-/// [j0, j1):
+/// For rows r0 … r0+nrows-1 (nrows ≤ kRows) of `out` ([rows][dim]), columns [col, col+64) and
+/// keys [j0, j1):
 ///   out[r0+r][col…] = sequential over j0 ≤ j < min(limit[r0+r], j1):
 ///                     fma(coef[j - coef_first][r0+r], b[j][col…], ·)
 /// continuing from what out holds (exact float loads and stores). Rows share the loop up to
 /// their smallest limit, then each finishes on its own, so every row stops exactly at its limit.
-[[gnu::noinline]] inline void rows4_times(const float* coef, std::int64_t coef_first,
-                                          const KvRows& b, int dim, int col, int r0,
-                                          const std::int64_t* limit, int nrows, std::int64_t j0,
-                                          std::int64_t j1, float* out) {
-  F16 acc[4][4];
-  for (int r = 0; r < 4; ++r) {
+template <int kRows>
+[[gnu::noinline]] inline void rows_times_block(const float* coef, std::int64_t coef_first,
+                                               const KvRows& b, int dim, int col, int r0,
+                                               const std::int64_t* limit, int nrows,
+                                               std::int64_t j0, std::int64_t j1, float* out) {
+  F16 acc[kRows][4];
+  for (int r = 0; r < kRows; ++r) {
     for (int x = 0; x < 4; ++x) {
       acc[r][x] = r < nrows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
     }
@@ -116,7 +125,7 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
       const F16 b0 = simd::in_register(simd::load(bj)), b1 = simd::in_register(simd::load(bj + 16)),
                 b2 = simd::in_register(simd::load(bj + 32)),
                 b3 = simd::in_register(simd::load(bj + 48));
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         const F16 c = simd::splat(cj[r]);
         acc[r][0] = simd::fma(c, b0, acc[r][0]);
         acc[r][1] = simd::fma(c, b1, acc[r][1]);
@@ -138,6 +147,51 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
   }
 }
 
+/// dot_keys of two lane tiles (qt0, qt1) at once over eight keys [j0, j0 + 8) whose rows are
+/// adjacent at D = 128: each key element, broadcast once, feeds both tiles' chains. Sixteen
+/// independent chains on 2 + 8 loads a step, where one tile's sixteen keys take 1 + 16 (about
+/// 95% of the FMA peak in L1 against 80%).
+[[gnu::noinline]] inline void dot_keys_pair(const float* qt0, const float* qt1, const float* kd,
+                                            std::int64_t j0, F16 scale, F16 visible0, F16 visible1,
+                                            float* out0, float* out1, std::int64_t out_first) {
+  constexpr int kKeys = 8, kDim = 128;
+  F16 acc0[kKeys], acc1[kKeys];
+  for (int x = 0; x < kKeys; ++x) acc0[x] = acc1[x] = simd::splat(0.0f);
+  for (int d = 0; d < kDim; ++d, ++kd) {
+    const F16 q0 = simd::in_register(simd::load(qt0 + d * kTileRows)),
+              q1 = simd::in_register(simd::load(qt1 + d * kTileRows));
+    for (int x = 0; x < kKeys; ++x) {
+      const F16 c = simd::splat(kd[x * kDim]);
+      acc0[x] = simd::fma(q0, c, acc0[x]);
+      acc1[x] = simd::fma(q1, c, acc1[x]);
+    }
+  }
+  store_scores<kKeys>(acc0, j0, scale, visible0, out0, out_first);
+  store_scores<kKeys>(acc1, j0, scale, visible1, out1, out_first);
+}
+
+/// dot_key_range for two lane tiles over the same keys [j0, j1): dot_keys_pair on runs of
+/// eight adjacent rows at D = 128 where the registers hold both tiles' chains, each tile on its
+/// own elsewhere. Every score is the same chain whichever call computes it.
+inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows& k, std::int64_t j0,
+                               std::int64_t j1, int dim, F16 scale, F16 visible0, F16 visible1,
+                               float* out0, float* out1, std::int64_t out_first = 0) {
+  constexpr int kDim = 128;
+  for (std::int64_t j = j0; j < j1;) {
+    const std::int64_t adjacent =
+        simd::kRegisters >= 32 && dim == kDim ? std::min(j1, k.run_end(j)) - j : 0;
+    if (adjacent >= 8) {
+      dot_keys_pair(qt0, qt1, k.row(j, dim), j, scale, visible0, visible1, out0, out1, out_first);
+      j += 8;
+      continue;
+    }
+    const std::int64_t end = adjacent > 0 ? j + adjacent : j1;
+    dot_key_range(qt0, k, j, end, dim, scale, visible0, out0, out_first);
+    dot_key_range(qt1, k, j, end, dim, scale, visible1, out1, out_first);
+    j = end;
+  }
+}
+
 /// Keys per chunk of rows_times: a chunk of b (kKeyChunk rows of dim floats) stays in cache
 /// while every row group and column block of the tile goes over it.
 inline constexpr std::int64_t kKeyChunk = 128;
@@ -148,11 +202,18 @@ inline constexpr std::int64_t kKeyChunk = 128;
 inline void rows_times_cols(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
                             int col, const std::int64_t* limit, int nrows, std::int64_t j0,
                             std::int64_t j1, float* out) {
-  for (int r0 = 0; r0 < nrows; r0 += 4) {
-    const int rows = std::min(4, nrows - r0);
+  // Groups of six rows where the registers hold their 24 accumulators (each row of b loaded
+  // serves more FMAs), then four: a lane tile of 16 is 6 + 6 + 4.
+  constexpr int kWide = simd::kRegisters >= 32 ? 6 : 4;
+  for (int r0 = 0; r0 < nrows;) {
+    const int group = nrows - r0 > 4 ? kWide : 4, rows = std::min(group, nrows - r0);
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
-    if (any) rows4_times(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+    if (any && group == 4)
+      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+    else if (any)
+      rows_times_block<kWide>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+    r0 += rows;
   }
 }
 
@@ -172,7 +233,7 @@ inline void rows_times_range(const float* coef, std::int64_t coef_first, const K
 /// coef + g·coef_stride as [keys][16], limits limit[16g …]; `nrows` rows in all) and every
 /// column:
 ///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
-/// rows4_times over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
+/// rows_times_block over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
 /// float stores and loads) from chunk to chunk: every element keeps its one sequential order,
 /// while each chunk of b is read from memory once for all the tiles' row groups and columns.
 inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows& b, int dim,
