@@ -10,9 +10,10 @@
 #include "cpdrift/cpu/attention.h"
 #include "simd16.h"
 
-// The innermost loops (dot_keys, rows_times_block, keys_accumulate) stay out of line: inlined into
-// a tile kernel, they lose their registers to the code around them (GCC 12 kept their loop
-// counters on the stack and folded V's row loads into every FMA, four loads where one does).
+// The innermost loops (dot_keys, dot_keys_pair, rows_times_block, keys_accumulate) stay out of
+// line: inlined into a tile kernel, they lose their registers to the code around them (GCC 12
+// kept their loop counters on the stack and folded V's row loads into every FMA, four loads
+// where one does).
 
 namespace cpd::tile {
 
