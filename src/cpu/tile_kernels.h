@@ -10,7 +10,7 @@
 #include "cpdrift/cpu/attention.h"
 #include "simd16.h"
 
-// The innermost loops (dot_keys, dot_keys_pair, rows_times_block, keys_accumulate) stay out of
+// The innermost loops (dot_keys, dot_keys_flat, rows_times_block, keys_accumulate) stay out of
 // line: inlined into a tile kernel, they lose their registers to the code around them (GCC 12
 // kept their loop counters on the stack and folded V's row loads into every FMA, four loads
 // where one does).
@@ -41,52 +41,73 @@ inline void store_scores(const F16* acc, std::int64_t j0, F16 scale, F16 visible
   }
 }
 
+/// Qwen3's head dim (the product's): there, adjacent key rows take the one-pointer form below.
+inline constexpr int kFlatDim = 128;
+
+/// How many key rows from j (up to j1) the one-pointer form may read: adjacent rows
+/// (k.run_end) at dim == kFlatDim, none otherwise.
+inline std::int64_t adjacent_rows(const KvRows& k, std::int64_t j, std::int64_t j1, int dim) {
+  return dim == kFlatDim ? std::min(j1, k.run_end(j)) - j : 0;
+}
+
 /// Dot products of the tile (transposed, qt) with keys [j0, j0 + kKeys) of `k`: a sequential
 /// fma chain over d each, times `scale`, stored as out[j - out_first][r]; lane r gets -inf for
-/// keys at or past visible[r] (counted from key 0 of `k`).
-/// kStride > 0: the keys' rows lie kStride floats apart (contiguous, dim == kStride), so one
-/// pointer with constant offsets reaches all of them (eight pointers of their own spill out of
-/// the general registers in the inner loop); the arithmetic is the same.
-template <int kKeys, int kStride = 0>
+/// keys at or past visible[r] (counted from key 0 of `k`). Any rows, any dim.
+template <int kKeys>
 [[gnu::noinline]] inline void dot_keys(const float* qt, const KvRows& k, std::int64_t j0, int dim,
                                        F16 scale, F16 visible, float* out,
                                        std::int64_t out_first = 0) {
   F16 acc[kKeys];
-  for (int x = 0; x < kKeys; ++x) acc[x] = simd::splat(0.0f);
-  if constexpr (kStride > 0) {
-    const float* kd = k.row(j0, dim);  // key x's element d at kd[x * kStride] in step d
-    const float* qd = qt;
-    for (int d = 0; d < kStride; ++d, ++kd, qd += kTileRows) {
-      const F16 q = simd::load(qd);
-      for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(q, simd::splat(kd[x * kStride]), acc[x]);
-    }
-  } else {
-    const float* kj[kKeys];
-    for (int x = 0; x < kKeys; ++x) kj[x] = k.row(j0 + x, dim);
-    for (int d = 0; d < dim; ++d) {
-      const F16 qd = simd::load(qt + d * kTileRows);
-      for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
-    }
+  const float* kj[kKeys];
+  for (int x = 0; x < kKeys; ++x) {
+    acc[x] = simd::splat(0.0f);
+    kj[x] = k.row(j0 + x, dim);
+  }
+  for (int d = 0; d < dim; ++d) {
+    const F16 qd = simd::load(qt + d * kTileRows);
+    for (int x = 0; x < kKeys; ++x) acc[x] = simd::fma(qd, simd::splat(kj[x][d]), acc[x]);
   }
   store_scores<kKeys>(acc, j0, scale, visible, out, out_first);
 }
 
+/// dot_keys for kTiles lane tiles at once (qt[t], visible[t], out[t]) over kKeys adjacent key
+/// rows of kFlatDim floats from kd: one pointer with constant offsets reaches every key (a
+/// pointer per key spills out of the general registers), and each key element, broadcast once,
+/// feeds every tile's chain. The same chains as dot_keys.
+template <int kTiles, int kKeys>
+[[gnu::noinline]] inline void dot_keys_flat(const float* const* qt, const float* kd,
+                                            std::int64_t j0, F16 scale, const F16* visible,
+                                            float* const* out, std::int64_t out_first) {
+  F16 acc[kTiles][kKeys];
+  for (int t = 0; t < kTiles; ++t) {
+    for (int x = 0; x < kKeys; ++x) acc[t][x] = simd::splat(0.0f);
+  }
+  for (int d = 0; d < kFlatDim; ++d, ++kd) {  // key x's element d at kd[x * kFlatDim]
+    F16 q[kTiles];
+    for (int t = 0; t < kTiles; ++t) q[t] = simd::in_register(simd::load(qt[t] + d * kTileRows));
+    for (int x = 0; x < kKeys; ++x) {
+      const F16 c = simd::splat(kd[x * kFlatDim]);
+      for (int t = 0; t < kTiles; ++t) acc[t][x] = simd::fma(q[t], c, acc[t][x]);
+    }
+  }
+  for (int t = 0; t < kTiles; ++t)
+    store_scores<kKeys>(acc[t], j0, scale, visible[t], out[t], out_first);
+}
+
 /// dot_keys over keys [j0, j1) (each key's chain is the same whichever call computes it),
-/// key j stored at out[j - out_first].
+/// key j stored at out[j - out_first]. Adjacent rows go as many keys at once as the registers
+/// hold accumulators: an FMA's latency is four of its issue slots, so eight independent chains
+/// only just keep both FMA units busy; sixteen leave room (AVX-512's 32 registers; AVX2's 16
+/// hold eight keys' 16 lanes).
 inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std::int64_t j1,
                           int dim, F16 scale, F16 visible, float* out, std::int64_t out_first = 0) {
-  // At Qwen3's head dim (the product's), adjacent key rows (k.run_end) take the one-pointer
-  // form, as many keys at once as the registers hold accumulators: an FMA's latency is four of
-  // its issue slots, so eight independent chains only just keep both FMA units busy; sixteen
-  // leave room (AVX-512's 32 registers; AVX2's 16 hold eight keys' 16 lanes).
-  constexpr int kDim = 128;
   for (std::int64_t j = j0; j < j1;) {
-    const std::int64_t adjacent = dim == kDim ? std::min(j1, k.run_end(j)) - j : 0;
+    const std::int64_t adjacent = adjacent_rows(k, j, j1, dim);
     if (simd::kRegisters >= 32 && adjacent >= 16) {
-      dot_keys<16, kDim>(qt, k, j, dim, scale, visible, out, out_first);
+      dot_keys_flat<1, 16>(&qt, k.row(j, dim), j, scale, &visible, &out, out_first);
       j += 16;
     } else if (adjacent >= 8) {
-      dot_keys<8, kDim>(qt, k, j, dim, scale, visible, out, out_first);
+      dot_keys_flat<1, 8>(&qt, k.row(j, dim), j, scale, &visible, &out, out_first);
       j += 8;
     } else if (j + 8 <= j1) {
       dot_keys<8>(qt, k, j, dim, scale, visible, out, out_first);
@@ -95,6 +116,30 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
       dot_keys<1>(qt, k, j, dim, scale, visible, out, out_first);
       ++j;
     }
+  }
+}
+
+/// dot_key_range for two lane tiles over the same keys [j0, j1): dot_keys_flat over both on
+/// runs of eight adjacent rows where the registers hold both tiles' chains (16 independent
+/// chains on 2 + 8 loads a step, where one tile's sixteen keys take 1 + 16: about 95% of the
+/// FMA peak in L1 against 80%), each tile on its own elsewhere.
+inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows& k, std::int64_t j0,
+                               std::int64_t j1, int dim, F16 scale, F16 visible0, F16 visible1,
+                               float* out0, float* out1, std::int64_t out_first = 0) {
+  const float* const qt[2] = {qt0, qt1};
+  const F16 visible[2] = {visible0, visible1};
+  float* const out[2] = {out0, out1};
+  for (std::int64_t j = j0; j < j1;) {
+    const std::int64_t adjacent = simd::kRegisters >= 32 ? adjacent_rows(k, j, j1, dim) : 0;
+    if (adjacent >= 8) {
+      dot_keys_flat<2, 8>(qt, k.row(j, dim), j, scale, visible, out, out_first);
+      j += 8;
+      continue;
+    }
+    const std::int64_t end = adjacent > 0 ? j + adjacent : j1;
+    dot_key_range(qt0, k, j, end, dim, scale, visible0, out0, out_first);
+    dot_key_range(qt1, k, j, end, dim, scale, visible1, out1, out_first);
+    j = end;
   }
 }
 
@@ -148,51 +193,6 @@ template <int kRows>
   }
 }
 
-/// dot_keys of two lane tiles (qt0, qt1) at once over eight keys [j0, j0 + 8) whose rows are
-/// adjacent at D = 128: each key element, broadcast once, feeds both tiles' chains. Sixteen
-/// independent chains on 2 + 8 loads a step, where one tile's sixteen keys take 1 + 16 (about
-/// 95% of the FMA peak in L1 against 80%).
-[[gnu::noinline]] inline void dot_keys_pair(const float* qt0, const float* qt1, const float* kd,
-                                            std::int64_t j0, F16 scale, F16 visible0, F16 visible1,
-                                            float* out0, float* out1, std::int64_t out_first) {
-  constexpr int kKeys = 8, kDim = 128;
-  F16 acc0[kKeys], acc1[kKeys];
-  for (int x = 0; x < kKeys; ++x) acc0[x] = acc1[x] = simd::splat(0.0f);
-  for (int d = 0; d < kDim; ++d, ++kd) {
-    const F16 q0 = simd::in_register(simd::load(qt0 + d * kTileRows)),
-              q1 = simd::in_register(simd::load(qt1 + d * kTileRows));
-    for (int x = 0; x < kKeys; ++x) {
-      const F16 c = simd::splat(kd[x * kDim]);
-      acc0[x] = simd::fma(q0, c, acc0[x]);
-      acc1[x] = simd::fma(q1, c, acc1[x]);
-    }
-  }
-  store_scores<kKeys>(acc0, j0, scale, visible0, out0, out_first);
-  store_scores<kKeys>(acc1, j0, scale, visible1, out1, out_first);
-}
-
-/// dot_key_range for two lane tiles over the same keys [j0, j1): dot_keys_pair on runs of
-/// eight adjacent rows at D = 128 where the registers hold both tiles' chains, each tile on its
-/// own elsewhere. Every score is the same chain whichever call computes it.
-inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows& k, std::int64_t j0,
-                               std::int64_t j1, int dim, F16 scale, F16 visible0, F16 visible1,
-                               float* out0, float* out1, std::int64_t out_first = 0) {
-  constexpr int kDim = 128;
-  for (std::int64_t j = j0; j < j1;) {
-    const std::int64_t adjacent =
-        simd::kRegisters >= 32 && dim == kDim ? std::min(j1, k.run_end(j)) - j : 0;
-    if (adjacent >= 8) {
-      dot_keys_pair(qt0, qt1, k.row(j, dim), j, scale, visible0, visible1, out0, out1, out_first);
-      j += 8;
-      continue;
-    }
-    const std::int64_t end = adjacent > 0 ? j + adjacent : j1;
-    dot_key_range(qt0, k, j, end, dim, scale, visible0, out0, out_first);
-    dot_key_range(qt1, k, j, end, dim, scale, visible1, out1, out_first);
-    j = end;
-  }
-}
-
 /// Keys per chunk of rows_times: a chunk of b (kKeyChunk rows of dim floats) stays in cache
 /// while every row group and column block of the tile goes over it.
 inline constexpr std::int64_t kKeyChunk = 128;
@@ -207,13 +207,13 @@ inline void rows_times_cols(const float* coef, std::int64_t coef_first, const Kv
   // serves more FMAs), then four: a lane tile of 16 is 6 + 6 + 4.
   constexpr int kWide = simd::kRegisters >= 32 ? 6 : 4;
   for (int r0 = 0; r0 < nrows;) {
-    const int group = nrows - r0 > 4 ? kWide : 4, rows = std::min(group, nrows - r0);
+    const int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
-    if (any && group == 4)
-      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
-    else if (any)
+    if (any && rows > 4)
       rows_times_block<kWide>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+    else if (any)
+      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
     r0 += rows;
   }
 }
