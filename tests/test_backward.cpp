@@ -110,6 +110,8 @@ TEST_CASE("tiled backward equals the canonical block-pair definition bit for bit
 TEST_CASE("tiled backward across key chunks: dq rows stopping on either side of a chunk") {
   // dS·K runs over chunks of 128 keys: a 420 × 420 block pair (tiles whose rows stop in the
   // first, second, third and fourth chunk) and one offset so row groups straddle boundaries.
+  // 420 rows are two kernel tiles (256 rows, then 164: an odd count of lane tiles, the last
+  // one short), whose dK and dV continue from one tile to the next.
   const Head h(440, 21);
   ThreadPool pool(2);
   for (const Range qb : {Range{0, 420}, Range{20, 440}}) {

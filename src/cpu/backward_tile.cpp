@@ -1,4 +1,4 @@
-// Backward tiles: up to four lane tiles of 16 query rows, a chunk of keys at a time: the scores,
+// Backward tiles: up to sixteen lane tiles of 16 query rows, a chunk of keys at a time: the scores,
 // dP, P and dS with one SIMD lane per query row; dq over the block's keys with d across lanes;
 // dk and dv of the chunk's keys accumulated over the rows in order. Every element follows
 // attention_backward_math.h exactly.
@@ -19,12 +19,13 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
                    int dim, float scale, BackwardScratch& s, float* dq, float* dk, float* dv) {
   if (dim % 64 != 0)
     throw std::invalid_argument("backward_tile: head dim must be a multiple of 64");
-  if (rows < 1 || rows > kAttendRows) throw std::invalid_argument("backward_tile: 1..64 rows");
+  if (rows < 1 || rows > kBackwardRows) throw std::invalid_argument("backward_tile: 1..256 rows");
   const int tiles = (rows + kTileRows - 1) / kTileRows;
   // Visible keys per row; keys past the tile's last row are never visible here. Per lane tile,
   // the most any of its rows sees.
-  std::int64_t visible[kAttendRows] = {}, tile_keys[kAttendRows / kTileRows] = {};
-  float visible_f[kAttendRows] = {}, lse_lanes[kAttendRows] = {}, delta_lanes[kAttendRows] = {};
+  std::int64_t visible[kBackwardRows] = {}, tile_keys[kBackwardRows / kTileRows] = {};
+  float visible_f[kBackwardRows] = {}, lse_lanes[kBackwardRows] = {},
+        delta_lanes[kBackwardRows] = {};
   std::int64_t n = 0, pairs = 0;
   for (int r = 0; r < rows; ++r) {
     visible[r] = std::clamp<std::int64_t>(first_pos + r + 1 - keys.begin, 0, keys.size());
@@ -39,9 +40,9 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
   constexpr std::int64_t kChunk = tile::kKeyChunk;
   const std::size_t lanes = static_cast<std::size_t>(dim) * kTileRows,
                     chunk = static_cast<std::size_t>(kChunk) * kTileRows;
-  s.q_t.resize(lanes * kAttendRows / kTileRows);
+  s.q_t.resize(lanes * kBackwardRows / kTileRows);
   s.d_out_t.resize(s.q_t.size());
-  s.p.resize(chunk * kAttendRows / kTileRows);
+  s.p.resize(chunk * kBackwardRows / kTileRows);
   s.ds.resize(s.p.size());
   s.dp.resize(s.p.size());
   for (int t = 0; t < tiles; ++t) {
@@ -135,9 +136,9 @@ void run_backward_units(std::span<const BackwardUnit> units, int dim, float scal
     for (const QueryBlockRows& qb : unit.blocks) {
       std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0f);
       std::fill(scratch.dv.begin(), scratch.dv.end(), 0.0f);
-      for (std::int64_t r = 0; r < qb.tokens.size(); r += kAttendRows) {
+      for (std::int64_t r = 0; r < qb.tokens.size(); r += kBackwardRows) {
         const int rows =
-            static_cast<int>(std::min<std::int64_t>(kAttendRows, qb.tokens.size() - r));
+            static_cast<int>(std::min<std::int64_t>(kBackwardRows, qb.tokens.size() - r));
         backward_tile(qb.q + r * dim, qb.d_out + r * dim, qb.lse + r, qb.delta + r,
                       qb.tokens.begin + r, rows, unit.k, unit.v, unit.keys, dim, scale, scratch,
                       qb.dq_partial + r * dim, scratch.dk.data(), scratch.dv.data());

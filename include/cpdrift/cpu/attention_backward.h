@@ -7,9 +7,15 @@
 #include <vector>
 
 #include "cpdrift/core/attention_jobs.h"
+#include "cpdrift/cpu/attention.h"
 #include "cpdrift/util/thread_pool.h"
 
 namespace cpd {
+
+/// Query rows of one backward tile: sixteen lane tiles, so that each pass over a KV block's K,
+/// V, dK and dV serves 256 rows (at S = 32768 a head's K, V, dK and dV are 64 MB, which stream
+/// from memory once per tile; its scratch, 640 KB, stays in L2).
+inline constexpr int kBackwardRows = 16 * kTileRows;
 
 struct BackwardScratch {
   std::vector<float> q_t, d_out_t;  // per lane tile [dim][16]
@@ -17,8 +23,8 @@ struct BackwardScratch {
   std::vector<float> dk, dv;        // [keys][dim]: one query block's partials
 };
 
-/// One query tile (rows ≤ 64 consecutive positions first_pos …, of one head) against every key
-/// of one KV block (`keys`; k, v [keys.size()][dim]):
+/// One query tile (rows ≤ kBackwardRows consecutive positions first_pos …, of one head) against
+/// every key of one KV block (`keys`; k, v [keys.size()][dim]):
 ///   dq [rows][dim]             ← the rows' partial dq over this block (overwritten)
 ///   dk, dv [keys.size()][dim]  += the rows' contributions, in row order
 /// q, d_out [rows][dim]; lse (merged forward), delta [rows]. dim: a multiple of 64.
