@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cpdrift/core/float_buffer.h"
 #include "cpdrift/engine/memory_plan.h"
 #include "cpdrift/util/process_memory.h"
 
@@ -215,4 +216,30 @@ TEST_CASE("memory budget: the least of what the node, the cgroup and ulimit -v a
   setrlimit(RLIMIT_AS, &old);
   CHECK(limited.bytes == low.rlim_cur);
   CHECK(limited.source.find("ulimit -v") != std::string::npos);
+}
+
+TEST_CASE("huge pages: only whole 2 MiB pages inside the buffer are advised") {
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  // Below two huge pages nothing is advised, however the buffer lies.
+  CHECK(huge_page_span(0, 2 * kHuge - 1).end == 0);
+  CHECK(huge_page_span(kHuge + 16, 2 * kHuge - 16).end == 0);
+  for (const std::uintptr_t address : {8 * kHuge, 8 * kHuge + 16, 8 * kHuge + kHuge - 4096}) {
+    for (const std::size_t bytes : {2 * kHuge, 2 * kHuge + 16, 5 * kHuge + 4096}) {
+      CAPTURE(address);
+      CAPTURE(bytes);
+      const HugePageSpan s = huge_page_span(address, bytes);
+      CHECK(s.begin % kHuge == 0);
+      CHECK(s.end % kHuge == 0);
+      CHECK(s.begin >= address);        // never before the buffer
+      CHECK(s.end <= address + bytes);  // never past it
+      // Every whole huge page inside is in the span: less than one page is left at each end.
+      CHECK(s.begin - address < kHuge);
+      CHECK(address + bytes - s.end < kHuge);
+      CHECK(s.end > s.begin);
+    }
+  }
+  // A buffer advised and filled reads back what was written.
+  FloatBuffer b(3 * kHuge / sizeof(float));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 1000);
+  CHECK(b[b.size() - 1] == static_cast<float>((b.size() - 1) % 1000));
 }

@@ -144,8 +144,8 @@ std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o, co
 // the GQA fold then sums the group's heads. With the te_p2p lane, also each query CP rank's own
 // fold over its query blocks (allocated when the rank's first block comes).
 struct KvTotals {
-  std::vector<std::vector<float>> head_totals;  // dk, dv per head; inner buffers stay put
-  std::vector<std::vector<float>> lane_totals;  // per (fold, query CP rank): dk, dv per head
+  std::vector<FloatBuffer> head_totals;  // dk, dv per head; inner buffers stay put
+  std::vector<FloatBuffer> lane_totals;  // per (fold, query CP rank): dk, dv per head
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   struct Fold {
     std::size_t grad;  // index into the gradients
@@ -169,7 +169,7 @@ struct KvTotals {
                          std::vector<std::size_t>(static_cast<std::size_t>(lane_ranks), kNone),
                          std::vector<bool>(static_cast<std::size_t>(lane_ranks), false)});
     const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
-    for (int x = 0; x < 2 * group; ++x) head_totals.emplace_back(n);
+    for (int x = 0; x < 2 * group; ++x) head_totals.emplace_back(n, 0.0f);
   }
   Fold& at(std::size_t grad, int b, std::int64_t g, int block) {
     return folds[index.at({grad, b, g, block})];
@@ -180,7 +180,7 @@ struct KvTotals {
     if (first == kNone) {
       first = lane_totals.size();
       const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-      for (int x = 0; x < 2 * group; ++x) lane_totals.emplace_back(n);
+      for (int x = 0; x < 2 * group; ++x) lane_totals.emplace_back(n, 0.0f);
     }
     return first;
   }

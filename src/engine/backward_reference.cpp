@@ -23,7 +23,7 @@ std::size_t floats_of(const LocalCp1Backward::Result& r) {
 // `forward`'s where given (it holds them), else computed here. `totals` and `dq` are scratch.
 void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t first,
                     const ShardShape& q_rows, const ShardShape& kv_rows, const AttnShard* forward,
-                    std::vector<std::vector<float>>& totals, LocalCp1Backward::Result& r) {
+                    std::vector<FloatBuffer>& totals, LocalCp1Backward::Result& r) {
   const Problem& p = inputs.problem();
   const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
   const float scale = p.dims.softmax_scale();
@@ -115,9 +115,9 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
   // totals are alive at once.
   const std::int64_t per_chunk =
       std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
-  std::vector<std::vector<float>> totals(
+  std::vector<FloatBuffer> totals(
       static_cast<std::size_t>(2 * batch * group * std::min(per_chunk, kv_heads.size())),
-      std::vector<float>(static_cast<std::size_t>(seq) * dim));
+      FloatBuffer(static_cast<std::size_t>(seq) * dim, 0.0f));
   for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
     backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
                    forward, totals, r);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpdrift/core/attention_jobs.h"
+#include "cpdrift/core/float_buffer.h"
 #include "cpdrift/numerics/attention_math.h"
 #include "cpdrift/util/thread_pool.h"
 
@@ -20,7 +21,7 @@ inline constexpr int kAttendRows = 4 * kTileRows;
 /// Reusable per-thread buffers of the tile kernel (scores of its lane tiles against a block).
 struct TileScratch {
   std::vector<float> q_transposed;  // per lane tile [dim][16]
-  std::vector<float> scores;        // per lane tile [keys][16]
+  FloatBuffer scores;               // per lane tile [keys][16] (8 MB at S = 32768, one block)
 };
 
 /// Partial states of `rows` ≤ 64 consecutive query rows (global positions first_pos …) of one

@@ -20,7 +20,7 @@ inline constexpr int kBackwardRows = 16 * kTileRows;
 struct BackwardScratch {
   std::vector<float> q_t, d_out_t;  // per lane tile [dim][16]
   std::vector<float> p, ds, dp;     // per lane tile [a chunk of keys][16]
-  std::vector<float> dk, dv;        // [keys][dim]: one query block's partials
+  FloatBuffer dk, dv;               // [keys][dim]: one query block's partials (huge pages)
 };
 
 /// One query tile (rows ≤ kBackwardRows consecutive positions first_pos …, of one head) against
