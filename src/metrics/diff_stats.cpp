@@ -311,11 +311,13 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
 }
 
 // The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
-// bins holding the wanted ranks, at most 4), appended to *out as its bit pattern. A block is
-// first tested as a whole (vectorised), as few of its diffs are usually kept.
+// bins holding the wanted ranks, at most 4), written at out[count++] as its bit pattern. A
+// block is first tested as a whole (vectorised), as few of its diffs are usually kept; a block
+// with some is compacted without branches, each value written and the count advanced by
+// whether it is kept, so `out` holds kBlock slots past the last kept diff.
 template <bool kReference, bool kBf16>
-void collect_of(const Piece& c, std::span<const std::uint32_t> bins,
-                std::vector<std::uint32_t>* out) {
+void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
+                std::size_t& count) {
   std::uint32_t wanted[4] = {~0u, ~0u, ~0u, ~0u};  // ~0u: no top-level bin
   std::copy(bins.begin(), bins.end(), wanted);
   const auto kept = [&](std::uint32_t u) {
@@ -330,7 +332,8 @@ void collect_of(const Piece& c, std::span<const std::uint32_t> bins,
     for (std::size_t k = 0; k < kBlock; ++k) any |= kept(b.diff[k]);
     if (any == 0) return;
     for (std::size_t k = 0; k < n; ++k) {
-      if (kept(b.diff[k]) != 0) out->push_back(b.diff[k]);
+      out[count] = b.diff[k];
+      count += kept(b.diff[k]);
     }
   });
 }
@@ -375,9 +378,10 @@ void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefix
   });
 }
 
-void collect(const Piece& c, std::span<const std::uint32_t> bins, std::vector<std::uint32_t>* out) {
+void collect(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
+             std::size_t& count) {
   by_kind(c, [&](auto reference, auto bf16) {
-    collect_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, out);
+    collect_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, out, count);
   });
 }
 
@@ -461,8 +465,10 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
     for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
       std::uint64_t here = 0;  // this chunk's diffs in those bins, from its first pass
       for (const std::uint32_t bin : top_bins) here += locals[c].counters.hist()[bin];
-      kept[c].reserve(static_cast<std::size_t>(here));
-      for (const Piece& piece : chunks[c]) collect(piece, top_bins, &kept[c]);
+      kept[c].resize(static_cast<std::size_t>(here) + kBlock);
+      std::size_t count = 0;
+      for (const Piece& piece : chunks[c]) collect(piece, top_bins, kept[c].data(), count);
+      kept[c].resize(count);  // == here: the first pass counted these diffs
     });
   }
   locals.clear();
