@@ -196,8 +196,10 @@ struct LocalFirst {
 // The passes run over blocks of kBlock values in two steps: a loop without branches that the
 // compiler vectorises (each value's diff bits, and the block's mismatches, largest ulp
 // distance, largest diff and NaN flag), then a scalar loop over the block's nonzero diffs for
-// the histogram and the exact sum, which need a scattered increment each.
-constexpr std::size_t kBlock = 16;
+// the histogram and the exact sum, which need a scattered increment each. Blocks of 32 (two
+// AVX-512 vectors) with the first step inlined: 3.4 ns a value over both passes against 4.2
+// for blocks of 16 and 4.9 for a first step called per block (16 M diffs, one thread).
+constexpr std::size_t kBlock = 32;
 
 // The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
 // ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,
@@ -226,7 +228,7 @@ struct BlockDiffs {
 // vectorises: abs_diff_of is |c - r| masked to +0 where c == r, the ulp distance the distance
 // of the order keys.
 template <bool kReference, bool kBf16>
-void block_diffs(const float* c, const float* r, BlockDiffs& b) {
+[[gnu::always_inline]] inline void block_diffs(const float* c, const float* r, BlockDiffs& b) {
   std::uint32_t mismatches = 0, max_ulp = 0, max_bits = 0, nan = 0, nonzero = 0;
   for (std::size_t k = 0; k < kBlock; ++k) {
     const std::uint32_t cb = kBf16 ? round_bf16_bits(bits(c[k])) : bits(c[k]);
