@@ -44,26 +44,6 @@ struct Source {
   const float* z;
 };
 
-// fold_head_logits's bits: each logit's heads added in ascending order, four heads a pass
-// over the row ((((l + a) + b) + c) + d is the sequential order), with the running sums and
-// the heads' rows declared apart so that the loops vectorise. The fold streams every partial
-// of the step once; a scalar loop (the compiler could not rule out aliasing) was bound by it.
-void add_heads(float* __restrict out, const float* __restrict a, const float* __restrict b,
-               const float* __restrict c, const float* __restrict d, int n) {
-  for (int v = 0; v < n; ++v) out[v] = (((out[v] + a[v]) + b[v]) + c[v]) + d[v];
-}
-
-void add_head(float* __restrict out, const float* __restrict a, int n) {
-  for (int v = 0; v < n; ++v) out[v] += a[v];
-}
-
-void fold_heads(const float* const* z, int heads, int vocab, float* logits) {
-  std::copy(z[0], z[0] + vocab, logits);
-  int h = 1;
-  for (; h + 4 <= heads; h += 4) add_heads(logits, z[h], z[h + 1], z[h + 2], z[h + 3], vocab);
-  for (; h < heads; ++h) add_head(logits, z[h], vocab);
-}
-
 // The chunk's logprobs (and per-token KL) at the token owner, from every TP rank's partials
 // folded in ascending head order. Tokens are independent: the pool takes blocks of them, each
 // with its own two logit rows, and every token's arithmetic is the same whichever thread runs it.
@@ -89,7 +69,7 @@ void chunk_logprobs(const Problem& p, const Range& t, std::vector<Source> source
           for (std::int64_t hl = 0; hl < s.heads; ++hl)
             heads.push_back(s.z + (((which * p.batch + b) * s.heads + hl) * rows + i) * vocab);
         }
-        fold_heads(heads.data(), static_cast<int>(heads.size()), vocab, logits[which].data());
+        fold_head_logits(heads.data(), static_cast<int>(heads.size()), vocab, logits[which].data());
         Shard& out = which == 0 ? lp.candidate : lp.reference;
         out.at(b, 0, row)[0] = log_softmax_at(logits[which].data(), vocab, target);
       }
