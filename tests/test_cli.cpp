@@ -133,6 +133,12 @@ TEST_CASE("bench prints a figure for every CPU path, and paged reads keep the bi
     CHECK(r.out.find(path) != std::string::npos);
   }
   CHECK(r.out.find("bits == contiguous") != std::string::npos);
+  // The whole case, run twice: the first in the process and again with the heap warm.
+  CHECK(r.out.find("# whole case qwen3_8b_tp2_cp2_chunk16_bf16 ") != std::string::npos);
+  for (const char* row : {"first (s)", "again (s)", "whole case ", "case / kernel passes "}) {
+    CAPTURE(row);
+    CHECK(r.out.find(row) != std::string::npos);
+  }
 }
 
 TEST_CASE("a run too large for the memory is refused before it allocates, with what fits") {
