@@ -14,17 +14,21 @@ struct TileRef {
   std::int64_t row;  // first row of the tile within the job
 };
 
+// The jobs' rows cut into tiles of `rows` rows (a job's last tile may be shorter).
 template <class Job>
-std::vector<TileRef> tiles_of(std::span<const Job> jobs) {
+std::vector<TileRef> tiles_of(std::span<const Job> jobs, bool heaviest_first,
+                              std::int64_t rows = kAttendRows) {
   std::vector<TileRef> tiles;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    for (std::int64_t r = 0; r < jobs[i].rows; r += kAttendRows) tiles.push_back(TileRef{i, r});
+    for (std::int64_t r = 0; r < jobs[i].rows; r += rows) tiles.push_back(TileRef{i, r});
   }
   // Late rows see the most keys under the causal mask: start the heaviest tiles first so the
   // pool does not end waiting on one long tile.
-  std::stable_sort(tiles.begin(), tiles.end(), [&](const TileRef& a, const TileRef& b) {
-    return jobs[a.job].first_pos + a.row > jobs[b.job].first_pos + b.row;
-  });
+  if (heaviest_first) {
+    std::stable_sort(tiles.begin(), tiles.end(), [&](const TileRef& a, const TileRef& b) {
+      return jobs[a.job].first_pos + a.row > jobs[b.job].first_pos + b.row;
+    });
+  }
   return tiles;
 }
 
@@ -37,7 +41,11 @@ TileScratch& thread_scratch() {
 
 void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding,
                     ThreadPool& pool) {
-  const std::vector<TileRef> tiles = tiles_of(jobs);
+  // In the jobs' order: a job is one KV block (at most a split's keys), so its tiles cost about
+  // the same, and consecutive tiles read the same K and V rows from cache. Sorted by row, the
+  // tiles of one row range went through every block and head first, so that at long sequences
+  // each block came back from memory once per row range.
+  const std::vector<TileRef> tiles = tiles_of(jobs, false);
   pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
     const TileRef& tile = tiles[static_cast<std::size_t>(t)];
     const BlockJob& job = jobs[tile.job];
@@ -49,25 +57,36 @@ void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRo
 
 void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding,
                    ThreadPool& pool) {
-  const std::vector<TileRef> tiles = tiles_of(jobs);
-  pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
-    const TileRef& tile = tiles[static_cast<std::size_t>(t)];
-    const FoldJob& job = jobs[tile.job];
-    const int rows = static_cast<int>(std::min<std::int64_t>(kAttendRows, job.rows - tile.row));
-    const std::int64_t first = job.first_pos + tile.row, last = first + rows - 1;
-    float* out = job.out + tile.row * dim;
-    float* lse = job.lse + tile.row;
-    std::fill(out, out + static_cast<std::ptrdiff_t>(rows) * dim, 0.0f);
+  // A task takes kFoldRows rows and runs its tiles of kAttendRows block by block, so that a
+  // block's K and V rows come from memory once for all of them rather than once a tile. Every
+  // tile is the one it was (the same rows, the same blocks, merged in ascending order).
+  constexpr std::int64_t kFoldRows = 4 * kAttendRows;
+  const std::vector<TileRef> tasks = tiles_of(jobs, true, kFoldRows);
+  pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
+    const TileRef& task = tasks[static_cast<std::size_t>(t)];
+    const FoldJob& job = jobs[task.job];
+    const std::int64_t rows = std::min(kFoldRows, job.rows - task.row);
+    const std::int64_t first = job.first_pos + task.row;
+    float* out = job.out + task.row * dim;
+    float* lse = job.lse + task.row;
+    std::fill(out, out + rows * dim, 0.0f);
     std::fill(lse, lse + rows, neg_inf_f32());
-    std::vector<float> block_out(static_cast<std::size_t>(rows) * dim), block_lse(rows);
+    std::vector<float> block_out(static_cast<std::size_t>(kAttendRows) * dim),
+        block_lse(kAttendRows);
     for (const Range& block : job.blocks) {
-      if (block.begin > last) break;  // wholly in the future of every row: the identity
+      if (block.begin > first + rows - 1) break;  // wholly in the future of every row
       const std::int64_t offset = block.begin - job.kv_begin;
-      attend_tile(job.q + tile.row * dim, first, rows, job.k.from(offset), job.v.from(offset),
-                  block, dim, scale, rounding, thread_scratch(), block_out.data(),
-                  block_lse.data());
-      for (int r = 0; r < rows; ++r) {
-        merge_state_row(out + r * dim, lse + r, block_out.data() + r * dim, block_lse[r], dim);
+      for (std::int64_t tile = 0; tile < rows; tile += kAttendRows) {
+        const int n = static_cast<int>(std::min<std::int64_t>(kAttendRows, rows - tile));
+        // In the future of this tile's rows, not of the later tiles': the identity here.
+        if (block.begin > first + tile + n - 1) continue;
+        attend_tile(job.q + (task.row + tile) * dim, first + tile, n, job.k.from(offset),
+                    job.v.from(offset), block, dim, scale, rounding, thread_scratch(),
+                    block_out.data(), block_lse.data());
+        for (int r = 0; r < n; ++r) {
+          merge_state_row(out + (tile + r) * dim, lse + tile + r, block_out.data() + r * dim,
+                          block_lse[r], dim);
+        }
       }
     }
   });
