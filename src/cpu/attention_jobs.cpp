@@ -41,10 +41,11 @@ TileScratch& thread_scratch() {
 
 void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRounding rounding,
                     ThreadPool& pool) {
-  // In the jobs' order: a job is one KV block (at most a split's keys), so its tiles cost about
-  // the same, and consecutive tiles read the same K and V rows from cache. Sorted by row, the
-  // tiles of one row range went through every block and head first, so that at long sequences
-  // each block came back from memory once per row range.
+  // In the jobs' order: a job is one KV block, so consecutive tiles read the same K and V rows
+  // from cache. Sorted by row, the tiles of one row range went through every block and head
+  // first, and at long sequences each block came back from memory once per row range. Unsorted,
+  // a thread may end with one heavy tile left (a block's last rows see the most keys): at most
+  // one tile's work, small beside a job's.
   const std::vector<TileRef> tiles = tiles_of(jobs, false);
   pool.parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t t) {
     const TileRef& tile = tiles[static_cast<std::size_t>(t)];
