@@ -367,31 +367,47 @@ TEST_CASE("merge: a -inf state is the identity, bit for bit") {
 
 TEST_CASE("local fold over blocks equals block states merged in order, bit for bit") {
   // The reference path (fold jobs) and the protocol path (block jobs, then the ordered merge)
-  // are different code; on the same grid they must agree exactly.
-  const int rows = 37, n = 90;
-  const std::vector<float> q = random_rows(rows, 31), k = random_rows(n, 32),
-                           v = random_rows(n, 33);
-  const std::vector<Range> grid = {Range{0, 7}, Range{7, 40}, Range{40, 41}, Range{41, 90}};
+  // are different code; on the same grid they must agree exactly. The second shape spans two
+  // fold tasks of several tiles, with blocks that start inside their rows: such a block is in
+  // the future of a task's first tiles and seen by its later ones.
+  struct Shape {
+    int rows, n;
+    std::int64_t first;
+    std::vector<Range> grid;
+  };
+  const Shape shapes[] = {
+      {37, 90, 50, {Range{0, 7}, Range{7, 40}, Range{40, 41}, Range{41, 90}}},
+      {300,
+       320,
+       0,
+       {Range{0, 7}, Range{7, 100}, Range{100, 101}, Range{101, 200}, Range{200, 320}}},
+  };
   ThreadPool pool(2);
-  const std::int64_t first = 50;
-  std::vector<float> fold_out(rows * kDim), fold_lse(rows);
-  const FoldJob fold{q.data(), first,           rows,           k.data(), v.data(), 0,
-                     grid,     fold_out.data(), fold_lse.data()};
-  run_fold_jobs(std::span<const FoldJob>(&fold, 1), kDim, kScale, ProbRounding::none, pool);
+  for (const Shape& s : shapes) {
+    CAPTURE(s.rows);
+    const int rows = s.rows;
+    const std::vector<float> q = random_rows(rows, 31), k = random_rows(s.n, 32),
+                             v = random_rows(s.n, 33);
+    std::vector<float> fold_out(rows * kDim), fold_lse(rows);
+    const FoldJob fold{q.data(), s.first,         rows,           k.data(), v.data(), 0,
+                       s.grid,   fold_out.data(), fold_lse.data()};
+    run_fold_jobs(std::span<const FoldJob>(&fold, 1), kDim, kScale, ProbRounding::none, pool);
 
-  std::vector<std::vector<float>> bo(grid.size(), std::vector<float>(rows * kDim)),
-      bl(grid.size(), std::vector<float>(rows));
-  std::vector<BlockJob> jobs;
-  for (std::size_t b = 0; b < grid.size(); ++b) {
-    jobs.push_back(BlockJob{q.data(), first, rows, k.data() + grid[b].begin * kDim,
-                            v.data() + grid[b].begin * kDim, grid[b], bo[b].data(), bl[b].data()});
+    std::vector<std::vector<float>> bo(s.grid.size(), std::vector<float>(rows * kDim)),
+        bl(s.grid.size(), std::vector<float>(rows));
+    std::vector<BlockJob> jobs;
+    for (std::size_t b = 0; b < s.grid.size(); ++b) {
+      jobs.push_back(BlockJob{q.data(), s.first, rows, k.data() + s.grid[b].begin * kDim,
+                              v.data() + s.grid[b].begin * kDim, s.grid[b], bo[b].data(),
+                              bl[b].data()});
+    }
+    run_block_jobs(jobs, kDim, kScale, ProbRounding::none, pool);
+    std::vector<StateRef> refs;
+    for (std::size_t b = 0; b < s.grid.size(); ++b)
+      refs.push_back(StateRef{static_cast<int>(b), bo[b].data(), bl[b].data()});
+    std::vector<float> out(rows * kDim), lse(rows);
+    merge_in_block_order(refs, rows, kDim, out.data(), lse.data());
+    CHECK(same_bits(out.data(), fold_out.data(), out.size()));
+    CHECK(same_bits(lse.data(), fold_lse.data(), lse.size()));
   }
-  run_block_jobs(jobs, kDim, kScale, ProbRounding::none, pool);
-  std::vector<StateRef> refs;
-  for (std::size_t b = 0; b < grid.size(); ++b)
-    refs.push_back(StateRef{static_cast<int>(b), bo[b].data(), bl[b].data()});
-  std::vector<float> out(rows * kDim), lse(rows);
-  merge_in_block_order(refs, rows, kDim, out.data(), lse.data());
-  CHECK(same_bits(out.data(), fold_out.data(), out.size()));
-  CHECK(same_bits(lse.data(), fold_lse.data(), lse.size()));
 }
