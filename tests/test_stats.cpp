@@ -11,6 +11,7 @@
 
 #include "cpdrift/metrics/diff_stats.h"
 #include "cpdrift/numerics/bf16.h"
+#include "cpdrift/util/thread_pool.h"
 
 using namespace cpd;
 
@@ -237,4 +238,90 @@ TEST_CASE("stats: BF16 candidates read rounded are the statistics of the rounded
   CHECK(std::memcmp(&a.p95_abs, &b.p95_abs, sizeof a.p95_abs) == 0);
   CHECK(std::memcmp(&a.p99_abs, &b.p99_abs, sizeof a.p99_abs) == 0);
   CHECK(a.nonfinite_count > 0);
+}
+
+namespace {
+
+// compute_grouped_diff_stats against compute_diff_stats of the whole and of each group alone,
+// every field bit for bit; returns the grouped figures.
+std::vector<DiffStats> grouped_as_alone(const std::vector<DiffPart>& parts,
+                                        const std::vector<int>& group_of, int groups) {
+  const auto same = [](const DiffStats& a, const DiffStats& b) {
+    CHECK(a.active_count == b.active_count);
+    CHECK(a.mismatch_count == b.mismatch_count);
+    CHECK(a.nonfinite_count == b.nonfinite_count);
+    CHECK(a.max_ulp == b.max_ulp);
+    CHECK(std::memcmp(&a.max_abs, &b.max_abs, sizeof a.max_abs) == 0);
+    CHECK(std::memcmp(&a.mean_abs, &b.mean_abs, sizeof a.mean_abs) == 0);
+    CHECK(std::memcmp(&a.p95_abs, &b.p95_abs, sizeof a.p95_abs) == 0);
+    CHECK(std::memcmp(&a.p99_abs, &b.p99_abs, sizeof a.p99_abs) == 0);
+  };
+  ThreadPool pool(2);
+  const std::vector<DiffStats> grouped =
+      compute_grouped_diff_stats(parts, group_of, groups, CounterReducer{}, &pool);
+  REQUIRE(grouped.size() == static_cast<std::size_t>(groups + 1));
+  same(grouped[0], compute_diff_stats(parts));
+  for (int g = 0; g < groups; ++g) {
+    CAPTURE(g);
+    std::vector<DiffPart> alone;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (group_of[i] == g) alone.push_back(parts[i]);
+    }
+    same(grouped[static_cast<std::size_t>(g + 1)], compute_diff_stats(alone));
+  }
+  return grouped;
+}
+
+}  // namespace
+
+TEST_CASE("stats: grouped statistics equal the whole's and each group's computed alone") {
+  // The whole and its groups from one set of passes (what the per-CP-rank figures use) must be
+  // bit for bit the separate computations. Groups 0 and 1 hold 1.5 M diffs each in one top-level
+  // bin: each group keeps its wanted bin's diffs, while the whole (3 M there) passes over the
+  // data per level. Group 2 is BF16-read candidates against references with NaNs and exact
+  // matches; group 3 is empty; one part belongs to no group (the whole only).
+  std::mt19937_64 rng(23);
+  const auto near_one = [&] {
+    const std::uint32_t u = 0x3f800000u + static_cast<std::uint32_t>(rng() % 0x1fffffu);
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  std::vector<float> g0(1'500'000), g1(1'500'000), c(70'000), r(70'000), loose(5'000);
+  for (float& x : g0) x = near_one();
+  for (float& x : g1) x = rng() % 50 == 0 ? 0.0f : near_one();
+  std::lognormal_distribution<float> dist(-8.0f, 3.0f);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    r[i] = dist(rng);
+    c[i] = i % 5 == 0 ? round_bf16(r[i]) : r[i] * (1.0f + dist(rng) * 1e-3f);
+    if (i % 9973 == 0) c[i] = NAN;
+  }
+  for (float& x : loose) x = dist(rng);
+  const std::vector<DiffPart> parts = {
+      {g0.data(), nullptr, 700'000},           {c.data(), r.data(), 40'000, true},
+      {g1.data(), nullptr, g1.size()},         {loose.data(), nullptr, loose.size()},
+      {g0.data() + 700'000, nullptr, 800'000}, {c.data() + 40'000, r.data() + 40'000, 30'000, true}};
+  const std::vector<int> group_of = {0, 2, 1, -1, 0, 2};
+  constexpr int kGroups = 4;
+
+  const std::vector<DiffStats> grouped = grouped_as_alone(parts, group_of, kGroups);
+  CHECK(grouped[0].active_count == 3'075'000);
+  CHECK(grouped[3].nonfinite_count > 0);
+  CHECK(grouped[4].active_count == 0);
+}
+
+TEST_CASE("stats: grouped statistics whose group and whole want eight different bins") {
+  // 101 diffs a binade apart in group 0 (ranks 95, 96, 99 and 100 in four top-level bins) and
+  // 101 far larger ones in group 1, which hold the whole's four wanted ranks: group 0's pieces
+  // are collected for eight bins at once.
+  std::vector<float> small(101), large(101);
+  for (int i = 0; i < 101; ++i) {
+    small[static_cast<std::size_t>(i)] = std::ldexp(1.0f, i - 100);
+    large[static_cast<std::size_t>(i)] = std::ldexp(1.0f, i + 1);
+  }
+  const std::vector<DiffPart> parts = {{small.data(), nullptr, small.size()},
+                                       {large.data(), nullptr, large.size()}};
+  const std::vector<DiffStats> grouped = grouped_as_alone(parts, {0, 1}, 2);
+  CHECK(grouped[0].p99_abs == large[97] + (large[98] - large[97]) * (0.99 * 201 - 198));
+  CHECK(grouped[1].p95_abs == small[95]);
 }

@@ -12,20 +12,30 @@ class Measurer {
   Measurer(std::span<const std::string> digests, const Collectives& collectives, ThreadPool& pool)
       : digests_(digests), collectives_(collectives), pool_(pool) {}
 
-  DiffStats stats(const Comparison& c, std::optional<int> only_cp_rank = std::nullopt) const {
+  DiffStats stats(const Comparison& c) const { return by_rank(c, 0).front(); }
+  OutLseStats stats(const OutLseComparison& c) const {
+    return OutLseStats{stats(c.out), stats(c.lse)};
+  }
+
+  /// The comparison's statistics whole, then of each of the `cp` CP ranks' pieces, from the
+  /// same passes over the data.
+  std::vector<DiffStats> by_rank(const Comparison& c, int cp) const {
     std::vector<DiffPart> parts;
+    std::vector<int> rank_of;
     for (const ComparedPiece& p : c.pieces) {
-      if (!only_cp_rank || p.cp_rank == *only_cp_rank)
-        parts.push_back(DiffPart{p.candidate, p.reference, p.count, p.bf16_candidate});
+      parts.push_back(DiffPart{p.candidate, p.reference, p.count, p.bf16_candidate});
+      rank_of.push_back(p.cp_rank);
     }
-    DiffStats s = compute_diff_stats(parts, collectives_, &pool_);
-    if (!only_cp_rank && c.candidate_tensor >= 0 && collectives_.root())
-      s.digest = digests_[static_cast<std::size_t>(c.candidate_tensor)];
+    std::vector<DiffStats> s = compute_grouped_diff_stats(parts, rank_of, cp, collectives_, &pool_);
+    if (c.candidate_tensor >= 0 && collectives_.root())
+      s.front().digest = digests_[static_cast<std::size_t>(c.candidate_tensor)];
     return s;
   }
-  OutLseStats stats(const OutLseComparison& c,
-                    std::optional<int> only_cp_rank = std::nullopt) const {
-    return OutLseStats{stats(c.out, only_cp_rank), stats(c.lse, only_cp_rank)};
+  std::vector<OutLseStats> by_rank(const OutLseComparison& c, int cp) const {
+    const std::vector<DiffStats> out = by_rank(c.out, cp), lse = by_rank(c.lse, cp);
+    std::vector<OutLseStats> s;
+    for (std::size_t i = 0; i < out.size(); ++i) s.push_back(OutLseStats{out[i], lse[i]});
+    return s;
   }
 
  private:
@@ -41,15 +51,17 @@ double seconds_since(std::chrono::steady_clock::time_point started) {
 BackwardDrift measure_backward(const Measurer& m, const BackwardComparisons& c, int cp) {
   BackwardDrift b;
   b.available = true;
-  b.dq = m.stats(c.dq);
-  b.dk = m.stats(c.dk);
-  b.dv = m.stats(c.dv);
+  const std::vector<DiffStats> dq = m.by_rank(c.dq, cp), dk = m.by_rank(c.dk, cp),
+                               dv = m.by_rank(c.dv, cp);
+  b.dq = dq.front();
+  b.dk = dk.front();
+  b.dv = dv.front();
   b.bf16_dq = m.stats(c.bf16_dq);
   b.bf16_dk = m.stats(c.bf16_dk);
   b.bf16_dv = m.stats(c.bf16_dv);
-  for (int r = 0; r < cp; ++r)
+  for (std::size_t r = 1; r < dq.size(); ++r)
     b.per_rank.push_back(
-        BackwardDrift::PerRank{r, m.stats(c.dq, r), m.stats(c.dk, r), m.stats(c.dv, r)});
+        BackwardDrift::PerRank{static_cast<int>(r - 1), dq[r], dk[r], dv[r]});
   if (c.te_p2p) {
     const LaneBackwardComparisons& l = *c.te_p2p;
     b.te_p2p = BackwardDrift::Lane{m.stats(l.dq),           m.stats(l.dk),
@@ -67,8 +79,14 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
   const auto set = [&](const std::optional<OutLseComparison>& c, OutLseStats& figure) {
     if (c) figure = m.stats(*c);
   };
-  set(part.cp_merge_fp32, into.cp_merge_fp32);
-  set(part.dtype_path, into.dtype_path);
+  // The candidate and the CP merge are measured whole and per CP rank at once.
+  const auto by_rank = [&](const std::optional<OutLseComparison>& c) {
+    return c ? m.by_rank(*c, part.cp_ranks) : std::vector<OutLseStats>{};
+  };
+  const std::vector<OutLseStats> cp_merge = by_rank(part.cp_merge_fp32);
+  const std::vector<OutLseStats> candidate = by_rank(part.dtype_path);
+  if (!cp_merge.empty()) into.cp_merge_fp32 = cp_merge.front();
+  if (!candidate.empty()) into.dtype_path = candidate.front();
   set(part.bf16_kernel, into.bf16_kernel);
   set(part.topology, into.topology);
   set(part.merge_probe, into.merge_probe);
@@ -79,11 +97,11 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
     into.lanes.push_back(LaneDrift{c.lane, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
   if (part.dtype_path || part.cp_merge_fp32) {
     into.per_rank.resize(static_cast<std::size_t>(part.cp_ranks));
-    for (int cp = 0; cp < part.cp_ranks; ++cp) {
-      PerRankDrift& r = into.per_rank[static_cast<std::size_t>(cp)];
-      r.cp_rank = cp;
-      if (part.dtype_path) r.candidate = m.stats(*part.dtype_path, cp);
-      if (part.cp_merge_fp32) r.cp_merge = m.stats(*part.cp_merge_fp32, cp);
+    for (std::size_t cp = 0; cp < into.per_rank.size(); ++cp) {
+      PerRankDrift& r = into.per_rank[cp];
+      r.cp_rank = static_cast<int>(cp);
+      if (!candidate.empty()) r.candidate = candidate[cp + 1];
+      if (!cp_merge.empty()) r.cp_merge = cp_merge[cp + 1];
     }
   }
   if (part.backward) into.backward = measure_backward(m, *part.backward, part.cp_ranks);

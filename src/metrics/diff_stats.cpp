@@ -155,14 +155,22 @@ struct Piece {
 };
 using Chunk = std::vector<Piece>;
 
-std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
+// The chunks' size: at least 2^18 elements, and about four chunks a worker.
+std::size_t chunk_size(std::span<const DiffPart> parts, int workers) {
   std::size_t total = 0;
   for (const DiffPart& p : parts) total += p.count;
-  const std::size_t size = std::max<std::size_t>(
-      std::size_t{1} << 18, total / (4 * static_cast<std::size_t>(workers)) + 1);
-  std::vector<Chunk> chunks;
+  return std::max<std::size_t>(std::size_t{1} << 18,
+                               total / (4 * static_cast<std::size_t>(workers)) + 1);
+}
+
+// Appends the chunks of the parts that `take(i)` selects, in part order.
+template <class Take>
+void append_chunks(std::span<const DiffPart> parts, std::size_t size, Take&& take,
+                   std::vector<Chunk>& chunks) {
   std::size_t filled = size;  // the first piece opens a chunk
-  for (const DiffPart& p : parts) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (!take(i)) continue;
+    const DiffPart& p = parts[i];
     for (std::size_t b = 0; b < p.count;) {
       if (filled == size) {
         chunks.emplace_back();
@@ -174,7 +182,6 @@ std::vector<Chunk> chunks_of(std::span<const DiffPart> parts, int workers) {
       b = e;
     }
   }
-  return chunks;
 }
 
 // Runs fn(chunk index) over the chunks, on the pool when there is one.
@@ -313,21 +320,22 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
 }
 
 // The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
-// bins holding the wanted ranks, at most 4), written at out[count++] as its bit pattern. A
-// block is first tested as a whole (vectorised), as few of its diffs are usually kept; a block
-// with some is compacted without branches, each value written and the count advanced by
-// whether it is kept, so `out` holds kBlock slots past the last kept diff.
-template <bool kReference, bool kBf16>
+// bins holding the wanted ranks of the whole tensor and of the piece's group: at most kBins,
+// 4 or 8), written at out[count++] as its bit pattern. A block is first tested as a whole
+// (vectorised), as few of its diffs are usually kept; a block with some is compacted without
+// branches, each value written and the count advanced by whether it is kept, so `out` holds
+// kBlock slots past the last kept diff.
+template <bool kReference, bool kBf16, std::size_t kBins>
 void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
                 std::size_t& count) {
-  std::uint32_t wanted[4] = {~0u, ~0u, ~0u, ~0u};  // ~0u: no top-level bin
+  std::uint32_t wanted[kBins];
+  std::fill(wanted, wanted + kBins, ~0u);  // ~0u: no top-level bin
   std::copy(bins.begin(), bins.end(), wanted);
   const auto kept = [&](std::uint32_t u) {
     const std::uint32_t top = u >> kLevelShift[0];
-    return static_cast<std::uint32_t>(u != 0) & (static_cast<std::uint32_t>(top == wanted[0]) |
-                                                 static_cast<std::uint32_t>(top == wanted[1]) |
-                                                 static_cast<std::uint32_t>(top == wanted[2]) |
-                                                 static_cast<std::uint32_t>(top == wanted[3]));
+    std::uint32_t in = 0;
+    for (std::size_t w = 0; w < kBins; ++w) in |= static_cast<std::uint32_t>(top == wanted[w]);
+    return static_cast<std::uint32_t>(u != 0) & in;
   };
   for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
     std::uint32_t any = 0;
@@ -382,8 +390,12 @@ void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefix
 
 void collect(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
              std::size_t& count) {
+  // Eight bins only where a group's wanted bins differ from the whole's: testing eight costs
+  // about 15% of a plain call's time.
   by_kind(c, [&](auto reference, auto bf16) {
-    collect_of<decltype(reference)::value, decltype(bf16)::value>(c, bins, out, count);
+    constexpr bool r = decltype(reference)::value, b = decltype(bf16)::value;
+    bins.size() <= 4 ? collect_of<r, b, 4>(c, bins, out, count)
+                     : collect_of<r, b, 8>(c, bins, out, count);
   });
 }
 
@@ -393,138 +405,232 @@ void first_pass(const Piece& c, LocalFirst& acc) {
   });
 }
 
-}  // namespace
+// One set of statistics a call computes: the whole tensor's, or one group's, over the chunks
+// [begin, end) (a group's chunks are consecutive), with its radix select's state.
+struct Target {
+  std::size_t begin = 0, end = 0;
+  FirstPass first;
+  std::uint64_t max_bits = 0, max_ulp = 0;
+  DiffStats s;
+  // Each wanted rank's bits so far (its bin at the levels passed) and its rank in that bin; a
+  // rank among the zeros, which come first, is found.
+  std::uint32_t prefix[4] = {};
+  std::uint64_t rank[4] = {};
+  bool found[4] = {true, true, true, true};
+  std::vector<std::uint32_t> top_bins;  // the wanted ranks' distinct top-level bins
+  bool keep = false;                    // those bins' diffs are kept (see compute_targets)
+  // The current level's histograms: one per distinct prefix, [prefixes][level_bins(level)].
+  std::vector<std::uint32_t> prefixes;
+  int slot_of[4] = {};
+  std::vector<std::uint64_t> hist;
+};
 
-DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce,
-                             ThreadPool* pool) {
-  const std::vector<Chunk> chunks = chunks_of(parts, pool != nullptr ? pool->size() : 1);
+// The order statistics needed by p95 and p99: floor(q·(n-1)) and the next one.
+constexpr double kQuantiles[2] = {0.95, 0.99};
+constexpr std::uint64_t kKeepLimit = std::uint64_t{1} << 21;  // 8 MiB of diffs
+
+// The figures of the reduced first pass, and where the radix select starts.
+void start_select(Target& t) {
+  DiffStats& s = t.s;
+  s.active_count = t.first[FirstPass::kCount];
+  s.mismatch_count = t.first[FirstPass::kMismatch];
+  s.nonfinite_count = t.first[FirstPass::kNonfinite];
+  s.max_ulp = t.max_ulp;
+  const std::uint64_t n = s.active_count;
+  if (n == 0) return;
+  s.max_abs = from_bits(static_cast<std::uint32_t>(t.max_bits));
+  s.mean_abs = sum_from_bins(t.first.sum_bins()) / static_cast<double>(n);
+  const std::uint64_t zeros = t.first[FirstPass::kZeros];
+  std::uint64_t in_top_bins = 0;
+  for (int w = 0; w < 4; ++w) {
+    const double pos = kQuantiles[w / 2] * static_cast<double>(n - 1);
+    const auto low = static_cast<std::uint64_t>(std::floor(pos));
+    const std::uint64_t wanted = w % 2 == 0 ? low : std::min(low + 1, n - 1);
+    t.found[w] = wanted < zeros;
+    if (t.found[w]) continue;
+    const Located at = locate(t.first.hist(), wanted - zeros);
+    t.prefix[w] = at.bin;
+    t.rank[w] = at.rank_in_bin;
+    if (std::find(t.top_bins.begin(), t.top_bins.end(), at.bin) == t.top_bins.end()) {
+      t.top_bins.push_back(at.bin);
+      in_top_bins += t.first.hist()[at.bin];
+    }
+  }
+  t.keep = in_top_bins <= kKeepLimit;
+}
+
+void finish_select(Target& t) {
+  if (t.s.active_count == 0) return;
+  float value[4];
+  for (int w = 0; w < 4; ++w) value[w] = t.found[w] ? 0.0f : from_bits(t.prefix[w]);
+  for (int i = 0; i < 2; ++i) {
+    const double pos = kQuantiles[i] * static_cast<double>(t.s.active_count - 1);
+    const double frac = pos - std::floor(pos);
+    const double a = value[2 * i], b = value[2 * i + 1];
+    (i == 0 ? t.s.p95_abs : t.s.p99_abs) = a + (b - a) * frac;
+  }
+}
+
+// Sums every target's `field` (a vector of the same length on every holder) with one reduction.
+template <class Field>
+void reduce_all(std::vector<Target>& targets, const CounterReducer& reduce, Field&& field) {
+  std::vector<std::uint64_t> all;
+  for (Target& t : targets) {
+    const std::span<std::uint64_t> v = field(t);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  reduce.sum(all);
+  std::size_t at = 0;
+  for (Target& t : targets) {
+    const std::span<std::uint64_t> v = field(t);
+    std::copy(all.begin() + static_cast<std::ptrdiff_t>(at),
+              all.begin() + static_cast<std::ptrdiff_t>(at + v.size()), v.begin());
+    at += v.size();
+  }
+}
+
+// The statistics of the whole tensor (targets[0]) and of each group (targets[1 + g]). The data
+// is read by one first pass per chunk, which counts toward the whole and the chunk's group;
+// by one collecting pass per chunk for both targets' wanted bins; and, where a target's wanted
+// bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
+// histogram), by one pass per later level over that target's chunks instead, so the memory
+// stays what the statistics always took. Every reduction combines all targets at once.
+std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
+                                       std::span<const int> group_of, int groups,
+                                       const CounterReducer& reduce, ThreadPool* pool) {
+  const std::size_t size = chunk_size(parts, pool != nullptr ? pool->size() : 1);
+  std::vector<Target> targets(static_cast<std::size_t>(1 + groups));
+  std::vector<Chunk> chunks;
+  std::vector<std::size_t> group_target;  // per chunk: its group's target, 0 for none
+  const auto in_group = [&](std::size_t i, int g) { return !group_of.empty() && group_of[i] == g; };
+  for (int g = 0; g < groups; ++g) {
+    Target& t = targets[static_cast<std::size_t>(1 + g)];
+    t.begin = chunks.size();
+    append_chunks(parts, size, [&](std::size_t i) { return in_group(i, g); }, chunks);
+    t.end = chunks.size();
+    group_target.resize(chunks.size(), static_cast<std::size_t>(1 + g));
+  }
+  append_chunks(
+      parts, size,
+      [&](std::size_t i) { return group_of.empty() || group_of[i] < 0 || group_of[i] >= groups; },
+      chunks);
+  group_target.resize(chunks.size(), 0);
+  targets[0].end = chunks.size();
+
   std::vector<LocalFirst> locals(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t i) {
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
   });
-  FirstPass first;
-  std::uint64_t max_bits = 0, max_ulp = 0;
-  for (const LocalFirst& l : locals) {
-    for (std::size_t i = 0; i < first.v.size(); ++i) first.v[i] += l.counters.v[i];
-    max_bits = std::max(max_bits, l.max_bits);
-    max_ulp = std::max(max_ulp, l.max_ulp);
-  }
-  reduce.sum(first.v);
-  std::uint64_t maxima[2] = {max_bits, max_ulp};
-  reduce.max(maxima);
-  max_bits = maxima[0];
-  max_ulp = maxima[1];
-
-  DiffStats s;
-  s.active_count = first[FirstPass::kCount];
-  s.mismatch_count = first[FirstPass::kMismatch];
-  s.nonfinite_count = first[FirstPass::kNonfinite];
-  s.max_ulp = max_ulp;
-  const std::uint64_t n = s.active_count;
-  if (n == 0) return s;
-  s.max_abs = from_bits(static_cast<std::uint32_t>(max_bits));
-  s.mean_abs = sum_from_bins(first.sum_bins()) / static_cast<double>(n);
-
-  // Order statistics needed by p95 and p99: floor(q·(n-1)) and the next one.
-  const double qs[2] = {0.95, 0.99};
-  std::uint64_t wanted[4];
-  for (int i = 0; i < 2; ++i) {
-    const double pos = qs[i] * static_cast<double>(n - 1);
-    wanted[2 * i] = static_cast<std::uint64_t>(std::floor(pos));
-    wanted[2 * i + 1] = std::min(wanted[2 * i] + 1, n - 1);
-  }
-  // Each wanted rank's bits so far (its bin at the levels passed) and its rank in that bin; a
-  // rank among the zeros, which come first, is found.
-  const std::uint64_t zeros = first[FirstPass::kZeros];
-  std::uint32_t prefix[4];
-  std::uint64_t rank[4];
-  bool found[4];
-  for (int w = 0; w < 4; ++w) {
-    found[w] = wanted[w] < zeros;
-    const Located at = found[w] ? Located{0, 0} : locate(first.hist(), wanted[w] - zeros);
-    prefix[w] = at.bin;
-    rank[w] = at.rank_in_bin;
-  }
-
-  // The later levels: one histogram per distinct prefix (the four ranks often share bins),
-  // reduced, and each rank located within it. Their input is the diffs in the wanted ranks'
-  // top-level bins, usually a small share of the tensor (a bin spans a quarter of a binade):
-  // kept by a second pass over the data and histogrammed from there. When those bins hold more
-  // than kKeepLimit diffs (known alike on every holder from the reduced histogram), each level
-  // is a pass over the data instead, so the memory stays what the statistics always took.
-  std::vector<std::uint32_t> top_bins;
-  std::uint64_t in_top_bins = 0;
-  for (int w = 0; w < 4; ++w) {
-    if (!found[w] && std::find(top_bins.begin(), top_bins.end(), prefix[w]) == top_bins.end()) {
-      top_bins.push_back(prefix[w]);
-      in_top_bins += first.hist()[prefix[w]];
+  for (Target& t : targets) {
+    for (std::size_t c = t.begin; c < t.end; ++c) {
+      for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += locals[c].counters.v[i];
+      t.max_bits = std::max(t.max_bits, locals[c].max_bits);
+      t.max_ulp = std::max(t.max_ulp, locals[c].max_ulp);
     }
   }
-  constexpr std::uint64_t kKeepLimit = std::uint64_t{1} << 21;  // 8 MiB of diffs
-  const bool keep = in_top_bins <= kKeepLimit;
-  std::vector<std::vector<std::uint32_t>> kept(chunks.size());  // per chunk
-  if (keep && !top_bins.empty()) {  // else no rank is past the zeros (the same everywhere)
-    for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-      std::uint64_t here = 0;  // this chunk's diffs in those bins, from its first pass
-      for (const std::uint32_t bin : top_bins) here += locals[c].counters.hist()[bin];
-      kept[c].resize(static_cast<std::size_t>(here) + kBlock);
-      std::size_t count = 0;
-      for (const Piece& piece : chunks[c]) collect(piece, top_bins, kept[c].data(), count);
-      kept[c].resize(count);  // == here: the first pass counted these diffs
-    });
+  reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.first.v); });
+  std::vector<std::uint64_t> maxima;
+  for (const Target& t : targets) maxima.insert(maxima.end(), {t.max_bits, t.max_ulp});
+  reduce.max(maxima);
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    targets[i].max_bits = maxima[2 * i];
+    targets[i].max_ulp = maxima[2 * i + 1];
+    start_select(targets[i]);
   }
+
+  // The diffs in the kept targets' wanted top-level bins, per chunk: the whole's and its
+  // group's, usually a small share of the data (a bin spans a quarter of a binade).
+  std::vector<std::vector<std::uint32_t>> kept(chunks.size());
+  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+    std::vector<std::uint32_t> bins;
+    for (const std::size_t t : {std::size_t{0}, group_target[c]}) {
+      if (!targets[t].keep) continue;
+      for (const std::uint32_t bin : targets[t].top_bins) {
+        if (std::find(bins.begin(), bins.end(), bin) == bins.end()) bins.push_back(bin);
+      }
+    }
+    if (bins.empty()) return;
+    std::uint64_t here = 0;  // this chunk's diffs in those bins, from its first pass
+    for (const std::uint32_t bin : bins) here += locals[c].counters.hist()[bin];
+    kept[c].resize(static_cast<std::size_t>(here) + kBlock);
+    std::size_t count = 0;
+    for (const Piece& piece : chunks[c]) collect(piece, bins, kept[c].data(), count);
+    kept[c].resize(count);  // == here: the first pass counted these diffs
+  });
   locals.clear();
-  for (int level = 1; level < kLevels && !top_bins.empty(); ++level) {
+
+  // The later levels: per target, one histogram per distinct prefix (the four ranks often
+  // share bins), reduced, and each rank located within it.
+  for (int level = 1; level < kLevels; ++level) {
     const std::size_t bins = level_bins(level);
     const int above = kLevelShift[level - 1], shift = kLevelShift[level];
     const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
-    std::vector<std::uint32_t> prefixes;
-    int slot_of[4];
-    for (int w = 0; w < 4; ++w) {
-      if (found[w]) continue;
-      const auto at = std::find(prefixes.begin(), prefixes.end(), prefix[w]);
-      slot_of[w] = static_cast<int>(at - prefixes.begin());
-      if (at == prefixes.end()) prefixes.push_back(prefix[w]);
-    }
-    std::vector<std::uint64_t> hist(prefixes.size() * bins, 0);
-    if (keep) {
-      for (const std::vector<std::uint32_t>& chunk : kept) {
-        for (const std::uint32_t u : chunk) {
-          for (std::size_t b = 0; b < prefixes.size(); ++b) {
-            if ((u >> above) == prefixes[b]) ++hist[b * bins + ((u >> shift) & mask)];
+    for (Target& t : targets) {
+      t.prefixes.clear();
+      for (int w = 0; w < 4; ++w) {
+        if (t.found[w]) continue;
+        const auto at = std::find(t.prefixes.begin(), t.prefixes.end(), t.prefix[w]);
+        t.slot_of[w] = static_cast<int>(at - t.prefixes.begin());
+        if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
+      }
+      t.hist.assign(t.prefixes.size() * bins, 0);
+      if (t.prefixes.empty()) continue;
+      if (t.keep) {
+        for (std::size_t c = t.begin; c < t.end; ++c) {
+          for (const std::uint32_t u : kept[c]) {  // other targets' bins too: not a prefix
+            for (std::size_t b = 0; b < t.prefixes.size(); ++b) {
+              if ((u >> above) == t.prefixes[b]) ++t.hist[b * bins + ((u >> shift) & mask)];
+            }
           }
         }
+        continue;
       }
-    } else {
-      std::vector<std::vector<std::uint64_t>> partial(chunks.size());
-      for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-        partial[c].assign(hist.size(), 0);
-        for (const Piece& piece : chunks[c]) level_pass(piece, level, prefixes, partial[c].data());
+      std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
+      for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
+        partial[i].assign(t.hist.size(), 0);
+        for (const Piece& piece : chunks[t.begin + i])
+          level_pass(piece, level, t.prefixes, partial[i].data());
       });
       for (const auto& h : partial) {
-        for (std::size_t i = 0; i < hist.size(); ++i) hist[i] += h[i];
+        for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
       }
     }
-    reduce.sum(hist);
-    for (int w = 0; w < 4; ++w) {
-      if (found[w]) continue;
-      const Located at =
-          locate(std::span<const std::uint64_t>(
-                     hist.data() + static_cast<std::size_t>(slot_of[w]) * bins, bins),
-                 rank[w]);
-      prefix[w] = (prefix[w] << kLevelBits[level]) | at.bin;
-      rank[w] = at.rank_in_bin;
+    if (std::all_of(targets.begin(), targets.end(),
+                    [](const Target& t) { return t.prefixes.empty(); }))
+      break;  // every rank found (alike on every holder): nothing to reduce
+    reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.hist); });
+    for (Target& t : targets) {
+      for (int w = 0; w < 4; ++w) {
+        if (t.found[w]) continue;
+        const Located at =
+            locate(std::span<const std::uint64_t>(
+                       t.hist.data() + static_cast<std::size_t>(t.slot_of[w]) * bins, bins),
+                   t.rank[w]);
+        t.prefix[w] = (t.prefix[w] << kLevelBits[level]) | at.bin;
+        t.rank[w] = at.rank_in_bin;
+      }
     }
   }
-  float value[4];
-  for (int w = 0; w < 4; ++w) value[w] = found[w] ? 0.0f : from_bits(prefix[w]);
-  for (int i = 0; i < 2; ++i) {
-    const double pos = qs[i] * static_cast<double>(n - 1);
-    const double frac = pos - std::floor(pos);
-    const double a = value[2 * i], b = value[2 * i + 1];
-    (i == 0 ? s.p95_abs : s.p99_abs) = a + (b - a) * frac;
+  std::vector<DiffStats> result;
+  for (Target& t : targets) {
+    finish_select(t);
+    result.push_back(std::move(t.s));
   }
-  return s;
+  return result;
+}
+
+}  // namespace
+
+DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce,
+                             ThreadPool* pool) {
+  return compute_targets(parts, {}, 0, reduce, pool).front();
+}
+
+std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
+                                                  std::span<const int> group_of, int groups,
+                                                  const CounterReducer& reduce,
+                                                  ThreadPool* pool) {
+  return compute_targets(parts, group_of, groups, reduce, pool);
 }
 
 }  // namespace cpd

@@ -69,6 +69,17 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts,
                              const CounterReducer& reduce = CounterReducer{},
                              ThreadPool* pool = nullptr);
 
+/// The statistics of the tensor made of `parts` and, from the same passes over the data, of
+/// each of `groups` subsets of it (part i is in group group_of[i]; a part whose group is not in
+/// [0, groups) counts toward the whole only). Returns the whole's, then group 0's, 1's, …: each
+/// exactly what compute_diff_stats gives for those parts alone, since every counter is an
+/// integer and the groups' add up to the whole's. Collective like compute_diff_stats, with the
+/// same `groups` on every holder.
+std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
+                                                  std::span<const int> group_of, int groups,
+                                                  const CounterReducer& reduce = CounterReducer{},
+                                                  ThreadPool* pool = nullptr);
+
 /// Linear-interpolation quantile of already sorted values (the definition, for tests and
 /// small data): v[lo] + (v[hi] - v[lo])·frac at position q·(n-1), in FP64.
 double sorted_quantile(std::span<const float> sorted, double q);
