@@ -1,12 +1,14 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cpdrift/metrics/digest.h"
 #include "cpdrift/report/json.h"
 #include "cpdrift/util/sha256.h"
 
@@ -137,4 +139,38 @@ TEST_CASE("sha256: digests of compact JSON partition lists") {
   REQUIRE(four == "[[0,4],[4,8],[8,12],[12,16]]");
   CHECK(cpd::sha256_hex(two).starts_with("c7b6a36e348bc195"));
   CHECK(cpd::sha256_hex(four).starts_with("bae9b987400665a4"));
+}
+
+TEST_CASE("tensor digests: hashed on rank 0 alone, the same as streamed, in both formats") {
+  // Three segments held by rank 0: local_digest (which run_recorder runs on several tensors at
+  // once) must equal stream_digest and the SHA-256 of the bytes written out by hand: the FP32
+  // values, or each value's BF16 pattern rounded to nearest even.
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> values(1000);
+  for (float& x : values) x = dist(rng);
+  cpd::GlobalTensor t;
+  for (const auto& [begin, end] :
+       {std::pair<std::size_t, std::size_t>{0, 1}, {1, 600}, {600, 1000}})
+    t.segments.push_back(cpd::StreamSegment{0, values.data() + begin, end - begin});
+  std::vector<std::uint16_t> bf16;
+  for (const float x : values) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    bf16.push_back(static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+  }
+  cpd::Sha256 fp32_bytes, bf16_bytes;
+  fp32_bytes.update(values.data(), values.size() * sizeof(float));
+  bf16_bytes.update(bf16.data(), bf16.size() * sizeof(std::uint16_t));
+  const std::string want_fp32 = cpd::Sha256::hex(fp32_bytes.finish());
+  const std::string want_bf16 = cpd::Sha256::hex(bf16_bytes.finish());
+
+  REQUIRE(cpd::held_by_root(t));
+  CHECK(cpd::local_digest(t, cpd::DigestFormat::fp32) == want_fp32);
+  CHECK(cpd::local_digest(t, cpd::DigestFormat::bf16) == want_bf16);
+  const cpd::LocalCollectives one;
+  CHECK(cpd::stream_digest(one, t, cpd::DigestFormat::fp32) == want_fp32);
+  CHECK(cpd::stream_digest(one, t, cpd::DigestFormat::bf16) == want_bf16);
+  t.segments[1].owner = 1;
+  CHECK_FALSE(cpd::held_by_root(t));
 }

@@ -297,10 +297,12 @@ TEST_CASE("stats: grouped statistics equal the whole's and each group's computed
     if (i % 9973 == 0) c[i] = NAN;
   }
   for (float& x : loose) x = dist(rng);
-  const std::vector<DiffPart> parts = {
-      {g0.data(), nullptr, 700'000},           {c.data(), r.data(), 40'000, true},
-      {g1.data(), nullptr, g1.size()},         {loose.data(), nullptr, loose.size()},
-      {g0.data() + 700'000, nullptr, 800'000}, {c.data() + 40'000, r.data() + 40'000, 30'000, true}};
+  const std::vector<DiffPart> parts = {{g0.data(), nullptr, 700'000},
+                                       {c.data(), r.data(), 40'000, true},
+                                       {g1.data(), nullptr, g1.size()},
+                                       {loose.data(), nullptr, loose.size()},
+                                       {g0.data() + 700'000, nullptr, 800'000},
+                                       {c.data() + 40'000, r.data() + 40'000, 30'000, true}};
   const std::vector<int> group_of = {0, 2, 1, -1, 0, 2};
   constexpr int kGroups = 4;
 

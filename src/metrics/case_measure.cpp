@@ -60,8 +60,7 @@ BackwardDrift measure_backward(const Measurer& m, const BackwardComparisons& c, 
   b.bf16_dk = m.stats(c.bf16_dk);
   b.bf16_dv = m.stats(c.bf16_dv);
   for (std::size_t r = 1; r < dq.size(); ++r)
-    b.per_rank.push_back(
-        BackwardDrift::PerRank{static_cast<int>(r - 1), dq[r], dk[r], dv[r]});
+    b.per_rank.push_back(BackwardDrift::PerRank{static_cast<int>(r - 1), dq[r], dk[r], dv[r]});
   if (c.te_p2p) {
     const LaneBackwardComparisons& l = *c.te_p2p;
     b.te_p2p = BackwardDrift::Lane{m.stats(l.dq),           m.stats(l.dk),

@@ -506,7 +506,8 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
   for (int g = 0; g < groups; ++g) {
     Target& t = targets[static_cast<std::size_t>(1 + g)];
     t.begin = chunks.size();
-    append_chunks(parts, size, [&](std::size_t i) { return in_group(i, g); }, chunks);
+    append_chunks(
+        parts, size, [&](std::size_t i) { return in_group(i, g); }, chunks);
     t.end = chunks.size();
     group_target.resize(chunks.size(), static_cast<std::size_t>(1 + g));
   }
@@ -628,8 +629,7 @@ DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReduc
 
 std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
                                                   std::span<const int> group_of, int groups,
-                                                  const CounterReducer& reduce,
-                                                  ThreadPool* pool) {
+                                                  const CounterReducer& reduce, ThreadPool* pool) {
   return compute_targets(parts, group_of, groups, reduce, pool);
 }
 

@@ -7,23 +7,53 @@
 #include "cpdrift/util/sha256.h"
 
 namespace cpd {
+namespace {
+
+// Hashes a tensor's segments in the order they are fed, in `format`.
+class TensorHasher {
+ public:
+  explicit TensorHasher(DigestFormat format) : format_(format) {}
+
+  void update(const float* rows, std::size_t n) {
+    if (format_ == DigestFormat::fp32) {
+      sha_.update(rows, n * sizeof(float));
+      return;
+    }
+    staging_.resize(n);
+    for (std::size_t j = 0; j < n; ++j) staging_[j] = bf16_bits_rn(rows[j]);
+    sha_.update(staging_.data(), n * sizeof(std::uint16_t));
+  }
+  std::string finish() { return Sha256::hex(sha_.finish()); }
+
+ private:
+  DigestFormat format_;
+  Sha256 sha_;
+  std::vector<std::uint16_t> staging_;
+};
+
+}  // namespace
 
 std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, DigestFormat format,
                           const PieceSink& also) {
-  Sha256 sha;
-  std::vector<std::uint16_t> staging;
+  TensorHasher hasher(format);
   coll.stream_to_root(tensor.segments, [&](std::size_t i, const float* rows) {
-    const std::size_t n = tensor.segments[i].floats;
-    if (format == DigestFormat::fp32) {
-      sha.update(rows, n * sizeof(float));
-    } else {
-      staging.resize(n);
-      for (std::size_t j = 0; j < n; ++j) staging[j] = bf16_bits_rn(rows[j]);
-      sha.update(staging.data(), n * sizeof(std::uint16_t));
-    }
+    hasher.update(rows, tensor.segments[i].floats);
     if (also) also(tensor.pieces[i], rows);
   });
-  return coll.root() ? Sha256::hex(sha.finish()) : std::string();
+  return coll.root() ? hasher.finish() : std::string();
+}
+
+bool held_by_root(const GlobalTensor& tensor) {
+  for (const StreamSegment& s : tensor.segments) {
+    if (s.owner != 0) return false;
+  }
+  return true;
+}
+
+std::string local_digest(const GlobalTensor& tensor, DigestFormat format) {
+  TensorHasher hasher(format);
+  for (const StreamSegment& s : tensor.segments) hasher.update(s.data, s.floats);
+  return hasher.finish();
 }
 
 }  // namespace cpd

@@ -1,5 +1,7 @@
 #include "cpdrift/report/run_recorder.h"
 
+#include <algorithm>
+
 #include "cpdrift/metrics/digest.h"
 #include "cpdrift/util/work_timers.h"
 
@@ -16,12 +18,36 @@ void RunRecorder::annotate(const std::string& group, const DumpAttributes& attri
 std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& tensors) {
   const WorkTimer timer(WorkKind::digests);
   std::vector<std::string> digests(tensors.size());
+  const auto dumped = [&](const CaseTensor& t) { return dumping_ && !t.path.empty(); };
+  // A tensor that rank 0 holds whole (every tensor in one process) and that is not dumped is
+  // not streamed: such tensors hash at once, one a thread, the largest first, as SHA-256 is
+  // sequential within a tensor. Every process sees the same owners, so they all agree on
+  // which tensors are left to stream below.
+  std::vector<std::size_t> at_once;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].digest && !dumped(tensors[i]) && held_by_root(tensors[i].layout))
+      at_once.push_back(i);
+  }
+  if (collectives_.root()) {
+    const auto floats = [&](std::size_t i) {
+      std::size_t n = 0;
+      for (const StreamSegment& s : tensors[i].layout.segments) n += s.floats;
+      return n;
+    };
+    std::stable_sort(at_once.begin(), at_once.end(),
+                     [&](std::size_t a, std::size_t b) { return floats(a) > floats(b); });
+    pool_.parallel_for(static_cast<std::int64_t>(at_once.size()), [&](std::int64_t k) {
+      const CaseTensor& t = tensors[at_once[static_cast<std::size_t>(k)]];
+      digests[at_once[static_cast<std::size_t>(k)]] =
+          local_digest(t.layout, t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32);
+    });
+  }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
-    const bool dumped = dumping_ && !t.path.empty();
-    if (!t.digest && !dumped) continue;
+    if (std::find(at_once.begin(), at_once.end(), i) != at_once.end()) continue;
+    if (!t.digest && !dumped(t)) continue;
     PieceSink write;
-    if (dumped && dump_ != nullptr) {
+    if (dumped(t) && dump_ != nullptr) {
       const GlobalTensor& g = t.layout;
       std::vector<std::int64_t> dims{g.batch, g.heads, g.seq_len};
       if (g.width > 1) dims.push_back(g.width);
@@ -39,7 +65,7 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
         if (write) write(t.layout.pieces[j], rows);
       });
     }
-    if (dumped && dump_ != nullptr) dump_->end();
+    if (dumped(t) && dump_ != nullptr) dump_->end();
   }
   return digests;
 }

@@ -18,4 +18,12 @@ enum class DigestFormat {
 std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, DigestFormat format,
                           const PieceSink& also = {});
 
+/// Whether rank 0 holds every segment of the tensor (always so in one process). Every process
+/// gives the same answer: the segments' owners are part of the shared piece list.
+bool held_by_root(const GlobalTensor& tensor);
+
+/// The digest stream_digest gives, of a tensor held_by_root, on rank 0 alone: no collective,
+/// so several can run at once on different threads.
+std::string local_digest(const GlobalTensor& tensor, DigestFormat format);
+
 }  // namespace cpd
