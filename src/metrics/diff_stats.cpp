@@ -1,6 +1,7 @@
 #include "cpdrift/metrics/diff_stats.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -196,8 +197,17 @@ void for_each_chunk(std::size_t n, ThreadPool* pool, Fn&& fn) {
 }
 
 struct LocalFirst {
-  FirstPass counters;
+  FirstPass counters;  // its bins are filled from the two below by close()
   std::uint64_t max_bits = 0, max_ulp = 0;
+  // The bins as the first pass fills them, each with one more slot for what it does not count
+  // (exact matches in both, non-finite diffs in the sums), so that the loop has no branch.
+  std::array<std::uint64_t, kBins + 1> hist{};
+  std::array<std::uint64_t, kExponents + 1> sums{};
+
+  void close() {
+    std::copy(hist.begin(), hist.begin() + kBins, counters.hist().begin());
+    std::copy(sums.begin(), sums.begin() + kExponents, counters.sum_bins().begin());
+  }
 };
 
 // The passes run over blocks of kBlock values in two steps: a loop without branches that the
@@ -289,7 +299,8 @@ void for_each_block(const Piece& c, Block&& block) {
 // histogram (exact matches, the common case of the invariance checks, are only counted).
 template <bool kReference, bool kBf16>
 void first_pass_of(const Piece& c, LocalFirst& acc) {
-  const std::span<std::uint64_t> hist = acc.counters.hist(), sum_bins = acc.counters.sum_bins();
+  std::uint64_t* const hist = acc.hist.data();
+  std::uint64_t* const sums = acc.sums.data();
   std::uint64_t mismatches = 0, nonfinite = 0, zeros = 0, max_bits = acc.max_bits,
                 max_ulp = acc.max_ulp;
   for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
@@ -299,16 +310,22 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
     max_bits = std::max<std::uint64_t>(max_bits, b.max_bits);
     zeros += n - b.nonzero;
     if (b.nonzero == 0) return;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::uint32_t u = b.diff[k];
-      if (u == 0) continue;
-      ++hist[u >> kLevelShift[0]];
-      if (u >= 0x7f800000u) {
-        ++nonfinite;
-      } else {
-        const std::uint32_t e = u >> 23;
-        sum_bins[e] += (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
-      }
+    // Each diff's histogram bin and exponent bin with its mantissa, vectorised; an exact match
+    // goes to both spare slots, a non-finite diff to the sums' (the padding of a last, short
+    // block is exact matches, so it lands there too).
+    std::uint32_t top[kBlock], exponent[kBlock], mantissa[kBlock], infinite = 0;
+    for (std::size_t k = 0; k < kBlock; ++k) {
+      const std::uint32_t u = b.diff[k], e = u >> 23;
+      const bool finite = u < 0x7f800000u;
+      top[k] = u == 0 ? static_cast<std::uint32_t>(kBins) : u >> kLevelShift[0];
+      exponent[k] = u == 0 || !finite ? static_cast<std::uint32_t>(kExponents) : e;
+      mantissa[k] = (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
+      infinite += static_cast<std::uint32_t>(!finite);
+    }
+    nonfinite += infinite;
+    for (std::size_t k = 0; k < kBlock; ++k) {
+      ++hist[top[k]];
+      sums[exponent[k]] += mantissa[k];
     }
   });
   acc.counters[FirstPass::kZeros] += zeros;
@@ -322,9 +339,9 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
 // The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
 // bins holding the wanted ranks of the whole tensor and of the piece's group: at most kBins,
 // 4 or 8), written at out[count++] as its bit pattern. A block is first tested as a whole
-// (vectorised), as few of its diffs are usually kept; a block with some is compacted without
-// branches, each value written and the count advanced by whether it is kept, so `out` holds
-// kBlock slots past the last kept diff.
+// (vectorised, which also flags each diff), as few of its diffs are usually kept; a block with
+// some is compacted without branches, each value written and the count advanced by its flag,
+// so `out` holds kBlock slots past the last kept diff.
 template <bool kReference, bool kBf16, std::size_t kBins>
 void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
                 std::size_t& count) {
@@ -338,12 +355,15 @@ void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32
     return static_cast<std::uint32_t>(u != 0) & in;
   };
   for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
-    std::uint32_t any = 0;
-    for (std::size_t k = 0; k < kBlock; ++k) any |= kept(b.diff[k]);
+    std::uint32_t flag[kBlock], any = 0;
+    for (std::size_t k = 0; k < kBlock; ++k) {
+      flag[k] = kept(b.diff[k]);
+      any |= flag[k];
+    }
     if (any == 0) return;
     for (std::size_t k = 0; k < n; ++k) {
       out[count] = b.diff[k];
-      count += kept(b.diff[k]);
+      count += flag[k];
     }
   });
 }
@@ -521,6 +541,7 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
   std::vector<LocalFirst> locals(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t i) {
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
+    locals[i].close();
   });
   for (Target& t : targets) {
     for (std::size_t c = t.begin; c < t.end; ++c) {
