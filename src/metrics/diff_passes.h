@@ -1,0 +1,96 @@
+// The passes of the drift statistics over the data (metrics/diff_stats.cpp), and what they
+// share with the radix select that reads their counters. Internal to the metrics library.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "cpdrift/metrics/diff_stats.h"
+
+namespace cpd::diff_passes {
+
+inline std::uint32_t bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+inline float from_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// The order statistics come from a three-level radix select over the bit patterns of the
+// non-negative diffs: bits [31, 21), then [21, 10), then [10, 0) (11, 11 and 10 bits), one
+// histogram pass over the data per level, each merged by addition across parts and processes.
+// Small histograms (16 KiB a level) keep a small tensor's statistics cheap: clearing and
+// reducing them costs less than the pass over the data that fills them.
+constexpr int kLevels = 3;
+constexpr int kLevelShift[kLevels] = {21, 10, 0};
+constexpr int kLevelBits[kLevels] = {11, 11, 10};
+constexpr std::size_t kBins = std::size_t{1} << kLevelBits[0];
+
+constexpr std::size_t level_bins(int level) { return std::size_t{1} << kLevelBits[level]; }
+
+// Exact sum of non-negative finite FP32 values: each value is mantissa · 2^(exponent - 150)
+// with a 24-bit integer mantissa, so summing mantissas per exponent in 64-bit integers is
+// exact for up to 2^40 values per exponent, and the bins add exactly across parts.
+constexpr std::size_t kExponents = 256;
+
+// The passes run over blocks of kBlock values (see diff_passes.cpp).
+inline constexpr std::size_t kBlock = 32;
+
+// Counters of the first pass, laid out as one vector so one reduction combines them all.
+struct FirstPass {
+  // kZeros: the diffs that are +0 (exact matches), kept out of the histograms.
+  enum : std::size_t { kCount, kMismatch, kNonfinite, kZeros, kHeader };
+  std::vector<std::uint64_t> v = std::vector<std::uint64_t>(kHeader + kExponents + kBins, 0);
+  std::uint64_t& operator[](std::size_t i) { return v[i]; }
+  std::span<std::uint64_t> sum_bins() { return {v.data() + kHeader, kExponents}; }
+  std::span<std::uint64_t> hist() { return {v.data() + kHeader + kExponents, kBins}; }
+};
+
+// The unit of parallel work: consecutive pieces of parts, about `size` elements in all, so
+// that many small parts share one set of histograms.
+struct Piece {
+  const DiffPart* part;
+  std::size_t begin, end;
+};
+using Chunk = std::vector<Piece>;
+
+struct LocalFirst {
+  FirstPass counters;  // its bins are filled from the two below by close()
+  std::uint64_t max_bits = 0, max_ulp = 0;
+  // The bins as the first pass fills them, each with one more slot for what it does not count
+  // (exact matches in both, non-finite diffs in the sums), so that the loop has no branch.
+  std::array<std::uint64_t, kBins + 1> hist{};
+  std::array<std::uint64_t, kExponents + 1> sums{};
+
+  void close() {
+    std::copy(hist.begin(), hist.begin() + kBins, counters.hist().begin());
+    std::copy(sums.begin(), sums.begin() + kExponents, counters.sum_bins().begin());
+  }
+};
+
+/// The first pass over a piece: counts, maxima, the exact sum's bins and the top-level
+/// histogram (exact matches, the common case of the invariance checks, are only counted).
+void first_pass(const Piece& c, LocalFirst& acc);
+
+/// The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (at
+/// most 8), written at out[count++] as its bit pattern; `out` needs kBlock slots past the last
+/// kept diff.
+void collect(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
+             std::size_t& count);
+
+/// A later level's histogram from the data itself: every nonzero diff whose bits above `level`
+/// are one of `prefixes`, counted at its bin of the level in h ([prefixes][level_bins(level)]).
+void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
+                std::uint64_t* h);
+
+}  // namespace cpd::diff_passes
