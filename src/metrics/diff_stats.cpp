@@ -267,13 +267,25 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
     locals[i].close();
   });
-  for (Target& t : targets) {
-    for (std::size_t c = t.begin; c < t.end; ++c) {
-      for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += locals[c].counters.v[i];
-      t.max_bits = std::max(t.max_bits, locals[c].max_bits);
-      t.max_ulp = std::max(t.max_ulp, locals[c].max_ulp);
-    }
+  // Each group's counters from its chunks; the whole's from the groups' and the ungrouped
+  // chunks' (the groups' chunks come first).
+  const auto add = [](Target& t, const std::vector<std::uint64_t>& counters, std::uint64_t max_bits,
+                      std::uint64_t max_ulp) {
+    for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += counters[i];
+    t.max_bits = std::max(t.max_bits, max_bits);
+    t.max_ulp = std::max(t.max_ulp, max_ulp);
+  };
+  const auto add_chunks = [&](Target& t, std::size_t begin, std::size_t end) {
+    for (std::size_t c = begin; c < end; ++c)
+      add(t, locals[c].counters.v, locals[c].max_bits, locals[c].max_ulp);
+  };
+  Target& whole = targets.front();
+  for (std::size_t g = 1; g < targets.size(); ++g) {
+    Target& t = targets[g];
+    add_chunks(t, t.begin, t.end);
+    add(whole, t.first.v, t.max_bits, t.max_ulp);
   }
+  add_chunks(whole, groups > 0 ? targets.back().end : 0, whole.end);
   reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.first.v); });
   std::vector<std::uint64_t> maxima;
   for (const Target& t : targets) maxima.insert(maxima.end(), {t.max_bits, t.max_ulp});

@@ -24,15 +24,17 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
   // sequential within a tensor. Every process sees the same owners, so they all agree on
   // which tensors are left to stream below.
   std::vector<std::size_t> at_once;
+  std::vector<bool> streamed(tensors.size(), true);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].digest && !dumped(tensors[i]) && held_by_root(tensors[i].layout))
+    if (tensors[i].digest && !dumped(tensors[i]) && held_by_root(tensors[i].layout)) {
       at_once.push_back(i);
+      streamed[i] = false;
+    }
   }
   if (collectives_.root()) {
     const auto floats = [&](std::size_t i) {
-      std::size_t n = 0;
-      for (const StreamSegment& s : tensors[i].layout.segments) n += s.floats;
-      return n;
+      const GlobalTensor& g = tensors[i].layout;
+      return g.batch * g.heads * g.seq_len * g.width;
     };
     std::stable_sort(at_once.begin(), at_once.end(),
                      [&](std::size_t a, std::size_t b) { return floats(a) > floats(b); });
@@ -44,7 +46,7 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
-    if (std::find(at_once.begin(), at_once.end(), i) != at_once.end()) continue;
+    if (!streamed[i]) continue;
     if (!t.digest && !dumped(t)) continue;
     PieceSink write;
     if (dumped(t) && dump_ != nullptr) {
