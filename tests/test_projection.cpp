@@ -1,10 +1,15 @@
 // The lm_head projection on the CPU: the SIMD tile against the canonical head_partial_logits
-// (bitwise), both against an FP64 dot product (a stated bound), and a negative control.
+// (bitwise), both against an FP64 dot product (a stated bound), and a negative control; the
+// heads' fold inside the projection and the 16-lane log-softmax against their definitions
+// (bitwise), each with a negative control.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
+#include "cpdrift/backend/attention_backend.h"
+#include "cpdrift/cpu/logprob_rows.h"
 #include "cpdrift/cpu/projection.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "random_rows.h"
@@ -109,4 +114,123 @@ TEST_CASE("projection against FP64, and a summation order that differs") {
     }
   }
   CHECK(reversed_differs > 0);
+}
+
+namespace {
+
+// Folded logits by the definition: each head's canonical partials, then fold_head_logits in
+// the given head order.
+std::vector<float> folded_by_definition(const std::vector<std::vector<float>>& hidden,
+                                        const std::vector<Head>& heads,
+                                        const std::vector<int>& order, std::int64_t rows, int dim,
+                                        int vocab) {
+  std::vector<std::vector<float>> z;
+  for (const int h : order) z.push_back(canonical(hidden[h], rows, heads[h], dim, vocab));
+  std::vector<float> logits(static_cast<std::size_t>(rows * vocab));
+  std::vector<const float*> terms(z.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::size_t h = 0; h < z.size(); ++h) terms[h] = z[h].data() + r * vocab;
+    fold_head_logits(terms.data(), static_cast<int>(terms.size()), vocab, &logits[r * vocab]);
+  }
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("folded projection equals per-head partials folded in ascending head order") {
+  // Head counts below, at and past the fold's four-head step; row counts around the tiles;
+  // vocabularies across the 96-row blocks; 1 to 3 threads; the backend's default (project_heads
+  // then fold_head_logits on the host) too. Folding the heads in descending order is not the
+  // same bits: the negative control that shows the comparison can fail.
+  const int dim = 128;
+  for (const int n_heads : {1, 2, 5, 16}) {
+    for (const std::int64_t rows : {1, 17, 40}) {
+      for (const int vocab : {7, 97, 200}) {
+        std::vector<Head> heads;
+        std::vector<std::vector<float>> hidden;
+        std::vector<int> ascending, descending;
+        for (int h = 0; h < n_heads; ++h) {
+          heads.push_back(lm_head(vocab, dim, 0, 40 + h));
+          hidden.push_back(random_rows(rows, 60 + h, dim));
+          ascending.push_back(h);
+          descending.insert(descending.begin(), h);
+        }
+        const std::vector<float> want =
+            folded_by_definition(hidden, heads, ascending, rows, dim, vocab);
+        FoldedProjectionJob job;
+        for (int h = 0; h < n_heads; ++h) {
+          job.heads.push_back(
+              ProjectionJob{hidden[h].data(), rows, heads[h].columns(), heads[h].ldw, nullptr});
+        }
+        CAPTURE(n_heads);
+        CAPTURE(rows);
+        CAPTURE(vocab);
+        std::vector<float> logits(want.size());
+        job.logits = logits.data();
+        for (const int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::fill(logits.begin(), logits.end(), NAN);
+          run_folded_projection_jobs(std::span(&job, 1), dim, vocab, pool);
+          CHECK(same_bits(logits.data(), want.data(), want.size()));
+        }
+        ThreadPool pool(2);
+        const std::unique_ptr<AttentionBackend> cpu = make_cpu_backend(pool);
+        std::fill(logits.begin(), logits.end(), NAN);
+        cpu->AttentionBackend::project_folded(std::span(&job, 1), dim, vocab);
+        CHECK(same_bits(logits.data(), want.data(), want.size()));
+        if (n_heads >= 5) {
+          const std::vector<float> reversed =
+              folded_by_definition(hidden, heads, descending, rows, dim, vocab);
+          CHECK_FALSE(same_bits(reversed.data(), want.data(), want.size()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("log_softmax_at_lanes equals log_softmax_at bit for bit") {
+  // Vocabularies around the 16 lanes; logits with a NaN, -inf, a zero maximum met as -0 first
+  // and as +0 first (the definition keeps the first), large and tiny values. A sum of the
+  // exps taken 16 lanes apart (as a reassociating compiler would) is not the same bits: the
+  // negative control.
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int lane_sum_differs = 0;
+  for (const int vocab : {1, 2, 15, 16, 17, 33, 100, 4096}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> x(static_cast<std::size_t>(vocab));
+      for (float& v : x) v = normal(rng);
+      if (kind == 1 && vocab > 2) {
+        x[1] = NAN;
+        x[static_cast<std::size_t>(vocab) - 1] = -INFINITY;
+      }
+      if (kind == 2 || kind == 3) {  // every logit below zero but two zeros of both signs
+        for (float& v : x) v = -std::fabs(v) - 1.0f;
+        // At 1 and 16 (lanes 1 and 0), so that the lanes meet them in the other order.
+        x[std::min<std::size_t>(1, x.size() - 1)] = kind == 2 ? -0.0f : 0.0f;
+        x[std::min<std::size_t>(16, x.size() - 1)] = kind == 2 ? 0.0f : -0.0f;
+      }
+      if (kind == 4) {
+        for (float& v : x) v *= 30.0f;
+      }
+      for (const int target : {0, vocab / 2, vocab - 1}) {
+        CAPTURE(vocab);
+        CAPTURE(kind);
+        CAPTURE(target);
+        const float want = log_softmax_at(x.data(), vocab, target);
+        CHECK(bits_of(log_softmax_at_lanes(x.data(), vocab, target)) == bits_of(want));
+      }
+      if (kind == 0 && vocab >= 100) {
+        float m = -INFINITY, lanes[16] = {};
+        for (const float v : x) m = v > m ? v : m;
+        for (int v = 0; v < vocab; ++v) lanes[v % 16] += exp_f32(x[v] - m);
+        float sum = 0.0f;
+        for (const float l : lanes) sum += l;
+        const float lane_summed = x[0] - (m + log_f32(sum));
+        if (bits_of(lane_summed) != bits_of(log_softmax_at_lanes(x.data(), vocab, 0)))
+          ++lane_sum_differs;
+      }
+    }
+  }
+  CHECK(lane_sum_differs > 0);
 }

@@ -7,12 +7,31 @@
 #include "cpdrift/cpu/attention_backward.h"
 #include "cpdrift/cpu/inputs.h"
 #include "cpdrift/cpu/projection.h"
+#include "cpdrift/numerics/logprob_math.h"
 #include "cpdrift/util/work_timers.h"
 
 namespace cpd {
 
 void AttentionBackend::run_unfused_jobs(std::span<const BlockJob>, int, float) {
   throw std::logic_error(std::string("the ") + name() + " backend has no cublas_unfused path");
+}
+
+void AttentionBackend::project_folded(std::span<const FoldedProjectionJob> jobs, int dim,
+                                      int vocab) {
+  for (const FoldedProjectionJob& j : jobs) {
+    if (j.heads.empty()) continue;
+    const std::int64_t rows = j.heads.front().rows, plane = rows * vocab;
+    std::vector<float> z(static_cast<std::size_t>(plane) * j.heads.size());
+    std::vector<ProjectionJob> heads = j.heads;
+    for (std::size_t h = 0; h < heads.size(); ++h)
+      heads[h].z = z.data() + static_cast<std::int64_t>(h) * plane;
+    project_heads(heads, dim, vocab);
+    std::vector<const float*> terms(heads.size());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::size_t h = 0; h < heads.size(); ++h) terms[h] = heads[h].z + r * vocab;
+      fold_head_logits(terms.data(), static_cast<int>(terms.size()), vocab, j.logits + r * vocab);
+    }
+  }
 }
 
 namespace {
@@ -53,6 +72,10 @@ class CpuBackend final : public AttentionBackend {
   void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) override {
     const WorkTimer t(WorkKind::projection);
     run_projection_jobs(jobs, dim, vocab, pool_);
+  }
+  void project_folded(std::span<const FoldedProjectionJob> jobs, int dim, int vocab) override {
+    const WorkTimer t(WorkKind::projection);
+    run_folded_projection_jobs(jobs, dim, vocab, pool_);
   }
 
  private:

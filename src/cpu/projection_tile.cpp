@@ -26,10 +26,11 @@ constexpr std::int64_t kVocabBlock = 96;
 
 // Logits of T row tiles (transposed in ht, [tile][d][16], `n` rows valid in all) for
 // vocabulary rows [v, v + V) of w: acc = fma(h[d], w[d], acc) from +0 over d ascending, per
-// lane, so the bits are head_partial_logits's.
+// lane, so the bits are head_partial_logits's. Stored into z, or with `fold` added to what z
+// holds (z = z + acc, one step of fold_head_logits).
 template <int T, int V>
 void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std::int64_t v,
-                   int dim, int vocab, float* z) {
+                   int dim, int vocab, bool fold, float* z) {
   F16 acc[T][V];
   const float* wv[V];
   for (int x = 0; x < V; ++x) {
@@ -50,7 +51,11 @@ void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std
     for (int x = 0; x < V; ++x) simd::store(lanes[x], acc[t][x]);
     for (int r = 0; r < std::min(kTileRows, n - t * kTileRows); ++r) {
       float* out = z + (t * kTileRows + r) * std::int64_t{vocab} + v;
-      for (int x = 0; x < V; ++x) out[x] = lanes[x][r];
+      if (fold) {
+        for (int x = 0; x < V; ++x) out[x] = out[x] + lanes[x][r];
+      } else {
+        for (int x = 0; x < V; ++x) out[x] = lanes[x][r];
+      }
     }
   }
 }
@@ -58,26 +63,31 @@ void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std
 // Vocabulary rows [v0, v1) for T row tiles (transposed in ht) holding n rows.
 template <int T>
 void project_tiles(const float* ht, int n, const ProjectionJob& j, std::int64_t v0, std::int64_t v1,
-                   int dim, int vocab, float* z) {
+                   int dim, int vocab, bool fold, float* z) {
   std::int64_t v = v0;
   for (; v + kVocabStep <= v1; v += kVocabStep)
-    project_block<T, kVocabStep>(ht, n, j.w, j.ldw, v, dim, vocab, z);
-  for (; v < v1; ++v) project_block<T, 1>(ht, n, j.w, j.ldw, v, dim, vocab, z);
+    project_block<T, kVocabStep>(ht, n, j.w, j.ldw, v, dim, vocab, fold, z);
+  for (; v < v1; ++v) project_block<T, 1>(ht, n, j.w, j.ldw, v, dim, vocab, fold, z);
 }
 
-// Vocabulary rows [v0, v1) for every row of the job (transposed in ht, a tile after another).
+// Vocabulary rows [v0, v1) for every row of the job (transposed in ht, a tile after another),
+// into z ([rows][vocab]), or added to it with `fold`.
 void project_vocab_block(const ProjectionJob& j, const float* ht, std::int64_t v0, std::int64_t v1,
-                         int dim, int vocab) {
+                         int dim, int vocab, bool fold, float* z) {
   const std::int64_t tile = std::int64_t{dim} * kTileRows;
   std::int64_t r = 0;
   for (; r + kTiles * kTileRows <= j.rows; r += kTiles * kTileRows) {
     project_tiles<kTiles>(ht + r / kTileRows * tile, kTiles * kTileRows, j, v0, v1, dim, vocab,
-                          j.z + r * vocab);
+                          fold, z + r * vocab);
   }
   for (; r < j.rows; r += kTileRows) {
     const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, j.rows - r));
-    project_tiles<1>(ht + r / kTileRows * tile, n, j, v0, v1, dim, vocab, j.z + r * vocab);
+    project_tiles<1>(ht + r / kTileRows * tile, n, j, v0, v1, dim, vocab, fold, z + r * vocab);
   }
+}
+
+std::int64_t vocab_end(std::int64_t block, int vocab) {
+  return std::min<std::int64_t>(vocab, (block + 1) * kVocabBlock);
 }
 
 std::int64_t blocks_of(int vocab) { return (vocab + kVocabBlock - 1) / kVocabBlock; }
@@ -98,10 +108,9 @@ void transpose_rows(const ProjectionJob& j, int dim, std::vector<float>& ht) {
 void project_rows(const ProjectionJob& job, int dim, int vocab) {
   std::vector<float> ht;
   transpose_rows(job, dim, ht);
-  for (std::int64_t b = 0; b < blocks_of(vocab); ++b) {
-    project_vocab_block(job, ht.data(), b * kVocabBlock,
-                        std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock), dim, vocab);
-  }
+  for (std::int64_t b = 0; b < blocks_of(vocab); ++b)
+    project_vocab_block(job, ht.data(), b * kVocabBlock, vocab_end(b, vocab), dim, vocab, false,
+                        job.z);
 }
 
 void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab,
@@ -115,8 +124,34 @@ void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab
   pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
     const auto i = static_cast<std::size_t>(item / blocks);
     const std::int64_t b = item % blocks;
-    project_vocab_block(jobs[i], ht[i].data(), b * kVocabBlock,
-                        std::min<std::int64_t>(vocab, (b + 1) * kVocabBlock), dim, vocab);
+    project_vocab_block(jobs[i], ht[i].data(), b * kVocabBlock, vocab_end(b, vocab), dim, vocab,
+                        false, jobs[i].z);
+  });
+}
+
+void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int dim, int vocab,
+                                ThreadPool& pool) {
+  // Every head's rows transposed once; then per (job, vocabulary block) the heads in order,
+  // each adding its partials to the block's logits while they are in cache.
+  std::vector<const ProjectionJob*> heads;
+  std::vector<std::size_t> first_head;  // per job, its first head's index in `heads`
+  for (const FoldedProjectionJob& j : jobs) {
+    first_head.push_back(heads.size());
+    for (const ProjectionJob& h : j.heads) heads.push_back(&h);
+  }
+  std::vector<std::vector<float>> ht(heads.size());
+  pool.parallel_for(static_cast<std::int64_t>(heads.size()), [&](std::int64_t i) {
+    transpose_rows(*heads[static_cast<std::size_t>(i)], dim, ht[static_cast<std::size_t>(i)]);
+  });
+  const std::int64_t blocks = blocks_of(vocab);
+  pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
+    const auto i = static_cast<std::size_t>(item / blocks);
+    const std::int64_t b = item % blocks;
+    const FoldedProjectionJob& j = jobs[i];
+    for (std::size_t h = 0; h < j.heads.size(); ++h) {
+      project_vocab_block(j.heads[h], ht[first_head[i] + h].data(), b * kVocabBlock,
+                          vocab_end(b, vocab), dim, vocab, h > 0, j.logits);
+    }
   });
 }
 

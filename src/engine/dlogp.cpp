@@ -5,42 +5,55 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/backend/input_store.h"
+#include "cpdrift/cpu/logprob_rows.h"
 #include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/util/work_timers.h"
 #include "protocol_common.h"
 
 namespace cpd {
 namespace {
 
-// Per-head partial logits of one rank's token chunk: [2][B][heads][rows][vocab] for the
-// candidate then the reference; each head's columns of the lm_head from the input store. `z`
-// is a buffer of an earlier step (or empty): every element is written, so a recycled buffer
-// is not cleared, nor is a new one.
+// One rank's logits of a token chunk, [2][B][heads][rows][vocab] for the candidate then the
+// reference, each head's columns of the lm_head from the input store: per-head partials, or
+// with `folded` (the token owner's own heads) those heads folded in ascending order into one
+// plane per (which, b), as fold_head_logits would fold them. `z` is a buffer of an earlier step
+// (or empty): every element is written, so a recycled buffer is not cleared, nor is a new one.
 FloatBuffer partial_logits(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
-                           const AttnShard& cand, const AttnShard& ref, int vocab,
+                           const AttnShard& cand, const AttnShard& ref, int vocab, bool folded,
                            InputStore& store, FloatBuffer z) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const std::int64_t heads = r.q_heads.size(), rows = tokens.size();
-  z.resize(static_cast<std::size_t>(2 * batch * heads * rows * vocab));
+  const std::int64_t planes = folded ? std::min<std::int64_t>(heads, 1) : heads;
+  z.resize(static_cast<std::size_t>(2 * batch * planes * rows * vocab));
   mark_unwritten(z);
   const std::int64_t first = cand.out.shape.local_row(tokens.begin);
   std::vector<ProjectionJob> jobs;
+  std::vector<FoldedProjectionJob> folds;
   for (int which = 0; which < 2; ++which) {
     const AttnShard& src = which == 0 ? cand : ref;
     for (int b = 0; b < batch; ++b) {
+      float* plane = z.data() + (which * batch + b) * planes * rows * vocab;
+      if (folded) folds.push_back(FoldedProjectionJob{{}, plane});
       for (std::int64_t hl = 0; hl < heads; ++hl) {
-        jobs.push_back(ProjectionJob{src.out.at(b, r.q_heads.begin + hl, first), rows,
-                                     store.lm_head(vocab, r.q_heads.begin + hl).data(), dim,
-                                     z.data() + ((which * batch + b) * heads + hl) * rows * vocab});
+        const ProjectionJob job{src.out.at(b, r.q_heads.begin + hl, first), rows,
+                                store.lm_head(vocab, r.q_heads.begin + hl).data(), dim,
+                                folded ? nullptr : plane + hl * rows * vocab};
+        (folded ? folds.back().heads : jobs).push_back(job);
       }
     }
   }
-  store.backend().project_heads(jobs, dim, vocab);
+  if (folded) {
+    store.backend().project_folded(folds, dim, vocab);
+  } else {
+    store.backend().project_heads(jobs, dim, vocab);
+  }
   return z;
 }
 
-// One token chunk's partials at its owner: each source's heads and data.
+// One token chunk's partials at its owner: each source's first head, its planes a (which, b)
+// (one for the owner's heads, already folded) and their data.
 struct Source {
-  std::int64_t head_begin, heads;
+  std::int64_t head_begin, planes;
   const float* z;
 };
 
@@ -49,6 +62,7 @@ struct Source {
 // with its own two logit rows, and every token's arithmetic is the same whichever thread runs it.
 void chunk_logprobs(const Problem& p, const Range& t, std::vector<Source> sources, int vocab,
                     TokenLogprobs& lp, ThreadPool& pool) {
+  const WorkTimer timer(WorkKind::logprobs);
   constexpr std::int64_t kTokensPerTask = 16;
   std::sort(sources.begin(), sources.end(),
             [](const Source& a, const Source& b) { return a.head_begin < b.head_begin; });
@@ -66,12 +80,12 @@ void chunk_logprobs(const Problem& p, const Range& t, std::vector<Source> source
       for (int which = 0; which < 2; ++which) {
         heads.clear();
         for (const Source& s : sources) {
-          for (std::int64_t hl = 0; hl < s.heads; ++hl)
-            heads.push_back(s.z + (((which * p.batch + b) * s.heads + hl) * rows + i) * vocab);
+          for (std::int64_t hl = 0; hl < s.planes; ++hl)
+            heads.push_back(s.z + (((which * p.batch + b) * s.planes + hl) * rows + i) * vocab);
         }
         fold_head_logits(heads.data(), static_cast<int>(heads.size()), vocab, logits[which].data());
         Shard& out = which == 0 ? lp.candidate : lp.reference;
-        out.at(b, 0, row)[0] = log_softmax_at(logits[which].data(), vocab, target);
+        out.at(b, 0, row)[0] = log_softmax_at_lanes(logits[which].data(), vocab, target);
       }
       lp.kl.at(b, 0, row)[0] =
           static_cast<float>(kl_divergence(logits[1].data(), logits[0].data(), vocab));
@@ -116,8 +130,10 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
       const std::vector<Range>& mine = chunks.at(r.id);
       if (step >= static_cast<int>(mine.size())) continue;
       const Range& t = mine[static_cast<std::size_t>(step)];
-      FloatBuffer z =
-          partial_logits(grid, r, t, *candidate[i], *reference[i], vocab, store, recycled());
+      // The token owner folds its own heads (the lowest, TP rank 0's) as it projects them;
+      // the other TP ranks' partials follow in ascending head order at the owner.
+      FloatBuffer z = partial_logits(grid, r, t, *candidate[i], *reference[i], vocab,
+                                     r.tp_rank == 0, store, recycled());
       if (r.tp_rank == 0) {
         own[r.id] = std::move(z);
         continue;
@@ -133,7 +149,8 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
     for (TokenLogprobs& lp : result) {
       const LogicalRank& r = lp.rank;
       if (own.count(r.id) == 0) continue;
-      std::vector<Source> sources{{r.q_heads.begin, r.q_heads.size(), own.at(r.id).data()}};
+      std::vector<Source> sources{
+          {r.q_heads.begin, std::min<std::int64_t>(r.q_heads.size(), 1), own.at(r.id).data()}};
       for (const Message& m : inboxes.at(r.id).messages())
         sources.push_back({m.header.head_begin, m.header.heads().size(), m.payload.data()});
       chunk_logprobs(p, chunks.at(r.id)[static_cast<std::size_t>(step)], std::move(sources), vocab,

@@ -5,6 +5,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/inputs.h"
+#include "cpdrift/cpu/logprob_rows.h"
 #include "cpdrift/engine/protocol.h"
 #include "cpdrift/engine/run_context.h"
 #include "cpdrift/numerics/logprob_math.h"
@@ -67,29 +68,24 @@ void add_logits(const Problem& p, const PagedWorkload& w, const DecodedCapture& 
   const int vocab = capture.vocab_size;
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
-  std::vector<float> z(static_cast<std::size_t>(p.batch) * hq * plane);  // [B][Hq][q_len][V]
-  std::vector<ProjectionJob> jobs;
+  rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);  // [B][q_len][V]
+  std::vector<FoldedProjectionJob> jobs;
   for (int b = 0; b < p.batch; ++b) {
+    jobs.push_back(FoldedProjectionJob{{}, rows.logits.data() + b * plane});
     for (int h = 0; h < hq; ++h) {
       const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
-      jobs.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
-                                   store.lm_head(vocab, h).data(), dim, z.data() + bh * plane});
+      jobs.back().heads.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
+                                                store.lm_head(vocab, h).data(), dim, nullptr});
     }
   }
-  store.backend().project_heads(jobs, dim, vocab);
-  rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);
-  std::vector<const float*> terms(static_cast<std::size_t>(hq));
+  store.backend().project_folded(jobs, dim, vocab);
   for (int b = 0; b < p.batch; ++b) {
     for (std::int64_t i = 0; i < w.q_len; ++i) {
-      for (int h = 0; h < hq; ++h) {
-        terms[static_cast<std::size_t>(h)] =
-            z.data() + (static_cast<std::size_t>(b) * hq + h) * plane + i * vocab;
-      }
-      float* logits = rows.logits.data() + (static_cast<std::size_t>(b) * w.q_len + i) * vocab;
-      fold_head_logits(terms.data(), hq, vocab, logits);
+      const float* logits =
+          rows.logits.data() + (static_cast<std::size_t>(b) * w.q_len + i) * vocab;
       const std::int64_t pos = w.queries(b).begin + i;
       rows.logprob.push_back(
-          log_softmax_at(logits, vocab, logprob_target(b, pos, p.seq_len, vocab)));
+          log_softmax_at_lanes(logits, vocab, logprob_target(b, pos, p.seq_len, vocab)));
     }
   }
 }

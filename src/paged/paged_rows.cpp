@@ -4,6 +4,7 @@
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/inputs.h"
+#include "cpdrift/cpu/logprob_rows.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "paged_lanes.h"
 
@@ -110,7 +111,8 @@ PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, cons
         float* z_side = logits.data() + static_cast<std::size_t>(which) * vocab;
         fold_head_logits(terms.data(), hq, vocab, z_side);
         (which == 0 ? lp.candidate : lp.reference)
-            .push_back(log_softmax_at(z_side, vocab, logprob_target(b, pos, p.seq_len, vocab)));
+            .push_back(
+                log_softmax_at_lanes(z_side, vocab, logprob_target(b, pos, p.seq_len, vocab)));
       }
       lp.kl.push_back(static_cast<float>(
           kl_divergence(logits.data() + vocab, logits.data(), vocab)));  // KL(reference ‖ cand)

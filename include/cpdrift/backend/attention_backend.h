@@ -43,6 +43,10 @@ class AttentionBackend {
   virtual bool has_lane_partials() const { return false; }
   /// dlogp's per-head partial logits.
   virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;
+  /// dlogp's logits folded over a token owner's heads, the same bits as project_heads followed
+  /// by fold_head_logits; by default exactly that (on the host), the CPU backend folds each
+  /// vocabulary block in cache as the heads' partials come out of its projection tile.
+  virtual void project_folded(std::span<const FoldedProjectionJob> jobs, int dim, int vocab);
 
   /// The cublas_unfused path (design §3): QKᵀ and P·V as BF16 GEMMs with FP32 compute, the
   /// softmax in its own kernel; the jobs' q, k, v hold BF16 values. GPU backends only.

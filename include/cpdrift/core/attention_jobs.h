@@ -109,4 +109,12 @@ struct ProjectionJob {
   float* z = nullptr;  // [rows][vocab]
 };
 
+/// Logits of `rows` tokens folded over heads in ascending order (logprob_math.h's
+/// fold_head_logits): logits[r][v] = ((z_0[r][v] + z_1[r][v]) + …) + z_last[r][v], z_h the
+/// partial logits of heads[h], whose rows are the same and whose z is not written.
+struct FoldedProjectionJob {
+  std::vector<ProjectionJob> heads;
+  float* logits = nullptr;  // [rows][vocab]
+};
+
 }  // namespace cpd

@@ -19,4 +19,10 @@ void project_rows(const ProjectionJob& job, int dim, int vocab);
 /// Every job, spread over the pool by (job, vocabulary block).
 void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab, ThreadPool& pool);
 
+/// Every job's logits folded over its heads: per (job, vocabulary block of 96), the heads in
+/// ascending order, the first stored and each next one added as it comes out of the tile, so
+/// the bits are those of project_rows per head followed by fold_head_logits.
+void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int dim, int vocab,
+                                ThreadPool& pool);
+
 }  // namespace cpd

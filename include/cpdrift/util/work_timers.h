@@ -14,13 +14,15 @@ enum class WorkKind {
   checks,      // the FP64 merge oracle
   inputs,      // generating inputs
   projection,  // dlogp's per-head logits
+  logprobs,    // dlogp's fold of the heads' logits, log-softmax and KL at the token owner
   messages,    // supersteps: packing, moving, unpacking and validating messages
   statistics,  // drift statistics of published comparisons
   digests,     // digests of published tensors (and the dump)
   count
 };
 inline constexpr std::array<const char*, static_cast<std::size_t>(WorkKind::count)> kWorkKindNames{
-    "kernels", "merge", "checks", "inputs", "projection", "messages", "statistics", "digests"};
+    "kernels",  "merge",    "checks",     "inputs", "projection",
+    "logprobs", "messages", "statistics", "digests"};
 
 /// Seconds spent per kind since the process started (or the last reset).
 double work_seconds(WorkKind kind);
