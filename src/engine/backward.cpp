@@ -46,31 +46,42 @@ struct PackedRows {
 };
 
 // The backward inputs of rank r's rows `part` packed as one payload (PackedRows' layout): q and
-// dO read in place from the input memo (prepared), lse and Δ from the saved forward.
+// dO read in place from the input memo (prepared), lse and Δ from the saved forward; a (b, h)
+// slot a task on the pool.
 FloatBuffer pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard& fwd,
                       const Range& part, int dim) {
   const int batch = inputs.problem().batch;
-  const std::size_t n = static_cast<std::size_t>(part.size()) * dim;
-  FloatBuffer payload;
-  payload.reserve(static_cast<std::size_t>(batch * r.q_heads.size()) * (2 * n + 2 * part.size()));
-  for (const TensorId t : {TensorId::q, TensorId::d_out}) {
-    for (int b = 0; b < batch; ++b) {
-      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-        const float* rows = inputs.row(t, b, h, part.begin);
-        payload.insert(payload.end(), rows, rows + n);
-      }
-    }
-  }
-  const FloatBuffer lse = protocol::rows_of(fwd.lse, part, inputs.pool());
-  payload.insert(payload.end(), lse.begin(), lse.end());
+  const std::int64_t heads = r.q_heads.size(), rows = part.size();
+  const std::size_t slots = static_cast<std::size_t>(batch * heads);
+  const std::size_t n = static_cast<std::size_t>(rows * dim);
+  FloatBuffer payload = unwritten_floats(slots * (2 * n + 2 * static_cast<std::size_t>(rows)));
+  float* const q = payload.data();
+  float* const d_out = q + slots * n;
+  float* const lse = d_out + slots * n;
+  float* const delta = lse + slots * static_cast<std::size_t>(rows);
+  // The rows' addresses are looked up here, on this thread: the memo's index is not for
+  // concurrent lookups.
+  std::vector<const float*> q_rows, d_out_rows;
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-      const float* d_out = inputs.row(TensorId::d_out, b, h, part.begin);
-      const float* out = fwd.out.at(b, h, fwd.out.shape.local_row(part.begin));
-      for (std::int64_t i = 0; i < part.size(); ++i)
-        payload.push_back(backward_delta(d_out + i * dim, out + i * dim, dim));
+      q_rows.push_back(inputs.row(TensorId::q, b, h, part.begin));
+      d_out_rows.push_back(inputs.row(TensorId::d_out, b, h, part.begin));
     }
   }
+  inputs.pool().parallel_for(static_cast<std::int64_t>(slots), [&](std::int64_t i) {
+    const auto s = static_cast<std::size_t>(i);
+    const int b = static_cast<int>(i / heads);
+    const std::int64_t h = r.q_heads.begin + i % heads;
+    std::copy_n(q_rows[s], n, q + s * n);
+    std::copy_n(d_out_rows[s], n, d_out + s * n);
+    std::copy_n(fwd.lse.at(b, h, fwd.lse.shape.local_row(part.begin)), rows,
+                lse + s * static_cast<std::size_t>(rows));
+    const float* out = fwd.out.at(b, h, fwd.out.shape.local_row(part.begin));
+    for (std::int64_t k = 0; k < rows; ++k) {
+      delta[s * static_cast<std::size_t>(rows) + static_cast<std::size_t>(k)] =
+          backward_delta(d_out_rows[s] + k * dim, out + k * dim, dim);
+    }
+  });
   return payload;
 }
 
@@ -283,12 +294,14 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
   }
 }
 
-// dK, dV: the GQA group's heads folded in ascending order; dK carries the scale.
-void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
+// dK, dV: the GQA group's heads folded in ascending order; dK carries the scale. A fold (one
+// KV block of one KV head) a task on the pool.
+void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
                        std::vector<RankGradients>& grads) {
   const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
   const float scale = grid.problem.dims.softmax_scale();
-  for (const KvTotals::Fold& f : totals.folds) {
+  pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
+    const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
     RankGradients& rg = grads[f.grad];
     const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
     std::vector<const float*> dk_terms, dv_terms;
@@ -299,20 +312,21 @@ void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
     const std::int64_t row = rg.dk.shape.local_row(f.block.range.begin);
     float* dk = rg.dk.at(f.b, f.g, row);
     fold_terms(dk_terms, n, dk);
-    for (std::size_t i = 0; i < n; ++i) dk[i] *= scale;
+    for (std::size_t e = 0; e < n; ++e) dk[e] *= scale;
     fold_terms(dv_terms, n, rg.dv.at(f.b, f.g, row));
-  }
+  });
 }
 
 // The te_p2p lane's dK, dV of each fold: per query CP rank in the order the travelling dK/dV
 // visits them (te_backward_dkv_visitor: s−1, s−2, …, s; ranks whose queries never saw the block
 // skipped), its pair's GQA-folded sums (dK scaled) rounded to BF16, summed in BF16.
-void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
+void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
                             std::vector<RankGradients>& grads) {
   const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
   const int cp = grid.spec.cp;
   const float scale = grid.problem.dims.softmax_scale();
-  for (const KvTotals::Fold& f : totals.folds) {
+  pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
+    const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
     RankGradients& rg = grads[f.grad];
     const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
     const std::int64_t row = rg.te_p2p->dk.shape.local_row(f.block.range.begin);
@@ -328,14 +342,14 @@ void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals,
         for (int x = 0; x < group; ++x)
           terms.push_back(totals.lane_totals[lane + 2 * x + which].data());
         fold_terms(terms, n, pair.data());
-        for (std::size_t i = 0; i < n; ++i) {
-          const float step_out = round_bf16(which == 0 ? pair[i] * scale : pair[i]);
-          out[which][i] = first ? step_out : round_bf16(out[which][i] + step_out);
+        for (std::size_t e = 0; e < n; ++e) {
+          const float step_out = round_bf16(which == 0 ? pair[e] * scale : pair[e]);
+          out[which][e] = first ? step_out : round_bf16(out[which][e] + step_out);
         }
       }
       first = false;
     }
-  }
+  });
 }
 
 // The te_p2p lane's dq of one query block qb of part t: per KV CP rank in the order the
@@ -398,28 +412,39 @@ void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, cons
 }
 
 // The round's partial dq to the query owners, folded there in block order.
+// Each query block's fold is a task on the pool: they write apart.
 void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> partials,
-             const std::vector<LogicalRank>& hosted, Transport& transport,
+             const std::vector<LogicalRank>& hosted, Transport& transport, ThreadPool& pool,
              std::vector<RankGradients>& grads) {
   std::map<int, Inbox> dq_inboxes = protocol::superstep(
       transport, hosted, std::move(partials),
       [&](const LogicalRank& r) { return expected_dq_partials(grid, r, span); });
+  struct Task {
+    RankGradients* rg;
+    Range part;
+    KvBlock qb;
+    std::vector<const Message*> terms;  // manifest order: ascending block index
+  };
+  std::vector<Task> tasks;
   for (RankGradients& rg : grads) {
     const std::vector<Message>& arrived = dq_inboxes.at(rg.rank.id).messages();
     for (const Message& m : arrived) rg.dq_partials.push_back(m.header);
     for (const Range& t : rg.rank.tokens) {
       const Range part = intersection(t, span);
       for (const KvBlock& qb : blocks_in(grid, part)) {
-        std::vector<const Message*> terms;  // manifest order: ascending block index
+        Task& task = tasks.emplace_back(Task{&rg, part, qb, {}});
         for (const Message& m : arrived) {
           if (m.header.tokens() == part && causally_visible(m.header.block(), qb.range))
-            terms.push_back(&m);
+            task.terms.push_back(&m);
         }
-        fold_dq_block(grid, rg, part, qb, terms);
-        if (rg.te_p2p) fold_lane_dq_block(grid, rg, part, qb, terms);
       }
     }
   }
+  pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t i) {
+    const Task& task = tasks[static_cast<std::size_t>(i)];
+    fold_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
+    if (task.rg->te_p2p) fold_lane_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
+  });
 }
 
 }  // namespace
@@ -468,10 +493,10 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
                       round);
     }
     inputs.backend().run_backward_units(round.units, dim, p.dims.softmax_scale());
-    fold_dq(grid, span, std::move(round.partials), hosted, transport, grads);
+    fold_dq(grid, span, std::move(round.partials), hosted, transport, inputs.pool(), grads);
   }
-  fold_kv_gradients(grid, totals, grads);
-  if (te_p2p_lane) fold_lane_kv_gradients(grid, totals, grads);
+  fold_kv_gradients(grid, totals, inputs.pool(), grads);
+  if (te_p2p_lane) fold_lane_kv_gradients(grid, totals, inputs.pool(), grads);
   return grads;
 }
 

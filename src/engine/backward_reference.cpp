@@ -35,14 +35,11 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
   const AttnShard& fwd = forward != nullptr ? *forward : computed;
   const std::int64_t fwd_row = fwd.out.shape.local_row(first);
   Shard delta(ShardShape{batch, heads, {rows}, 1}), dq(qs);
-  std::vector<BackwardUnit> units;
+  std::vector<BackwardUnit> units;  // per (b, h); the memo's rows looked up on this thread
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = heads.begin; h < heads.end; ++h) {
       const float* d_out = inputs.row(TensorId::d_out, b, h, first);
-      const float* out = fwd.out.at(b, h, fwd_row);
       float* d = delta.at(b, h, 0);
-      for (std::int64_t i = 0; i < rows.size(); ++i)
-        d[i] = backward_delta(d_out + i * dim, out + i * dim, dim);
       const std::size_t slot = 2 * units.size();
       BackwardUnit u;
       u.blocks.push_back(QueryBlockRows{rows, inputs.row(TensorId::q, b, h, first), d_out,
@@ -55,44 +52,77 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
       units.push_back(std::move(u));
     }
   }
+  ThreadPool& pool = inputs.pool();
+  pool.parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t i) {
+    const int b = static_cast<int>(i / heads.size());
+    const std::int64_t h = heads.begin + i % heads.size();
+    const float* d_out = units[static_cast<std::size_t>(i)].blocks.front().d_out;
+    const float* out = fwd.out.at(b, h, fwd_row);
+    float* d = delta.at(b, h, 0);
+    for (std::int64_t k = 0; k < rows.size(); ++k)
+      d[k] = backward_delta(d_out + k * dim, out + k * dim, dim);
+  });
   inputs.backend().run_backward_units(units, dim, scale);
-  // dq: one block, so the fold of one term is the term; then the scale.
-  for (int b = 0; b < batch; ++b) {
-    for (std::int64_t h = heads.begin; h < heads.end; ++h) {
-      for (const Range& t : q_rows.tokens) {
-        const float* from = dq.at(b, h, t.begin - first);
-        float* to = r.dq.at(b, h, q_rows.local_row(t.begin));
-        for (std::int64_t i = 0; i < t.size() * dim; ++i) to[i] = from[i] * scale;
-      }
+  // dq: one block, so the fold of one term is the term; then the scale. A (b, h) a task.
+  pool.parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t i) {
+    const int b = static_cast<int>(i / heads.size());
+    const std::int64_t h = heads.begin + i % heads.size();
+    for (const Range& t : q_rows.tokens) {
+      const float* from = dq.at(b, h, t.begin - first);
+      float* to = r.dq.at(b, h, q_rows.local_row(t.begin));
+      for (std::int64_t e = 0; e < t.size() * dim; ++e) to[e] = from[e] * scale;
     }
-  }
-  // dK, dV: the GQA group's heads folded in ascending order; dK carries the scale.
+  });
+  // dK, dV: the GQA group's heads folded in ascending order; dK carries the scale. Elements
+  // are independent: pieces of rows are tasks.
+  struct Fold {
+    std::vector<const float*> dk_terms, dv_terms;
+    std::size_t n;
+    float *dk, *dv;
+  };
+  std::vector<Fold> folds;
   std::size_t unit = 0;
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g, unit += group) {
       for (const Range& t : kv_rows.tokens) {
-        const std::size_t n = static_cast<std::size_t>(t.size()) * dim,
-                          skip = static_cast<std::size_t>(t.begin) * dim;
-        std::vector<const float*> dk_terms, dv_terms;
-        for (int x = 0; x < group; ++x) {
-          dk_terms.push_back(totals[2 * (unit + x)].data() + skip);
-          dv_terms.push_back(totals[2 * (unit + x) + 1].data() + skip);
-        }
+        const std::size_t skip = static_cast<std::size_t>(t.begin) * dim;
         const std::int64_t row = kv_rows.local_row(t.begin);
-        float* dk = r.dk.at(b, g, row);
-        fold_terms(dk_terms, n, dk);
-        for (std::size_t j = 0; j < n; ++j) dk[j] *= scale;
-        fold_terms(dv_terms, n, r.dv.at(b, g, row));
+        Fold& f = folds.emplace_back(Fold{{},
+                                          {},
+                                          static_cast<std::size_t>(t.size()) * dim,
+                                          r.dk.at(b, g, row),
+                                          r.dv.at(b, g, row)});
+        for (int x = 0; x < group; ++x) {
+          f.dk_terms.push_back(totals[2 * (unit + x)].data() + skip);
+          f.dv_terms.push_back(totals[2 * (unit + x) + 1].data() + skip);
+        }
       }
     }
   }
+  constexpr std::size_t kPiece = std::size_t{64} * 128;     // floats a task
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (fold, first element)
+  for (std::size_t f = 0; f < folds.size(); ++f) {
+    for (std::size_t e = 0; e < folds[f].n; e += kPiece) pieces.emplace_back(f, e);
+  }
+  pool.parallel_for(static_cast<std::int64_t>(pieces.size()), [&](std::int64_t i) {
+    const auto [fi, e] = pieces[static_cast<std::size_t>(i)];
+    const Fold& f = folds[fi];
+    const std::size_t n = std::min(kPiece, f.n - e);
+    std::vector<const float*> dk_terms, dv_terms;
+    for (const float* t : f.dk_terms) dk_terms.push_back(t + e);
+    for (const float* t : f.dv_terms) dv_terms.push_back(t + e);
+    fold_terms(dk_terms, n, f.dk + e);
+    for (std::size_t j = 0; j < n; ++j) f.dk[e + j] *= scale;
+    fold_terms(dv_terms, n, f.dv + e);
+  });
 }
 
 }  // namespace
 
-LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardShape& q_rows,
-                                               const ShardShape& kv_rows,
-                                               const AttnShard* forward) {
+std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore& inputs,
+                                                                      const ShardShape& q_rows,
+                                                                      const ShardShape& kv_rows,
+                                                                      const AttnShard* forward) {
   for (const Entry& e : entries_) {
     if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
   }
@@ -108,9 +138,11 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
   inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
   inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
 
-  Result r{Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}),
-           Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}),
-           Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim})};
+  const auto result = std::make_shared<Result>(
+      Result{Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}),
+             Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}),
+             Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim})});
+  Result& r = *result;
   // A few KV heads at a time, enough units for every thread: only their forward, dq and key
   // totals are alive at once.
   const std::int64_t per_chunk =
@@ -125,9 +157,9 @@ LocalCp1Backward::Result LocalCp1Backward::get(InputStore& inputs, const ShardSh
   const std::size_t bytes = floats_of(r) * sizeof(float);
   if (held_bytes_ + bytes <= budget_bytes_) {
     held_bytes_ += bytes;
-    entries_.push_back(Entry{q_rows, kv_rows, r});
+    entries_.push_back(Entry{q_rows, kv_rows, result});
   }
-  return r;
+  return result;
 }
 
 namespace {
@@ -261,7 +293,7 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
       const LogicalRank& r = hosted[i];
       const Range heads = reference_kv_heads(grid, r, round, per_round);
       if (heads.empty()) continue;
-      const LocalCp1Backward::Result full = memo.get(
+      const std::shared_ptr<const LocalCp1Backward::Result> full = memo.get(
           inputs, ShardShape{batch, Range{heads.begin * group, heads.end * group}, {all}, dim},
           ShardShape{batch, heads, {all}, dim}, &forward[i]);
       for (std::int64_t g = heads.begin; g < heads.end; ++g) {
@@ -269,7 +301,7 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
           const LogicalRank& dst = grid.at(r.tp_rank, c);
           for (const Range& t : dst.tokens) {
             outgoing.push_back(Message{reference_grads_header(grid, r, dst, t, g),
-                                       pack_reference(full, g, group, t)});
+                                       pack_reference(*full, g, group, t)});
           }
         }
       }

@@ -1,6 +1,7 @@
 #include "cpdrift/metrics/diff_stats.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -332,17 +333,7 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
         if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
       }
       t.hist.assign(t.prefixes.size() * bins, 0);
-      if (t.prefixes.empty()) continue;
-      if (t.keep) {
-        for (std::size_t c = t.begin; c < t.end; ++c) {
-          for (const std::uint32_t u : kept[c]) {  // other targets' bins too: not a prefix
-            for (std::size_t b = 0; b < t.prefixes.size(); ++b) {
-              if ((u >> above) == t.prefixes[b]) ++t.hist[b * bins + ((u >> shift) & mask)];
-            }
-          }
-        }
-        continue;
-      }
+      if (t.prefixes.empty() || t.keep) continue;  // kept: from the kept diffs, below
       std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
       for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
         partial[i].assign(t.hist.size(), 0);
@@ -351,6 +342,34 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
       });
       for (const auto& h : partial) {
         for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
+      }
+    }
+    // The kept targets' histograms from the kept diffs: per chunk (on the pool), the whole's
+    // and its group's, then added up per target in chunk order.
+    const auto reads = [&](std::size_t t) {
+      return targets[t].keep && !targets[t].prefixes.empty();
+    };
+    std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
+    for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+      const std::size_t of[2] = {0, group_target[c]};
+      for (int k = 0; k < 2; ++k) {
+        if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
+        const Target& t = targets[of[k]];
+        std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
+        h.assign(t.hist.size(), 0);
+        for (const std::uint32_t u : kept[c]) {  // other targets' bins too: not a prefix
+          for (std::size_t b = 0; b < t.prefixes.size(); ++b) {
+            if ((u >> above) == t.prefixes[b]) ++h[b * bins + ((u >> shift) & mask)];
+          }
+        }
+      }
+    });
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (!reads(i)) continue;
+      Target& t = targets[i];
+      for (std::size_t c = t.begin; c < t.end; ++c) {
+        const std::vector<std::uint64_t>& h = partial[c][i == 0 ? 0 : 1];
+        for (std::size_t j = 0; j < h.size(); ++j) t.hist[j] += h[j];
       }
     }
     if (std::all_of(targets.begin(), targets.end(),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -61,8 +62,9 @@ class LocalCp1Backward {
   /// `forward`: the CP=1 FP32 forward (out, lse) of q_rows' heads over rows [first, S) at
   /// least, first being the least row of q_rows and kv_rows (rows from [0, S) hold it), used
   /// instead of computing it; the same bits either way (the kernels are row-independent).
-  Result get(InputStore& inputs, const ShardShape& q_rows, const ShardShape& kv_rows,
-             const AttnShard* forward = nullptr);
+  /// Shared with the memo, which keeps it (without a copy) while its budget allows.
+  std::shared_ptr<const Result> get(InputStore& inputs, const ShardShape& q_rows,
+                                    const ShardShape& kv_rows, const AttnShard* forward = nullptr);
 
   /// Keeps nothing new from now on (what is held is still served): for the run's last case.
   void stop_memoising() { budget_bytes_ = 0; }
@@ -70,7 +72,7 @@ class LocalCp1Backward {
  private:
   struct Entry {
     ShardShape q_rows, kv_rows;
-    Result result;
+    std::shared_ptr<const Result> result;
   };
   std::vector<Entry> entries_;
   std::size_t budget_bytes_;
