@@ -180,7 +180,9 @@ struct KvTotals {
                          std::vector<std::size_t>(static_cast<std::size_t>(lane_ranks), kNone),
                          std::vector<bool>(static_cast<std::size_t>(lane_ranks), false)});
     const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
-    for (int x = 0; x < 2 * group; ++x) head_totals.emplace_back(n, 0.0f);
+    // Written whole by the fold's first unit (accumulate false), which every fold has: a KV
+    // block is seen by its own query block.
+    for (int x = 0; x < 2 * group; ++x) head_totals.push_back(unwritten_floats(n));
   }
   Fold& at(std::size_t grad, int b, std::int64_t g, int block) {
     return folds[index.at({grad, b, g, block})];
@@ -191,7 +193,8 @@ struct KvTotals {
     if (first == kNone) {
       first = lane_totals.size();
       const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-      for (int x = 0; x < 2 * group; ++x) lane_totals.emplace_back(n, 0.0f);
+      // Written whole by the rank's first block (lane_first).
+      for (int x = 0; x < 2 * group; ++x) lane_totals.push_back(unwritten_floats(n));
     }
     return first;
   }

@@ -34,7 +34,8 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
       forward != nullptr ? AttnShard{} : compute_local_cp1(inputs, PathSpec{}, {keys}, qs);
   const AttnShard& fwd = forward != nullptr ? *forward : computed;
   const std::int64_t fwd_row = fwd.out.shape.local_row(first);
-  Shard delta(ShardShape{batch, heads, {rows}, 1}), dq(qs);
+  // Written whole: delta below, dq by the units (one query block of every row).
+  Shard delta(ShardShape{batch, heads, {rows}, 1}, Uninitialized{}), dq(qs, Uninitialized{});
   std::vector<BackwardUnit> units;  // per (b, h); the memo's rows looked up on this thread
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t h = heads.begin; h < heads.end; ++h) {
@@ -138,18 +139,20 @@ std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore
   inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
   inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
 
-  const auto result = std::make_shared<Result>(
-      Result{Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}),
-             Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}),
-             Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim})});
+  // Written whole by backward_chunk: dq of every query head, dk and dv of every KV head.
+  const auto result = std::make_shared<Result>(Result{
+      Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{})});
   Result& r = *result;
   // A few KV heads at a time, enough units for every thread: only their forward, dq and key
   // totals are alive at once.
   const std::int64_t per_chunk =
       std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
-  std::vector<FloatBuffer> totals(
-      static_cast<std::size_t>(2 * batch * group * std::min(per_chunk, kv_heads.size())),
-      FloatBuffer(static_cast<std::size_t>(seq) * dim, 0.0f));
+  // Each unit's key totals over [0, S), written whole by the unit (accumulate false).
+  std::vector<FloatBuffer> totals;
+  for (std::int64_t i = 0; i < 2 * batch * group * std::min(per_chunk, kv_heads.size()); ++i)
+    totals.push_back(unwritten_floats(static_cast<std::size_t>(seq) * dim));
   for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
     backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
                    forward, totals, r);

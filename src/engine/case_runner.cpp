@@ -24,9 +24,19 @@ constexpr PathSpec kBf16KernelPath{InputPrecision::bf16, ProbRounding::bf16};
 constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none,
                                 BlockKernel::cublas_unfused};
 
+// to[i] = round_bf16(from[i]) for i < n, pieces of 64 Ki floats a task (`to` may be `from`).
+void round_bf16_on(const float* from, float* to, std::int64_t n, ThreadPool& pool) {
+  constexpr std::int64_t kChunk = 1 << 16;
+  pool.parallel_for((n + kChunk - 1) / kChunk, [&](std::int64_t c) {
+    for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
+      to[i] = round_bf16(from[i]);
+  });
+}
+
 // The final write of a BF16 kernel on `a` itself: out rounded once to BF16, lse kept.
-const AttnShard& write_bf16_in_place(AttnShard& a) {
-  for (float& x : a.out.data) x = round_bf16(x);
+const AttnShard& write_bf16_in_place(AttnShard& a, ThreadPool& pool) {
+  round_bf16_on(a.out.data.data(), a.out.data.data(), static_cast<std::int64_t>(a.out.data.size()),
+                pool);
   return a;
 }
 
@@ -105,7 +115,7 @@ void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   CasePart part(grid.spec.cp);
   OutLseComparison& c = (part.*slot).emplace();
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    if (bf16_out) write_bf16_in_place(runs[i].merged);
+    if (bf16_out) write_bf16_in_place(runs[i].merged, ctx.pool);
     c.add(runs[i].rank.cp_rank, runs[i].merged, *against[i]);
   }
   publish_attention(ctx, grid, name, part, leg, merged_of(runs), bf16_out, true, {&c});
@@ -214,13 +224,8 @@ HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const s
 }  // namespace
 
 Shard bf16_written(const Shard& s, ThreadPool& pool) {
-  constexpr std::int64_t kChunk = 1 << 16;  // floats a task rounds
-  Shard w(s.shape, Uninitialized{});        // every element written below
-  const auto n = static_cast<std::int64_t>(s.data.size());
-  pool.parallel_for((n + kChunk - 1) / kChunk, [&](std::int64_t c) {
-    for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
-      w.data[static_cast<std::size_t>(i)] = round_bf16(s.data[static_cast<std::size_t>(i)]);
-  });
+  Shard w(s.shape, Uninitialized{});  // every element written below
+  round_bf16_on(s.data.data(), w.data.data(), static_cast<std::int64_t>(s.data.size()), pool);
   return w;
 }
 
