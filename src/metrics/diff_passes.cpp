@@ -99,8 +99,8 @@ void for_each_block(const Piece& c, Block&& block) {
 // histogram (exact matches, the common case of the invariance checks, are only counted).
 template <bool kReference, bool kBf16>
 void first_pass_of(const Piece& c, LocalFirst& acc) {
-  std::uint64_t* const hist = acc.hist.data();
-  std::uint64_t* const sums = acc.sums.data();
+  constexpr std::size_t kWays = LocalFirst::kWays;
+  static_assert(kBlock % kWays == 0);
   std::uint64_t mismatches = 0, nonfinite = 0, zeros = 0, max_bits = acc.max_bits,
                 max_ulp = acc.max_ulp;
   for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
@@ -123,9 +123,11 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
       infinite += static_cast<std::uint32_t>(!finite);
     }
     nonfinite += infinite;
-    for (std::size_t k = 0; k < kBlock; ++k) {
-      ++hist[top[k]];
-      sums[exponent[k]] += mantissa[k];
+    for (std::size_t k = 0; k < kBlock; k += kWays) {
+      for (std::size_t w = 0; w < kWays; ++w) {
+        ++acc.hist[w][top[k + w]];
+        acc.sums[w][exponent[k + w]] += mantissa[k + w];
+      }
     }
   });
   acc.counters[FirstPass::kZeros] += zeros;

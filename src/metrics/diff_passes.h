@@ -65,16 +65,23 @@ struct Piece {
 using Chunk = std::vector<Piece>;
 
 struct LocalFirst {
-  FirstPass counters;  // its bins are filled from the two below by close()
+  FirstPass counters;  // its bins are filled from the ways below by close()
   std::uint64_t max_bits = 0, max_ulp = 0;
   // The bins as the first pass fills them, each with one more slot for what it does not count
   // (exact matches in both, non-finite diffs in the sums), so that the loop has no branch.
-  std::array<std::uint64_t, kBins + 1> hist{};
-  std::array<std::uint64_t, kExponents + 1> sums{};
+  // Value k of a block goes to way k % kWays: neighbouring diffs tend to share a bin, and one
+  // set of bins would make each increment wait for the previous one's store. The counters are
+  // integers, so the ways add up to the same figures in any order.
+  static constexpr std::size_t kWays = 4;
+  std::array<std::array<std::uint64_t, kBins + 1>, kWays> hist{};
+  std::array<std::array<std::uint64_t, kExponents + 1>, kWays> sums{};
 
   void close() {
-    std::copy(hist.begin(), hist.begin() + kBins, counters.hist().begin());
-    std::copy(sums.begin(), sums.begin() + kExponents, counters.sum_bins().begin());
+    const std::span<std::uint64_t> h = counters.hist(), s = counters.sum_bins();
+    for (std::size_t w = 0; w < kWays; ++w) {
+      for (std::size_t i = 0; i < kBins; ++i) h[i] += hist[w][i];
+      for (std::size_t i = 0; i < kExponents; ++i) s[i] += sums[w][i];
+    }
   }
 };
 
