@@ -140,8 +140,8 @@ std::vector<float> folded_by_definition(const std::vector<std::vector<float>>& h
 TEST_CASE("folded projection equals per-head partials folded in ascending head order") {
   // Head counts below, at and past the fold's four-head step; row counts around the tiles;
   // vocabularies across the 96-row blocks; 1 to 3 threads; the backend's default (project_heads
-  // then fold_head_logits on the host) too. Folding the heads in descending order is not the
-  // same bits: the negative control that shows the comparison can fail.
+  // then fold_head_logits on the host) too; a fold continued by a second job. Folding the heads in
+  // descending order is not the same bits: the negative control that shows the comparison can fail.
   const int dim = 128;
   for (const int n_heads : {1, 2, 5, 16}) {
     for (const std::int64_t rows : {1, 17, 40}) {
@@ -178,6 +178,30 @@ TEST_CASE("folded projection equals per-head partials folded in ascending head o
         std::fill(logits.begin(), logits.end(), NAN);
         cpu->AttentionBackend::project_folded(std::span(&job, 1), dim, vocab);
         CHECK(same_bits(logits.data(), want.data(), want.size()));
+        // A chain of two: the first heads fold into the plane, a second job `continues` it with
+        // the rest (dlogp's TP ranks), on the tile and on the backend's default. Control: a second
+        // job that starts its own fold instead overwrites the first heads' sum.
+        if (n_heads >= 2) {
+          const auto split = job.heads.begin() + n_heads / 2;
+          FoldedProjectionJob head{{job.heads.begin(), split}, logits.data(), false},
+              tail{{split, job.heads.end()}, logits.data(), true};
+          for (const bool tile : {true, false}) {
+            CAPTURE(tile);
+            std::fill(logits.begin(), logits.end(), NAN);
+            for (const FoldedProjectionJob* j : {&head, &tail}) {
+              tile ? run_folded_projection_jobs(std::span(j, 1), dim, vocab, pool)
+                   : cpu->AttentionBackend::project_folded(std::span(j, 1), dim, vocab);
+            }
+            CHECK(same_bits(logits.data(), want.data(), want.size()));
+            tail.continues = false;
+            for (const FoldedProjectionJob* j : {&head, &tail}) {
+              tile ? run_folded_projection_jobs(std::span(j, 1), dim, vocab, pool)
+                   : cpu->AttentionBackend::project_folded(std::span(j, 1), dim, vocab);
+            }
+            CHECK_FALSE(same_bits(logits.data(), want.data(), want.size()));
+            tail.continues = true;
+          }
+        }
         if (n_heads >= 5) {
           const std::vector<float> reversed =
               folded_by_definition(hidden, heads, descending, rows, dim, vocab);

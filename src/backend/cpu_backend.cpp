@@ -29,7 +29,12 @@ void AttentionBackend::project_folded(std::span<const FoldedProjectionJob> jobs,
     std::vector<const float*> terms(heads.size());
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::size_t h = 0; h < heads.size(); ++h) terms[h] = heads[h].z + r * vocab;
-      fold_head_logits(terms.data(), static_cast<int>(terms.size()), vocab, j.logits + r * vocab);
+      const int n = static_cast<int>(terms.size());
+      if (j.continues) {
+        continue_head_fold(terms.data(), n, vocab, j.logits + r * vocab);
+      } else {
+        fold_head_logits(terms.data(), n, vocab, j.logits + r * vocab);
+      }
     }
   }
 }

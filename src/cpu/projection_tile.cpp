@@ -150,7 +150,7 @@ void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int d
     const FoldedProjectionJob& j = jobs[i];
     for (std::size_t h = 0; h < j.heads.size(); ++h) {
       project_vocab_block(j.heads[h], ht[first_head[i] + h].data(), b * kVocabBlock,
-                          vocab_end(b, vocab), dim, vocab, h > 0, j.logits);
+                          vocab_end(b, vocab), dim, vocab, h > 0 || j.continues, j.logits);
     }
   });
 }

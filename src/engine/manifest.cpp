@@ -1,6 +1,7 @@
 #include "cpdrift/engine/manifest.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 
 #include "cpdrift/core/errors.h"
@@ -266,21 +267,30 @@ int logit_steps(const CaseGrid& grid, int vocab) {
   return static_cast<int>(steps);
 }
 
+int dlogp_steps(const CaseGrid& grid, int vocab) {
+  return logit_steps(grid, vocab) + grid.spec.tp - 1;
+}
+
 std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
                                                    int vocab, int step) {
-  std::vector<MessageHeader> out;
-  if (dst.tp_rank != 0) return out;
-  const std::vector<Range> chunks = logit_chunks(grid, dst, vocab);
-  if (step >= static_cast<int>(chunks.size())) return out;
-  const Range& tokens = chunks[static_cast<std::size_t>(step)];
-  for (int t = 1; t < grid.spec.tp; ++t) {
-    const LogicalRank& src = grid.at(t, dst.cp_rank);
-    MessageHeader h =
-        rows_header(grid, MessageKind::logit_partial, src, dst, tokens, src.q_heads, 2LL * vocab);
-    h.width = vocab;
-    out.push_back(h);
-  }
-  return out;
+  const int tp = grid.spec.tp;
+  if (tp == 1) return {};
+  const LogicalRank& src = grid.at((dst.tp_rank + tp - 1) % tp, dst.cp_rank);
+  const std::vector<Range> chunks = logit_chunks(grid, src, vocab);
+  const int chunk = step - src.tp_rank;
+  if (chunk < 0 || chunk >= static_cast<int>(chunks.size())) return {};
+  // The plane folds the heads from the owner's first through the sender's last, and the
+  // sender's first is the one after the plane's heads before it: the chain follows the heads in
+  // ascending order only because TP rank t holds the t-th range of them.
+  const LogicalRank& owner = grid.at(0, dst.cp_rank);
+  if (src.tp_rank > 0 && grid.at(src.tp_rank - 1, src.cp_rank).q_heads.end != src.q_heads.begin)
+    throw std::logic_error("dlogp: the TP ranks' heads do not follow one another");
+  const Range& tokens = chunks[static_cast<std::size_t>(chunk)];
+  MessageHeader h = rows_header(grid, MessageKind::logit_partial, src, dst, tokens,
+                                Range{owner.q_heads.begin, src.q_heads.end}, 2LL * vocab);
+  h.width = vocab;
+  h.floats = 2LL * grid.problem.batch * tokens.size() * vocab;  // one plane, every head folded
+  return {h};
 }
 
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst) {

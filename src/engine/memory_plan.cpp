@@ -338,26 +338,21 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
     }
 
     if (o.vocab > 0) {
-      // One step's per-head partial logits of every hosted rank, and those received from TP
-      // ranks on other processes (logit_chunks).
-      const std::uint64_t chunk_rows = u64(logit_chunk_rows(grid, o.vocab));
+      // One step's logit planes (dlogp_steps), a chunk's logits folded over heads: per hosted
+      // rank the one it folds into and sends on and the one it receives, and per token owner
+      // the plane it took the logprobs of, kept for its next chunk.
+      const std::uint64_t plane =
+          2 * u64(p.batch) * u64(logit_chunk_rows(grid, o.vocab)) * u64(o.vocab) * kFloat;
       std::uint64_t partials = 0;
       for (const LogicalRank* r : hosted[proc]) {
         for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
           pr.lm_head.insert({o.vocab, h});
-        const std::uint64_t chunk =
-            2 * u64(p.batch) * u64(r->q_heads.size()) * chunk_rows * u64(o.vocab) * kFloat;
-        partials += chunk;
-        if (r->tp_rank != 0) continue;
-        for (int t = 1; t < grid.spec.tp; ++t) {
-          if (static_cast<std::size_t>(grid.at(t, r->cp_rank).id) % processes_.size() != proc)
-            partials += chunk;
-        }
+        partials += (r->tp_rank == 0 ? 3 : 2) * plane;
       }
       phase("dlogp", {{"references", references},
                       {"outputs kept", kept},
                       {"references cast as written", references},
-                      {"one step's partial logits", partials}});
+                      {"one step's logit planes", partials}});
     }
     if (!o.backward) continue;
     const std::uint64_t fp32_out = references;  // the FP32 path's output, same shape

@@ -194,7 +194,7 @@ CaseWork plan_case_work(const CaseGrid& grid, bool backward, int vocab) {
   if (backward) backward_work(grid, w.backward);
   reference_work(grid, backward, w);
   if (vocab > 0) {
-    const int steps = logit_steps(grid, vocab);
+    const int steps = dlogp_steps(grid, vocab);
     for (const LogicalRank& dst : grid.ranks) {
       for (int step = 0; step < steps; ++step)
         add_all(w.dlogp, expected_logit_partials(grid, dst, vocab, step));

@@ -21,8 +21,8 @@ enum class MessageKind : std::int32_t {
   backward_rows = 4,      // what the backward needs of a query range: q, dO ([B][heads][rows][D]
                           // each), then lse, Δ ([B][heads][rows] each)
   dq_partial = 5,         // partial dq of a query range against one KV block: [B][heads][rows][D]
-  logit_partial = 6,      // per-head partial logits of a token range, candidate then reference:
-                          // [2][B][heads][rows][vocab]
+  logit_partial = 6,      // logits of a token range folded over the heads [head_begin, head_end)
+                          // in ascending order, candidate then reference: [2][B][rows][vocab]
   reference_grads = 7,    // the CP=1 reference backward of one KV head's GQA group for a token
                           // range: dq [B][group][rows][D], then dk, dv [B][rows][D] each
   reference_forward = 8,  // the CP=1 reference forward of one KV head's GQA group for a token

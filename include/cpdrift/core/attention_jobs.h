@@ -111,10 +111,13 @@ struct ProjectionJob {
 
 /// Logits of `rows` tokens folded over heads in ascending order (logprob_math.h's
 /// fold_head_logits): logits[r][v] = ((z_0[r][v] + z_1[r][v]) + …) + z_last[r][v], z_h the
-/// partial logits of heads[h], whose rows are the same and whose z is not written.
+/// partial logits of heads[h], whose rows are the same and whose z is not written. With
+/// `continues`, `logits` already holds the fold of the heads before these, which goes on
+/// (continue_head_fold): logits[r][v] = ((logits[r][v] + z_0[r][v]) + …) + z_last[r][v].
 struct FoldedProjectionJob {
   std::vector<ProjectionJob> heads;
   float* logits = nullptr;  // [rows][vocab]
+  bool continues = false;
 };
 
 }  // namespace cpd

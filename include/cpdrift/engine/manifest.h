@@ -148,9 +148,17 @@ std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
 std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab);
 int logit_steps(const CaseGrid& grid, int vocab);
 
-/// dlogp, step `step`: the per-head partial logits the token owner (TP rank 0 of each CP rank)
-/// must receive: its step-th chunk from every other TP rank of its CP rank (TP ranks of one CP
-/// rank hold the same tokens). Nothing for other ranks, nor past the owner's last chunk.
+/// dlogp folds a chunk's logits along a chain of the TP ranks of its CP rank (which hold the
+/// same tokens): in step s, TP rank t continues its chunk s - t with its heads and sends the
+/// plane on, to t + 1 or from the last back to the owner (TP rank 0), which takes the logprobs.
+/// The steps that takes: logit_steps + TP - 1.
+int dlogp_steps(const CaseGrid& grid, int vocab);
+
+/// dlogp, step `step`: the logits `dst` must receive at the step's end, one plane
+/// [2][B][rows][vocab] folded over the heads from the owner's first through the sender's last:
+/// from the TP rank before it in the chain (the last, for the owner), of the chunk that rank
+/// worked on. Nothing at TP = 1, nor outside the sender's chunks. heads() names the heads folded
+/// into the plane, not a count of planes.
 std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
                                                    int vocab, int step);
 

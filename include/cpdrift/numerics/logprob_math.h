@@ -43,15 +43,21 @@ CPD_HD void add_head(float* __restrict__ out, const float* __restrict__ a, int n
 }
 }  // namespace detail
 
+/// logit[v] = ((logit[v] + z_0[v]) + z_1[v]) + …: the fold of earlier heads that `logits`
+/// holds, continued with these heads' partials in ascending order (none of them in `logits`).
+CPD_HD void continue_head_fold(const float* const* z, int heads, int vocab, float* logits) {
+  int h = 0;
+  for (; h + 4 <= heads; h += 4)
+    detail::add_four_heads(logits, z[h], z[h + 1], z[h + 2], z[h + 3], vocab);
+  for (; h < heads; ++h) detail::add_head(logits, z[h], vocab);
+}
+
 /// logit[v] = ((z_0[v] + z_1[v]) + …) + z_{heads-1}[v]: the heads' partial logits folded in
 /// ascending head order (z[h] holds head h's `vocab` partials, none of them in `logits`).
 CPD_HD void fold_head_logits(const float* const* z, int heads, int vocab, float* logits) {
   if (heads <= 0) return;
   for (int v = 0; v < vocab; ++v) logits[v] = z[0][v];
-  int h = 1;
-  for (; h + 4 <= heads; h += 4)
-    detail::add_four_heads(logits, z[h], z[h + 1], z[h + 2], z[h + 3], vocab);
-  for (; h < heads; ++h) detail::add_head(logits, z[h], vocab);
+  continue_head_fold(z + 1, heads - 1, vocab, logits);
 }
 
 /// log_softmax(logits)[target] in FP32.
