@@ -10,6 +10,7 @@
 namespace {
 
 using cpd::bf16_bits_rn;
+using cpd::bf16_bits_rn_select;
 using cpd::bits_of;
 using cpd::float_of_bits;
 
@@ -82,4 +83,27 @@ TEST_CASE("bf16: matches the FP64-distance oracle over a sweep of all bit patter
   }
   CHECK(checked > 17000000);
   CHECK(mismatches == 0);
+}
+
+TEST_CASE("bf16: the branch-free form equals bf16_bits_rn") {
+  // Every NaN and inf pattern (exponent all ones, both signs), every 251st pattern, and every
+  // pattern at or next to the rounding boundary (the vectorised digest and statistics passes
+  // use it). Control: a form that forgets to quiet NaNs differs on signalling ones.
+  std::uint64_t mismatches = 0, unquieted_differs = 0, checked = 0;
+  const auto check = [&](std::uint32_t bits) {
+    const std::uint32_t got = bf16_bits_rn_select(bits);
+    mismatches += got != bf16_bits_rn(float_of_bits(bits)) ? 1 : 0;
+    unquieted_differs += got != ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) ? 1 : 0;
+    ++checked;
+  };
+  for (std::uint32_t sign : {0u, 0x80000000u}) {
+    for (std::uint32_t m = 0; m < 0x800000u; ++m) check(sign | 0x7f800000u | m);
+  }
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 251) check(static_cast<std::uint32_t>(u));
+  for (std::uint32_t hi = 0; hi < 0x10000u; ++hi) {
+    for (std::uint32_t lo : {0x7ffeu, 0x7fffu, 0x8000u, 0x8001u}) check((hi << 16) | lo);
+  }
+  CHECK(checked > 33000000);
+  CHECK(mismatches == 0);
+  CHECK(unquieted_differs > 0);
 }

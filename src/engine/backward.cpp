@@ -242,6 +242,24 @@ BackwardUnit head_unit(const CaseGrid& grid, const KvBlock& kb, int b, std::int6
   return unit;
 }
 
+// A partial-dq message's payload ([B·heads][part][D]): the units write the rows of the query
+// blocks that see the KV block, and only those are read where it is folded (fold_dq); the rows
+// of the blocks before it are zeroed, so the message carries no stale bytes.
+FloatBuffer partial_dq_buffer(const CaseGrid& grid, const KvBlock& kb, const Range& part,
+                              const MessageHeader& h) {
+  FloatBuffer dq = unwritten_floats(static_cast<std::size_t>(h.floats));
+  const int dim = grid.problem.dims.head_dim;
+  const std::int64_t slots = h.floats / (part.size() * dim);
+  for (const KvBlock& qb : blocks_in(grid, part)) {
+    if (causally_visible(kb.range, qb.range)) continue;
+    for (std::int64_t slot = 0; slot < slots; ++slot) {
+      float* rows = dq.data() + (slot * part.size() + (qb.range.begin - part.begin)) * dim;
+      std::fill(rows, rows + qb.range.size() * dim, 0.0f);
+    }
+  }
+  return dq;
+}
+
 // The round's block pairs of KV owner `o` (gradients grads[grad]; its K and V read in place from
 // the input memo), for the round's rows it serves.
 void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t grad,
@@ -257,7 +275,7 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
       if (parts[s].empty() || !causally_visible(kb.range, parts[s])) continue;
       const MessageHeader h = dq_partial_header(grid, *served[s].owner, parts[s], kb);
       message_of[s] = round.partials.size();
-      round.partials.push_back(Message{h, FloatBuffer(static_cast<std::size_t>(h.floats), 0.0f)});
+      round.partials.push_back(Message{h, partial_dq_buffer(grid, kb, parts[s], h)});
     }
     if (message_of.empty()) continue;
     for (int b = 0; b < grid.problem.batch; ++b) {
@@ -475,7 +493,14 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     inputs.prepare(TensorId::d_out, q_shape);
     inputs.prepare(TensorId::k, kv_shape);
     inputs.prepare(TensorId::v, kv_shape);
-    grads.push_back(RankGradients{o, Shard(q_shape), Shard(kv_shape), Shard(kv_shape), {}, {}});
+    // Every row is written whole: dq by its query block's fold (a block always sees its own KV
+    // block), dK and dV by their KV block's.
+    grads.push_back(RankGradients{o,
+                                  Shard(q_shape, Uninitialized{}),
+                                  Shard(kv_shape, Uninitialized{}),
+                                  Shard(kv_shape, Uninitialized{}),
+                                  {},
+                                  {}});
     if (te_p2p_lane)
       grads.back().te_p2p = LaneGradients{Shard(q_shape), Shard(kv_shape), Shard(kv_shape)};
     for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {

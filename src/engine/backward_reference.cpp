@@ -167,18 +167,20 @@ std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore
 
 namespace {
 
-// Appends rows `tokens` of heads `heads` of `s`, [B][heads][rows][width]: a payload piece.
-void append_rows(const Shard& s, const Range& heads, const Range& tokens, FloatBuffer& payload) {
+// Copies rows `tokens` of heads `heads` of `s` to `at`, [B][heads][rows][width]: a payload
+// piece; returns what follows it.
+float* put_rows(const Shard& s, const Range& heads, const Range& tokens, float* at) {
   const std::int64_t row = s.shape.local_row(tokens.begin), n = tokens.size() * s.shape.width;
   for (int b = 0; b < s.shape.batch; ++b) {
-    for (std::int64_t h = heads.begin; h < heads.end; ++h) {
+    for (std::int64_t h = heads.begin; h < heads.end; ++h, at += n) {
       const float* from = s.at(b, h, row);
-      payload.insert(payload.end(), from, from + n);
+      std::copy(from, from + n, at);
     }
   }
+  return at;
 }
 
-// The inverse of append_rows: reads the piece at `at` into `s`; returns what follows it.
+// The inverse of put_rows: reads the piece at `at` into `s`; returns what follows it.
 const float* take_rows(const float* at, Shard& s, const Range& heads, const Range& tokens) {
   const std::int64_t row = s.shape.local_row(tokens.begin), n = tokens.size() * s.shape.width;
   for (int b = 0; b < s.shape.batch; ++b) {
@@ -193,15 +195,11 @@ Range group_heads(std::int64_t g, std::int64_t group) { return Range{g * group, 
 
 // The rows `tokens` of a whole-sequence result of KV head g's group, packed as the
 // reference_grads payload: dq [B][group][rows][D], then dk, dv [B][rows][D].
-FloatBuffer pack_reference(const LocalCp1Backward::Result& full, std::int64_t g, std::int64_t group,
-                           const Range& tokens) {
-  FloatBuffer payload;
-  payload.reserve(static_cast<std::size_t>(full.dk.shape.batch * (group + 2) * tokens.size() *
-                                           full.dk.shape.width));
-  append_rows(full.dq, group_heads(g, group), tokens, payload);
-  append_rows(full.dk, Range{g, g + 1}, tokens, payload);
-  append_rows(full.dv, Range{g, g + 1}, tokens, payload);
-  return payload;
+void pack_reference(const LocalCp1Backward::Result& full, std::int64_t g, std::int64_t group,
+                    const Range& tokens, float* payload) {
+  payload = put_rows(full.dq, group_heads(g, group), tokens, payload);
+  payload = put_rows(full.dk, Range{g, g + 1}, tokens, payload);
+  put_rows(full.dv, Range{g, g + 1}, tokens, payload);
 }
 
 void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Result& into) {
@@ -219,7 +217,7 @@ void unpack_reference(const Message& m, std::int64_t group, LocalCp1Backward::Re
 std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& transport,
                                             const std::vector<LogicalRank>& hosted,
                                             const std::vector<const AttnShard*>& reference,
-                                            int round, int per_round) {
+                                            int round, int per_round, ThreadPool& pool) {
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
   const std::int64_t group = p.dims.group_size();
@@ -227,39 +225,50 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
     return reference_kv_heads(grid, r, round, per_round);
   };
   std::vector<Message> outgoing;
+  std::vector<const AttnShard*> rows_of;  // per message, the rows it packs
   for (std::size_t i = 0; i < hosted.size(); ++i) {
     const LogicalRank& src = hosted[i];
-    const AttnShard& rows = *reference[i];
     for (int c = 0; c < grid.spec.cp; ++c) {
       const LogicalRank& dst = grid.at(src.tp_rank, c);
       const Range heads = block_of(dst);
       for (std::int64_t g = heads.begin; g < heads.end; ++g) {
         for (const Range& t : src.tokens) {
-          Message m{reference_forward_header(grid, src, dst, t, g), {}};
-          m.payload.reserve(static_cast<std::size_t>(m.header.floats));
-          append_rows(rows.out, group_heads(g, group), t, m.payload);
-          append_rows(rows.lse, group_heads(g, group), t, m.payload);
-          outgoing.push_back(std::move(m));
+          const MessageHeader h = reference_forward_header(grid, src, dst, t, g);
+          outgoing.push_back(Message{h, unwritten_floats(static_cast<std::size_t>(h.floats))});
+          rows_of.push_back(reference[i]);
         }
       }
     }
   }
+  // Packed and unpacked a message a task: each writes its own payload, or its own rows.
+  pool.parallel_for(static_cast<std::int64_t>(outgoing.size()), [&](std::int64_t k) {
+    Message& m = outgoing[static_cast<std::size_t>(k)];
+    const AttnShard& rows = *rows_of[static_cast<std::size_t>(k)];
+    const Range heads = group_heads(m.header.head_begin, group), t = m.header.tokens();
+    put_rows(rows.lse, heads, t, put_rows(rows.out, heads, t, m.payload.data()));
+  });
   std::map<int, Inbox> inboxes =
       protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
         return expected_reference_forward(grid, dst, round, per_round);
       });
+  // Every row of a rank's round heads comes from one message: the TP group's ranks hold the
+  // whole sequence between them.
   std::vector<AttnShard> out;
+  std::vector<std::pair<const Message*, AttnShard*>> unpack;
+  out.reserve(hosted.size());
   for (const LogicalRank& r : hosted) {
     const Range block = block_of(r);
     const Range heads{block.begin * group, block.end * group}, all{0, p.seq_len};
-    AttnShard f{Shard(ShardShape{batch, heads, {all}, dim}),
-                Shard(ShardShape{batch, heads, {all}, 1})};
-    for (const Message& m : inboxes.at(r.id).messages()) {
-      const Range heads_of_m = group_heads(m.header.head_begin, group), t = m.header.tokens();
-      take_rows(take_rows(m.payload.data(), f.out, heads_of_m, t), f.lse, heads_of_m, t);
-    }
-    out.push_back(std::move(f));
+    AttnShard& f =
+        out.emplace_back(AttnShard{Shard(ShardShape{batch, heads, {all}, dim}, Uninitialized{}),
+                                   Shard(ShardShape{batch, heads, {all}, 1}, Uninitialized{})});
+    for (const Message& m : inboxes.at(r.id).messages()) unpack.emplace_back(&m, &f);
   }
+  pool.parallel_for(static_cast<std::int64_t>(unpack.size()), [&](std::int64_t k) {
+    const auto [m, f] = unpack[static_cast<std::size_t>(k)];
+    const Range heads = group_heads(m->header.head_begin, group), t = m->header.tokens();
+    take_rows(take_rows(m->payload.data(), f->out, heads, t), f->lse, heads, t);
+  });
   return out;
 }
 
@@ -275,11 +284,13 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   if (reference.size() != hosted.size())
     throw std::invalid_argument("shared_cp1_backward: one reference forward per hosted rank");
+  // Every row is unpacked from a message: each KV head of the TP group is computed by one CP
+  // rank in one round and sent to all of them.
   std::vector<LocalCp1Backward::Result> out;
   for (const LogicalRank& r : hosted) {
-    out.push_back(LocalCp1Backward::Result{Shard(query_shape(grid, r, dim)),
-                                           Shard(ShardShape{batch, r.kv_heads, r.tokens, dim}),
-                                           Shard(ShardShape{batch, r.kv_heads, r.tokens, dim})});
+    const ShardShape kv{batch, r.kv_heads, r.tokens, dim};
+    out.push_back(LocalCp1Backward::Result{Shard(query_shape(grid, r, dim), Uninitialized{}),
+                                           Shard(kv, Uninitialized{}), Shard(kv, Uninitialized{})});
   }
   // KV heads a round: enough units (query heads × batch) for the widest process's threads,
   // agreed, since every process must count the same rounds.
@@ -290,8 +301,9 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
   // A round at a time: each CP rank's KV heads of the round, computed, shipped and freed.
   for (int round = 0; round < reference_rounds(grid, per_round); ++round) {
     const std::vector<AttnShard> forward =
-        gather_round_forward(grid, transport, hosted, reference, round, per_round);
+        gather_round_forward(grid, transport, hosted, reference, round, per_round, inputs.pool());
     std::vector<Message> outgoing;
+    ThreadPool& pool = inputs.pool();
     for (std::size_t i = 0; i < hosted.size(); ++i) {
       const LogicalRank& r = hosted[i];
       const Range heads = reference_kv_heads(grid, r, round, per_round);
@@ -299,24 +311,35 @@ std::vector<LocalCp1Backward::Result> shared_cp1_backward(
       const std::shared_ptr<const LocalCp1Backward::Result> full = memo.get(
           inputs, ShardShape{batch, Range{heads.begin * group, heads.end * group}, {all}, dim},
           ShardShape{batch, heads, {all}, dim}, &forward[i]);
+      const std::size_t first = outgoing.size();
       for (std::int64_t g = heads.begin; g < heads.end; ++g) {
         for (int c = 0; c < grid.spec.cp; ++c) {
           const LogicalRank& dst = grid.at(r.tp_rank, c);
           for (const Range& t : dst.tokens) {
-            outgoing.push_back(Message{reference_grads_header(grid, r, dst, t, g),
-                                       pack_reference(*full, g, group, t)});
+            const MessageHeader h = reference_grads_header(grid, r, dst, t, g);
+            outgoing.push_back(Message{h, unwritten_floats(static_cast<std::size_t>(h.floats))});
           }
         }
       }
+      // Packed a message a task (each writes its own payload), before the next rank's result.
+      pool.parallel_for(static_cast<std::int64_t>(outgoing.size() - first), [&](std::int64_t k) {
+        Message& m = outgoing[first + static_cast<std::size_t>(k)];
+        pack_reference(*full, m.header.head_begin, group, m.header.tokens(), m.payload.data());
+      });
     }
     std::map<int, Inbox> inboxes =
         protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
           return expected_reference_grads(grid, dst, round, per_round);
         });
+    // Unpacked a message a task: each writes its own rows.
+    std::vector<std::pair<const Message*, LocalCp1Backward::Result*>> unpack;
     for (std::size_t i = 0; i < hosted.size(); ++i) {
-      for (const Message& m : inboxes.at(hosted[i].id).messages())
-        unpack_reference(m, group, out[i]);
+      for (const Message& m : inboxes.at(hosted[i].id).messages()) unpack.emplace_back(&m, &out[i]);
     }
+    pool.parallel_for(static_cast<std::int64_t>(unpack.size()), [&](std::int64_t k) {
+      unpack_reference(*unpack[static_cast<std::size_t>(k)].first, group,
+                       *unpack[static_cast<std::size_t>(k)].second);
+    });
   }
   return out;
 }

@@ -1,6 +1,7 @@
 #include "cpdrift/engine/local_cp1.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
@@ -52,10 +53,22 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
 
 namespace {
 
-// Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`.
-void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens) {
-  cpd::copy_rows(from.out, to.out, heads, tokens);
-  cpd::copy_rows(from.lse, to.lse, heads, tokens);
+// Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`: a (batch, head) a
+// task on the pool.
+void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens,
+               ThreadPool& pool) {
+  const std::int64_t n = heads.size();
+  pool.parallel_for(to.out.shape.batch * n, [&](std::int64_t i) {
+    const int b = static_cast<int>(i / n);
+    const std::int64_t h = heads.begin + i % n;
+    for (const auto part : {&AttnShard::out, &AttnShard::lse}) {
+      const Shard& src = from.*part;
+      Shard& dst = to.*part;
+      std::memcpy(dst.at(b, h, dst.shape.local_row(tokens.begin)),
+                  src.at(b, h, src.shape.local_row(tokens.begin)),
+                  static_cast<std::size_t>(tokens.size() * dst.shape.width) * sizeof(float));
+    }
+  });
 }
 
 }  // namespace
@@ -81,7 +94,8 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   }
   if (missing.empty()) {
     AttnShard result = AttnShard::unwritten(out);
-    for (const Range& t : rows.tokens) copy_rows(find(t)->data, result, rows.heads, t);
+    for (const Range& t : rows.tokens)
+      copy_rows(find(t)->data, result, rows.heads, t, inputs.pool());
     return result;
   }
   AttnShard fresh =
@@ -93,7 +107,7 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
     held_bytes_ += bytes;
     for (const Range& t : missing) {
       Entry e{rows.heads, t, AttnShard::unwritten(ShardShape{rows.batch, rows.heads, {t}, dim})};
-      copy_rows(fresh, e.data, rows.heads, t);
+      copy_rows(fresh, e.data, rows.heads, t, inputs.pool());
       entries.push_back(std::move(e));
     }
   }
@@ -101,7 +115,7 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   AttnShard result = AttnShard::unwritten(out);
   for (const Range& t : rows.tokens) {
     const Entry* e = find(t);
-    copy_rows(e != nullptr ? e->data : fresh, result, rows.heads, t);
+    copy_rows(e != nullptr ? e->data : fresh, result, rows.heads, t, inputs.pool());
   }
   return result;
 }

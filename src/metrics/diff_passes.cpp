@@ -5,6 +5,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpdrift/numerics/bf16.h"
+
 namespace cpd::diff_passes {
 namespace {
 
@@ -27,12 +29,7 @@ inline std::uint32_t order_key(std::uint32_t u) {
 }
 
 // round_bf16's bits without branches (the same result: NaN quieted, otherwise to nearest even).
-inline std::uint32_t round_bf16_bits(std::uint32_t u) {
-  const std::uint32_t nan = 0u - static_cast<std::uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
-  const std::uint32_t quiet = (u >> 16) | 0x0040u;
-  const std::uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return ((quiet & nan) | (nearest & ~nan)) << 16;
-}
+inline std::uint32_t round_bf16_bits(std::uint32_t u) { return bf16_bits_rn_select(u) << 16; }
 
 struct BlockDiffs {
   std::uint32_t diff[kBlock];  // the diff's bits, 0 for an exact match

@@ -20,7 +20,8 @@ class TensorHasher {
       return;
     }
     staging_.resize(n);
-    for (std::size_t j = 0; j < n; ++j) staging_[j] = bf16_bits_rn(rows[j]);
+    for (std::size_t j = 0; j < n; ++j)
+      staging_[j] = static_cast<std::uint16_t>(bf16_bits_rn_select(bits_of(rows[j])));
     sha_.update(staging_.data(), n * sizeof(std::uint16_t));
   }
   std::string finish() { return Sha256::hex(sha_.finish()); }

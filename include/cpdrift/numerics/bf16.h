@@ -18,6 +18,15 @@ CPD_HD std::uint16_t bf16_bits_rn(float x) {
   return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
 }
 
+/// bf16_bits_rn of the FP32 bit pattern `u`, without a branch (the NaN case selected, not
+/// jumped to), so that loops over many values vectorise. The same bits for every input.
+CPD_HD std::uint32_t bf16_bits_rn_select(std::uint32_t u) {
+  const std::uint32_t nan = 0u - static_cast<std::uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  const std::uint32_t quiet = (u >> 16) | 0x0040u;
+  const std::uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (quiet & nan) | (nearest & ~nan);
+}
+
 /// The FP32 value of a BF16 bit pattern (exact).
 CPD_HD float bf16_to_f32(std::uint16_t b) {
   return float_of_bits(static_cast<std::uint32_t>(b) << 16);
