@@ -60,22 +60,45 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
     }
   }
   if (missing.empty()) return;
-  // One head at a time: the generation buffer stays a head's rows (values do not depend on how
-  // the rows are requested).
+  // Every head, a piece of the missing rows at a time: the generation buffer stays one head's
+  // rows, as many as are missing, and a row's RoPE cos and sin are computed once for all the
+  // heads (a head at a time, each head computed them again). Values do not depend on how the
+  // rows are requested. The missing ranges start on blocks and end on them (or at seq_len), and
+  // so do the pieces, which are whole blocks.
+  const std::int64_t heads = shape.heads.size();
+  std::int64_t total = 0;
+  for (const Range& r : missing) total += r.size();
+  const std::int64_t piece_rows = std::max(kBlockRows, total / heads / kBlockRows * kBlockRows);
+  std::vector<Plane*> planes;  // [b][h]; the map is filled here, not on the pool
+  for (int b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h)
+      planes.push_back(&plane(tensor, b, h));
+  }
   const int d = problem_.dims.head_dim;
-  for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
-    const ShardShape fill{shape.batch, Range{h, h + 1}, missing, shape.width};
+  std::size_t next = 0;
+  std::int64_t at = missing.front().begin;
+  while (next < missing.size()) {
+    std::vector<Range> piece;
+    for (std::int64_t rows = 0; next < missing.size() && rows < piece_rows;) {
+      const std::int64_t end = std::min(missing[next].end, at + (piece_rows - rows));
+      piece.push_back(Range{at, end});
+      rows += end - at;
+      at = end;
+      if (at == missing[next].end && ++next < missing.size()) at = missing[next].begin;
+    }
+    const ShardShape fill{shape.batch, shape.heads, piece, shape.width};
     const Shard fresh = backend_->generate_shard(problem_, tensor, fill, InputPrecision::fp32);
-    for (int b = 0; b < shape.batch; ++b) {
-      Plane& p = plane(tensor, b, h);
-      for (const Range& r : missing) {
+    pool_.parallel_for(static_cast<std::int64_t>(planes.size()), [&](std::int64_t i) {
+      const int b = static_cast<int>(i / heads);
+      const std::int64_t h = shape.heads.begin + i % heads;
+      Plane& p = *planes[static_cast<std::size_t>(i)];
+      for (const Range& r : piece) {
         std::memcpy(p.rows.get() + r.begin * d, fresh.at(b, h, fill.local_row(r.begin)),
                     static_cast<std::size_t>(r.size() * d) * sizeof(float));
-        for (std::int64_t blk = r.begin / kBlockRows; blk * kBlockRows < r.end; ++blk) {
+        for (std::int64_t blk = r.begin / kBlockRows; blk * kBlockRows < r.end; ++blk)
           p.generated[static_cast<std::size_t>(blk)] = true;
-        }
       }
-    }
+    });
   }
 }
 

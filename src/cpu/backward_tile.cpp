@@ -115,11 +115,12 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
   }
 }
 
-void fold_terms(std::span<const float* const> terms, std::size_t n, float* out) {
+void fold_terms(std::span<const float* const> terms, std::size_t n, float* out,
+                std::size_t offset) {
   if (terms.empty()) return;
-  std::copy(terms[0], terms[0] + n, out);
+  std::copy(terms[0] + offset, terms[0] + offset + n, out);
   for (std::size_t t = 1; t < terms.size(); ++t) {
-    const float* x = terms[t];
+    const float* x = terms[t] + offset;
     for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + x[i];
   }
 }

@@ -109,12 +109,9 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
     const auto [fi, e] = pieces[static_cast<std::size_t>(i)];
     const Fold& f = folds[fi];
     const std::size_t n = std::min(kPiece, f.n - e);
-    std::vector<const float*> dk_terms, dv_terms;
-    for (const float* t : f.dk_terms) dk_terms.push_back(t + e);
-    for (const float* t : f.dv_terms) dv_terms.push_back(t + e);
-    fold_terms(dk_terms, n, f.dk + e);
+    fold_terms(f.dk_terms, n, f.dk + e, e);
     for (std::size_t j = 0; j < n; ++j) f.dk[e + j] *= scale;
-    fold_terms(dv_terms, n, f.dv + e);
+    fold_terms(f.dv_terms, n, f.dv + e, e);
   });
 }
 

@@ -36,7 +36,9 @@ void run_backward_units(std::span<const BackwardUnit> units, int dim, float scal
                         ThreadPool& pool);
 
 /// out ← first term, then out = out + term for each further term (the canonical fold of
-/// partial sums over blocks or heads), element-wise over `n` floats.
-void fold_terms(std::span<const float* const> terms, std::size_t n, float* out);
+/// partial sums over blocks or heads), element-wise over `n` floats: elements [offset,
+/// offset + n) of each term into out[0, n).
+void fold_terms(std::span<const float* const> terms, std::size_t n, float* out,
+                std::size_t offset = 0);
 
 }  // namespace cpd

@@ -138,7 +138,8 @@ inline Range intersection(const Range& a, const Range& b) {
 }
 
 /// dlogp runs in steps of token chunks, so that a step's per-head partial logits (2·B·heads·
-/// rows·vocab floats on a rank) stay within kLogitChunkBytes whatever the vocabulary, or hold
+/// rows·vocab floats on a rank, where a backend projects the heads apart before folding them;
+/// the CPU folds them in its tile) stay within kLogitChunkBytes whatever the vocabulary, or hold
 /// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
 /// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
 /// order), and how many steps the case takes (the most chunks any rank has).
