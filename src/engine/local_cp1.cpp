@@ -1,7 +1,6 @@
 #include "cpdrift/engine/local_cp1.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "cpdrift/backend/attention_backend.h"
 #include "cpdrift/cpu/attention.h"
@@ -53,21 +52,14 @@ AttnShard compute_local_cp1(InputStore& inputs, const PathSpec& path,
 
 namespace {
 
-// Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`: a (batch, head) a
-// task on the pool.
+// Copies rows [tokens] of heads [heads], out and lse, from `from` into `to`: a head a task on
+// the pool.
 void copy_rows(const AttnShard& from, AttnShard& to, const Range& heads, const Range& tokens,
                ThreadPool& pool) {
-  const std::int64_t n = heads.size();
-  pool.parallel_for(to.out.shape.batch * n, [&](std::int64_t i) {
-    const int b = static_cast<int>(i / n);
-    const std::int64_t h = heads.begin + i % n;
-    for (const auto part : {&AttnShard::out, &AttnShard::lse}) {
-      const Shard& src = from.*part;
-      Shard& dst = to.*part;
-      std::memcpy(dst.at(b, h, dst.shape.local_row(tokens.begin)),
-                  src.at(b, h, src.shape.local_row(tokens.begin)),
-                  static_cast<std::size_t>(tokens.size() * dst.shape.width) * sizeof(float));
-    }
+  pool.parallel_for(heads.size(), [&](std::int64_t i) {
+    const Range head{heads.begin + i, heads.begin + i + 1};
+    cpd::copy_rows(from.out, to.out, head, tokens);
+    cpd::copy_rows(from.lse, to.lse, head, tokens);
   });
 }
 
