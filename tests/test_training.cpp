@@ -333,15 +333,16 @@ TEST_CASE("dlogp: in steps of token chunks at V=4096, each token's canonical log
   // At V = 4096 a step holds a few rows (logit_chunks), so the leg takes several steps, each
   // with its own messages under TP = 2; every token equals the definition computed directly:
   // per-head partial logits through lm_head_columns, folded in ascending head order,
-  // log_softmax at the target. Chunks of 16 rows: the budget, 16 MiB / (2·B·32 heads·4096·4 B),
-  // would give 8 at B = 2, below the one projection tile a chunk holds at least.
+  // log_softmax at the target. Chunks of 32 rows: the budget, 64 MiB / (2·B·32 heads·4096·4 B)
+  // at B = 2.
   Problem p = small_problem();
   p.batch = 2;
   const int vocab = 4096, dim = p.dims.head_dim, hq = p.dims.num_q_heads, width = hq * dim;
   const CaseSpec one{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs};
-  CHECK(logit_chunk_rows(CaseGrid(p, one), vocab) == 16);
-  CHECK(logit_steps(CaseGrid(p, one), vocab) == p.seq_len / 16);
-  CHECK(logit_chunk_rows(CaseGrid(p, one), 17) > p.seq_len);  // one step
+  CHECK(logit_chunk_rows(CaseGrid(p, one), vocab) == 32);
+  CHECK(logit_steps(CaseGrid(p, one), vocab) == p.seq_len / 32);
+  CHECK(logit_chunk_rows(CaseGrid(p, one), 17) > p.seq_len);                 // one step
+  CHECK(logit_chunk_rows(CaseGrid(p, one), 1 << 17) == kLogitChunkMinRows);  // a tile at least
   const std::vector<float> got = logprobs(p, one, vocab);
   CHECK(std::memcmp(logprobs(p, CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab).data(),
                     got.data(), got.size() * sizeof(float)) == 0);

@@ -24,13 +24,22 @@ constexpr int kTiles = 1, kVocabStep = 6;
 // floats, 48 KiB at D = 128) stay in cache while every row tile of the job passes over them.
 constexpr std::int64_t kVocabBlock = 96;
 
-// Logits of T row tiles (transposed in ht, [tile][d][16], `n` rows valid in all) for
-// vocabulary rows [v, v + V) of w: acc = fma(h[d], w[d], acc) from +0 over d ascending, per
-// lane, so the bits are head_partial_logits's. Stored into z, or with `fold` added to what z
-// holds (z = z + acc, one step of fold_head_logits).
+// A work item's logits while its heads are folded: [row tile][vocabulary row of the block][lane],
+// the layout the register blocks leave them in, so that a head adds its block with whole-vector
+// adds and only the finished fold is turned into z's [row][vocab].
+using LaneBlock = std::vector<float>;
+
+std::size_t lane_floats(std::int64_t rows) {
+  return static_cast<std::size_t>((rows + kTileRows - 1) / kTileRows * kVocabBlock * kTileRows);
+}
+
+// Logits of T row tiles (transposed in ht, [tile][d][16]) for vocabulary rows [v, v + V) of w:
+// acc = fma(h[d], w[d], acc) from +0 over d ascending, per lane, so the bits are
+// head_partial_logits's. Written into the lane block (lanes[tile][v - v0][16]) with `first`,
+// else added to what it holds (lanes = lanes + acc, one step of fold_head_logits).
 template <int T, int V>
-void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std::int64_t v,
-                   int dim, int vocab, bool fold, float* z) {
+void project_block(const float* ht, const float* w, std::int64_t ldw, std::int64_t v,
+                   std::int64_t v0, int dim, bool first, float* lanes) {
   F16 acc[T][V];
   const float* wv[V];
   for (int x = 0; x < V; ++x) {
@@ -47,42 +56,60 @@ void project_block(const float* ht, int n, const float* w, std::int64_t ldw, std
     }
   }
   for (int t = 0; t < T; ++t) {
-    alignas(64) float lanes[V][kTileRows];
-    for (int x = 0; x < V; ++x) simd::store(lanes[x], acc[t][x]);
-    for (int r = 0; r < std::min(kTileRows, n - t * kTileRows); ++r) {
-      float* out = z + (t * kTileRows + r) * std::int64_t{vocab} + v;
-      if (fold) {
-        for (int x = 0; x < V; ++x) out[x] = out[x] + lanes[x][r];
-      } else {
-        for (int x = 0; x < V; ++x) out[x] = lanes[x][r];
-      }
+    for (int x = 0; x < V; ++x) {
+      float* to = lanes + (t * kVocabBlock + (v - v0) + x) * kTileRows;
+      simd::store(to, first ? acc[t][x] : simd::add(simd::load(to), acc[t][x]));
     }
   }
 }
 
-// Vocabulary rows [v0, v1) for T row tiles (transposed in ht) holding n rows.
+// Vocabulary rows [v0, v1) for T row tiles (transposed in ht).
 template <int T>
-void project_tiles(const float* ht, int n, const ProjectionJob& j, std::int64_t v0, std::int64_t v1,
-                   int dim, int vocab, bool fold, float* z) {
+void project_tiles(const float* ht, const ProjectionJob& j, std::int64_t v0, std::int64_t v1,
+                   int dim, bool first, float* lanes) {
   std::int64_t v = v0;
   for (; v + kVocabStep <= v1; v += kVocabStep)
-    project_block<T, kVocabStep>(ht, n, j.w, j.ldw, v, dim, vocab, fold, z);
-  for (; v < v1; ++v) project_block<T, 1>(ht, n, j.w, j.ldw, v, dim, vocab, fold, z);
+    project_block<T, kVocabStep>(ht, j.w, j.ldw, v, v0, dim, first, lanes);
+  for (; v < v1; ++v) project_block<T, 1>(ht, j.w, j.ldw, v, v0, dim, first, lanes);
 }
 
-// Vocabulary rows [v0, v1) for every row of the job (transposed in ht, a tile after another),
-// into z ([rows][vocab]), or added to it with `fold`.
+// Vocabulary rows [v0, v1) for every row of the job (transposed in ht, a tile after another)
+// into the lane block, or added to it unless `first`.
 void project_vocab_block(const ProjectionJob& j, const float* ht, std::int64_t v0, std::int64_t v1,
-                         int dim, int vocab, bool fold, float* z) {
-  const std::int64_t tile = std::int64_t{dim} * kTileRows;
-  std::int64_t r = 0;
-  for (; r + kTiles * kTileRows <= j.rows; r += kTiles * kTileRows) {
-    project_tiles<kTiles>(ht + r / kTileRows * tile, kTiles * kTileRows, j, v0, v1, dim, vocab,
-                          fold, z + r * vocab);
+                         int dim, bool first, float* lanes) {
+  const std::int64_t tiles = (j.rows + kTileRows - 1) / kTileRows,
+                     tile = std::int64_t{dim} * kTileRows;
+  std::int64_t t = 0;
+  for (; t + kTiles <= tiles; t += kTiles)
+    project_tiles<kTiles>(ht + t * tile, j, v0, v1, dim, first,
+                          lanes + t * kVocabBlock * kTileRows);
+  for (; t < tiles; ++t)
+    project_tiles<1>(ht + t * tile, j, v0, v1, dim, first, lanes + t * kVocabBlock * kTileRows);
+}
+
+// Where row r's logit of vocabulary row v0 sits in a lane block of the block starting at v0
+// (the next vocabulary row kTileRows floats on).
+std::int64_t lane_of(std::int64_t r) {
+  return r / kTileRows * kVocabBlock * kTileRows + r % kTileRows;
+}
+
+// z[r][v] = lanes for v in [v0, v1): the block's finished logits into z's rows.
+void lanes_to_rows(const float* lanes, std::int64_t rows, int vocab, std::int64_t v0,
+                   std::int64_t v1, float* z) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* from = lanes + lane_of(r);
+    float* row = z + r * vocab + v0;
+    for (std::int64_t x = 0; x < v1 - v0; ++x) row[x] = from[x * kTileRows];
   }
-  for (; r < j.rows; r += kTileRows) {
-    const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, j.rows - r));
-    project_tiles<1>(ht + r / kTileRows * tile, n, j, v0, v1, dim, vocab, fold, z + r * vocab);
+}
+
+// The lane block from z's rows (a fold that continues the plane z holds).
+void rows_to_lanes(const float* z, std::int64_t rows, int vocab, std::int64_t v0, std::int64_t v1,
+                   float* lanes) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* to = lanes + lane_of(r);
+    const float* row = z + r * vocab + v0;
+    for (std::int64_t x = 0; x < v1 - v0; ++x) to[x * kTileRows] = row[x];
   }
 }
 
@@ -108,9 +135,12 @@ void transpose_rows(const ProjectionJob& j, int dim, std::vector<float>& ht) {
 void project_rows(const ProjectionJob& job, int dim, int vocab) {
   std::vector<float> ht;
   transpose_rows(job, dim, ht);
-  for (std::int64_t b = 0; b < blocks_of(vocab); ++b)
-    project_vocab_block(job, ht.data(), b * kVocabBlock, vocab_end(b, vocab), dim, vocab, false,
-                        job.z);
+  LaneBlock lanes(lane_floats(job.rows));
+  for (std::int64_t b = 0; b < blocks_of(vocab); ++b) {
+    const std::int64_t v0 = b * kVocabBlock, v1 = vocab_end(b, vocab);
+    project_vocab_block(job, ht.data(), v0, v1, dim, true, lanes.data());
+    lanes_to_rows(lanes.data(), job.rows, vocab, v0, v1, job.z);
+  }
 }
 
 void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab,
@@ -122,17 +152,19 @@ void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab
   });
   const std::int64_t blocks = blocks_of(vocab);
   pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
-    const auto i = static_cast<std::size_t>(item / blocks);
-    const std::int64_t b = item % blocks;
-    project_vocab_block(jobs[i], ht[i].data(), b * kVocabBlock, vocab_end(b, vocab), dim, vocab,
-                        false, jobs[i].z);
+    const ProjectionJob& j = jobs[static_cast<std::size_t>(item / blocks)];
+    const std::int64_t v0 = item % blocks * kVocabBlock, v1 = vocab_end(item % blocks, vocab);
+    LaneBlock lanes(lane_floats(j.rows));
+    project_vocab_block(j, ht[static_cast<std::size_t>(item / blocks)].data(), v0, v1, dim, true,
+                        lanes.data());
+    lanes_to_rows(lanes.data(), j.rows, vocab, v0, v1, j.z);
   });
 }
 
 void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int dim, int vocab,
                                 ThreadPool& pool) {
-  // Every head's rows transposed once; then per (job, vocabulary block) the heads in order,
-  // each adding its partials to the block's logits while they are in cache.
+  // Every head's rows transposed once; then per (job, vocabulary block) the heads in order, each
+  // adding its partials to the block's fold in the lane block, which goes to z once at the end.
   std::vector<const ProjectionJob*> heads;
   std::vector<std::size_t> first_head;  // per job, its first head's index in `heads`
   for (const FoldedProjectionJob& j : jobs) {
@@ -146,12 +178,17 @@ void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int d
   const std::int64_t blocks = blocks_of(vocab);
   pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
     const auto i = static_cast<std::size_t>(item / blocks);
-    const std::int64_t b = item % blocks;
     const FoldedProjectionJob& j = jobs[i];
+    if (j.heads.empty()) return;
+    const std::int64_t rows = j.heads.front().rows, v0 = item % blocks * kVocabBlock,
+                       v1 = vocab_end(item % blocks, vocab);
+    LaneBlock lanes(lane_floats(rows));
+    if (j.continues) rows_to_lanes(j.logits, rows, vocab, v0, v1, lanes.data());
     for (std::size_t h = 0; h < j.heads.size(); ++h) {
-      project_vocab_block(j.heads[h], ht[first_head[i] + h].data(), b * kVocabBlock,
-                          vocab_end(b, vocab), dim, vocab, h > 0 || j.continues, j.logits);
+      project_vocab_block(j.heads[h], ht[first_head[i] + h].data(), v0, v1, dim,
+                          h == 0 && !j.continues, lanes.data());
     }
+    lanes_to_rows(lanes.data(), rows, vocab, v0, v1, j.logits);
   });
 }
 

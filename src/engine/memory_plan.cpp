@@ -338,21 +338,27 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
     }
 
     if (o.vocab > 0) {
-      // One step's logit planes (dlogp_steps), a chunk's logits folded over heads: per hosted
-      // rank the one it folds into and sends on and the one it receives, and per token owner
-      // the plane it took the logprobs of, kept for its next chunk.
-      const std::uint64_t plane =
-          2 * u64(p.batch) * u64(logit_chunk_rows(grid, o.vocab)) * u64(o.vocab) * kFloat;
-      std::uint64_t partials = 0;
+      // One step's logit planes (dlogp_steps), a chunk's logits folded over heads (2·B·rows·V
+      // floats): per hosted rank the one it folds into and sends on and the one it receives,
+      // and per token owner the plane it took the logprobs of, kept for its next chunk. And the
+      // chunk's hidden rows of the rank's heads, which the CPU tile holds transposed (2·B·heads·
+      // rows·D floats). Both of the rank's largest chunk (a CP rank's TP ranks share chunks).
+      std::uint64_t partials = 0, hidden = 0;
       for (const LogicalRank* r : hosted[proc]) {
         for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
           pr.lm_head.insert({o.vocab, h});
-        partials += (r->tp_rank == 0 ? 3 : 2) * plane;
+        std::uint64_t rows = 0;
+        for (const Range& chunk : logit_chunks(grid, *r, o.vocab))
+          rows = std::max(rows, u64(chunk.size()));
+        partials += (r->tp_rank == 0 ? 3 : 2) * 2 * u64(p.batch) * rows * u64(o.vocab) * kFloat;
+        hidden = std::max(hidden, 2 * u64(p.batch) * u64(r->q_heads.size()) * rows *
+                                      u64(p.dims.head_dim) * kFloat);
       }
       phase("dlogp", {{"references", references},
                       {"outputs kept", kept},
                       {"references cast as written", references},
-                      {"one step's logit planes", partials}});
+                      {"one step's logit planes", partials},
+                      {"a chunk's hidden rows, transposed", hidden}});
     }
     if (!o.backward) continue;
     const std::uint64_t fp32_out = references;  // the FP32 path's output, same shape

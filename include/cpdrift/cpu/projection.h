@@ -22,7 +22,8 @@ void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab
 /// Every job's logits folded over its heads: per (job, vocabulary block of 96), the heads in
 /// ascending order, the first stored (added, for a job that `continues`) and each next one added
 /// as it comes out of the tile, so the bits are those of project_rows per head followed by
-/// fold_head_logits (continue_head_fold).
+/// fold_head_logits (continue_head_fold). The block's fold stays in the tile's layout (a SIMD
+/// lane a row) until its last head, then goes to `logits` once.
 void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int dim, int vocab,
                                 ThreadPool& pool);
 
