@@ -494,15 +494,19 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     inputs.prepare(TensorId::k, kv_shape);
     inputs.prepare(TensorId::v, kv_shape);
     // Every row is written whole: dq by its query block's fold (a block always sees its own KV
-    // block), dK and dV by their KV block's.
+    // block), dK and dV by their KV block's; the te_p2p lane's alike, as a step of each fold is
+    // never skipped (a query block sees its own CP rank's blocks, a KV block its own queries).
     grads.push_back(RankGradients{o,
                                   Shard(q_shape, Uninitialized{}),
                                   Shard(kv_shape, Uninitialized{}),
                                   Shard(kv_shape, Uninitialized{}),
                                   {},
                                   {}});
-    if (te_p2p_lane)
-      grads.back().te_p2p = LaneGradients{Shard(q_shape), Shard(kv_shape), Shard(kv_shape)};
+    if (te_p2p_lane) {
+      grads.back().te_p2p =
+          LaneGradients{Shard(q_shape, Uninitialized{}), Shard(kv_shape, Uninitialized{}),
+                        Shard(kv_shape, Uninitialized{})};
+    }
     for (const KvBlock& kb : grid.blocks_of(o.cp_rank)) {
       for (int b = 0; b < p.batch; ++b) {
         for (std::int64_t g = o.kv_heads.begin; g < o.kv_heads.end; ++g)
