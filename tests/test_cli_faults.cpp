@@ -162,7 +162,8 @@ TEST_CASE("--inject-fault slow-rank: a wait past --comm-timeout ends the job, ra
 #if defined(CPD_HAVE_MPI) && defined(CPD_HAVE_HDF5)
 TEST_CASE("--inject-fault dump-write-error: a refused dump write ends the job, nothing left") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(tmp_dir()) / "cpdrift_fault_dump";
+  // Named for this process: another suite's run of this test on the machine has its own.
+  const fs::path dir = fs::path(tmp_dir()) / ("cpdrift_fault_dump_" + std::to_string(::getpid()));
   for (const int np : {2, 4}) {
     CAPTURE(np);
     fs::remove_all(dir);
@@ -195,7 +196,7 @@ TEST_CASE("--inject-fault dump-write-error: a refused dump write ends the job, n
 #if defined(CPD_HAVE_HDF5)
 TEST_CASE("a process killed while writing leaves a partial file that the next run names") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(tmp_dir()) / "cpdrift_partials";
+  const fs::path dir = fs::path(tmp_dir()) / ("cpdrift_partials_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string dump = (dir / "d.h5").string();
