@@ -26,11 +26,15 @@ constexpr std::int64_t kVocabBlock = 96;
 
 // A work item's logits while its heads are folded: [row tile][vocabulary row of the block][lane],
 // the layout the register blocks leave them in, so that a head adds its block with whole-vector
-// adds and only the finished fold is turned into z's [row][vocab].
-using LaneBlock = std::vector<float>;
-
-std::size_t lane_floats(std::int64_t rows) {
-  return static_cast<std::size_t>((rows + kTileRows - 1) / kTileRows * kVocabBlock * kTileRows);
+// adds and only the finished fold is turned into z's [row][vocab]. One block a thread, kept
+// from item to item (48 KiB at 128 rows): a fold stores or takes every row's lanes it covers
+// before adding to them, so what an earlier item left never reaches the logits.
+float* lane_block(std::int64_t rows) {
+  thread_local std::vector<float> lanes;
+  const auto floats =
+      static_cast<std::size_t>((rows + kTileRows - 1) / kTileRows * kVocabBlock * kTileRows);
+  if (lanes.size() < floats) lanes.resize(floats);
+  return lanes.data();
 }
 
 // Logits of T row tiles (transposed in ht, [tile][d][16]) for vocabulary rows [v, v + V) of w:
@@ -130,41 +134,41 @@ void transpose_rows(const ProjectionJob& j, int dim, std::vector<float>& ht) {
   }
 }
 
+// One work item: vocabulary rows [v0, v1) of the fold of `heads` (ht[h]: head h's rows
+// transposed), ascending, into `out` ([rows][vocab]). The first head's partials are stored in the
+// lane block, or added to `out`'s plane where the fold `continues`; each next head's are added.
+// A single head that does not continue is project_rows's block.
+void fold_vocab_block(std::span<const ProjectionJob> heads, const std::vector<float>* ht,
+                      bool continues, float* out, std::int64_t block, int dim, int vocab) {
+  const std::int64_t rows = heads.front().rows, v0 = block * kVocabBlock,
+                     v1 = vocab_end(block, vocab);
+  float* lanes = lane_block(rows);
+  if (continues) rows_to_lanes(out, rows, vocab, v0, v1, lanes);
+  for (std::size_t h = 0; h < heads.size(); ++h)
+    project_vocab_block(heads[h], ht[h].data(), v0, v1, dim, h == 0 && !continues, lanes);
+  lanes_to_rows(lanes, rows, vocab, v0, v1, out);
+}
+
 }  // namespace
 
 void project_rows(const ProjectionJob& job, int dim, int vocab) {
   std::vector<float> ht;
   transpose_rows(job, dim, ht);
-  LaneBlock lanes(lane_floats(job.rows));
-  for (std::int64_t b = 0; b < blocks_of(vocab); ++b) {
-    const std::int64_t v0 = b * kVocabBlock, v1 = vocab_end(b, vocab);
-    project_vocab_block(job, ht.data(), v0, v1, dim, true, lanes.data());
-    lanes_to_rows(lanes.data(), job.rows, vocab, v0, v1, job.z);
-  }
+  for (std::int64_t b = 0; b < blocks_of(vocab); ++b)
+    fold_vocab_block(std::span(&job, 1), &ht, false, job.z, b, dim, vocab);
 }
 
 void run_projection_jobs(std::span<const ProjectionJob> jobs, int dim, int vocab,
                          ThreadPool& pool) {
-  // Each job's rows transposed once, then one work item per (job, vocabulary block).
-  std::vector<std::vector<float>> ht(jobs.size());
-  pool.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
-    transpose_rows(jobs[static_cast<std::size_t>(i)], dim, ht[static_cast<std::size_t>(i)]);
-  });
-  const std::int64_t blocks = blocks_of(vocab);
-  pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
-    const ProjectionJob& j = jobs[static_cast<std::size_t>(item / blocks)];
-    const std::int64_t v0 = item % blocks * kVocabBlock, v1 = vocab_end(item % blocks, vocab);
-    LaneBlock lanes(lane_floats(j.rows));
-    project_vocab_block(j, ht[static_cast<std::size_t>(item / blocks)].data(), v0, v1, dim, true,
-                        lanes.data());
-    lanes_to_rows(lanes.data(), j.rows, vocab, v0, v1, j.z);
-  });
+  // Each job is a fold of one head that does not continue, into its own z.
+  std::vector<FoldedProjectionJob> folds;
+  for (const ProjectionJob& j : jobs) folds.push_back(FoldedProjectionJob{{j}, j.z, false});
+  run_folded_projection_jobs(folds, dim, vocab, pool);
 }
 
 void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int dim, int vocab,
                                 ThreadPool& pool) {
-  // Every head's rows transposed once; then per (job, vocabulary block) the heads in order, each
-  // adding its partials to the block's fold in the lane block, which goes to z once at the end.
+  // Every head's rows transposed once; then one work item per (job, vocabulary block).
   std::vector<const ProjectionJob*> heads;
   std::vector<std::size_t> first_head;  // per job, its first head's index in `heads`
   for (const FoldedProjectionJob& j : jobs) {
@@ -179,16 +183,9 @@ void run_folded_projection_jobs(std::span<const FoldedProjectionJob> jobs, int d
   pool.parallel_for(static_cast<std::int64_t>(jobs.size()) * blocks, [&](std::int64_t item) {
     const auto i = static_cast<std::size_t>(item / blocks);
     const FoldedProjectionJob& j = jobs[i];
-    if (j.heads.empty()) return;
-    const std::int64_t rows = j.heads.front().rows, v0 = item % blocks * kVocabBlock,
-                       v1 = vocab_end(item % blocks, vocab);
-    LaneBlock lanes(lane_floats(rows));
-    if (j.continues) rows_to_lanes(j.logits, rows, vocab, v0, v1, lanes.data());
-    for (std::size_t h = 0; h < j.heads.size(); ++h) {
-      project_vocab_block(j.heads[h], ht[first_head[i] + h].data(), v0, v1, dim,
-                          h == 0 && !j.continues, lanes.data());
-    }
-    lanes_to_rows(lanes.data(), rows, vocab, v0, v1, j.logits);
+    if (!j.heads.empty())
+      fold_vocab_block(j.heads, &ht[first_head[i]], j.continues, j.logits, item % blocks, dim,
+                       vocab);
   });
 }
 
