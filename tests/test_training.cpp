@@ -343,6 +343,19 @@ TEST_CASE("dlogp: in steps of token chunks at V=4096, each token's canonical log
   CHECK(logit_steps(CaseGrid(p, one), vocab) == p.seq_len / 32);
   CHECK(logit_chunk_rows(CaseGrid(p, one), 17) > p.seq_len);                 // one step
   CHECK(logit_chunk_rows(CaseGrid(p, one), 1 << 17) == kLogitChunkMinRows);  // a tile at least
+  // The largest chunk is the longest of the rank's chunks as listed, for a zigzag rank too
+  // (two token ranges) and where the budget exceeds the ranges (V = 17).
+  for (const CaseSpec& spec : {one, CaseSpec{2, 4, 8, CpLayout::zigzag, Protocol::ag_rs}}) {
+    const CaseGrid grid(p, spec);
+    for (int v : {17, vocab, 1 << 17}) {
+      for (const LogicalRank& r : grid.ranks) {
+        std::int64_t longest = 0;
+        for (const Range& c : logit_chunks(grid, r, v)) longest = std::max(longest, c.size());
+        CAPTURE(v);
+        CHECK(largest_logit_chunk(grid, r, v) == longest);
+      }
+    }
+  }
   const std::vector<float> got = logprobs(p, one, vocab);
   CHECK(std::memcmp(logprobs(p, CaseSpec{2, 2, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab).data(),
                     got.data(), got.size() * sizeof(float)) == 0);

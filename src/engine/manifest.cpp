@@ -260,6 +260,12 @@ std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int 
   return out;
 }
 
+std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab) {
+  std::int64_t longest = 0;  // the rank's longest token range
+  for (const Range& t : r.tokens) longest = std::max(longest, t.size());
+  return std::min(logit_chunk_rows(grid, vocab), longest);
+}
+
 int logit_steps(const CaseGrid& grid, int vocab) {
   std::size_t steps = 0;
   for (const LogicalRank& r : grid.ranks)

@@ -347,9 +347,7 @@ std::vector<ProcessMemory> RunMemoryPlan::add_case(const CaseGrid& grid,
       for (const LogicalRank* r : hosted[proc]) {
         for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
           pr.lm_head.insert({o.vocab, h});
-        std::uint64_t rows = 0;
-        for (const Range& chunk : logit_chunks(grid, *r, o.vocab))
-          rows = std::max(rows, u64(chunk.size()));
+        const std::uint64_t rows = u64(largest_logit_chunk(grid, *r, o.vocab));
         partials += (r->tp_rank == 0 ? 3 : 2) * 2 * u64(p.batch) * rows * u64(o.vocab) * kFloat;
         hidden = std::max(hidden, 2 * u64(p.batch) * u64(r->q_heads.size()) * rows *
                                       u64(p.dims.head_dim) * kFloat);

@@ -142,13 +142,15 @@ inline Range intersection(const Range& a, const Range& b) {
 /// the CPU folds them in its tile) stay within kLogitChunkBytes whatever the vocabulary, or hold
 /// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
 /// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
-/// order), and how many steps the case takes (the most chunks any rank has). At V = 4096 the
+/// order), the largest of them, and how many steps the case takes (the most chunks any rank
+/// has). At V = 4096 the
 /// budget gives 64 rows at TP = 1 and 128 at TP = 2, B = 1: the CPU tile streams each head's
 /// lm_head once per chunk, and at 32 rows a chunk it waited on that stream (docs/performance.md).
 inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{64} << 20;
 inline constexpr std::int64_t kLogitChunkMinRows = 16;
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
 std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab);
+std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab);
 int logit_steps(const CaseGrid& grid, int vocab);
 
 /// dlogp folds a chunk's logits along a chain of the TP ranks of its CP rank (which hold the
