@@ -147,17 +147,20 @@ inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows&
 /// keys [j0, j1):
 ///   out[r0+r][col…] = sequential over j0 ≤ j < min(limit[r0+r], j1):
 ///                     fma(coef[j - coef_first][r0+r], b[j][col…], ·)
-/// continuing from what out holds (exact float loads and stores). Rows share the loop up to
-/// their smallest limit, then each finishes on its own, so every row stops exactly at its limit.
+/// continuing from what out holds (exact float loads and stores), or from +0 where `fresh` (out
+/// is then only written). Rows share the loop up to their smallest limit, then each finishes on
+/// its own, so every row stops exactly at its limit.
 template <int kRows>
 [[gnu::noinline]] inline void rows_times_block(const float* coef, std::int64_t coef_first,
                                                const KvRows& b, int dim, int col, int r0,
                                                const std::int64_t* limit, int nrows,
-                                               std::int64_t j0, std::int64_t j1, float* out) {
+                                               std::int64_t j0, std::int64_t j1, bool fresh,
+                                               float* out) {
   F16 acc[kRows][4];
   for (int r = 0; r < kRows; ++r) {
     for (int x = 0; x < 4; ++x) {
-      acc[r][x] = r < nrows ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
+      acc[r][x] =
+          r < nrows && !fresh ? simd::load(out + (r0 + r) * dim + col + 16 * x) : simd::splat(0.0f);
     }
   }
   std::int64_t common = std::min(limit[r0], j1);
@@ -199,10 +202,11 @@ inline constexpr std::int64_t kKeyChunk = 128;
 
 /// rows_times_range (below) for the columns [col, col + 64) only: the row groups one after
 /// another over the same 64 columns of the key chunk, which stay in L1 (the chunk's whole rows,
-/// 64 KB at D = 128, would not).
+/// 64 KB at D = 128, would not). With `fresh`, every row's sum starts from +0 instead of what
+/// out holds, and out is written whole (a group with no key here: zeros).
 inline void rows_times_cols(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
                             int col, const std::int64_t* limit, int nrows, std::int64_t j0,
-                            std::int64_t j1, float* out) {
+                            std::int64_t j1, bool fresh, float* out) {
   // Groups of six rows where the registers hold their 24 accumulators (each row of b loaded
   // serves more FMAs), then four: a lane tile of 16 is 6 + 6 + 4.
   constexpr int kWide = simd::kRegisters >= 32 ? 6 : 4;
@@ -210,10 +214,13 @@ inline void rows_times_cols(const float* coef, std::int64_t coef_first, const Kv
     const int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
-    if (any && rows > 4)
-      rows_times_block<kWide>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
-    else if (any)
-      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, out);
+    if (any && rows > 4) {
+      rows_times_block<kWide>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, fresh, out);
+    } else if (any) {
+      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, fresh, out);
+    } else if (fresh) {
+      for (int r = r0; r < r0 + rows; ++r) std::fill_n(out + r * dim + col, 64, 0.0f);
+    }
     r0 += rows;
   }
 }
@@ -227,27 +234,29 @@ inline void rows_times_range(const float* coef, std::int64_t coef_first, const K
                              const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
                              float* out) {
   for (int col = 0; col < dim; col += 64)
-    rows_times_cols(coef, coef_first, b, dim, col, limit, nrows, j0, j1, out);
+    rows_times_cols(coef, coef_first, b, dim, col, limit, nrows, j0, j1, false, out);
 }
 
 /// For the rows of `groups` tiles (tile g: rows 16g … 16g+15 of `out`, coefficients
 /// coef + g·coef_stride as [keys][16], limits limit[16g …]; `nrows` rows in all) and every
 /// column:
 ///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
-/// rows_times_block over chunks of kKeyChunk keys, each accumulator carried through `out` (exact
-/// float stores and loads) from chunk to chunk: every element keeps its one sequential order,
-/// while each chunk of b is read from memory once for all the tiles' row groups and columns.
+/// rows_times_block over chunks of kKeyChunk keys, each accumulator started at +0 in the first
+/// chunk and carried through `out` (exact float stores and loads) from chunk to chunk: every
+/// element keeps its one sequential order, while each chunk of b is read from memory once for
+/// all the tiles' row groups and columns. The first chunk writes out whole, so it is not cleared
+/// first.
 inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows& b, int dim,
                        const std::int64_t* limit, int nrows, float* out) {
   std::int64_t n = 0;
   for (int r = 0; r < nrows; ++r) n = std::max(n, limit[r]);
-  std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
+  if (n == 0) std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
   for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
     const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
     for (int col = 0; col < dim; col += 64) {
       for (int g = 0; g * kTileRows < nrows; ++g) {
         rows_times_cols(coef + g * coef_stride, 0, b, dim, col, limit + g * kTileRows,
-                        std::min(kTileRows, nrows - g * kTileRows), j0, j1,
+                        std::min(kTileRows, nrows - g * kTileRows), j0, j1, j0 == 0,
                         out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim);
       }
     }
