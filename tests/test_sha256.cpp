@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -173,4 +174,36 @@ TEST_CASE("tensor digests: hashed on rank 0 alone, the same as streamed, in both
   CHECK(cpd::stream_digest(one, t, cpd::DigestFormat::bf16) == want_bf16);
   t.segments[1].owner = 1;
   CHECK_FALSE(cpd::held_by_root(t));
+}
+
+TEST_CASE("published digests: set now, hashed on a thread later, each read as it is known") {
+  // Tensors 0 and 3 hashed on the thread (3 first), 1 set at once, 2 neither: every one reads
+  // its own digest, whatever order they are read in, and one that cannot be hashed (a BF16
+  // staging buffer past what a vector can hold) rethrows at its reader only.
+  std::vector<float> a(700), b(300);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f / static_cast<float>(i + 1);
+  cpd::GlobalTensor ta, tb, bad;
+  ta.segments.push_back(cpd::StreamSegment{0, a.data(), a.size()});
+  tb.segments.push_back(cpd::StreamSegment{0, b.data(), b.size()});
+  bad.segments.push_back(cpd::StreamSegment{0, a.data(), std::numeric_limits<std::size_t>::max()});
+  const std::string want_a = cpd::local_digest(ta, cpd::DigestFormat::fp32),
+                    want_b = cpd::local_digest(tb, cpd::DigestFormat::bf16);
+  REQUIRE(want_a != want_b);
+  {
+    cpd::PublishedDigests d(5);
+    d.set(1, "streamed");
+    d.hash_rest({{3, &tb, cpd::DigestFormat::bf16},
+                 {0, &ta, cpd::DigestFormat::fp32},
+                 {4, &bad, cpd::DigestFormat::bf16}});
+    CHECK(d.at(0) == want_a);
+    CHECK(d.at(1) == "streamed");
+    CHECK(d.at(2).empty());
+    CHECK(d.at(3) == want_b);
+    CHECK_THROWS_AS(static_cast<void>(d.at(4)), std::length_error);
+    CHECK_THROWS_AS(d.hash_rest({}), std::logic_error);
+    CHECK_THROWS_AS(d.set(2, "late"), std::logic_error);
+  }
+  // Destroyed while hashing: it waits for the thread, never reading freed tensors.
+  { cpd::PublishedDigests(2).hash_rest({{0, &ta, cpd::DigestFormat::fp32}}); }
 }

@@ -9,7 +9,7 @@ namespace {
 // Measures comparisons: whole, or one CP rank's pieces, with the candidate's digest at rank 0.
 class Measurer {
  public:
-  Measurer(std::span<const std::string> digests, const Collectives& collectives, ThreadPool& pool)
+  Measurer(const PublishedDigests& digests, const Collectives& collectives, ThreadPool& pool)
       : digests_(digests), collectives_(collectives), pool_(pool) {}
 
   DiffStats stats(const Comparison& c) const {
@@ -46,11 +46,11 @@ class Measurer {
   // The whole comparison's statistics, with the candidate's digest at rank 0.
   DiffStats with_digest(const Comparison& c, DiffStats s) const {
     if (c.candidate_tensor >= 0 && collectives_.root())
-      s.digest = digests_[static_cast<std::size_t>(c.candidate_tensor)];
+      s.digest = digests_.at(static_cast<std::size_t>(c.candidate_tensor));
     return s;
   }
 
-  std::span<const std::string> digests_;
+  const PublishedDigests& digests_;
   const Collectives& collectives_;
   ThreadPool& pool_;
 };
@@ -83,7 +83,7 @@ BackwardDrift measure_backward(const Measurer& m, const BackwardComparisons& c, 
 
 }  // namespace
 
-void measure_case_part(const CasePart& part, std::span<const std::string> digests,
+void measure_case_part(const CasePart& part, const PublishedDigests& digests,
                        const Collectives& collectives, ThreadPool& pool, CaseResult& into) {
   const Measurer m(digests, collectives, pool);
   const auto set = [&](const std::optional<OutLseComparison>& c, OutLseStats& figure) {
@@ -135,7 +135,7 @@ void finish_case(const CaseRecord& record, CaseResult& into) {
   into.seconds = seconds_since(record.executed.started);
 }
 
-PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const std::string> digests,
+PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, const PublishedDigests& digests,
                                    const Collectives& collectives, ThreadPool& pool) {
   const Measurer m(digests, collectives, pool);
   PagedCaseResult r;
@@ -155,7 +155,7 @@ PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const st
   return r;
 }
 
-RopeDrift measure_rope(const RopeOutputs& o, std::span<const std::string> digests,
+RopeDrift measure_rope(const RopeOutputs& o, const PublishedDigests& digests,
                        const Collectives& collectives, ThreadPool& pool) {
   const Measurer m(digests, collectives, pool);
   return RopeDrift{m.stats(o.q), m.stats(o.k)};

@@ -1,6 +1,7 @@
 #include "cpdrift/metrics/digest.h"
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "cpdrift/numerics/bf16.h"
@@ -56,5 +57,37 @@ std::string local_digest(const GlobalTensor& tensor, DigestFormat format) {
   for (const StreamSegment& s : tensor.segments) hasher.update(s.data, s.floats);
   return hasher.finish();
 }
+
+PublishedDigests::PublishedDigests(std::size_t n) : promises_(n), settled_(n, false) {
+  for (std::promise<std::string>& p : promises_) digests_.push_back(p.get_future().share());
+}
+
+void PublishedDigests::set(std::size_t i, std::string digest) {
+  if (rest_given_) throw std::logic_error("PublishedDigests::set: after hash_rest");
+  promises_.at(i).set_value(std::move(digest));
+  settled_[i] = true;
+}
+
+void PublishedDigests::hash_rest(std::vector<LocalDigestJob> jobs) {
+  if (hashing_.joinable() || rest_given_)
+    throw std::logic_error("PublishedDigests::hash_rest: called twice");
+  rest_given_ = true;
+  for (const LocalDigestJob& j : jobs) settled_.at(j.index) = true;
+  for (std::size_t i = 0; i < promises_.size(); ++i) {
+    if (!settled_[i]) promises_[i].set_value("");
+  }
+  if (jobs.empty()) return;
+  hashing_ = std::jthread([this, jobs = std::move(jobs)] {
+    for (const LocalDigestJob& j : jobs) {
+      try {
+        promises_[j.index].set_value(local_digest(*j.tensor, j.format));
+      } catch (...) {
+        promises_[j.index].set_exception(std::current_exception());
+      }
+    }
+  });
+}
+
+const std::string& PublishedDigests::at(std::size_t i) const { return digests_.at(i).get(); }
 
 }  // namespace cpd

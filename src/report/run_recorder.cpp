@@ -1,7 +1,5 @@
 #include "cpdrift/report/run_recorder.h"
 
-#include <algorithm>
-
 #include "cpdrift/metrics/digest.h"
 #include "cpdrift/util/work_timers.h"
 
@@ -15,34 +13,23 @@ void RunRecorder::annotate(const std::string& group, const DumpAttributes& attri
   if (dump_ != nullptr) dump_->annotate(group, attributes);
 }
 
-std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& tensors) {
+void RunRecorder::publish(const std::vector<CaseTensor>& tensors, PublishedDigests& digests) {
   const WorkTimer timer(WorkKind::digests);
-  std::vector<std::string> digests(tensors.size());
   const auto dumped = [&](const CaseTensor& t) { return dumping_ && !t.path.empty(); };
+  const auto format = [](const CaseTensor& t) {
+    return t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32;
+  };
   // A tensor that rank 0 holds whole (every tensor in one process) and that is not dumped is
-  // not streamed: such tensors hash at once, one a thread, the largest first, as SHA-256 is
-  // sequential within a tensor. Every process sees the same owners, so they all agree on
-  // which tensors are left to stream below.
-  std::vector<std::size_t> at_once;
+  // not streamed: rank 0 hashes such tensors on a thread of its own while the statistics run.
+  // Every process sees the same owners, so they all agree on which tensors are streamed below.
+  std::vector<LocalDigestJob> local;
   std::vector<bool> streamed(tensors.size(), true);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].digest && !dumped(tensors[i]) && held_by_root(tensors[i].layout)) {
-      at_once.push_back(i);
+    const CaseTensor& t = tensors[i];
+    if (t.digest && !dumped(t) && held_by_root(t.layout)) {
+      if (collectives_.root()) local.push_back(LocalDigestJob{i, &t.layout, format(t)});
       streamed[i] = false;
     }
-  }
-  if (collectives_.root()) {
-    const auto floats = [&](std::size_t i) {
-      const GlobalTensor& g = tensors[i].layout;
-      return g.batch * g.heads * g.seq_len * g.width;
-    };
-    std::stable_sort(at_once.begin(), at_once.end(),
-                     [&](std::size_t a, std::size_t b) { return floats(a) > floats(b); });
-    pool_.parallel_for(static_cast<std::int64_t>(at_once.size()), [&](std::int64_t k) {
-      const CaseTensor& t = tensors[at_once[static_cast<std::size_t>(k)]];
-      digests[at_once[static_cast<std::size_t>(k)]] =
-          local_digest(t.layout, t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32);
-    });
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
@@ -60,8 +47,7 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
       write = [this](const GlobalPiece& piece, const float* rows) { dump_->write(piece, rows); };
     }
     if (t.digest) {
-      digests[i] = stream_digest(collectives_, t.layout,
-                                 t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32, write);
+      digests.set(i, stream_digest(collectives_, t.layout, format(t), write));
     } else {
       collectives_.stream_to_root(t.layout.segments, [&](std::size_t j, const float* rows) {
         if (write) write(t.layout.pieces[j], rows);
@@ -69,17 +55,19 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
     }
     if (dumped(t) && dump_ != nullptr) dump_->end();
   }
-  return digests;
+  digests.hash_rest(std::move(local));
 }
 
 void RunRecorder::rope(const RopeOutputs& o) {
-  const std::vector<std::string> digests = publish(o.tensors);
+  PublishedDigests digests(o.tensors.size());
+  publish(o.tensors, digests);
   const WorkTimer timer(WorkKind::statistics);
   report_.rope = measure_rope(o, digests, collectives_, pool_);
 }
 
 void RunRecorder::prefill_part(const CasePart& part) {
-  const std::vector<std::string> digests = publish(part.tensors);
+  PublishedDigests digests(part.tensors.size());
+  publish(part.tensors, digests);
   const WorkTimer timer(WorkKind::statistics);
   measure_case_part(part, digests, collectives_, pool_, pending_);
 }
@@ -106,7 +94,8 @@ void RunRecorder::paged_case(const PagedCaseOutputs& o) {
                                       {"q_len", w.q_len},
                                       {"page_size", std::int64_t{w.page_size}},
                                       {"shared_prefix_tokens", w.prefix_len}});
-  const std::vector<std::string> digests = publish(o.tensors);
+  PublishedDigests digests(o.tensors.size());
+  publish(o.tensors, digests);
   report_.paged_cases.push_back(measure_paged_case(o, digests, collectives_, pool_));
 }
 

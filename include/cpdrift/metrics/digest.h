@@ -2,7 +2,11 @@
 // topologies or two machines compare by digest alone.
 #pragma once
 
+#include <cstddef>
+#include <future>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cpdrift/comm/global_tensor.h"
 
@@ -25,5 +29,43 @@ bool held_by_root(const GlobalTensor& tensor);
 /// The digest stream_digest gives, of a tensor held_by_root, on rank 0 alone: no collective,
 /// so several can run at once on different threads.
 std::string local_digest(const GlobalTensor& tensor, DigestFormat format);
+
+/// A tensor for PublishedDigests::hash_rest: its index among the published ones, its layout
+/// (held_by_root; it must outlive the PublishedDigests) and its format.
+struct LocalDigestJob {
+  std::size_t index = 0;
+  const GlobalTensor* tensor = nullptr;
+  DigestFormat format = DigestFormat::fp32;
+};
+
+/// The digests of a step's published tensors as they become known, for the statistics that
+/// carry them. Those streamed to rank 0 are set at once; those rank 0 holds whole are hashed on
+/// a thread of their own, one after another, while the statistics run on the pool: SHA-256 is
+/// sequential within a tensor, so hashing them on the pool first left a core idle behind the
+/// largest (docs/performance.md). at(i) waits for tensor i's digest.
+class PublishedDigests {
+ public:
+  /// `n` tensors, none known yet. Destroying it waits for the hashing thread, if any.
+  explicit PublishedDigests(std::size_t n);
+  PublishedDigests(const PublishedDigests&) = delete;
+  PublishedDigests& operator=(const PublishedDigests&) = delete;
+
+  /// Tensor i's digest, known now ("" where none is taken or off rank 0). Before hash_rest.
+  void set(std::size_t i, std::string digest);
+
+  /// The rest, once: each job's tensor hashed (local_digest) on one thread, in the order given;
+  /// every other tensor not set reads "". at() waits until this has been called.
+  void hash_rest(std::vector<LocalDigestJob> jobs);
+
+  /// Tensor i's digest, once known; rethrows what its hashing threw.
+  const std::string& at(std::size_t i) const;
+
+ private:
+  std::vector<std::promise<std::string>> promises_;
+  std::vector<std::shared_future<std::string>> digests_;
+  std::vector<bool> settled_;  // set, or given to hash_rest
+  bool rest_given_ = false;
+  std::jthread hashing_;  // last: joined before the promises go
+};
 
 }  // namespace cpd
