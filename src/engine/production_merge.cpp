@@ -19,6 +19,10 @@ void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
   const auto call = [&](int rank, std::int64_t slot) {
     return static_cast<std::size_t>(rank * slots + slot);
   };
+  // Per (CP rank, slot) call, kLaneRows rows of output [n][dim] and lse [n]; reused by every
+  // step, each call's rows written by its merge or set to the identity.
+  std::vector<float> out(calls * static_cast<std::size_t>(kLaneRows * dim));
+  std::vector<float> lse(calls * static_cast<std::size_t>(kLaneRows));
   for (const Range& t : groups) {
     const std::int64_t rows = t.size(), row0 = lanes[0].out.shape.local_row(t.begin);
     std::vector<const Message*> of_range;
@@ -29,8 +33,6 @@ void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
     // and [n]; the identity where the rank holds no visible block.
     for (std::int64_t first = 0; first < rows; first += kLaneRows) {
       const std::int64_t n = std::min(kLaneRows, rows - first);
-      std::vector<float> out(calls * static_cast<std::size_t>(n * dim), 0.0f);
-      std::vector<float> lse(calls * static_cast<std::size_t>(n), neg_inf_f32());
       std::vector<MergeJob> jobs(calls);
       for (const Message* m : of_range) {
         const int owner =
@@ -44,10 +46,16 @@ void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
       }
       std::vector<MergeJob> nonempty;
       for (std::size_t c = 0; c < calls; ++c) {
-        if (jobs[c].states.empty()) continue;
+        float* call_out = out.data() + c * static_cast<std::size_t>(n * dim);
+        float* call_lse = lse.data() + c * static_cast<std::size_t>(n);
+        if (jobs[c].states.empty()) {
+          std::fill_n(call_out, n * dim, 0.0f);
+          std::fill_n(call_lse, n, neg_inf_f32());
+          continue;
+        }
         jobs[c].rows = n;
-        jobs[c].out = out.data() + c * static_cast<std::size_t>(n * dim);
-        jobs[c].lse = lse.data() + c * static_cast<std::size_t>(n);
+        jobs[c].out = call_out;
+        jobs[c].lse = call_lse;
         nonempty.push_back(std::move(jobs[c]));
       }
       backend.merge_states(nonempty, dim);
