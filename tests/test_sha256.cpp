@@ -204,6 +204,14 @@ TEST_CASE("published digests: set now, hashed on a thread later, each read as it
     CHECK_THROWS_AS(d.hash_rest({}), std::logic_error);
     CHECK_THROWS_AS(d.set(2, "late"), std::logic_error);
   }
-  // Destroyed while hashing: it waits for the thread, never reading freed tensors.
-  { cpd::PublishedDigests(2).hash_rest({{0, &ta, cpd::DigestFormat::fp32}}); }
+  // Destroyed while hashing: it waits for the thread before the tensor it reads is freed (the
+  // tensor, declared first, goes last). Were it not to wait, the thread would go on reading
+  // freed memory, which the sanitized suite (AddressSanitizer) reports as a failure.
+  {
+    const std::vector<float> big(std::size_t{1} << 24, 1.0f);  // 64 MB: still hashing below
+    cpd::GlobalTensor t;
+    t.segments.push_back(cpd::StreamSegment{0, big.data(), big.size()});
+    cpd::PublishedDigests d(1);
+    d.hash_rest({{0, &t, cpd::DigestFormat::fp32}});
+  }
 }
