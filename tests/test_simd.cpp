@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "../src/cpu/simd16_math.h"
 
@@ -35,10 +37,59 @@ std::uint64_t sweep_mismatches(Scalar scalar, Vector vector) {
   return mismatches;
 }
 
+// exp's clamp and scaling in their generic forms (compares and selects; two products), whatever
+// this build's 16-lane type does instead.
+struct GenericLanes : Lanes<simd::F16> {
+  static F clamp(F x, float lo, float hi) {
+    return fmath_detail::clamp_by_selects<GenericLanes>(x, lo, hi);
+  }
+  static F scale(F p, F, I n) { return fmath_detail::scale_by_products<GenericLanes>(p, n); }
+};
+
+// A wrong scaling for the control: p·2^n in one product, whose 2^n is not a normal float below
+// n = -126, so results under 2^-126 differ.
+struct OneProductLanes : Lanes<simd::F16> {
+  static F scale(F p, F, I n) {
+    return simd::mul(p, simd::from_bits(simd::shl<23>(simd::iadd(n, simd::isplat(127)))));
+  }
+};
+
+// Whether `lanes_exp` gives other bits than simd::exp for some input whose bit pattern is in
+// [begin, end): the lanes' bit differences OR-ed together, 16 inputs a step.
+template <class Exp>
+bool any_mismatch(Exp lanes_exp, std::uint64_t begin, std::uint64_t end) {
+  alignas(64) std::int32_t start[16];
+  for (int i = 0; i < 16; ++i) start[i] = i;
+  const simd::I16 lane = simd::bits(simd::load(reinterpret_cast<const float*>(start)));
+  simd::I16 differ = simd::isplat(0);
+  for (std::uint64_t base = begin; base < end; base += 16) {
+    const simd::F16 x = simd::from_bits(simd::iadd(
+        simd::isplat(static_cast<std::int32_t>(static_cast<std::uint32_t>(base))), lane));
+    differ = simd::ior(differ, simd::isub(simd::bits(simd::exp(x)), simd::bits(lanes_exp(x))));
+  }
+  alignas(64) float out[16];
+  simd::store(out, simd::from_bits(differ));
+  for (const float f : out) {
+    if (bits_of(f) != 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
+TEST_CASE("16-lane exp equals its generic sequence on all 2^32 inputs") {
+  // The build's clamp and scaling (on AVX-512: vmaxps/vminps and vscalefps) against the generic
+  // forms; the control shows a wrong scaling is caught over x in [-104, -88) (patterns
+  // 0xc2b00000 to 0xc2d00000), whose results are subnormal.
+  MESSAGE("SIMD implementation: " << std::string(simd::isa()));
+  CHECK_FALSE(any_mismatch([](simd::F16 x) { return exp_lanes<simd::F16, GenericLanes>(x); }, 0,
+                           std::uint64_t{1} << 32));
+  CHECK(any_mismatch([](simd::F16 x) { return exp_lanes<simd::F16, OneProductLanes>(x); },
+                     0xc2b00000u, 0xc2d00000u));
+}
+
 TEST_CASE("16-lane exp equals exp_f32 bit for bit") {
-  MESSAGE("SIMD implementation: " << simd::isa());
+  MESSAGE("SIMD implementation: " << std::string(simd::isa()));
   CHECK(sweep_mismatches([](float x) { return exp_f32(x); },
                          [](simd::F16 x) { return simd::exp(x); }) == 0);
 }
@@ -46,4 +97,19 @@ TEST_CASE("16-lane exp equals exp_f32 bit for bit") {
 TEST_CASE("16-lane BF16 rounding equals round_bf16 bit for bit") {
   CHECK(sweep_mismatches([](float x) { return round_bf16(x); },
                          [](simd::F16 x) { return simd::round_bf16(x); }) == 0);
+}
+
+TEST_CASE("16-column transpose equals the element-wise one for 0 to 16 rows") {
+  // Rows 20 floats apart, every value distinct; the output starts as garbage so that the zeroed
+  // lanes past the rows are checked too.
+  std::vector<float> rows(16 * 20);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i) + 0.5f;
+  for (int nrows = 0; nrows <= 16; ++nrows) {
+    std::vector<float> out(256, -1.0f), expected(256, 0.0f);
+    for (int r = 0; r < nrows; ++r) {
+      for (int c = 0; c < 16; ++c) expected[c * 16 + r] = rows[r * 20 + c];
+    }
+    simd::transpose16(rows.data(), nrows, 20, out.data());
+    CHECK_MESSAGE(out == expected, nrows << " rows");
+  }
 }

@@ -5,6 +5,7 @@
 // kernel's bits never depend on which one the build selected.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cpdrift/numerics/hd.h"
@@ -52,6 +53,14 @@ inline F16 sub(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline F16 mul(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline F16 div(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline F16 max(F16 a, F16 b) { return {_mm512_mask_max_ps(a.v, kAll, a.v, b.v)}; }
+// x in [lo, hi] as min(hi, max(lo, x)): vmaxps and vminps return their second operand where
+// either is NaN, so a NaN x passes through, as fmath's clamp_by_selects lets it.
+inline F16 clamp(F16 x, float lo, float hi) {
+  const __m512 low = _mm512_mask_max_ps(x.v, kAll, _mm512_set1_ps(lo), x.v);
+  return {_mm512_mask_min_ps(low, kAll, _mm512_set1_ps(hi), low)};
+}
+// a·2^floor(b), rounded once (vscalefps).
+inline F16 scalef(F16 a, F16 b) { return {_mm512_mask_scalef_ps(a.v, kAll, a.v, b.v)}; }
 inline M16 lt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
 inline M16 gt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)}; }
 inline M16 eq(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ)}; }
@@ -77,6 +86,42 @@ inline I16 srl(I16 a) {
   return {_mm512_mask_srli_epi32(a.v, kAll, a.v, kShift)};
 }
 inline F16 itof(I16 a) { return {_mm512_mask_cvtepi32_ps(_mm512_castsi512_ps(a.v), kAll, a.v)}; }
+// out[c][r] = rows[r][c] for 16 columns c and rows r < nrows (16 floats `stride` apart; rows
+// past nrows are zeros): four stages of 16 shuffles, each output column stored whole.
+inline void transpose16(const float* rows, int nrows, std::ptrdiff_t stride, float* out) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < nrows ? _mm512_loadu_ps(rows + i * stride) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane k: elements 4k, 4k+1 of rows i, i+1
+    t[i] = _mm512_mask_unpacklo_ps(r[i], kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_mask_unpackhi_ps(r[i], kAll, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + m], lane k: column 4k + m of rows i … i+3
+    const auto low = [](__m512 a, __m512 b) {
+      const __m512d x = _mm512_castps_pd(a);
+      return _mm512_castpd_ps(_mm512_mask_unpacklo_pd(x, 0xff, x, _mm512_castps_pd(b)));
+    };
+    const auto high = [](__m512 a, __m512 b) {
+      const __m512d x = _mm512_castps_pd(a);
+      return _mm512_castpd_ps(_mm512_mask_unpackhi_pd(x, 0xff, x, _mm512_castps_pd(b)));
+    };
+    r[i] = low(t[i], t[i + 2]);
+    r[i + 1] = high(t[i], t[i + 2]);
+    r[i + 2] = low(t[i + 1], t[i + 3]);
+    r[i + 3] = high(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8) {  // t[h + m], m < 8: columns m and m + 8 of rows h … h+7
+    for (int m = 0; m < 4; ++m) {
+      t[h + m] = _mm512_mask_shuffle_f32x4(r[h + m], kAll, r[h + m], r[h + 4 + m], 0x88);
+      t[h + 4 + m] = _mm512_mask_shuffle_f32x4(r[h + m], kAll, r[h + m], r[h + 4 + m], 0xdd);
+    }
+  }
+  for (int m = 0; m < 8; ++m) {  // columns m and m + 8 of all 16 rows
+    _mm512_storeu_ps(out + m * 16, _mm512_mask_shuffle_f32x4(t[m], kAll, t[m], t[m + 8], 0x88));
+    _mm512_storeu_ps(out + (m + 8) * 16,
+                     _mm512_mask_shuffle_f32x4(t[m], kAll, t[m], t[m + 8], 0xdd));
+  }
+}
 
 #elif defined(CPD_SIMD16_AVX2)
 
@@ -267,6 +312,17 @@ inline F16 itof(I16 a) {
 }
 #undef CPD_LANES
 
+#endif
+
+#if !defined(CPD_SIMD16_AVX512)
+// out[c][r] = rows[r][c] for 16 columns c and rows r < nrows (16 floats `stride` apart; rows
+// past nrows are zeros).
+inline void transpose16(const float* rows, int nrows, std::ptrdiff_t stride, float* out) {
+  for (int i = 0; i < 256; ++i) out[i] = 0.0f;
+  for (int r = 0; r < nrows; ++r) {
+    for (int c = 0; c < 16; ++c) out[c * 16 + r] = rows[r * stride + c];
+  }
+}
 #endif
 
 }  // namespace cpd::simd

@@ -29,6 +29,18 @@ struct Lanes<simd::F16> {
   static I isub(I a, I b) { return simd::isub(a, b); }
   static I sra1(I a) { return simd::sra<1>(a); }
   static I shl23(I a) { return simd::shl<23>(a); }
+#if defined(CPD_SIMD16_AVX512)
+  // Two instructions for the clamp's four, and one for the scaling's eight: the same bits
+  // (tests/test_simd.cpp compares all 2^32 inputs with the generic forms).
+  static F clamp(F x, float lo, float hi) { return simd::clamp(x, lo, hi); }
+  // p·2^n rounded once, as scale_by_products gives it: vscalefps rounds the exact product once.
+  static F scale(F p, F kf, I) { return simd::scalef(p, kf); }
+#else
+  static F clamp(F x, float lo, float hi) {
+    return fmath_detail::clamp_by_selects<Lanes>(x, lo, hi);
+  }
+  static F scale(F p, F, I n) { return fmath_detail::scale_by_products<Lanes>(p, n); }
+#endif
 };
 
 }  // namespace cpd

@@ -19,11 +19,14 @@ namespace cpd::tile {
 
 using simd::F16;
 
-/// rows [nrows][dim] → transposed [dim][16], lanes past nrows zero.
+/// rows [nrows][dim] → transposed [dim][16], lanes past nrows zero: 16 columns at a time, the
+/// rest (dim not a multiple of 16) one value at a time.
 inline void transpose(const float* rows, int nrows, int dim, float* out) {
-  std::fill(out, out + static_cast<std::ptrdiff_t>(dim) * kTileRows, 0.0f);
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) simd::transpose16(rows + d, nrows, dim, out + d * kTileRows);
+  std::fill(out + d * kTileRows, out + static_cast<std::ptrdiff_t>(dim) * kTileRows, 0.0f);
   for (int r = 0; r < nrows; ++r) {
-    for (int d = 0; d < dim; ++d) out[d * kTileRows + r] = rows[r * dim + d];
+    for (int c = d; c < dim; ++c) out[c * kTileRows + r] = rows[r * dim + c];
   }
 }
 

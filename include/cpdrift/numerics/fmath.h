@@ -130,9 +130,32 @@ CPD_HD double reduce_large(double x, std::uint32_t& q) {
 
 }  // namespace fmath_detail
 
+namespace fmath_detail {
+
+/// x clamped to [lo, hi] by compares and selects; NaN passes through.
+template <class L, class F>
+CPD_HD F clamp_by_selects(F x, float lo, float hi) {
+  return L::select(L::gt(x, L::splat(hi)), L::splat(hi),
+                   L::select(L::lt(x, L::splat(lo)), L::splat(lo), x));
+}
+
+/// p·2^n for p in [1/2, 2] and n in [-150, 128], rounded once: (p·2^h)·2^(n-h) with h = n >> 1,
+/// both powers normal floats built as bits (k+127) << 23 and the first product exact, so a
+/// subnormal result rounds once.
+template <class L, class F, class I>
+CPD_HD F scale_by_products(F p, I n) {
+  const I h = L::sra1(n);
+  const I bias = L::isplat(127);
+  return L::mul(L::mul(p, L::from_bits(L::shl23(L::iadd(h, bias)))),
+                L::from_bits(L::shl23(L::iadd(L::isub(n, h), bias))));
+}
+
+}  // namespace fmath_detail
+
 /// The lane operations exp's sequence is written in. This specialisation is one FP32 value;
 /// the CPU kernel specialises it for 16 SIMD lanes (src/cpu/simd16_math.h), so both run the
-/// very same sequence below.
+/// very same sequence below. clamp and scale may take other instructions where they give the
+/// same bits as clamp_by_selects and scale_by_products for every input.
 template <class F>
 struct Lanes;
 
@@ -160,11 +183,18 @@ struct Lanes<float> {
   }
   static CPD_HD I sra1(I a) { return a >> 1; }
   static CPD_HD I shl23(I a) { return static_cast<I>(static_cast<std::uint32_t>(a) << 23); }
+  static CPD_HD float clamp(float x, float lo, float hi) {
+    return fmath_detail::clamp_by_selects<Lanes>(x, lo, hi);
+  }
+  /// p·2^n, kf == n as a float (see scale_by_products).
+  static CPD_HD float scale(float p, float, I n) {
+    return fmath_detail::scale_by_products<Lanes>(p, n);
+  }
 };
 
 /// e^x on any lane type. Overflows to +inf for x > 88.72283 (first float 0x42b17218), returns
 /// +0 below -103.97208.
-template <class F>
+template <class F, class L = Lanes<F>>
 CPD_HD F exp_lanes(F x) {
   // Operation sequence:
   //   xc   = x > 89 ? 89 : (x < -104 ? -104 : x)     clamp; NaN passes through
@@ -182,14 +212,13 @@ CPD_HD F exp_lanes(F x) {
   //   h    = n >> 1   (arithmetic shift)
   //   y    = (p * 2^h) * 2^(n-h)                     2^k built as bits (k+127) << 23; the first
   //                                                  product is exact, so subnormals round once
+  //                                                  (scale_by_products; L::scale)
   //   y    = isnan(x) ? canonical NaN : y
   // Overflow (y = inf, incl. x = +inf) and underflow to +0 (incl. x = -inf) come out of the final
   // product; exp(0) = 1 and exp(-inf) = +0 exactly.
-  using L = Lanes<F>;
   constexpr float kLog2e = 0x1.715476p+0f, kMagic = 0x1.8p23f;
   constexpr float kLn2Hi = 0x1.62e43p-1f, kNegLn2Lo = 0x1.05c61p-29f;
-  const F xc = L::select(L::gt(x, L::splat(89.0f)), L::splat(89.0f),
-                         L::select(L::lt(x, L::splat(-104.0f)), L::splat(-104.0f), x));
+  const F xc = L::clamp(x, -104.0f, 89.0f);
   const F t = L::fma(xc, L::splat(kLog2e), L::splat(kMagic));
   const F kf = L::sub(t, L::splat(kMagic));
   const auto n = L::isub(L::bits(t), L::bits(L::splat(kMagic)));
@@ -206,10 +235,7 @@ CPD_HD F exp_lanes(F x) {
   q = L::fma(q, r, L::splat(0.5f));
   const F tail = L::fma(L::mul(r, r), q, L::add(e1, lo));
   const F p = L::add(s, tail);
-  const auto h = L::sra1(n);
-  const auto bias = L::isplat(127);
-  const F y = L::mul(L::mul(p, L::from_bits(L::shl23(L::iadd(h, bias)))),
-                     L::from_bits(L::shl23(L::iadd(L::isub(n, h), bias))));
+  const F y = L::scale(p, kf, n);
   return L::select(L::is_nan(x), L::splat(nan_f32()), y);
 }
 
