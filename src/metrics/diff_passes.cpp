@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 
 #include "cpdrift/numerics/bf16.h"
@@ -180,23 +181,37 @@ void by_kind(const Piece& c, Fn&& fn) {
 }
 
 // A later level's histogram filled from the data itself (when the wanted bins hold too many
-// diffs to keep): every nonzero diff whose bits above `level` are one of `prefixes`, counted at
-// its bin of the level in h ([prefixes][level_bins(level)]).
+// diffs to keep): every nonzero diff whose bits above `level` are one of `prefixes` (at most 4,
+// distinct), counted at its bin of the level in h ([prefixes][level_bins(level)]). Per block,
+// each diff's histogram slot is found without branches (vectorised; `kNone` for a diff that is
+// not counted), the counted slots are compacted as in collect_of, then incremented: a share of
+// the diffs is counted, at no predictable places.
 template <bool kReference, bool kBf16>
 void level_pass_of(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
                    std::uint64_t* h) {
+  constexpr std::size_t kMaxPrefixes = 4;
+  constexpr std::uint32_t kNone = ~0u;
+  if (prefixes.size() > kMaxPrefixes) throw std::logic_error("level_pass: more than 4 prefixes");
   const int above = kLevelShift[level - 1], shift = kLevelShift[level];
-  const std::size_t bins = level_bins(level);
-  const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
+  const std::uint32_t bins = static_cast<std::uint32_t>(level_bins(level)), mask = bins - 1;
+  std::uint32_t wanted[kMaxPrefixes];  // kNone: no prefix (u >> above is below 2^22)
+  std::fill(wanted, wanted + kMaxPrefixes, kNone);
+  std::copy(prefixes.begin(), prefixes.end(), wanted);
   for_each_block<kReference, kBf16>(c, [&](const BlockDiffs& b, std::size_t n) {
     if (b.nonzero == 0) return;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::uint32_t u = b.diff[k];
-      if (u == 0) continue;
-      for (std::size_t x = 0; x < prefixes.size(); ++x) {
-        if ((u >> above) == prefixes[x]) ++h[x * bins + ((u >> shift) & mask)];
-      }
+    std::uint32_t slot[kBlock], counted[kBlock];
+    for (std::size_t k = 0; k < kBlock; ++k) {
+      const std::uint32_t u = b.diff[k], top = u >> above, bin = (u >> shift) & mask;
+      std::uint32_t at = kNone;
+      for (std::uint32_t x = 0; x < kMaxPrefixes; ++x) at = top == wanted[x] ? x * bins + bin : at;
+      slot[k] = u == 0 ? kNone : at;
     }
+    std::size_t count = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      counted[count] = slot[k];
+      count += slot[k] != kNone;
+    }
+    for (std::size_t i = 0; i < count; ++i) ++h[counted[i]];
   });
 }
 
