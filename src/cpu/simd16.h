@@ -86,8 +86,8 @@ inline I16 srl(I16 a) {
   return {_mm512_mask_srli_epi32(a.v, kAll, a.v, kShift)};
 }
 inline F16 itof(I16 a) { return {_mm512_mask_cvtepi32_ps(_mm512_castsi512_ps(a.v), kAll, a.v)}; }
-// out[c][r] = rows[r][c] for 16 columns c and rows r < nrows (16 floats `stride` apart; rows
-// past nrows are zeros): four stages of 16 shuffles, each output column stored whole.
+// out[c][r] = rows[r·stride + c] for 16 columns c and rows r < nrows (rows past nrows are
+// zeros): four stages of 16 shuffles, each output column stored whole.
 inline void transpose16(const float* rows, int nrows, std::ptrdiff_t stride, float* out) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i)
@@ -315,8 +315,8 @@ inline F16 itof(I16 a) {
 #endif
 
 #if !defined(CPD_SIMD16_AVX512)
-// out[c][r] = rows[r][c] for 16 columns c and rows r < nrows (16 floats `stride` apart; rows
-// past nrows are zeros).
+// out[c][r] = rows[r·stride + c] for 16 columns c and rows r < nrows (rows past nrows are
+// zeros).
 inline void transpose16(const float* rows, int nrows, std::ptrdiff_t stride, float* out) {
   for (int i = 0; i < 256; ++i) out[i] = 0.0f;
   for (int r = 0; r < nrows; ++r) {

@@ -128,10 +128,6 @@ CPD_HD double reduce_large(double x, std::uint32_t& q) {
   return fma_f64(f, kPio2_1, f * kPio2_2);
 }
 
-}  // namespace fmath_detail
-
-namespace fmath_detail {
-
 /// x clamped to [lo, hi] by compares and selects; NaN passes through.
 template <class L, class F>
 CPD_HD F clamp_by_selects(F x, float lo, float hi) {
