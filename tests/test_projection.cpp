@@ -44,8 +44,9 @@ std::vector<float> canonical(const std::vector<float>& hidden, std::int64_t rows
 
 TEST_CASE("projection tile equals head_partial_logits bit for bit") {
   // Row counts around the 16-lane tile, vocabularies around the 6- or 8-row step and across the
-  // 96-row blocks, the head's columns inside a wider lm_head, two head dims.
-  for (const int dim : {64, 128}) {
+  // 96-row blocks, the head's columns inside a wider lm_head, three head dims (40: the transpose's
+  // rest past its 16-column blocks).
+  for (const int dim : {40, 64, 128}) {
     for (const std::int64_t rows : {1, 15, 16, 17, 40}) {
       for (const int vocab : {1, 3, 5, 6, 7, 8, 9, 37, 96, 97, 200}) {
         const std::vector<float> hidden = random_rows(rows, 7 + rows, dim);
