@@ -18,11 +18,13 @@
 #include <string>
 
 #include "cpdrift/numerics/fmath.h"
+#include "split_mix.h"
 
 namespace {
 
 using cpd::bits_of;
 using cpd::float_of_bits;
+using cpd::testing::SplitMix64;
 
 constexpr std::uint32_t kCanonicalNan = 0x7fc00000u;
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -79,16 +81,6 @@ struct MaxErr {
       err = o.err;
       arg = o.arg;
     }
-  }
-};
-
-struct SplitMix64 {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
   }
 };
 

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpdrift/metrics/rl_metrics.h"
 #include "cpdrift/numerics/logprob_math.h"
+#include "random_rows.h"
 
 using namespace cpd;
 
@@ -161,4 +164,59 @@ TEST_CASE("rl metrics: the exact KL over the vocabulary and the perplexities") {
   CHECK(close(m.kl_exact_mean, (0.25 + 0.5 + 0.125) / 3));
   CHECK(close(m.perplexity_train, std::exp(2.0)));
   CHECK(close(m.perplexity_rollout, std::exp(5.5 / 3)));
+}
+
+TEST_CASE("rl metrics: the exact KL against a long double computation, on real vocabularies") {
+  // Logits like a model's (spread 3) and a candidate 1e-3 off. The FP64 KL's error is that of
+  // its sums: each of the 3 in-order sums of V terms errs by at most V·2^-53 relative, and each
+  // term's exp_f64 by 0.86 ulp; the log-normalisers' errors enter the KL as they are (Σ p = 1).
+  // The oracle does the same in long double (64-bit significand) with expl and logl.
+  for (const int vocab : {1, 17, 4096, 4097, 151936}) {
+    std::vector<float> p = testing::random_rows(vocab, 7, 1), q = testing::random_rows(vocab, 8, 1);
+    for (std::size_t v = 0; v < p.size(); ++v) {
+      p[v] = 3.0f * p[v];
+      q[v] = p[v] + 1e-3f * q[v];
+    }
+    const auto log_norm = [&](const std::vector<float>& z) {
+      long double m = z[0], sum = 0;
+      for (const float x : z) m = std::max<long double>(m, x);
+      for (const float x : z) sum += expl(x - m);
+      return m + logl(sum);
+    };
+    const long double lp = log_norm(p), lq = log_norm(q);
+    long double oracle = 0;
+    for (std::size_t v = 0; v < p.size(); ++v)
+      oracle += expl(p[v] - lp) * ((p[v] - lp) - (q[v] - lq));
+    const double kl = kl_divergence(p.data(), q.data(), vocab);
+    const double tolerance = 4.0 * vocab * 0x1p-53;
+    INFO("V = " << vocab << ": KL " << kl << ", oracle " << static_cast<double>(oracle));
+    CHECK(std::fabs(kl - static_cast<double>(oracle)) <= tolerance);
+    CHECK(kl_divergence(p.data(), p.data(), vocab) == 0.0);  // log p - log q is exactly 0
+  }
+}
+
+TEST_CASE("rl metrics: the KL's vectorised maximum is the in-order one") {
+  // max_by_lanes against `m = z[0]; m = z[v] > m ? z[v] : m` on lengths around its 16 lanes,
+  // with NaNs (never the maximum, but a NaN z[0] stays) and infinities among the values.
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  std::uint32_t s = 1;
+  for (int n = 1; n <= 70; ++n) {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> z(static_cast<std::size_t>(n));
+      for (float& x : z) {
+        s = s * 1664525u + 1013904223u;
+        const std::uint32_t kind = s >> 28;  // 1 in 16 a NaN, 1 in 16 -inf, some +inf
+        x = static_cast<float>(s >> 8) * 0x1p-20f - 8.0f;
+        if (kind == 0) x = nan;
+        if (kind == 1) x = -inf;
+        if (kind == 2 && round % 5 == 0) x = inf;
+      }
+      float m = z[0];
+      for (const float x : z) m = x > m ? x : m;
+      const float got = detail::max_by_lanes(z.data(), n);
+      INFO("n = " << n << ", round " << round);
+      CHECK(((std::isnan(m) && std::isnan(got)) || got == m));
+    }
+  }
 }

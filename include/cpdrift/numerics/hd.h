@@ -93,7 +93,12 @@ CPD_HD float inf_f32() { return float_of_bits(0x7f800000u); }
 CPD_HD float neg_inf_f32() { return float_of_bits(0xff800000u); }
 CPD_HD float nan_f32() { return float_of_bits(0x7fc00000u); }
 
+CPD_HD double nan_f64() { return double_of_bits(0x7ff8000000000000ull); }
+
 CPD_HD bool is_nan_f32(float x) { return (bits_of(x) & 0x7fffffffu) > 0x7f800000u; }
+CPD_HD bool is_nan_f64(double x) {
+  return (bits_of(x) & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
+}
 CPD_HD bool is_finite_f32(float x) { return (bits_of(x) & 0x7f800000u) != 0x7f800000u; }
 
 }  // namespace cpd
