@@ -73,10 +73,12 @@ TEST_CASE("exp_f64 accuracy") {
   for (int i = 0; i < 500'000; ++i) e(rng.uniform(-0x1p-3, 0x1p-3));  // near 0
   for (int i = 0; i < 500'000; ++i) e(rng.uniform(-745.2, -707.0));   // subnormal results
   for (int i = 0; i < 500'000; ++i) e(rng.uniform(-20.0, 0.0));       // the KL's arguments
-  // Each multiple of ln2 and its neighbours: the reduction's edges, where n changes.
-  for (int k = -1075; k <= 1024; ++k) {
-    double x = k * 0x1.62e42fefa39efp-1;
-    for (int j = 0; j < 16; ++j, x = std::nextafter(x, kInf)) e(x);
+  // The reduction's edges, where n = round(x / ln2) changes: (k + 1/2) ln2 and the 8 doubles
+  // on either side.
+  for (int k = -1076; k <= 1024; ++k) {
+    double x = (k + 0.5) * 0x1.62e42fefa39efp-1;
+    for (int j = 0; j < 8; ++j) x = std::nextafter(x, -kInf);
+    for (int j = 0; j < 17; ++j, x = std::nextafter(x, kInf)) e(x);
   }
   MESSAGE("exp_f64 max error, normal results: " << describe(e.normal, e.normal_at));
   MESSAGE("exp_f64 max error, results below 2^-1021: " << describe(e.low, e.low_at) << "; "
