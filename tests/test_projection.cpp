@@ -1,10 +1,12 @@
 // The lm_head projection on the CPU: the SIMD tile against the canonical head_partial_logits
 // (bitwise), both against an FP64 dot product (a stated bound), and a negative control; the
-// heads' fold inside the projection and the 16-lane log-softmax against their definitions
-// (bitwise), each with a negative control.
+// heads' fold inside the projection, the 16-lane log-softmax and its maximum against their
+// definitions (bitwise), each with a negative control.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "cpdrift/cpu/projection.h"
 #include "cpdrift/numerics/logprob_math.h"
 #include "random_rows.h"
+#include "split_mix.h"
 
 using namespace cpd;
 using cpd::testing::random_rows;
@@ -258,4 +261,41 @@ TEST_CASE("log_softmax_at_lanes equals log_softmax_at bit for bit") {
     }
   }
   CHECK(lane_sum_differs > 0);
+}
+
+TEST_CASE("max_in_order_by_lanes is log_softmax_at's maximum, bit for bit") {
+  // Against `m = -inf; m = z[v] > m ? z[v] : m` on lengths around the 16 lanes, with NaNs
+  // (never the maximum, at z[0] too), infinities and zeros of both signs among the values. The
+  // lanes' maximum without the ordered scan of a zero maximum is not the same bits: the
+  // negative control.
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  cpd::testing::SplitMix64 rng{1};
+  int zero_sign_differs = 0;
+  for (int n = 1; n <= 70; ++n) {
+    for (int round = 0; round < 40; ++round) {
+      std::vector<float> z(static_cast<std::size_t>(n));
+      for (float& x : z) {
+        const std::uint64_t r = rng.next();
+        const unsigned kind = static_cast<unsigned>(r >> 60);  // 1 in 16 each
+        x = static_cast<float>(rng.uniform(-8.0, 8.0));
+        if (kind == 0) x = nan;
+        if (kind == 1) x = -inf;
+        if (kind == 2 && round % 5 == 0) x = inf;
+        if (round % 2 == 1) x = kind < 8 ? -0.0f : (kind < 12 ? 0.0f : -std::fabs(x));
+      }
+      float m = -inf;
+      for (const float x : z) m = x > m ? x : m;
+      CAPTURE(n);
+      CAPTURE(round);
+      CHECK(bits_of(max_in_order_by_lanes(z.data(), n)) == bits_of(m));
+      float lanes[16] = {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf,
+                         -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf};
+      for (int v = 0; v < n; ++v) lanes[v % 16] = z[v] > lanes[v % 16] ? z[v] : lanes[v % 16];
+      float lane_max = -inf;
+      for (const float l : lanes) lane_max = l > lane_max ? l : lane_max;
+      if (bits_of(lane_max) != bits_of(m)) ++zero_sign_differs;
+    }
+  }
+  CHECK(zero_sign_differs > 0);
 }

@@ -87,31 +87,36 @@ double sum_in_order(int n, Term&& term) {
   return sum;
 }
 
-// The value of `m = z[0]; m = z[v] > m ? z[v] : m` over v < n (NaN never wins, but a NaN z[0]
-// stays), in 16 partial maxima so that it vectorises; with +0 and -0 both maximal either may
-// come out.
-inline float max_by_lanes(const float* z, int n) {
+}  // namespace detail
+
+/// log_softmax_at's maximum, `m = -inf; m = z[v] > m ? z[v] : m` over v < n, with its bits,
+/// taken in 16 partial maxima so that it vectorises. NaNs never win a `>`, and nonzero floats
+/// that compare equal have the same bits, so the lanes give the same value; only the sign of a
+/// zero maximum could differ, and that case is scanned again in order. Host only.
+inline float max_in_order_by_lanes(const float* z, int n) {
   constexpr int kLanes = 16;
   float lane[kLanes];
-  for (int l = 0; l < kLanes; ++l) lane[l] = z[0];
+  for (float& l : lane) l = neg_inf_f32();
   int v = 0;
   for (; v + kLanes <= n; v += kLanes) {
     for (int l = 0; l < kLanes; ++l) lane[l] = z[v + l] > lane[l] ? z[v + l] : lane[l];
   }
-  float m = lane[0];
-  for (int l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+  float m = neg_inf_f32();
+  for (const float l : lane) m = l > m ? l : m;
   for (; v < n; ++v) m = z[v] > m ? z[v] : m;
+  if (m != 0.0f) return m;
+  m = neg_inf_f32();
+  for (v = 0; v < n; ++v) m = z[v] > m ? z[v] : m;
   return m;
 }
-}  // namespace detail
 
 /// KL(p ‖ q) = Σ_v p_v (log p_v − log q_v) over the whole vocabulary, p = softmax(p_logits),
 /// q = softmax(q_logits), in FP64 (a measurement, not a path whose bits matter): the maxima and
-/// the exps vectorised (max_by_lanes, exp_f64 of fmath.h, within 0.86 ulp), each sum in
+/// the exps vectorised (max_in_order_by_lanes, exp_f64 of fmath.h, within 0.86 ulp), each sum in
 /// ascending v. Host only.
 inline double kl_divergence(const float* p_logits, const float* q_logits, int vocab) {
   const auto log_norm = [&](const float* z) {
-    const double m = detail::max_by_lanes(z, vocab);
+    const double m = max_in_order_by_lanes(z, vocab);
     return m + std::log(detail::sum_in_order(
                    vocab, [&](int v) { return exp_f64(static_cast<double>(z[v]) - m); }));
   };
