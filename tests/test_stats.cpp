@@ -68,6 +68,77 @@ TEST_CASE("stats: the sum behind mean_abs is exact, rounded once") {
   CHECK(of_diffs(e).mean_abs == (static_cast<double>(3.0e38f) + std::ldexp(1.0, -149)) / 2);
 }
 
+namespace {
+
+// The exact mean of non-negative floats in [2^-90, 2^-1) or 0, the oracle of the next test:
+// their sum in units of 2^-113 is an integer below 2^122 for up to 2^10 of them, converted to
+// FP64 rounded once (to nearest, ties to even), scaled exactly, then divided by n.
+double exact_mean(const std::vector<float>& d) {
+  unsigned __int128 units = 0;
+  bool in_range = true;
+  for (const float x : d) {
+    in_range = in_range && (x == 0.0f || (x >= std::ldexp(1.0f, -90) && x < 0.5f));
+    units += static_cast<unsigned __int128>(std::ldexp(static_cast<double>(x), 113));
+  }
+  REQUIRE(in_range);
+  return std::ldexp(static_cast<double>(units), -113) / static_cast<double>(d.size());
+}
+
+}  // namespace
+
+TEST_CASE("stats: the exact sum, a block summed whole or value by value") {
+  // A block of 32 diffs whose exponents lie at most 35 apart is summed as one 64-bit integer
+  // and binned in 24-bit pieces; one spread wider adds each diff to its own bin. Blocks either
+  // side of that edge, and many random blocks of both kinds, against the exact mean. Sums
+  // where FP64 addition in any order loses bits: 2^-1 - 2^-25 beside 2^-60 and 2^-90.
+  const auto block = [](int span) {
+    std::vector<float> d(32, 0.0f);
+    for (std::size_t i = 0; i < d.size(); ++i)
+      d[i] = std::ldexp(1.0f + static_cast<float>(i) * 0x1p-23f, -2 - static_cast<int>(i % 3));
+    d[5] = std::ldexp(0x1.fffffep-1f, -1 - span);  // span binades below the others' top
+    d[9] = 0x1.fffffep-2f;
+    return d;
+  };
+  for (const int span : {1, 34, 35, 36, 37, 60, 87}) {
+    CAPTURE(span);
+    const std::vector<float> d = block(span);
+    CHECK(of_diffs(d).mean_abs == exact_mean(d));
+  }
+  std::mt19937_64 rng(23);
+  for (const int width : {10, 30, 36, 40, 88}) {  // the exponents' spread within a block
+    CAPTURE(width);
+    std::vector<float> d(32 * 31);
+    for (float& x : d) {
+      const int e = -2 - static_cast<int>(rng() % static_cast<std::uint64_t>(width + 1));
+      x = rng() % 9 == 0 ? 0.0f
+                         : std::ldexp(1.0f + static_cast<float>(rng() % (1u << 23)) * 0x1p-23f, e);
+    }
+    CHECK(of_diffs(d).mean_abs == exact_mean(d));
+  }
+  // Denormals beside the least normals (a denormal weighs as the least normal binade), and the
+  // largest floats, whose block sum reaches the bins above FP32's exponents.
+  std::vector<float> tiny(32), huge(32);
+  for (std::size_t i = 0; i < 32; ++i) {
+    const std::uint32_t t =
+        (i % 2 == 0 ? 0x00000001u : 0x00800000u) + static_cast<std::uint32_t>(i);
+    std::memcpy(&tiny[i], &t, sizeof t);
+    const std::uint32_t h = 0x7f7fffffu - static_cast<std::uint32_t>(i);
+    std::memcpy(&huge[i], &h, sizeof h);
+  }
+  long double tiny_sum = 0, huge_sum = 0;  // exact: a few binades of 24-bit values
+  for (std::size_t i = 0; i < 32; ++i) {
+    tiny_sum += tiny[i];
+    huge_sum += huge[i];
+  }
+  CHECK(of_diffs(tiny).mean_abs == static_cast<double>(tiny_sum) / 32);
+  CHECK(of_diffs(huge).mean_abs == static_cast<double>(huge_sum / 32));
+  // Infinities and NaNs inside a summed block are counted, not summed.
+  std::vector<float> with_inf = block(3);
+  with_inf[7] = INFINITY;
+  with_inf[8] = NAN;
+  CHECK(of_diffs(with_inf).nonfinite_count == 2);
+}
+
 TEST_CASE("stats: candidate vs reference semantics") {
   const float inf = INFINITY;
   const std::vector<float> c{1.0f, -inf, 0.0f, 2.0f, -0.0f};

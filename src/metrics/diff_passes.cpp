@@ -110,22 +110,44 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
     if (b.nonzero == 0) return;
     // Each diff's histogram bin and exponent bin with its mantissa, vectorised; an exact match
     // goes to both spare slots, a non-finite diff to the sums' (the padding of a last, short
-    // block is exact matches, so it lands there too).
-    std::uint32_t top[kBlock], exponent[kBlock], mantissa[kBlock], infinite = 0;
+    // block is exact matches, so it lands there too). Its bin's weight as a shift, and the
+    // block's least and largest, over the finite nonzero diffs (a denormal weighs as bin 1).
+    std::uint32_t top[kBlock], exponent[kBlock], mantissa[kBlock], weight[kBlock], infinite = 0;
+    std::uint32_t least = kFp32Exponents, largest = 0;
     for (std::size_t k = 0; k < kBlock; ++k) {
       const std::uint32_t u = b.diff[k], e = u >> 23;
-      const bool finite = u < 0x7f800000u;
+      const std::uint32_t finite = static_cast<std::uint32_t>(u < 0x7f800000u);
+      const std::uint32_t summed = 0u - (finite & static_cast<std::uint32_t>(u != 0));  // mask
       top[k] = u == 0 ? static_cast<std::uint32_t>(kBins) : u >> kLevelShift[0];
-      exponent[k] = u == 0 || !finite ? static_cast<std::uint32_t>(kExponents) : e;
-      mantissa[k] = (u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
-      infinite += static_cast<std::uint32_t>(!finite);
+      exponent[k] = (e & summed) | (static_cast<std::uint32_t>(kExponents) & ~summed);
+      mantissa[k] = ((u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u)) & summed;
+      weight[k] = std::max(e, 1u);
+      least = std::min(
+          least, (weight[k] & summed) | (static_cast<std::uint32_t>(kFp32Exponents) & ~summed));
+      largest = std::max(largest, weight[k] & summed);
+      infinite += 1u - finite;
     }
     nonfinite += infinite;
     for (std::size_t k = 0; k < kBlock; k += kWays) {
-      for (std::size_t w = 0; w < kWays; ++w) {
-        ++acc.hist[w][top[k + w]];
-        acc.sums[w][exponent[k + w]] += mantissa[k + w];
+      for (std::size_t w = 0; w < kWays; ++w) ++acc.hist[w][top[k + w]];
+    }
+    // The block's sum as one integer in units of bin `least` where it fits in 64 bits: 32
+    // mantissas below 2^24, shifted by at most kSpan, stay below 2^(24 + kSpan + 5). It goes to
+    // the bins as three 24-bit pieces. Otherwise each diff goes to its own bin.
+    constexpr std::uint32_t kSpan = 35;
+    if (least <= largest && largest - least <= kSpan) {
+      std::uint64_t total = 0;
+      for (std::size_t k = 0; k < kBlock; ++k) {
+        const std::uint32_t shift = mantissa[k] == 0 ? 0u : weight[k] - least;
+        total += std::uint64_t{mantissa[k]} << shift;
       }
+      acc.sums[0][least] += total & 0xffffffu;
+      acc.sums[1][least + 24] += (total >> 24) & 0xffffffu;
+      acc.sums[2][least + 48] += total >> 48;
+      return;
+    }
+    for (std::size_t k = 0; k < kBlock; k += kWays) {
+      for (std::size_t w = 0; w < kWays; ++w) acc.sums[w][exponent[k + w]] += mantissa[k + w];
     }
   });
   acc.counters[FirstPass::kZeros] += zeros;

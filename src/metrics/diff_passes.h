@@ -40,8 +40,12 @@ constexpr std::size_t level_bins(int level) { return std::size_t{1} << kLevelBit
 
 // Exact sum of non-negative finite FP32 values: each value is mantissa · 2^(exponent - 150)
 // with a 24-bit integer mantissa, so summing mantissas per exponent in 64-bit integers is
-// exact for up to 2^40 values per exponent, and the bins add exactly across parts.
-constexpr std::size_t kExponents = 256;
+// exact for up to 2^40 values per exponent, and the bins add exactly across parts. Bin e
+// weighs 2^(max(e - 1, 0)) units of 2^-149, like FP32's biased exponent e. A block whose
+// values span few binades is summed first (an exact 64-bit integer) and added to three bins as
+// 24-bit pieces, the highest 48 bins above FP32's largest exponent: hence 256 + 48 bins.
+constexpr std::size_t kFp32Exponents = 256;
+constexpr std::size_t kExponents = kFp32Exponents + 48;
 
 // The passes run over blocks of kBlock values (see diff_passes.cpp).
 inline constexpr std::size_t kBlock = 32;

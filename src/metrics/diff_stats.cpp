@@ -33,7 +33,8 @@ inline std::uint64_t ulp_distance_of(float a, float b) {
 }
 
 // The bins' total Σ bins[e]·2^(max(e-1, 0)) in units of 2^-149, as a 384-bit integer (the
-// largest term is below 2^(253+64)), rounded once to the nearest FP64 (ties to even).
+// largest term is below 2^(302+64); the total, below 2^64 values of at most 2^277 units, too),
+// rounded once to the nearest FP64 (ties to even).
 double sum_from_bins(std::span<const std::uint64_t> bins) {
   constexpr int kLimbs = 6;
   std::uint64_t n[kLimbs] = {};
