@@ -204,6 +204,25 @@ TEST_CASE("published digests: set now, hashed on a thread later, each read as it
     CHECK_THROWS_AS(d.hash_rest({}), std::logic_error);
     CHECK_THROWS_AS(d.set(2, "late"), std::logic_error);
   }
+  // Many tensors read last first: the reader hashes those the thread has not reached while it
+  // waits, and every digest is still its own tensor's, whichever thread took it.
+  {
+    std::vector<std::vector<float>> data(16);
+    std::vector<cpd::GlobalTensor> tensors(data.size());
+    std::vector<cpd::LocalDigestJob> jobs;
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      data[i].assign(std::size_t{1} << 18, static_cast<float>(i) - 7.5f);
+      tensors[i].segments.push_back(cpd::StreamSegment{0, data[i].data(), data[i].size()});
+      jobs.push_back(
+          {i, &tensors[i], i % 2 == 0 ? cpd::DigestFormat::fp32 : cpd::DigestFormat::bf16});
+    }
+    cpd::PublishedDigests d(data.size());
+    d.hash_rest(jobs);
+    for (std::size_t i = data.size(); i-- > 0;) {
+      CAPTURE(i);
+      CHECK(d.at(i) == cpd::local_digest(tensors[i], jobs[i].format));
+    }
+  }
   // Destroyed while hashing: it waits for the thread before the tensor it reads is freed (the
   // tensor, declared first, goes last). Were it not to wait, the thread would go on reading
   // freed memory, which the sanitized suite (AddressSanitizer) reports as a failure.

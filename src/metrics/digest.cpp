@@ -1,5 +1,6 @@
 #include "cpdrift/metrics/digest.h"
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -77,17 +78,32 @@ void PublishedDigests::hash_rest(std::vector<LocalDigestJob> jobs) {
     if (!settled_[i]) promises_[i].set_value("");
   }
   if (jobs.empty()) return;
-  hashing_ = std::jthread([this, jobs = std::move(jobs)] {
-    for (const LocalDigestJob& j : jobs) {
-      try {
-        promises_[j.index].set_value(local_digest(*j.tensor, j.format));
-      } catch (...) {
-        promises_[j.index].set_exception(std::current_exception());
-      }
+  jobs_ = std::move(jobs);
+  hashing_ = std::jthread([this] {
+    while (hash_next()) {
     }
   });
 }
 
-const std::string& PublishedDigests::at(std::size_t i) const { return digests_.at(i).get(); }
+bool PublishedDigests::hash_next() const {
+  const std::size_t k = next_job_.fetch_add(1);
+  if (k >= jobs_.size()) return false;
+  const LocalDigestJob& j = jobs_[k];
+  try {
+    promises_[j.index].set_value(local_digest(*j.tensor, j.format));
+  } catch (...) {
+    promises_[j.index].set_exception(std::current_exception());
+  }
+  return true;
+}
+
+const std::string& PublishedDigests::at(std::size_t i) const {
+  const std::shared_future<std::string>& d = digests_.at(i);
+  if (rest_given_) {
+    while (d.wait_for(std::chrono::seconds(0)) != std::future_status::ready && hash_next()) {
+    }
+  }
+  return d.get();
+}
 
 }  // namespace cpd

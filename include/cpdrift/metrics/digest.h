@@ -2,6 +2,7 @@
 // topologies or two machines compare by digest alone.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <future>
 #include <string>
@@ -42,7 +43,9 @@ struct LocalDigestJob {
 /// carry them. Those streamed to rank 0 are set at once; those rank 0 holds whole are hashed on
 /// a thread of their own, one after another, while the statistics run on the pool: SHA-256 is
 /// sequential within a tensor, so hashing them on the pool first left a core idle behind the
-/// largest (docs/performance.md). at(i) waits for tensor i's digest.
+/// largest (docs/performance.md). at(i) waits for tensor i's digest, and while it waits it
+/// hashes the tensors that thread has not started, so that no core idles behind the thread.
+/// set, hash_rest and at are called from one thread, the one that publishes and measures.
 class PublishedDigests {
  public:
   /// `n` tensors, none known yet. Destroying it waits for the hashing thread, if any.
@@ -57,15 +60,22 @@ class PublishedDigests {
   /// every other tensor not set reads "". at() waits until this has been called.
   void hash_rest(std::vector<LocalDigestJob> jobs);
 
-  /// Tensor i's digest, once known; rethrows what its hashing threw.
+  /// Tensor i's digest, once known; rethrows what its hashing threw. Until it is known, the
+  /// caller hashes the jobs that no thread has taken yet.
   const std::string& at(std::size_t i) const;
 
  private:
-  std::vector<std::promise<std::string>> promises_;
+  /// Hashes the next job no one has taken, if any; false when none is left.
+  bool hash_next() const;
+
+  // at() is logically const: it only brings forward work that hash_rest already gave.
+  mutable std::vector<std::promise<std::string>> promises_;
   std::vector<std::shared_future<std::string>> digests_;
   std::vector<bool> settled_;  // set, or given to hash_rest
   bool rest_given_ = false;
-  std::jthread hashing_;  // last: joined before the promises go
+  std::vector<LocalDigestJob> jobs_;
+  mutable std::atomic<std::size_t> next_job_{0};  // the first job not taken yet
+  std::jthread hashing_;  // last: joined before the promises and the jobs go
 };
 
 }  // namespace cpd
