@@ -56,8 +56,9 @@ class PublishedDigests {
   /// Tensor i's digest, known now ("" where none is taken or off rank 0). Before hash_rest.
   void set(std::size_t i, std::string digest);
 
-  /// The rest, once: each job's tensor hashed (local_digest) on one thread, in the order given;
-  /// every other tensor not set reads "". at() waits until this has been called.
+  /// The rest, once: each job's tensor hashed (local_digest) on a thread of its own, taken in
+  /// the order given (by at() too, while it waits); every other tensor not set reads "". at()
+  /// waits until this has been called.
   void hash_rest(std::vector<LocalDigestJob> jobs);
 
   /// Tensor i's digest, once known; rethrows what its hashing threw. Until it is known, the
