@@ -110,21 +110,20 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
     if (b.nonzero == 0) return;
     // Each diff's histogram bin and exponent bin with its mantissa, vectorised; an exact match
     // goes to both spare slots, a non-finite diff to the sums' (the padding of a last, short
-    // block is exact matches, so it lands there too). Its bin's weight as a shift, and the
-    // block's least and largest, over the finite nonzero diffs (a denormal weighs as bin 1).
-    std::uint32_t top[kBlock], exponent[kBlock], mantissa[kBlock], weight[kBlock], infinite = 0;
-    std::uint32_t least = kFp32Exponents, largest = 0;
+    // block is exact matches, so it lands there too). A denormal's exponent bin is 1, whose
+    // weight is bin 0's (sum_from_bins). The block's least and largest exponent bins are over
+    // its finite nonzero diffs (least is the spare slot when there are none).
+    std::uint32_t top[kBlock], exponent[kBlock], mantissa[kBlock], infinite = 0;
+    std::uint32_t least = kExponents, largest = 0;
     for (std::size_t k = 0; k < kBlock; ++k) {
       const std::uint32_t u = b.diff[k], e = u >> 23;
       const std::uint32_t finite = static_cast<std::uint32_t>(u < 0x7f800000u);
       const std::uint32_t summed = 0u - (finite & static_cast<std::uint32_t>(u != 0));  // mask
       top[k] = u == 0 ? static_cast<std::uint32_t>(kBins) : u >> kLevelShift[0];
-      exponent[k] = (e & summed) | (static_cast<std::uint32_t>(kExponents) & ~summed);
+      exponent[k] = (std::max(e, 1u) & summed) | (static_cast<std::uint32_t>(kExponents) & ~summed);
       mantissa[k] = ((u & 0x7fffffu) | (e == 0 ? 0u : 0x800000u)) & summed;
-      weight[k] = std::max(e, 1u);
-      least = std::min(
-          least, (weight[k] & summed) | (static_cast<std::uint32_t>(kFp32Exponents) & ~summed));
-      largest = std::max(largest, weight[k] & summed);
+      least = std::min(least, exponent[k]);
+      largest = std::max(largest, exponent[k] & summed);
       infinite += 1u - finite;
     }
     nonfinite += infinite;
@@ -138,7 +137,7 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
     if (least <= largest && largest - least <= kSpan) {
       std::uint64_t total = 0;
       for (std::size_t k = 0; k < kBlock; ++k) {
-        const std::uint32_t shift = mantissa[k] == 0 ? 0u : weight[k] - least;
+        const std::uint32_t shift = mantissa[k] == 0 ? 0u : exponent[k] - least;
         total += std::uint64_t{mantissa[k]} << shift;
       }
       acc.sums[0][least] += total & 0xffffffu;
