@@ -110,13 +110,17 @@ void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, i
       order[j] = order[j - 1];
     order[j] = moving;
   }
-  std::fill(out, out + rows * dim, 0.0f);
-  std::fill(lse, lse + rows, neg_inf_f32());
-  for (std::size_t i : order) {
-    const StateRef& s = states[i];
-    for (std::int64_t r = 0; r < rows; ++r) {
-      merge_state_row(out + r * dim, lse + r, s.out + r * dim, s.lse[r], dim);
-    }
+  // A row at a time through every state: each row's fold is the same sequence of operations
+  // as state by state over all rows, and the row stays in L1 while its states stream past,
+  // where state by state the whole of `out` (a megabyte at S = 4096) went through the caches
+  // once a state. The bench's merge: 0.109 → 0.106 s a case.
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row_out = out + r * dim;
+    float* row_lse = lse + r;
+    std::fill(row_out, row_out + dim, 0.0f);
+    *row_lse = neg_inf_f32();
+    for (std::size_t i : order)
+      merge_state_row(row_out, row_lse, states[i].out + r * dim, states[i].lse[r], dim);
   }
 }
 
