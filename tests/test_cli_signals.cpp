@@ -68,8 +68,9 @@ TEST_CASE("SIGTERM or SIGINT ends a run with one line saying so") {
 // on a core in that millisecond dies by SIGKILL before its handler runs, and says nothing: with
 // four busy loops beside the job on this 2-core machine, 1 run in 8 ended so. That silence is
 // Open MPI's, not cpdrift's, so the job gets up to three tries. Every try must end non-zero with
-// no line but rank 0's, said at most once; at least one try must have rank 0's line. A handler
-// that never speaks, or a rank other than 0 that speaks, fails every try.
+// no cpdrift line but the interruption's, said at most once; at least one try must have it. A
+// handler that never speaks, or one that speaks on every rank, fails every try (each run once as
+// a negative control).
 TEST_CASE("under mpirun: SIGTERM to mpirun ends the job with one line from rank 0") {
   const char* mpirun = std::getenv("MPIRUN");
   REQUIRE(mpirun != nullptr);
