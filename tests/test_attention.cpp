@@ -91,19 +91,21 @@ PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t 
 }  // namespace
 
 TEST_CASE("tile kernel across key chunks: rows whose last key falls on either side of a chunk") {
-  // The scores and P·V run over chunks of tile::kKeyChunk (128) keys for all four lane tiles;
-  // rows of one 4-row group stopping in different chunks, exactly at a boundary, one past it,
-  // and in the third chunk, and lane tiles that stop in different chunks.
-  const std::vector<float> q = random_rows(64, 11), k = random_rows(700, 12),
-                           v = random_rows(700, 13);
+  // P·V runs over chunks of kAttendKeyChunk keys for all four lane tiles; rows of one row group
+  // stopping in different chunks, exactly at a boundary, one past it, and in the third and sixth
+  // chunk, and lane tiles that stop in different chunks.
+  constexpr std::int64_t c = kAttendKeyChunk;
+  const Range keys{0, 5 * c + 60};
+  const std::vector<float> q = random_rows(64, 11), k = random_rows(keys.end, 12),
+                           v = random_rows(keys.end, 13);
   TileScratch scratch;
-  for (const std::int64_t first : {114LL, 125LL, 126LL, 127LL, 250LL, 255LL, 380LL, 620LL}) {
-    const Range keys{0, 700};
+  for (const std::int64_t first :
+       {c - 14, c - 3, c - 2, c - 1, 2 * c - 6, 2 * c - 1, 3 * c - 4, 5 * c - 20}) {
     std::vector<float> out(64 * kDim), lse(64);
     attend_tile(q.data(), first, 64, k.data(), v.data(), keys, kDim, kScale, ProbRounding::none,
                 scratch, out.data(), lse.data());
     for (int r = 0; r < 64; ++r) {
-      const int visible = static_cast<int>(std::min<std::int64_t>(700, first + r + 1));
+      const int visible = static_cast<int>(std::min(keys.end, first + r + 1));
       float ref_out[kDim], ref_lse;
       partial_state_row(q.data() + r * kDim, k.data(), v.data(), visible, kDim, kScale,
                         ProbRounding::none, ref_out, &ref_lse);

@@ -26,6 +26,10 @@ constexpr int kGroupKeys = 4;
 #endif
 static_assert(kGroupKeys <= 8, "the rest of a chunk's keys goes in passes of 4, 2 and 1");
 
+// Keys of a backward chunk: its P, dP and dS for 256 rows (three times 128 KB) stay in L2.
+// Longer chunks measured no faster here (docs/performance.md, fourteenth session).
+constexpr std::int64_t kBackwardKeyChunk = 128;
+
 void backward_tile(const float* q, const float* d_out, const float* lse, const float* delta,
                    std::int64_t first_pos, int rows, const float* k, const float* v, Range keys,
                    int dim, float scale, BackwardScratch& s, float* dq, float* dk, float* dv) {
@@ -49,7 +53,7 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
     pairs += visible[r];
   }
   kernel_work_counters::add_backward(static_cast<std::uint64_t>(pairs));
-  constexpr std::int64_t kChunk = tile::kKeyChunk;
+  constexpr std::int64_t kChunk = kBackwardKeyChunk;
   const std::size_t lanes = static_cast<std::size_t>(dim) * kTileRows,
                     chunk = static_cast<std::size_t>(kChunk) * kTileRows;
   s.q_t.resize(lanes * kBackwardRows / kTileRows);
@@ -93,7 +97,6 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
                           s.dp.data() + t * chunk, j0);
     }
     for (t = first_tile; t < tiles; ++t) {
-      const int tile_rows = std::min(kTileRows, rows - t * kTileRows);
       float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk,
             *dp = s.dp.data() + t * chunk;
       const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
@@ -104,15 +107,15 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
         simd::store(ds + j * kTileRows,
                     simd::mul(pj, simd::sub(simd::load(dp + j * kTileRows), delta16)));
       }
-      // dq: each row over exactly its visible keys.
-      tile::rows_times_range(ds, j0, k, dim, visible + t * kTileRows, tile_rows, j0, j1,
-                             dq + t * kTileRows * dim);
     }
+    // dq: each row over exactly its visible keys, the row groups running on across lane tiles.
+    const int first_row = first_tile * kTileRows;
+    tile::rows_times_range(s.ds.data() + first_tile * chunk, chunk, j0, k, dim, visible + first_row,
+                           rows - first_row, j0, j1, dq + first_row * dim);
     // dk, dv over the rows of those tiles in order, one pass per key group. A row that cannot
     // see key j (it comes before j) has P = +0 and dS = ±0, and every earlier row cannot see j
     // either, so j's accumulators are still the +0 they started from: adding ±0 keeps +0, the
     // same bits as leaving the masked rows out, which the definition does.
-    const int first_row = first_tile * kTileRows;
     for (int col = 0; col < dim; col += 64) {
       const auto both = [&]<int kKeys>(std::int64_t jj) {
         tile::keys_accumulate<kKeys>(s.ds.data(), chunk, j0, q, first_row, rows, dim, col, jj, dk);

@@ -149,16 +149,21 @@ inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows&
 /// For rows r0 … r0+nrows-1 (nrows ≤ kRows) of `out` ([rows][dim]), columns [col, col+64) and
 /// keys [j0, j1):
 ///   out[r0+r][col…] = sequential over j0 ≤ j < min(limit[r0+r], j1):
-///                     fma(coef[j - coef_first][r0+r], b[j][col…], ·)
+///                     fma(coef(j, r0+r), b[j][col…], ·)
 /// continuing from what out holds (exact float loads and stores), or from +0 where `fresh` (out
 /// is then only written). Rows share the loop up to their smallest limit, then each finishes on
-/// its own, so every row stops exactly at its limit.
-template <int kRows>
-[[gnu::noinline]] inline void rows_times_block(const float* coef, std::int64_t coef_first,
-                                               const KvRows& b, int dim, int col, int r0,
-                                               const std::int64_t* limit, int nrows,
-                                               std::int64_t j0, std::int64_t j1, bool fresh,
-                                               float* out) {
+/// its own, so every row stops exactly at its limit. Row r0+r's coefficient of key j is at
+/// coef[(j - coef_first)·16 + r0 % 16 + r] for r < kSplit and at coef_next[(j - coef_first)·16 +
+/// r - kSplit] after: a group may run on from one lane tile into the next.
+template <int kRows, int kSplit = kRows>
+[[gnu::noinline]] inline void rows_times_block(const float* coef, const float* coef_next,
+                                               std::int64_t coef_first, const KvRows& b, int dim,
+                                               int col, int r0, const std::int64_t* limit,
+                                               int nrows, std::int64_t j0, std::int64_t j1,
+                                               bool fresh, float* out) {
+  const auto coef_row = [&](int r) {
+    return r < kSplit ? coef + r0 % kTileRows + r : coef_next + (r - kSplit);
+  };
   F16 acc[kRows][4];
   for (int r = 0; r < kRows; ++r) {
     for (int x = 0; x < 4; ++x) {
@@ -168,17 +173,18 @@ template <int kRows>
   }
   std::int64_t common = std::min(limit[r0], j1);
   for (int r = 1; r < nrows; ++r) common = std::min(common, limit[r0 + r]);
-  // A run of adjacent rows of b at a time (all of them unless paged): two pointers that step.
+  // A run of adjacent rows of b at a time (all of them unless paged): pointers that step.
   for (std::int64_t j = j0; j < common;) {
     const std::int64_t run = std::min(common, b.run_end(j));
     const float* bj = b.row(j, dim) + col;
-    const float* cj = coef + (j - coef_first) * kTileRows + r0;
-    for (; j < run; ++j, bj += dim, cj += kTileRows) {
+    const float* cj = coef_row(0) + (j - coef_first) * kTileRows;
+    const float* cn = coef_next + (j - coef_first) * kTileRows;
+    for (; j < run; ++j, bj += dim, cj += kTileRows, cn += kTileRows) {
       const F16 b0 = simd::in_register(simd::load(bj)), b1 = simd::in_register(simd::load(bj + 16)),
                 b2 = simd::in_register(simd::load(bj + 32)),
                 b3 = simd::in_register(simd::load(bj + 48));
       for (int r = 0; r < kRows; ++r) {
-        const F16 c = simd::splat(cj[r]);
+        const F16 c = simd::splat(r < kSplit ? cj[r] : cn[r - kSplit]);
         acc[r][0] = simd::fma(c, b0, acc[r][0]);
         acc[r][1] = simd::fma(c, b1, acc[r][1]);
         acc[r][2] = simd::fma(c, b2, acc[r][2]);
@@ -188,8 +194,9 @@ template <int kRows>
   }
   for (int r = 0; r < nrows; ++r) {
     const std::int64_t end = std::min(limit[r0 + r], j1);
+    const float* cr = coef_row(r);
     for (std::int64_t j = std::max(common, j0); j < end; ++j) {
-      const F16 c = simd::splat(coef[(j - coef_first) * kTileRows + r0 + r]);
+      const F16 c = simd::splat(cr[(j - coef_first) * kTileRows]);
       const float* bj = b.row(j, dim) + col;
       for (int x = 0; x < 4; ++x) acc[r][x] = simd::fma(c, simd::load(bj + 16 * x), acc[r][x]);
     }
@@ -199,28 +206,49 @@ template <int kRows>
   }
 }
 
-/// Keys per chunk of rows_times: a chunk of b (kKeyChunk rows of dim floats) stays in cache
-/// while every row group and column block of the tile goes over it.
-inline constexpr std::int64_t kKeyChunk = 128;
+/// Keys per chunk of rows_times (attention.h says why so many).
+inline constexpr std::int64_t kKeyChunk = kAttendKeyChunk;
 
-/// rows_times_range (below) for the columns [col, col + 64) only: the row groups one after
-/// another over the same 64 columns of the key chunk, which stay in L1 (the chunk's whole rows,
-/// 64 KB at D = 128, would not). With `fresh`, every row's sum starts from +0 instead of what
-/// out holds, and out is written whole (a group with no key here: zeros).
-inline void rows_times_cols(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
-                            int col, const std::int64_t* limit, int nrows, std::int64_t j0,
-                            std::int64_t j1, bool fresh, float* out) {
+/// rows_times_range (below) for the columns [col, col + 64) only, over rows [0, nrows) of any
+/// number of lane tiles (tile t's coefficients at coef + t·coef_stride): the row groups one after
+/// another over the same 64 columns of the keys [j0, j1), half the bytes of their whole rows.
+/// With `fresh`, every row's sum starts from +0 instead of what out holds, and out is written
+/// whole (a group with no key here: zeros).
+inline void rows_times_cols(const float* coef, std::int64_t coef_stride, std::int64_t coef_first,
+                            const KvRows& b, int dim, int col, const std::int64_t* limit, int nrows,
+                            std::int64_t j0, std::int64_t j1, bool fresh, float* out) {
   // Groups of six rows where the registers hold their 24 accumulators (each row of b loaded
-  // serves more FMAs), then four: a lane tile of 16 is 6 + 6 + 4.
+  // serves more FMAs), the last one of four or fewer; a group runs on into the next lane tile,
+  // so four tiles take ten groups of six and one of four, where tile by tile they took twelve.
   constexpr int kWide = simd::kRegisters >= 32 ? 6 : 4;
   for (int r0 = 0; r0 < nrows;) {
-    const int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
+    int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
+    const int in_tile = kTileRows - r0 % kTileRows;  // rows left in r0's lane tile
+    if (rows > in_tile && in_tile != 4 && in_tile != 2) rows = in_tile;  // the splits built below
+    const int split = std::min(rows, in_tile);
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
+    const float* tile_coef = coef + (r0 / kTileRows) * coef_stride;
+    const float* next_coef = tile_coef + coef_stride;
     if (any && rows > 4) {
-      rows_times_block<kWide>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, fresh, out);
+      if (split == rows) {
+        rows_times_block<kWide>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
+                                j1, fresh, out);
+      } else if (split == 4) {
+        rows_times_block<kWide, 4>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows,
+                                   j0, j1, fresh, out);
+      } else {
+        rows_times_block<kWide, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows,
+                                   j0, j1, fresh, out);
+      }
     } else if (any) {
-      rows_times_block<4>(coef, coef_first, b, dim, col, r0, limit, rows, j0, j1, fresh, out);
+      if (split == rows) {
+        rows_times_block<4>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0, j1,
+                            fresh, out);
+      } else {
+        rows_times_block<4, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
+                               j1, fresh, out);
+      }
     } else if (fresh) {
       for (int r = r0; r < r0 + rows; ++r) std::fill_n(out + r * dim + col, 64, 0.0f);
     }
@@ -228,16 +256,16 @@ inline void rows_times_cols(const float* coef, std::int64_t coef_first, const Kv
   }
 }
 
-/// One lane tile's rows r < nrows (≤ 16), keys [j0, j1) (coefficients of key j at
-/// coef[j - coef_first][r]):
-///   out[r][…] = sequential over j0 ≤ j < min(limit[r], j1):  fma(coef[j][r], b[j][…], ·)
+/// Rows r < nrows of lane tiles (tile t: rows 16t … 16t+15, coefficients of key j at
+/// coef + t·coef_stride + (j - coef_first)·16 + r % 16):
+///   out[r][…] = sequential over j0 ≤ j < min(limit[r], j1):  fma(coef(j, r), b[j][…], ·)
 /// continuing from what out holds (exact float stores and loads), so calls over consecutive key
 /// ranges compose into the one sequential order of rows_times.
-inline void rows_times_range(const float* coef, std::int64_t coef_first, const KvRows& b, int dim,
-                             const std::int64_t* limit, int nrows, std::int64_t j0, std::int64_t j1,
-                             float* out) {
+inline void rows_times_range(const float* coef, std::int64_t coef_stride, std::int64_t coef_first,
+                             const KvRows& b, int dim, const std::int64_t* limit, int nrows,
+                             std::int64_t j0, std::int64_t j1, float* out) {
   for (int col = 0; col < dim; col += 64)
-    rows_times_cols(coef, coef_first, b, dim, col, limit, nrows, j0, j1, false, out);
+    rows_times_cols(coef, coef_stride, coef_first, b, dim, col, limit, nrows, j0, j1, false, out);
 }
 
 /// For the rows of `groups` tiles (tile g: rows 16g … 16g+15 of `out`, coefficients
@@ -247,7 +275,7 @@ inline void rows_times_range(const float* coef, std::int64_t coef_first, const K
 /// rows_times_block over chunks of kKeyChunk keys, each accumulator started at +0 in the first
 /// chunk and carried through `out` (exact float stores and loads) from chunk to chunk: every
 /// element keeps its one sequential order, while each chunk of b is read from memory once for
-/// all the tiles' row groups and columns. The first chunk writes out whole, so it is not cleared
+/// all the row groups and columns. The first chunk writes out whole, so it is not cleared
 /// first.
 inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows& b, int dim,
                        const std::int64_t* limit, int nrows, float* out) {
@@ -256,13 +284,8 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
   if (n == 0) std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
   for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
     const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
-    for (int col = 0; col < dim; col += 64) {
-      for (int g = 0; g * kTileRows < nrows; ++g) {
-        rows_times_cols(coef + g * coef_stride, 0, b, dim, col, limit + g * kTileRows,
-                        std::min(kTileRows, nrows - g * kTileRows), j0, j1, j0 == 0,
-                        out + static_cast<std::ptrdiff_t>(g) * kTileRows * dim);
-      }
-    }
+    for (int col = 0; col < dim; col += 64)
+      rows_times_cols(coef, coef_stride, 0, b, dim, col, limit, nrows, j0, j1, j0 == 0, out);
   }
 }
 
