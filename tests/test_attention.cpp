@@ -90,6 +90,24 @@ PagedCopy page_out(const std::vector<float>& rows, int page_size, std::uint64_t 
 
 }  // namespace
 
+TEST_CASE("tile kernel with a fresh scratch: no row group reads past the last lane tile") {
+  // 31 and 32 rows end in a group at lanes 14 and 15 of the last tile, which a four-row block
+  // would read past; the scratch is fresh and sized exactly, so the sanitized build sees it.
+  const std::vector<float> q = random_rows(32, 21), k = random_rows(8, 22), v = random_rows(8, 23);
+  for (const int rows : {31, 32}) {
+    TileScratch scratch;
+    std::vector<float> out(rows * kDim), lse(rows);
+    attend_tile(q.data(), 100, rows, k.data(), v.data(), Range{0, 8}, kDim, kScale,
+                ProbRounding::none, scratch, out.data(), lse.data());
+    for (int r = 0; r < rows; ++r) {
+      float ref_out[kDim], ref_lse;
+      partial_state_row(q.data() + r * kDim, k.data(), v.data(), 8, kDim, kScale,
+                        ProbRounding::none, ref_out, &ref_lse);
+      CHECK(same_bits(out.data() + r * kDim, ref_out, kDim));
+    }
+  }
+}
+
 TEST_CASE("tile kernel across key chunks: rows whose last key falls on either side of a chunk") {
   // P·V runs over chunks of kAttendKeyChunk keys for all four lane tiles; rows of one row group
   // stopping in different chunks, exactly at a boundary, one past it, and in the third and sixth

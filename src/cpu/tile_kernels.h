@@ -242,12 +242,17 @@ inline void rows_times_cols(const float* coef, std::int64_t coef_stride, std::in
                                    j0, j1, fresh, out);
       }
     } else if (any) {
-      if (split == rows) {
+      // Every one of a block's kRows rows reads its coefficient, those past nrows too, so a
+      // block of four may not start at a tile's last two lanes unless it runs on into the next.
+      if (split != rows) {
+        rows_times_block<4, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
+                               j1, fresh, out);
+      } else if (in_tile >= 4) {
         rows_times_block<4>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0, j1,
                             fresh, out);
       } else {
-        rows_times_block<4, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
-                               j1, fresh, out);
+        rows_times_block<2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0, j1,
+                            fresh, out);
       }
     } else if (fresh) {
       for (int r = r0; r < r0 + rows; ++r) std::fill_n(out + r * dim + col, 64, 0.0f);
