@@ -159,12 +159,12 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
 
 // The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
 // bins holding the wanted ranks of the whole tensor and of the piece's group: at most kBins,
-// 4 or 8), written at out[count++] as its bit pattern. A block is first tested as a whole
+// 4 or 8), written at out[count++] (a non-negative float). A block is first tested as a whole
 // (vectorised, which also flags each diff), as few of its diffs are usually kept; a block with
 // some is compacted without branches, each value written and the count advanced by its flag,
 // so `out` holds kBlock slots past the last kept diff.
 template <bool kReference, bool kBf16, std::size_t kBins>
-void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
+void collect_of(const Piece& c, std::span<const std::uint32_t> bins, float* out,
                 std::size_t& count) {
   std::uint32_t wanted[kBins];
   std::fill(wanted, wanted + kBins, ~0u);  // ~0u: no top-level bin
@@ -183,7 +183,7 @@ void collect_of(const Piece& c, std::span<const std::uint32_t> bins, std::uint32
     }
     if (any == 0) return;
     for (std::size_t k = 0; k < n; ++k) {
-      out[count] = b.diff[k];
+      out[count] = from_bits(b.diff[k]);
       count += flag[k];
     }
   });
@@ -245,8 +245,7 @@ void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefix
   });
 }
 
-void collect(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
-             std::size_t& count) {
+void collect(const Piece& c, std::span<const std::uint32_t> bins, float* out, std::size_t& count) {
   // Eight bins only where a group's wanted bins differ from the whole's: testing eight costs
   // about 15% of a plain call's time.
   by_kind(c, [&](auto reference, auto bf16) {

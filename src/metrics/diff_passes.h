@@ -94,10 +94,9 @@ struct LocalFirst {
 void first_pass(const Piece& c, LocalFirst& acc);
 
 /// The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (at
-/// most 8), written at out[count++] as its bit pattern; `out` needs kBlock slots past the last
-/// kept diff.
-void collect(const Piece& c, std::span<const std::uint32_t> bins, std::uint32_t* out,
-             std::size_t& count);
+/// most 8), written at out[count++] (its bits, a non-negative float); `out` needs kBlock slots
+/// past the last kept diff.
+void collect(const Piece& c, std::span<const std::uint32_t> bins, float* out, std::size_t& count);
 
 /// A later level's histogram from the data itself: every nonzero diff whose bits above `level`
 /// are one of `prefixes`, counted at its bin of the level in h ([prefixes][level_bins(level)]).

@@ -300,7 +300,7 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
 
   // The diffs in the kept targets' wanted top-level bins, per chunk: the whole's and its
   // group's, usually a small share of the data (a bin spans a quarter of a binade).
-  std::vector<std::vector<std::uint32_t>> kept(chunks.size());
+  std::vector<std::vector<float>> kept(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
     std::vector<std::uint32_t> bins;
     for (const std::size_t t : {std::size_t{0}, group_target[c]}) {
@@ -323,8 +323,6 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
   // share bins), reduced, and each rank located within it.
   for (int level = 1; level < kLevels; ++level) {
     const std::size_t bins = level_bins(level);
-    const int above = kLevelShift[level - 1], shift = kLevelShift[level];
-    const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
     for (Target& t : targets) {
       t.prefixes.clear();
       for (int w = 0; w < 4; ++w) {
@@ -353,16 +351,15 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
     std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
     for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
       const std::size_t of[2] = {0, group_target[c]};
+      // The kept diffs (other targets' bins too) as a part of their own, nonzero values without
+      // a reference: the level pass counts them as it counts the data's diffs, without branches.
+      const DiffPart kept_part{kept[c].data(), nullptr, kept[c].size(), false};
       for (int k = 0; k < 2; ++k) {
         if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
         const Target& t = targets[of[k]];
         std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
         h.assign(t.hist.size(), 0);
-        for (const std::uint32_t u : kept[c]) {  // other targets' bins too: not a prefix
-          for (std::size_t b = 0; b < t.prefixes.size(); ++b) {
-            if ((u >> above) == t.prefixes[b]) ++h[b * bins + ((u >> shift) & mask)];
-          }
-        }
+        level_pass(Piece{&kept_part, 0, kept_part.count}, level, t.prefixes, h.data());
       }
     });
     for (std::size_t i = 0; i < targets.size(); ++i) {
