@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 
 #include "cpdrift/core/kv_rows.h"
@@ -206,8 +207,30 @@ template <int kRows, int kSplit = kRows>
   }
 }
 
-/// Keys per chunk of rows_times (attention.h says why so many).
-inline constexpr std::int64_t kKeyChunk = kAttendKeyChunk;
+using RowsTimesBlock = void (*)(const float*, const float*, std::int64_t, const KvRows&, int, int,
+                                int, const std::int64_t*, int, std::int64_t, std::int64_t, bool,
+                                float*);
+
+/// The block for a row group of rows_times_cols: `rows` rows from a lane where `in_tile` rows of
+/// its tile are left. A block reads the coefficients of all its kRows rows, those past `rows`
+/// too, so it may reach past the tile only where the group runs on into the next tile, kSplit
+/// being the group's rows in the first. Groups of kWide rows start at multiples of kWide, so a
+/// group of six crosses a tile only after 4 or 2 of its rows (at lanes 12 and 14), a last group
+/// of four or fewer only after 2, and a group of four never.
+template <int kWide>
+RowsTimesBlock pick_block(int rows, int in_tile) {
+  if (rows > 4) {
+    if (rows <= in_tile) return &rows_times_block<kWide>;
+    assert(in_tile == 4 || in_tile == 2);
+    return in_tile == 4 ? &rows_times_block<kWide, 4> : &rows_times_block<kWide, 2>;
+  }
+  if (rows > in_tile) {
+    assert(in_tile == 2);
+    return &rows_times_block<4, 2>;
+  }
+  // At a tile's last two lanes a block of four would read two lanes past it.
+  return in_tile >= 4 ? &rows_times_block<4> : &rows_times_block<2>;
+}
 
 /// rows_times_range (below) for the columns [col, col + 64) only, over rows [0, nrows) of any
 /// number of lane tiles (tile t's coefficients at coef + t·coef_stride): the row groups one after
@@ -222,38 +245,14 @@ inline void rows_times_cols(const float* coef, std::int64_t coef_stride, std::in
   // so four tiles take ten groups of six and one of four, where tile by tile they took twelve.
   constexpr int kWide = simd::kRegisters >= 32 ? 6 : 4;
   for (int r0 = 0; r0 < nrows;) {
-    int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
-    const int in_tile = kTileRows - r0 % kTileRows;  // rows left in r0's lane tile
-    if (rows > in_tile && in_tile != 4 && in_tile != 2) rows = in_tile;  // the splits built below
-    const int split = std::min(rows, in_tile);
+    const int rows = std::min(nrows - r0, nrows - r0 > 4 ? kWide : 4);
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || limit[r0 + r] > j0;
-    const float* tile_coef = coef + (r0 / kTileRows) * coef_stride;
-    const float* next_coef = tile_coef + coef_stride;
-    if (any && rows > 4) {
-      if (split == rows) {
-        rows_times_block<kWide>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
-                                j1, fresh, out);
-      } else if (split == 4) {
-        rows_times_block<kWide, 4>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows,
-                                   j0, j1, fresh, out);
-      } else {
-        rows_times_block<kWide, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows,
-                                   j0, j1, fresh, out);
-      }
-    } else if (any) {
-      // Every one of a block's kRows rows reads its coefficient, those past nrows too, so a
-      // block of four may not start at a tile's last two lanes unless it runs on into the next.
-      if (split != rows) {
-        rows_times_block<4, 2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0,
-                               j1, fresh, out);
-      } else if (in_tile >= 4) {
-        rows_times_block<4>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0, j1,
-                            fresh, out);
-      } else {
-        rows_times_block<2>(tile_coef, next_coef, coef_first, b, dim, col, r0, limit, rows, j0, j1,
-                            fresh, out);
-      }
+    if (any) {
+      const float* tile_coef = coef + (r0 / kTileRows) * coef_stride;
+      pick_block<kWide>(rows, kTileRows - r0 % kTileRows)(tile_coef, tile_coef + coef_stride,
+                                                          coef_first, b, dim, col, r0, limit, rows,
+                                                          j0, j1, fresh, out);
     } else if (fresh) {
       for (int r = r0; r < r0 + rows; ++r) std::fill_n(out + r * dim + col, 64, 0.0f);
     }
@@ -277,8 +276,8 @@ inline void rows_times_range(const float* coef, std::int64_t coef_stride, std::i
 /// coef + g·coef_stride as [keys][16], limits limit[16g …]; `nrows` rows in all) and every
 /// column:
 ///   out[r][…] = sequential over j < limit[r]:  fma(coef[j][r], b[j][…], ·)   (from +0)
-/// rows_times_block over chunks of kKeyChunk keys, each accumulator started at +0 in the first
-/// chunk and carried through `out` (exact float stores and loads) from chunk to chunk: every
+/// rows_times_block over chunks of kAttendKeyChunk keys, each accumulator started at +0 in the
+/// first chunk and carried through `out` (exact float stores and loads) from chunk to chunk: every
 /// element keeps its one sequential order, while each chunk of b is read from memory once for
 /// all the row groups and columns. The first chunk writes out whole, so it is not cleared
 /// first.
@@ -287,8 +286,8 @@ inline void rows_times(const float* coef, std::int64_t coef_stride, const KvRows
   std::int64_t n = 0;
   for (int r = 0; r < nrows; ++r) n = std::max(n, limit[r]);
   if (n == 0) std::fill(out, out + static_cast<std::ptrdiff_t>(nrows) * dim, 0.0f);
-  for (std::int64_t j0 = 0; j0 < n; j0 += kKeyChunk) {
-    const std::int64_t j1 = std::min(n, j0 + kKeyChunk);
+  for (std::int64_t j0 = 0; j0 < n; j0 += kAttendKeyChunk) {
+    const std::int64_t j1 = std::min(n, j0 + kAttendKeyChunk);
     for (int col = 0; col < dim; col += 64)
       rows_times_cols(coef, coef_stride, 0, b, dim, col, limit, nrows, j0, j1, j0 == 0, out);
   }

@@ -25,11 +25,11 @@ constexpr PathSpec kUnfusedPath{InputPrecision::bf16, ProbRounding::none,
                                 BlockKernel::cublas_unfused};
 
 // to[i] = round_bf16(from[i]) for i < n, pieces of 64 Ki floats a task (`to` may be `from`).
-// The branch-free form, so that the loop vectorises: the same bits for every input.
+// The loop vectorises: the rounding is the branch-free form (the same bits for every input),
+// and the bound is captured by value, so the stores cannot change it.
 void round_bf16_on(const float* from, float* to, std::int64_t n, ThreadPool& pool) {
   constexpr std::int64_t kChunk = 1 << 16;
   pool.parallel_for((n + kChunk - 1) / kChunk, [from, to, n](std::int64_t c) {
-    // Captured by value: the stores cannot change the bound, so the loop vectorises.
     const std::int64_t end = std::min(n, (c + 1) * kChunk);
     for (std::int64_t i = c * kChunk; i < end; ++i)
       to[i] = float_of_bits(bf16_bits_rn_select(bits_of(from[i])) << 16);
