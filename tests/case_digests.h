@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/tensor_layout.h"
-#include "cpdrift/metrics/digest.h"
+#include "engine/protocol.h"
+#include "engine/tensor_layout.h"
+#include "metrics/digest.h"
 
 namespace cpd::testing {
 

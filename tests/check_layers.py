@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Refuses a source that includes a header of a higher layer (docs/architecture.md).
 
-A build step (meson.build runs it before anything compiles, so the build fails): every file
-under src/ and include/cpdrift/ belongs to the layer whose folder (or file) names it, and each
-`#include "..."` it makes must resolve to a file of its own layer or a lower one. A file that
-belongs to no layer fails too: a new folder must take its place in the table first.
+A build step (meson.build runs it before anything compiles, so the build fails): each folder of
+src/ is one layer, listed bottom up, and include/cpdrift/ (the public API) sits below them all.
+Every `#include "..."` a file makes must resolve to a file of its own layer or a lower one, and
+a public header may include only public headers. A folder of src/ that is in no layer fails
+too: a new folder must take its place in the list first.
 
-usage: check_layers.py --root DIR --stamp FILE LAYER...   where LAYER is name:folder,folder,...
-(folders of src/ and include/cpdrift/, or single files under src/; the first is the lowest).
+usage: check_layers.py --root DIR --stamp FILE LAYER...   (the folders of src/, lowest first)
 """
 import argparse
 import os
@@ -17,27 +17,30 @@ import sys
 # Quoted includes, and the project's headers in angle brackets too.
 INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(cpdrift/[^>]+)>)', re.MULTILINE)
 SOURCES = (".h", ".cpp", ".cu", ".cuh", ".h.in")
+PUBLIC = (-1, "public API (include/cpdrift)")
 
 
-def layer_table(specs):
-    """{folder or file: (index, layer name)}, most specific first."""
-    table = {}
-    for index, spec in enumerate(specs):
-        name, _, members = spec.partition(":")
-        for member in members.split(","):
-            table[member] = (index, name)
-    return table
-
-
-def layer_of(path, table):
-    """The layer of a path relative to the root, or None."""
-    for prefix in ("src/", "include/cpdrift/"):
-        if path.startswith(prefix):
-            rel = path[len(prefix):]
-            if rel in table:  # a single file named in the table
-                return table[rel]
-            return table.get(rel.split("/")[0])
+def layer_of(path, layers):
+    """(index, name) of the layer of a path relative to the root, or None outside src/ and
+    include/cpdrift/; (None, folder) for a folder of src/ in no layer."""
+    if path.startswith("include/cpdrift/"):
+        return PUBLIC
+    if path.startswith("src/"):
+        folder = path.split("/")[1]
+        return (layers.index(folder), folder) if folder in layers else (None, folder)
     return None
+
+
+def resolve(path, included, root):
+    """The file an include names, relative to the root: beside the includer, else under src/ or
+    include/ (the build's include directories)."""
+    beside = os.path.normpath(os.path.join(os.path.dirname(path), included))
+    if os.path.exists(os.path.join(root, beside)):
+        return beside
+    for top in ("include", "src"):
+        if os.path.exists(os.path.join(root, top, included)):
+            return os.path.join(top, included)
+    return None  # a system or generated header
 
 
 def main():
@@ -46,7 +49,6 @@ def main():
     p.add_argument("--stamp", required=True)
     p.add_argument("layers", nargs="+")
     args = p.parse_args()
-    table = layer_table(args.layers)
     root = os.path.abspath(args.root)
     errors = []
     for top in ("src", "include/cpdrift"):
@@ -55,23 +57,22 @@ def main():
                 if not name.endswith(SOURCES):
                     continue
                 path = os.path.relpath(os.path.join(folder, name), root)
-                mine = layer_of(path, table)
-                if mine is None:
-                    errors.append(f"{path}: in no layer (add its folder to `layers` in meson.build)")
+                mine = layer_of(path, args.layers)
+                if mine[0] is None:
+                    errors.append(f"{path}: src/{mine[1]} is in no layer (add it to `layers` in "
+                                  "meson.build)")
                     continue
                 with open(os.path.join(root, path), encoding="utf-8") as f:
                     text = f.read()
                 for match in INCLUDE.finditer(text):
                     included = match.group(1) or match.group(2)
-                    if included.startswith("cpdrift/"):
-                        target = "include/" + included
-                    else:
-                        target = os.path.normpath(os.path.join(os.path.dirname(path), included))
-                    theirs = layer_of(target, table)
-                    if theirs is not None and theirs[0] > mine[0]:
-                        line = text.count("\n", 0, match.start()) + 1
-                        errors.append(f"{path}:{line}: the {mine[1]} layer includes \"{included}\" "
-                                      f"of the higher {theirs[1]} layer")
+                    target = resolve(path, included, root)
+                    theirs = layer_of(target, args.layers) if target else None
+                    if theirs is None or theirs[0] is None or theirs[0] <= mine[0]:
+                        continue
+                    line = text.count("\n", 0, match.start()) + 1
+                    errors.append(f"{path}:{line}: the {mine[1]} layer includes \"{included}\" "
+                                  f"of the higher {theirs[1]} layer")
     if errors:
         print("check_layers: a lower layer reaches up (docs/architecture.md):", file=sys.stderr)
         for e in errors:

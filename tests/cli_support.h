@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/report/json.h"
+#include "report/json.h"
 
 namespace cli_test {
 

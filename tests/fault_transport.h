@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpdrift/comm/transport.h"
+#include "comm/transport.h"
 
 namespace cpd::testing {
 

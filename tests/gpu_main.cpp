@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "cpdrift/backend/attention_backend.h"
+#include "kernels/attention_backend.h"
 
 int main(int argc, char** argv) {
   if (cpd::cuda_device_count() == 0) {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "case_digests.h"
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/comm/gpu_transports.h"
+#include "comm/gpu_transports.h"
+#include "kernels/attention_backend.h"
 #include "mpi_support.h"
 
 namespace cpd::testing {

@@ -11,7 +11,7 @@
 #include "mpi_support.h"
 
 #if defined(CPD_SKIP_WITHOUT_GPU)
-#include "cpdrift/backend/attention_backend.h"
+#include "kernels/attention_backend.h"
 #endif
 
 namespace {

@@ -1,7 +1,7 @@
 // Test support for MPI tests: the process's CommContext (created by mpi_main.cpp).
 #pragma once
 
-#include "cpdrift/comm/comm_context.h"
+#include "comm/comm_context.h"
 
 namespace cpd::testing {
 

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/bf16.h"
 
 namespace cpd::testing {
 

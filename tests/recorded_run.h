@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/report/run_recorder.h"
+#include "engine/case_runner.h"
+#include "report/run_recorder.h"
 
 namespace cpd::testing {
 

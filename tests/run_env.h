@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "cpdrift/backend/input_store.h"
-#include "cpdrift/engine/case_runner.h"
+#include "engine/case_runner.h"
+#include "kernels/input_store.h"
 #include "mpi_support.h"
 
 namespace cpd::testing {

@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/numerics/attention_math.h"
-#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/attention_math.h"
+#include "cpdrift/bf16.h"
+#include "engine/merge_checks.h"
 #include "fp64_attention.h"
+#include "kernels/cpu/attention.h"
 #include "random_rows.h"
 
 using namespace cpd;

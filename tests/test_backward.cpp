@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
-#include "cpdrift/core/model.h"
-#include "cpdrift/cpu/attention_backward.h"
-#include "cpdrift/numerics/attention_backward_math.h"
+#include "core/model.h"
+#include "cpdrift/attention_backward_math.h"
+#include "kernels/cpu/attention_backward.h"
 #include "random_rows.h"
 
 using namespace cpd;

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 #include "in_process_cli.h"
+#include "kernels/attention_backend.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/bf16.h"
 
 namespace {
 

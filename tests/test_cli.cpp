@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "cli_support.h"
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/report/json.h"
+#include "comm/gpu_transports.h"
+#include "kernels/attention_backend.h"
+#include "report/json.h"
 
 using namespace cli_test;
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cli_support.h"
-#include "cpdrift/report/json.h"
 #include "random_rows.h"
+#include "report/json.h"
 
 #if defined(CPD_HAVE_HDF5)
 #include <hdf5.h>

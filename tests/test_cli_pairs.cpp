@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cli_support.h"
-#include "cpdrift/report/json.h"
+#include "report/json.h"
 
 using namespace cli_test;
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/compare/stream_comparison.h"
-#include "cpdrift/core/errors.h"
+#include "compare/stream_comparison.h"
+#include "core/errors.h"
 #include "temp_dir.h"
 
 using namespace cpd;

@@ -10,15 +10,15 @@
 #include <random>
 #include <string>
 
-#include "../src/comm/mpi_check.h"  // the check itself, white-box
 #include "case_digests.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/tensor_layout.h"
-#include "cpdrift/metrics/digest.h"
-#include "cpdrift/paged/paged_case.h"
-#include "cpdrift/report/run_report.h"
+#include "comm/mpi_check.h"  // the check itself, white-box
+#include "engine/case_runner.h"
+#include "engine/paged/paged_case.h"
+#include "engine/tensor_layout.h"
+#include "metrics/digest.h"
 #include "mpi_support.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 #include "run_env.h"
 
 #if defined(CPD_HAVE_HDF5)

@@ -6,13 +6,13 @@
 #include <limits>
 #include <string>
 
-#include "cpdrift/accept/acceptance.h"
-#include "cpdrift/engine/rollout_pairs.h"
-#include "cpdrift/metrics/rollout_pair_metrics.h"
-#include "cpdrift/paged/paged_case.h"
-#include "cpdrift/report/run_report.h"
+#include "accept/acceptance.h"
+#include "engine/paged/paged_case.h"
+#include "engine/rollout_pairs.h"
+#include "metrics/rollout_pair_metrics.h"
 #include "mpi_support.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 #include "run_env.h"
 
 using namespace cpd;

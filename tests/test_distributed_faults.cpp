@@ -8,10 +8,10 @@
 #include <string>
 
 #include "case_digests.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/dlogp.h"
+#include "core/errors.h"
+#include "engine/backward.h"
+#include "engine/case_runner.h"
+#include "engine/dlogp.h"
 #include "fault_transport.h"
 #include "mpi_support.h"
 

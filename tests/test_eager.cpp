@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
-#include "cpdrift/cli/eager_baseline.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/cpu/simd_info.h"
+#include "cli/eager_baseline.h"
 #include "fp64_attention.h"
+#include "kernels/cpu/inputs.h"
+#include "kernels/cpu/simd_info.h"
 
 using namespace cpd;
 

@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <string>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/tensor_dump.h"
-#include "cpdrift/util/temp_file_guard.h"
+#include "core/errors.h"
+#include "core/util/temp_file_guard.h"
+#include "io/tensor_dump.h"
 
 using namespace cpd;
 

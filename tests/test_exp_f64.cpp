@@ -1,4 +1,4 @@
-// exp_f64 (include/cpdrift/numerics/fmath.h) against long double expl, and its special values.
+// exp_f64 (include/cpdrift/fmath.h) against long double expl, and its special values.
 //
 // Errors are in units of the double spacing at the reference (2^-1074 below 2^-1022). The
 // reference is x87 expl: 64-bit significand, within about 1 ulp of it, i.e. 2^-11 double ulp.
@@ -19,7 +19,7 @@
 #include <limits>
 #include <string>
 
-#include "cpdrift/numerics/fmath.h"
+#include "cpdrift/fmath.h"
 #include "split_mix.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Accuracy and special values of include/cpdrift/numerics/fmath.h against FP64 references.
+// Accuracy and special values of include/cpdrift/fmath.h against FP64 references.
 //
 // Errors are in units of the float spacing at the FP64 reference value (2^-149 for subnormal
 // results). The asserted bounds are the documented ones: each is the exhaustive maximum over
@@ -17,7 +17,7 @@
 #include <limits>
 #include <string>
 
-#include "cpdrift/numerics/fmath.h"
+#include "cpdrift/fmath.h"
 #include "split_mix.h"
 
 namespace {

@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "case_digests.h"
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/paged/paged_case.h"
-#include "cpdrift/report/run_report.h"
+#include "engine/backward.h"
+#include "engine/case_runner.h"
+#include "engine/paged/paged_case.h"
 #include "fp64_attention.h"
+#include "kernels/attention_backend.h"
 #include "random_rows.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 
 using namespace cpd;
 using cpd::testing::random_rows;

@@ -3,7 +3,7 @@
 // starts (NCCL itself would refuse them later, less clearly).
 #include <doctest/doctest.h>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 #include "gpu_transport_support.h"
 
 using namespace cpd;

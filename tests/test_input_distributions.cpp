@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/bf16.h"
+#include "kernels/cpu/inputs.h"
 
 using namespace cpd;
 

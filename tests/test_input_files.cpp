@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/inputs/input_files.h"
-#include "cpdrift/io/tensor_dump.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/rope.h"
-#include "cpdrift/util/sha256.h"
+#include "core/errors.h"
+#include "core/util/sha256.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/rope.h"
+#include "inputs/input_files.h"
+#include "io/tensor_dump.h"
+#include "kernels/cpu/inputs.h"
 #include "temp_dir.h"
 
 using namespace cpd;

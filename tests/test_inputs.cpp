@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/cpu/normals.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/philox.h"
-#include "cpdrift/numerics/rope.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/philox.h"
+#include "cpdrift/rope.h"
+#include "kernels/cpu/inputs.h"
+#include "kernels/cpu/normals.h"
 
 using namespace cpd;
 

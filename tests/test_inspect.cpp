@@ -4,11 +4,11 @@
 
 #include <cstring>
 
-#include "cpdrift/inspect/drift_plot.h"
-#include "cpdrift/inspect/figures.h"
-#include "cpdrift/inspect/inspect_main.h"
-#include "cpdrift/inspect/npy.h"
-#include "cpdrift/util/sha256.h"
+#include "core/util/sha256.h"
+#include "inspect/drift_plot.h"
+#include "inspect/figures.h"
+#include "inspect/inspect_main.h"
+#include "inspect/npy.h"
 #include "inspect/tiny_dump.h"
 
 using namespace inspect_test;

@@ -12,8 +12,8 @@
 #include <regex>
 
 #include "cli_support.h"
-#include "cpdrift/report/json.h"
 #include "inspect/tiny_dump.h"
+#include "report/json.h"
 
 using namespace cli_test;
 using cpd::json::Value;

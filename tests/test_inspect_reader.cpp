@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 #include "inspect/tiny_dump.h"
 
 using namespace inspect_test;

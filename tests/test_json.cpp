@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpdrift/report/json.h"
+#include "report/json.h"
 
 using cpd::json::Value;
 

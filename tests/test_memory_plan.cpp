@@ -9,9 +9,9 @@
 #include <fstream>
 #include <string>
 
-#include "cpdrift/core/float_buffer.h"
-#include "cpdrift/engine/memory_plan.h"
-#include "cpdrift/util/process_memory.h"
+#include "core/float_buffer.h"
+#include "core/util/process_memory.h"
+#include "engine/memory_plan.h"
 
 using namespace cpd;
 

@@ -7,16 +7,16 @@
 #include <cstring>
 #include <string>
 
-#include "cpdrift/backend/input_store.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/paged/paged_attention.h"
-#include "cpdrift/paged/paged_case.h"
-#include "cpdrift/report/run_report.h"
+#include "core/errors.h"
+#include "engine/case_runner.h"
+#include "engine/paged/paged_attention.h"
+#include "engine/paged/paged_case.h"
 #include "fp64_attention.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/input_store.h"
 #include "random_rows.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 
 using namespace cpd;
 

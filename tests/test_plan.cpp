@@ -4,8 +4,8 @@
 #include <set>
 #include <tuple>
 
-#include "../src/report/plan_json.h"
-#include "cpdrift/core/plan.h"
+#include "core/plan.h"
+#include "report/plan_json.h"
 
 using namespace cpd;
 

@@ -1,4 +1,4 @@
-// The production lanes' merges (numerics/production_lanes.h) against an FP64 oracle: the exact
+// The production lanes' merges (cpdrift/production_lanes.h) against an FP64 oracle: the exact
 // attention of the row over every rank's keys. Each lane's tolerance is the bound of its BF16
 // roundings; at one rank, or where only the owner's keys are visible, every lane is the
 // canonical state bit for bit; and the order and precision each lane stands for do change bits
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/numerics/production_lanes.h"
+#include "cpdrift/production_lanes.h"
 
 namespace {
 

@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/logprob_rows.h"
-#include "cpdrift/cpu/projection.h"
-#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/logprob_math.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/logprob_rows.h"
+#include "kernels/cpu/projection.h"
 #include "random_rows.h"
 #include "split_mix.h"
 

@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/tensor_layout.h"
+#include "core/errors.h"
+#include "engine/protocol.h"
+#include "engine/tensor_layout.h"
 #include "fault_transport.h"
 
 using namespace cpd;

@@ -5,11 +5,11 @@
 #include <sstream>
 #include <string>
 
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/report/run_report.h"
+#include "engine/backward.h"
+#include "engine/case_runner.h"
+#include "engine/merge_checks.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 
 using namespace cpd;
 using json::Value;

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpdrift/metrics/rl_metrics.h"
-#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/logprob_math.h"
+#include "metrics/rl_metrics.h"
 #include "random_rows.h"
 
 using namespace cpd;

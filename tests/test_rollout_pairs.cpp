@@ -8,14 +8,14 @@
 #include <cstring>
 #include <vector>
 
-#include "cpdrift/comm/transport.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/engine/rollout_pairs.h"
-#include "cpdrift/engine/run_context.h"
-#include "cpdrift/metrics/rollout_pair_metrics.h"
-#include "cpdrift/numerics/logprob_math.h"
-#include "cpdrift/report/run_report.h"
+#include "comm/transport.h"
+#include "cpdrift/logprob_math.h"
+#include "engine/rollout_pairs.h"
+#include "engine/run_context.h"
+#include "kernels/cpu/inputs.h"
+#include "metrics/rollout_pair_metrics.h"
 #include "recorded_run.h"
+#include "report/run_report.h"
 
 using namespace cpd;
 

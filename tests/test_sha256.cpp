@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "cpdrift/metrics/digest.h"
-#include "cpdrift/report/json.h"
-#include "cpdrift/util/sha256.h"
-#include "cpdrift/util/sha256_lanes.h"
+#include "core/util/sha256.h"
+#include "core/util/sha256_lanes.h"
+#include "metrics/digest.h"
+#include "report/json.h"
 
 namespace {
 

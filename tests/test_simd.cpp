@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/cpu/simd16_math.h"
+#include "kernels/cpu/simd16_math.h"
 
 using namespace cpd;
 

@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "cpdrift/metrics/diff_stats.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/util/thread_pool.h"
+#include "core/util/thread_pool.h"
+#include "cpdrift/bf16.h"
+#include "metrics/diff_stats.h"
 
 using namespace cpd;
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "case_digests.h"
-#include "cpdrift/engine/protocol.h"
+#include "engine/protocol.h"
 
 using namespace cpd;
 

@@ -9,14 +9,14 @@
 #include <span>
 
 #include "case_digests.h"
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/engine/dlogp.h"
-#include "cpdrift/engine/local_cp1.h"
-#include "cpdrift/numerics/logprob_math.h"
+#include "core/errors.h"
+#include "cpdrift/logprob_math.h"
+#include "engine/backward.h"
+#include "engine/dlogp.h"
+#include "engine/local_cp1.h"
 #include "fault_transport.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/inputs.h"
 #include "random_rows.h"
 
 using namespace cpd;

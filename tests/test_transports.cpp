@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/comm/packed_messages.h"
-#include "cpdrift/core/errors.h"
+#include "comm/gpu_transports.h"
+#include "comm/packed_messages.h"
+#include "core/errors.h"
 
 using namespace cpd;
 

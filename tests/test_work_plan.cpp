@@ -8,13 +8,13 @@
 #include <string>
 
 #include "case_digests.h"
-#include "cpdrift/cpu/kernel_work.h"
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/dlogp.h"
-#include "cpdrift/engine/local_run.h"
-#include "cpdrift/engine/run_progress.h"
-#include "cpdrift/engine/work_plan.h"
+#include "engine/backward.h"
+#include "engine/case_runner.h"
+#include "engine/dlogp.h"
+#include "engine/local_run.h"
+#include "engine/run_progress.h"
+#include "engine/work_plan.h"
+#include "kernels/cpu/kernel_work.h"
 #include "recorded_run.h"
 
 using namespace cpd;

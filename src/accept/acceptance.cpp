@@ -1,4 +1,4 @@
-#include "cpdrift/accept/acceptance.h"
+#include "accept/acceptance.h"
 
 #include <algorithm>
 #include <cmath>

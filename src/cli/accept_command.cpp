@@ -3,12 +3,12 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "cpdrift/accept/acceptance.h"
-#include "cpdrift/cli/commands.h"
-#include "cpdrift/comm/agree.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/report/provenance.h"
-#include "cpdrift/util/temp_file_guard.h"
+#include "accept/acceptance.h"
+#include "cli/commands.h"
+#include "comm/agree.h"
+#include "core/errors.h"
+#include "core/util/temp_file_guard.h"
+#include "report/provenance.h"
 
 namespace cpd {
 namespace {

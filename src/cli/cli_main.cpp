@@ -1,17 +1,17 @@
 // The command line, parsed, agreed on and dispatched; every way a command can fail ends here
 // as one line and an exit status (docs/reliability.md).
-#include "cpdrift/cli/cli_main.h"
+#include "cli/cli_main.h"
 
 #include <cstdio>
 #include <exception>
 #include <new>
 
-#include "cpdrift/cli/commands.h"
-#include "cpdrift/cli/options.h"
-#include "cpdrift/comm/agree.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/inputs/input_files.h"
-#include "cpdrift/report/provenance.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/agree.h"
+#include "core/errors.h"
+#include "inputs/input_files.h"
+#include "report/provenance.h"
 
 namespace cpd {
 

@@ -2,10 +2,10 @@
 // writes; every process agrees on the outcome, so a job of N processes ends as one.
 #include <cstdio>
 
-#include "cpdrift/cli/commands.h"
-#include "cpdrift/comm/agree.h"
-#include "cpdrift/compare/compare_report.h"
-#include "cpdrift/report/provenance.h"
+#include "cli/commands.h"
+#include "comm/agree.h"
+#include "compare/compare_report.h"
+#include "report/provenance.h"
 
 namespace cpd {
 

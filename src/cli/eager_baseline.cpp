@@ -1,4 +1,4 @@
-#include "cpdrift/cli/eager_baseline.h"
+#include "cli/eager_baseline.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cpdrift/cpu/simd_info.h"
+#include "kernels/cpu/simd_info.h"
 
 namespace cpd {
 namespace {

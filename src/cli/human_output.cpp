@@ -1,4 +1,4 @@
-#include "cpdrift/cli/human_output.h"
+#include "cli/human_output.h"
 
 #include <algorithm>
 

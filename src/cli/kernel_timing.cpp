@@ -1,10 +1,10 @@
-#include "kernel_timing.h"
+#include "cli/kernel_timing.h"
 
 #include <algorithm>
 
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/cpu/attention_backward.h"
-#include "cpdrift/numerics/attention_backward_math.h"
+#include "cpdrift/attention_backward_math.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_backward.h"
 
 namespace cpd::kernel_timing {
 

@@ -6,11 +6,11 @@
 #include <chrono>
 #include <vector>
 
-#include "cpdrift/core/shard.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/numerics/attention_math.h"
-#include "cpdrift/paged/paged_cache.h"
-#include "cpdrift/util/thread_pool.h"
+#include "core/shard.h"
+#include "core/util/thread_pool.h"
+#include "cpdrift/attention_math.h"
+#include "engine/paged/paged_cache.h"
+#include "kernels/cpu/inputs.h"
 
 namespace cpd::kernel_timing {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/cli/cli_main.h"
-#include "cpdrift/comm/comm_context.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/util/temp_file_guard.h"
+#include "cli/cli_main.h"
+#include "comm/comm_context.h"
+#include "core/errors.h"
+#include "core/util/temp_file_guard.h"
 
 int main(int argc, char** argv) {
   using namespace cpd;

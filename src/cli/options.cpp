@@ -1,4 +1,4 @@
-#include "cpdrift/cli/options.h"
+#include "cli/options.h"
 
 #include <algorithm>
 #include <charconv>
@@ -8,7 +8,7 @@
 #include <map>
 #include <type_traits>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd {
 

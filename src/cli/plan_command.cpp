@@ -9,12 +9,12 @@
 #include <thread>
 #include <utility>
 
-#include "cpdrift/cli/commands.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/engine/memory_plan.h"
-#include "cpdrift/engine/work_plan.h"
-#include "cpdrift/report/json.h"
-#include "kernel_timing.h"
+#include "cli/commands.h"
+#include "cli/kernel_timing.h"
+#include "core/errors.h"
+#include "engine/memory_plan.h"
+#include "engine/work_plan.h"
+#include "report/json.h"
 
 namespace cpd {
 namespace {

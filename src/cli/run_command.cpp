@@ -8,20 +8,20 @@
 #include <cstring>
 #include <filesystem>
 
-#include "cpdrift/cli/commands.h"
-#include "cpdrift/cli/human_output.h"
-#include "cpdrift/comm/agree.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/cpu/simd_info.h"
-#include "cpdrift/engine/memory_plan.h"
-#include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/engine/run_session.h"
-#include "cpdrift/report/provenance.h"
-#include "cpdrift/report/run_recorder.h"
-#include "cpdrift/util/partial_files.h"
-#include "cpdrift/util/process_memory.h"
-#include "cpdrift/util/temp_file_guard.h"
+#include "cli/commands.h"
+#include "cli/human_output.h"
+#include "comm/agree.h"
+#include "core/errors.h"
+#include "core/util/partial_files.h"
+#include "core/util/process_memory.h"
+#include "core/util/temp_file_guard.h"
+#include "engine/memory_plan.h"
+#include "engine/merge_checks.h"
+#include "engine/run_session.h"
+#include "kernels/cpu/inputs.h"
+#include "kernels/cpu/simd_info.h"
+#include "report/provenance.h"
+#include "report/run_recorder.h"
 
 namespace cpd {
 namespace {

@@ -1,4 +1,4 @@
-#include "torch_sdpa.h"
+#include "cli/torch_sdpa.h"
 
 #include <unistd.h>
 

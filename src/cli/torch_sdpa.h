@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "cpdrift/core/model.h"
+#include "core/model.h"
 
 namespace cpd {
 

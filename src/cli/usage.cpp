@@ -1,5 +1,5 @@
 // `cpdrift --help`.
-#include "cpdrift/cli/options.h"
+#include "cli/options.h"
 
 namespace cpd {
 

@@ -1,13 +1,13 @@
-#include "cpdrift/comm/comm_context.h"
+#include "comm/comm_context.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "comm_impl.h"
-#include "cpdrift/util/sha256.h"
-#include "mpi_check.h"
-#include "mpi_wait.h"
+#include "comm/comm_impl.h"
+#include "comm/mpi_check.h"
+#include "comm/mpi_wait.h"
+#include "core/util/sha256.h"
 
 namespace cpd {
 

@@ -3,7 +3,7 @@
 
 #include <mpi.h>
 
-#include "cpdrift/comm/comm_context.h"
+#include "comm/comm_context.h"
 
 namespace cpd {
 

@@ -1,4 +1,4 @@
-#include "cpdrift/comm/fault_injection.h"
+#include "comm/fault_injection.h"
 
 #include <chrono>
 #include <cstdlib>

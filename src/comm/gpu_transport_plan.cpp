@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/core/errors.h"
+#include "comm/gpu_transports.h"
+#include "core/errors.h"
 
 namespace cpd {
 

@@ -3,7 +3,7 @@
 
 #include <mpi.h>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd {
 

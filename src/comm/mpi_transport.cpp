@@ -4,11 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "comm_impl.h"
-#include "cpdrift/comm/comm_context.h"
-#include "cpdrift/core/plan.h"
-#include "mpi_check.h"
-#include "mpi_wait.h"
+#include "comm/comm_context.h"
+#include "comm/comm_impl.h"
+#include "comm/mpi_check.h"
+#include "comm/mpi_wait.h"
+#include "core/plan.h"
 
 namespace cpd {
 namespace {

@@ -1,4 +1,4 @@
-#include "mpi_wait.h"
+#include "comm/mpi_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "mpi_check.h"
+#include "comm/mpi_check.h"
 
 namespace cpd {
 namespace {

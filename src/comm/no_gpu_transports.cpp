@@ -1,6 +1,6 @@
 // A build without the CUDA backend: the GPU transports are an error the user can act on.
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/core/errors.h"
+#include "comm/gpu_transports.h"
+#include "core/errors.h"
 
 namespace cpd {
 

@@ -1,7 +1,7 @@
 // A CUDA build without NCCL (-Dnccl=disabled, or a toolkit without libnccl): the nccl
 // transport is an error the user can act on; cuda_ipc and mpi still work.
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/core/errors.h"
+#include "comm/gpu_transports.h"
+#include "core/errors.h"
 
 namespace cpd {
 

@@ -1,10 +1,10 @@
-#include "cpdrift/comm/packed_messages.h"
+#include "comm/packed_messages.h"
 
 #include <cstring>
 #include <string>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/core/plan.h"
+#include "core/errors.h"
+#include "core/plan.h"
 
 namespace cpd {
 

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "cpdrift/comm/comm_context.h"
-#include "cpdrift/core/errors.h"
+#include "comm/comm_context.h"
+#include "core/errors.h"
 
 namespace cpd {
 

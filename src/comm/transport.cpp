@@ -1,10 +1,10 @@
-#include "cpdrift/comm/transport.h"
+#include "comm/transport.h"
 
 #include <algorithm>
 #include <random>
 #include <string>
 
-#include "cpdrift/core/enum_names.h"
+#include "cpdrift/enum_names.h"
 
 namespace cpd {
 namespace {

@@ -1,8 +1,8 @@
-#include "cpdrift/compare/compare_report.h"
+#include "compare/compare_report.h"
 
 #include <cmath>
 
-#include "cpdrift/report/rl_metrics_json.h"
+#include "report/rl_metrics_json.h"
 
 namespace cpd {
 namespace {

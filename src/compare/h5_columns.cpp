@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/compare/logprob_stream.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/h5_handle.h"
+#include "compare/logprob_stream.h"
+#include "core/errors.h"
+#include "io/h5_handle.h"
 
 namespace cpd::stream_io {
 namespace {

@@ -5,10 +5,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "cpdrift/compare/logprob_stream.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/report/json.h"
-#include "cpdrift/util/sha256.h"
+#include "compare/logprob_stream.h"
+#include "core/errors.h"
+#include "core/util/sha256.h"
+#include "report/json.h"
 
 namespace cpd::stream_io {
 namespace {

@@ -1,4 +1,4 @@
-#include "cpdrift/compare/logprob_stream.h"
+#include "compare/logprob_stream.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/util/sha256.h"
+#include "core/errors.h"
+#include "core/util/sha256.h"
 
 namespace cpd {
 

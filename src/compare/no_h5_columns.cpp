@@ -1,6 +1,6 @@
 // Built without HDF5: an HDF5 stream is refused with one line.
-#include "cpdrift/compare/logprob_stream.h"
-#include "cpdrift/core/errors.h"
+#include "compare/logprob_stream.h"
+#include "core/errors.h"
 
 namespace cpd::stream_io {
 

@@ -9,10 +9,10 @@
 #include <optional>
 #include <sstream>
 
-#include "cpdrift/compare/logprob_stream.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/util/npy_format.h"
-#include "cpdrift/util/sha256.h"
+#include "compare/logprob_stream.h"
+#include "core/errors.h"
+#include "core/util/npy_format.h"
+#include "core/util/sha256.h"
 
 namespace cpd::stream_io {
 namespace {

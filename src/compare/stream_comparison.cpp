@@ -1,10 +1,10 @@
-#include "cpdrift/compare/stream_comparison.h"
+#include "compare/stream_comparison.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd {
 namespace {

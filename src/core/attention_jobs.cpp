@@ -1,5 +1,5 @@
 // The job helpers every backend shares: how far a fold reads, and paged views made contiguous.
-#include "cpdrift/core/attention_jobs.h"
+#include "core/attention_jobs.h"
 
 #include <algorithm>
 #include <stdexcept>

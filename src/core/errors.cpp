@@ -1,10 +1,10 @@
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 #include <unistd.h>
 
 #include <atomic>
 
-#include "cpdrift/util/partial_files.h"
+#include "core/util/partial_files.h"
 
 namespace cpd {
 namespace {

@@ -1,4 +1,4 @@
-#include "cpdrift/core/float_buffer.h"
+#include "core/float_buffer.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "cpdrift/core/model.h"
+#include "core/model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,9 @@
-#include "cpdrift/core/plan.h"
+#include "core/plan.h"
 
 #include <algorithm>
 #include <string>
 
-#include "cpdrift/util/sha256.h"
+#include "core/util/sha256.h"
 
 namespace cpd {
 

@@ -1,5 +1,5 @@
 // The distributed backward: query rows to the KV owners, block pairs there, partial dq back.
-#include "cpdrift/engine/backward.h"
+#include "engine/backward.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,12 +8,12 @@
 #include <string>
 #include <tuple>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/attention_backward.h"
-#include "cpdrift/numerics/attention_backward_math.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/production_lanes.h"
-#include "protocol_common.h"
+#include "cpdrift/attention_backward_math.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/production_lanes.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/attention_backward.h"
 
 namespace cpd {
 namespace {

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/attention_backward.h"
-#include "cpdrift/engine/backward.h"
-#include "cpdrift/numerics/attention_backward_math.h"
-#include "protocol_common.h"
+#include "cpdrift/attention_backward_math.h"
+#include "engine/backward.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/attention_backward.h"
 
 namespace cpd {
 namespace {

@@ -1,9 +1,9 @@
-#include "case_execution.h"
+#include "engine/case_execution.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "cpdrift/backend/attention_backend.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd {
 namespace {

@@ -4,9 +4,9 @@
 #include <chrono>
 #include <vector>
 
-#include "cpdrift/engine/case_outputs.h"
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/run_context.h"
+#include "engine/case_outputs.h"
+#include "engine/protocol.h"
+#include "engine/run_context.h"
 
 namespace cpd {
 

@@ -1,13 +1,13 @@
-#include "case_legs.h"
+#include "engine/case_legs.h"
 
 #include <algorithm>
 #include <array>
 #include <map>
 #include <utility>
 
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/dlogp.h"
-#include "cpdrift/engine/tensor_layout.h"
+#include "engine/case_runner.h"
+#include "engine/dlogp.h"
+#include "engine/tensor_layout.h"
 
 namespace cpd::case_legs {
 

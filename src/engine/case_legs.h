@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "case_execution.h"
-#include "cpdrift/engine/case_sink.h"
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/run_context.h"
+#include "engine/case_execution.h"
+#include "engine/case_sink.h"
+#include "engine/protocol.h"
+#include "engine/run_context.h"
 
 namespace cpd::case_legs {
 

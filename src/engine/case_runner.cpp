@@ -1,4 +1,4 @@
-#include "cpdrift/engine/case_runner.h"
+#include "engine/case_runner.h"
 
 #include <algorithm>
 #include <functional>
@@ -6,14 +6,14 @@
 #include <optional>
 #include <stdexcept>
 
-#include "case_execution.h"
-#include "case_legs.h"
-#include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/engine/rollout_pairs.h"
-#include "cpdrift/engine/tensor_layout.h"
-#include "cpdrift/engine/work_plan.h"
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/production_lanes.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/production_lanes.h"
+#include "engine/case_execution.h"
+#include "engine/case_legs.h"
+#include "engine/merge_checks.h"
+#include "engine/rollout_pairs.h"
+#include "engine/tensor_layout.h"
+#include "engine/work_plan.h"
 
 namespace cpd {
 namespace {

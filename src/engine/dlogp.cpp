@@ -1,14 +1,14 @@
-#include "cpdrift/engine/dlogp.h"
+#include "engine/dlogp.h"
 
 #include <algorithm>
 #include <map>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/backend/input_store.h"
-#include "cpdrift/cpu/logprob_rows.h"
-#include "cpdrift/numerics/logprob_math.h"
-#include "cpdrift/util/work_timers.h"
-#include "protocol_common.h"
+#include "core/util/work_timers.h"
+#include "cpdrift/logprob_math.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/logprob_rows.h"
+#include "kernels/input_store.h"
 
 namespace cpd {
 namespace {

@@ -1,9 +1,9 @@
-#include "cpdrift/engine/local_cp1.h"
+#include "engine/local_cp1.h"
 
 #include <algorithm>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/attention.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/attention.h"
 
 namespace cpd {
 

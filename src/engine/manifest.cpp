@@ -1,10 +1,10 @@
-#include "cpdrift/engine/manifest.h"
+#include "engine/manifest.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd {
 

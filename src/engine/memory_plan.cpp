@@ -1,12 +1,12 @@
-#include "cpdrift/engine/memory_plan.h"
+#include "engine/memory_plan.h"
 
 #include <algorithm>
 
-#include "cpdrift/backend/input_store.h"
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/engine/local_cp1.h"
-#include "cpdrift/numerics/production_lanes.h"
-#include "protocol_common.h"
+#include "cpdrift/production_lanes.h"
+#include "engine/local_cp1.h"
+#include "engine/protocol_common.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/input_store.h"
 
 namespace cpd {
 namespace {

@@ -1,12 +1,12 @@
-#include "cpdrift/engine/merge_checks.h"
+#include "engine/merge_checks.h"
 
 #include <cmath>
 #include <limits>
 #include <span>
 #include <string>
 
-#include "cpdrift/cpu/attention.h"
-#include "protocol_common.h"
+#include "engine/protocol_common.h"
+#include "kernels/cpu/attention.h"
 
 namespace cpd {
 namespace {

@@ -3,9 +3,9 @@
 // merge) and merged in each stack's order.
 #include <algorithm>
 
-#include "cpdrift/numerics/production_lanes.h"
-#include "cpdrift/util/work_timers.h"
-#include "protocol_common.h"
+#include "core/util/work_timers.h"
+#include "cpdrift/production_lanes.h"
+#include "engine/protocol_common.h"
 
 namespace cpd::protocol {
 

@@ -2,8 +2,8 @@
 // query owner, merge there in global block order (a reduce-scatter whose reduction is the
 // ordered merge). The default; the reference benchmark's semantics. The states move and merge
 // one round's row groups at a time.
-#include "cpdrift/backend/attention_backend.h"
-#include "protocol_common.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd::protocol {
 

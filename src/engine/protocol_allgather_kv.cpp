@@ -1,8 +1,8 @@
 // allgather_kv: every rank gathers the K/V its queries can see and computes all its states
 // locally (Llama-3 style); states never travel. They are computed and merged one round's row
 // groups at a time.
-#include "cpdrift/backend/attention_backend.h"
-#include "protocol_common.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd::protocol {
 

@@ -1,12 +1,12 @@
-#include "protocol_common.h"
+#include "engine/protocol_common.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/engine/merge_checks.h"
-#include "cpdrift/numerics/production_lanes.h"
+#include "core/errors.h"
+#include "cpdrift/production_lanes.h"
+#include "engine/merge_checks.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd {
 

@@ -5,10 +5,10 @@
 #include <map>
 #include <vector>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/attention.h"
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/util/work_timers.h"
+#include "core/util/work_timers.h"
+#include "engine/protocol.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/attention.h"
 
 namespace cpd::protocol {
 

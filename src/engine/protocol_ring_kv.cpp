@@ -3,8 +3,8 @@
 // in global block order, one round's row groups at a time. Keeping the shards (linear in S)
 // instead of the states (S² / split) is what lets the merge stream; the transfers no longer
 // overlap the compute.
-#include "cpdrift/backend/attention_backend.h"
-#include "protocol_common.h"
+#include "engine/protocol_common.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd::protocol {
 

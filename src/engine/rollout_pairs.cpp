@@ -1,14 +1,14 @@
-#include "cpdrift/engine/rollout_pairs.h"
+#include "engine/rollout_pairs.h"
 
 #include <algorithm>
 #include <functional>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/cpu/inputs.h"
-#include "cpdrift/cpu/logprob_rows.h"
-#include "cpdrift/engine/protocol.h"
-#include "cpdrift/engine/run_context.h"
-#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/logprob_math.h"
+#include "engine/protocol.h"
+#include "engine/run_context.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/inputs.h"
+#include "kernels/cpu/logprob_rows.h"
 
 namespace cpd {
 namespace {

@@ -1,6 +1,6 @@
 // The run's RoPE check: Q and K after RoPE as the candidate dtype rounds them, vs FP32.
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/engine/case_runner.h"
+#include "engine/case_runner.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd {
 

@@ -1,4 +1,4 @@
-#include "cpdrift/engine/run_progress.h"
+#include "engine/run_progress.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,8 +1,8 @@
-#include "cpdrift/engine/run_request.h"
+#include "engine/run_request.h"
 
 #include <algorithm>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd {
 namespace {

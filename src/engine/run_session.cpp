@@ -1,4 +1,4 @@
-#include "cpdrift/engine/run_session.h"
+#include "engine/run_session.h"
 
 #include <sched.h>
 
@@ -8,14 +8,14 @@
 #include <string>
 #include <thread>
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/comm/agree.h"
-#include "cpdrift/comm/fault_injection.h"
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/core/errors.h"
-#include "cpdrift/engine/case_runner.h"
-#include "cpdrift/engine/rollout_pairs.h"
-#include "cpdrift/engine/work_plan.h"
+#include "comm/agree.h"
+#include "comm/fault_injection.h"
+#include "comm/gpu_transports.h"
+#include "core/errors.h"
+#include "engine/case_runner.h"
+#include "engine/rollout_pairs.h"
+#include "engine/work_plan.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd {
 namespace {

@@ -1,10 +1,10 @@
-#include "cpdrift/engine/tensor_layout.h"
+#include "engine/tensor_layout.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "cpdrift/engine/protocol.h"
+#include "engine/protocol.h"
 
 namespace cpd {
 

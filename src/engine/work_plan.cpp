@@ -1,8 +1,8 @@
-#include "cpdrift/engine/work_plan.h"
+#include "engine/work_plan.h"
 
 #include <algorithm>
 
-#include "cpdrift/core/plan.h"
+#include "core/plan.h"
 
 namespace cpd {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/core/input_source.h"
-#include "cpdrift/core/model.h"
+#include "core/input_source.h"
+#include "core/model.h"
 
 namespace cpd::input_files {
 

@@ -6,10 +6,10 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/h5_handle.h"
-#include "file_inputs.h"
-#include "raw_tensor.h"
+#include "core/errors.h"
+#include "inputs/file_inputs.h"
+#include "inputs/raw_tensor.h"
+#include "io/h5_handle.h"
 
 namespace cpd::input_files {
 namespace {

@@ -1,6 +1,6 @@
 // Built without HDF5: an HDF5 input file is refused with one line.
-#include "cpdrift/core/errors.h"
-#include "file_inputs.h"
+#include "core/errors.h"
+#include "inputs/file_inputs.h"
 
 namespace cpd::input_files {
 

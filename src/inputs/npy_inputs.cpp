@@ -5,11 +5,11 @@
 #include <memory>
 #include <sstream>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/report/json.h"
-#include "cpdrift/util/npy_format.h"
-#include "file_inputs.h"
-#include "raw_tensor.h"
+#include "core/errors.h"
+#include "core/util/npy_format.h"
+#include "inputs/file_inputs.h"
+#include "inputs/raw_tensor.h"
+#include "report/json.h"
 
 namespace cpd::input_files {
 namespace {

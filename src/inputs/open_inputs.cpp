@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <memory>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/inputs/input_files.h"
-#include "cpdrift/util/sha256.h"
-#include "file_inputs.h"
+#include "core/errors.h"
+#include "core/util/sha256.h"
+#include "inputs/file_inputs.h"
+#include "inputs/input_files.h"
 
 namespace cpd {
 namespace input_files {

@@ -1,4 +1,4 @@
-#include "raw_tensor.h"
+#include "inputs/raw_tensor.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "cpdrift/core/errors.h"
+#include "core/errors.h"
 
 namespace cpd::input_files {
 

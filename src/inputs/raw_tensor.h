@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/core/range.h"
-#include "file_inputs.h"
+#include "core/range.h"
+#include "inputs/file_inputs.h"
 
 namespace cpd::input_files {
 

@@ -3,10 +3,10 @@
 // at 8 + N + begin, row-major, little-endian.
 #include <memory>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/report/json.h"
-#include "file_inputs.h"
-#include "raw_tensor.h"
+#include "core/errors.h"
+#include "inputs/file_inputs.h"
+#include "inputs/raw_tensor.h"
+#include "report/json.h"
 
 namespace cpd::input_files {
 namespace {

@@ -1,8 +1,8 @@
-#include "command_line.h"
+#include "inspect/command_line.h"
 
 #include <algorithm>
 
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 
 namespace cpd::inspect {
 namespace {

@@ -5,12 +5,12 @@
 #include <set>
 #include <thread>
 
-#include "command_line.h"
-#include "cpdrift/inspect/figures.h"
-#include "cpdrift/inspect/inspect_main.h"
-#include "cpdrift/report/run_report.h"
-#include "cpdrift/util/thread_pool.h"
-#include "output_format.h"
+#include "core/util/thread_pool.h"
+#include "inspect/command_line.h"
+#include "inspect/figures.h"
+#include "inspect/inspect_main.h"
+#include "inspect/output_format.h"
+#include "report/run_report.h"
 
 namespace cpd::inspect {
 namespace {

@@ -1,12 +1,12 @@
 // The plot's figures, measured from the dump with the summary's pairing (figures.h).
-#include "cpdrift/inspect/drift_plot.h"
+#include "inspect/drift_plot.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "cpdrift/inspect/figures.h"
-#include "cpdrift/report/json.h"
-#include "output_format.h"
+#include "inspect/figures.h"
+#include "inspect/output_format.h"
+#include "report/json.h"
 
 namespace cpd::inspect {
 namespace {

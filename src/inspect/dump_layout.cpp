@@ -1,6 +1,6 @@
-#include "dump_layout.h"
+#include "inspect/dump_layout.h"
 
-#include "cpdrift/report/run_report.h"
+#include "report/run_report.h"
 
 namespace cpd::inspect::layout {
 namespace {

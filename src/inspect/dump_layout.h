@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 
 namespace cpd::inspect::layout {
 

@@ -1,6 +1,6 @@
 // The dump's layout (docs/inspect.md), checked as it is read: the root's attributes, the groups
 // /cases, /paged_cases and /inputs, and every tensor dataset in them.
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,9 +10,9 @@
 #include <new>
 #include <tuple>
 
-#include "cpdrift/report/run_report.h"
-#include "dump_layout.h"
-#include "h5_support.h"
+#include "inspect/dump_layout.h"
+#include "inspect/h5_support.h"
+#include "report/run_report.h"
 
 namespace cpd::inspect {
 

@@ -1,11 +1,11 @@
 // `cpdrift-inspect export`: one tensor of a dump as a NumPy .npy file.
 #include <stdexcept>
 
-#include "command_line.h"
-#include "cpdrift/inspect/dump_reader.h"
-#include "cpdrift/inspect/npy.h"
-#include "cpdrift/report/json.h"
-#include "output_format.h"
+#include "inspect/command_line.h"
+#include "inspect/dump_reader.h"
+#include "inspect/npy.h"
+#include "inspect/output_format.h"
+#include "report/json.h"
 
 namespace cpd::inspect {
 namespace {

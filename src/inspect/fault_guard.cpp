@@ -1,11 +1,11 @@
-#include "cpdrift/inspect/fault_guard.h"
+#include "inspect/fault_guard.h"
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
 
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 
 namespace cpd::inspect {
 namespace {

@@ -1,13 +1,13 @@
-#include "cpdrift/inspect/figures.h"
+#include "inspect/figures.h"
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/numerics/production_lanes.h"
-#include "cpdrift/util/sha256.h"
-#include "output_format.h"
+#include "core/util/sha256.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/production_lanes.h"
+#include "inspect/output_format.h"
 
 namespace cpd::inspect {
 namespace {

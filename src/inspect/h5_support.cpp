@@ -1,4 +1,4 @@
-#include "h5_support.h"
+#include "inspect/h5_support.h"
 
 #include <algorithm>
 #include <limits>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/inspect/dump_reader.h"
-#include "cpdrift/io/h5_handle.h"
+#include "inspect/dump_reader.h"
+#include "io/h5_handle.h"
 
 namespace cpd::inspect::h5 {
 

@@ -1,11 +1,11 @@
 // Dispatches a command line; every way a command can fail ends here as one line and status 2.
-#include "cpdrift/inspect/inspect_main.h"
+#include "inspect/inspect_main.h"
 
 #include <exception>
 #include <new>
 
-#include "command_line.h"
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/command_line.h"
+#include "inspect/dump_reader.h"
 
 namespace cpd::inspect {
 namespace {

@@ -1,10 +1,10 @@
 // `cpdrift-inspect list`: the dump's run, cases, tensors, shapes and attributes.
 #include <algorithm>
 
-#include "command_line.h"
-#include "cpdrift/inspect/dump_reader.h"
-#include "cpdrift/report/json.h"
-#include "output_format.h"
+#include "inspect/command_line.h"
+#include "inspect/dump_reader.h"
+#include "inspect/output_format.h"
+#include "report/json.h"
 
 namespace cpd::inspect {
 namespace {

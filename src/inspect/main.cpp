@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/inspect/fault_guard.h"
-#include "cpdrift/inspect/inspect_main.h"
+#include "inspect/fault_guard.h"
+#include "inspect/inspect_main.h"
 
 int main(int argc, char** argv) {
   // A file past `ulimit -f` fails its write, which is reported, instead of killing the process.

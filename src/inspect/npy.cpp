@@ -1,9 +1,9 @@
-#include "cpdrift/inspect/npy.h"
+#include "inspect/npy.h"
 
 #include <bit>
 #include <cstring>
 
-#include "cpdrift/inspect/dump_reader.h"
+#include "inspect/dump_reader.h"
 
 namespace cpd::inspect {
 

@@ -1,4 +1,4 @@
-#include "output_format.h"
+#include "inspect/output_format.h"
 
 #include <cstdio>
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/core/model.h"
-#include "cpdrift/metrics/diff_stats.h"
+#include "core/model.h"
+#include "metrics/diff_stats.h"
 
 namespace cpd::inspect {
 

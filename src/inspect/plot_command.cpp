@@ -3,10 +3,10 @@
 #include <stdexcept>
 #include <thread>
 
-#include "command_line.h"
-#include "cpdrift/inspect/drift_plot.h"
-#include "cpdrift/report/json.h"
-#include "cpdrift/util/thread_pool.h"
+#include "core/util/thread_pool.h"
+#include "inspect/command_line.h"
+#include "inspect/drift_plot.h"
+#include "report/json.h"
 
 namespace cpd::inspect {
 

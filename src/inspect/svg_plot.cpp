@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cpdrift/inspect/drift_plot.h"
+#include "inspect/drift_plot.h"
 
 namespace cpd::inspect {
 namespace {

@@ -1,9 +1,9 @@
 // --inject-fault dump-write-error: a dump whose chosen write fails
-// (include/cpdrift/io/tensor_dump.h).
+// (src/io/tensor_dump.h).
 #include <stdexcept>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/tensor_dump.h"
+#include "core/errors.h"
+#include "io/tensor_dump.h"
 
 namespace cpd {
 namespace {

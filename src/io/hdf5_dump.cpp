@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/h5_handle.h"
-#include "cpdrift/io/tensor_dump.h"
-#include "cpdrift/util/partial_files.h"
-#include "cpdrift/util/temp_file_guard.h"
+#include "core/errors.h"
+#include "core/util/partial_files.h"
+#include "core/util/temp_file_guard.h"
+#include "io/h5_handle.h"
+#include "io/tensor_dump.h"
 
 namespace cpd {
 

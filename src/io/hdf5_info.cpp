@@ -1,4 +1,4 @@
-#include "cpdrift/io/hdf5_info.h"
+#include "io/hdf5_info.h"
 
 #if defined(CPD_HAVE_HDF5)
 #include <hdf5.h>

@@ -1,6 +1,6 @@
 // Built without HDF5: --dump is refused before any work starts.
-#include "cpdrift/core/errors.h"
-#include "cpdrift/io/tensor_dump.h"
+#include "core/errors.h"
+#include "io/tensor_dump.h"
 
 namespace cpd {
 

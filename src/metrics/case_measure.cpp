@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpdrift/metrics/case_result.h"
+#include "metrics/case_result.h"
 
 namespace cpd {
 namespace {

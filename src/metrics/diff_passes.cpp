@@ -1,4 +1,4 @@
-#include "diff_passes.h"
+#include "metrics/diff_passes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "cpdrift/numerics/bf16.h"
+#include "cpdrift/bf16.h"
 
 namespace cpd::diff_passes {
 namespace {

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "cpdrift/metrics/diff_stats.h"
+#include "metrics/diff_stats.h"
 
 namespace cpd::diff_passes {
 

@@ -1,4 +1,4 @@
-#include "cpdrift/metrics/diff_stats.h"
+#include "metrics/diff_stats.h"
 
 #include <algorithm>
 #include <array>
@@ -6,8 +6,8 @@
 #include <limits>
 #include <memory>
 
-#include "cpdrift/util/thread_pool.h"
-#include "diff_passes.h"
+#include "core/util/thread_pool.h"
+#include "metrics/diff_passes.h"
 
 namespace cpd {
 namespace {

@@ -1,4 +1,4 @@
-#include "cpdrift/metrics/digest.h"
+#include "metrics/digest.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,9 +8,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cpdrift/numerics/bf16.h"
-#include "cpdrift/util/sha256.h"
-#include "cpdrift/util/sha256_lanes.h"
+#include "core/util/sha256.h"
+#include "core/util/sha256_lanes.h"
+#include "cpdrift/bf16.h"
 
 namespace cpd {
 namespace {

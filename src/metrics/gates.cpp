@@ -1,4 +1,4 @@
-#include "cpdrift/metrics/gates.h"
+#include "metrics/gates.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,10 +1,10 @@
-#include "cpdrift/metrics/rl_metrics.h"
+#include "metrics/rl_metrics.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 
-#include "cpdrift/numerics/hd.h"
+#include "cpdrift/hd.h"
 
 namespace cpd {
 namespace {

@@ -1,8 +1,8 @@
-#include "cpdrift/metrics/rollout_pair_metrics.h"
+#include "metrics/rollout_pair_metrics.h"
 
 #include <algorithm>
 
-#include "cpdrift/numerics/logprob_math.h"
+#include "cpdrift/logprob_math.h"
 
 namespace cpd {
 namespace {

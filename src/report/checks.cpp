@@ -3,7 +3,7 @@
 #include <optional>
 #include <utility>
 
-#include "cpdrift/report/run_report.h"
+#include "report/run_report.h"
 
 namespace cpd {
 namespace {

@@ -1,4 +1,4 @@
-#include "cpdrift/report/json.h"
+#include "report/json.h"
 
 #include <fcntl.h>
 #include <locale.h>
@@ -21,7 +21,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "cpdrift/util/partial_files.h"
+#include "core/util/partial_files.h"
 
 namespace cpd::json {
 namespace {

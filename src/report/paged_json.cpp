@@ -1,6 +1,6 @@
 // The report's paged cases (cpdrift extension `paged_cases[]`, docs/report-contract.md).
-#include "plan_json.h"
-#include "training_legs_json.h"
+#include "report/plan_json.h"
+#include "report/training_legs_json.h"
 
 namespace cpd {
 

@@ -1,4 +1,4 @@
-#include "plan_json.h"
+#include "report/plan_json.h"
 
 namespace cpd {
 
@@ -43,7 +43,7 @@ Value rope_json(const Problem& p) {
   v["position_ids"] = "arange(seq_len)";
   v["cache_position"] = "same_as_position_ids";
   // Per sequence, the position of its first query and key row: the generator rotates row s of
-  // every sequence at position s (src/cpu/inputs.cpp), so each offset is 0.
+  // every sequence at position s (src/kernels/cpu/inputs.cpp), so each offset is 0.
   Value offsets = Value::array();
   for (int b = 0; b < p.batch; ++b) offsets.push_back(0);
   v["query_position_offsets"] = offsets;

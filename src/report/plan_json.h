@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "cpdrift/core/plan.h"
-#include "cpdrift/report/run_report.h"
+#include "core/plan.h"
+#include "report/run_report.h"
 
 namespace cpd {
 

@@ -1,7 +1,7 @@
 // The report's production lanes (numerics.md §10): per case, each emulated stack's merge vs the
 // FP32 reference and vs the canonical merge of the same states; per lane, how it varies across
 // the run's topologies where the canonical grid does not.
-#include "production_lanes_json.h"
+#include "report/production_lanes_json.h"
 
 #include <map>
 #include <set>

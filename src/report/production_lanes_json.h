@@ -1,7 +1,7 @@
 // JSON of the production lanes (numerics.md §10).
 #pragma once
 
-#include "cpdrift/report/run_report.h"
+#include "report/run_report.h"
 
 namespace cpd {
 

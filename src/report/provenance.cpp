@@ -1,4 +1,4 @@
-#include "cpdrift/report/provenance.h"
+#include "report/provenance.h"
 
 #include <sys/utsname.h>
 
@@ -9,10 +9,10 @@
 #include <gnu/libc-version.h>
 #endif
 
-#include "cpdrift/backend/attention_backend.h"
-#include "cpdrift/comm/gpu_transports.h"
-#include "cpdrift/io/hdf5_info.h"
+#include "comm/gpu_transports.h"
 #include "cpdrift_version.h"
+#include "io/hdf5_info.h"
+#include "kernels/attention_backend.h"
 
 namespace cpd {
 

@@ -1,8 +1,8 @@
 // The drift report (kReportSchema): root blocks and the per-case drift sections.
-#include "cpdrift/report/run_report.h"
-#include "plan_json.h"
-#include "production_lanes_json.h"
-#include "training_legs_json.h"
+#include "report/plan_json.h"
+#include "report/production_lanes_json.h"
+#include "report/run_report.h"
+#include "report/training_legs_json.h"
 
 namespace cpd {
 

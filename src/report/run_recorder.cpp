@@ -1,7 +1,7 @@
-#include "cpdrift/report/run_recorder.h"
+#include "report/run_recorder.h"
 
-#include "cpdrift/metrics/digest.h"
-#include "cpdrift/util/work_timers.h"
+#include "core/util/work_timers.h"
+#include "metrics/digest.h"
 
 namespace cpd {
 

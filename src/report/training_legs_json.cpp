@@ -1,8 +1,8 @@
 // The report's training and logprob legs: the `backward` and `dlogp` sections of the report
 // contract.
-#include "training_legs_json.h"
+#include "report/training_legs_json.h"
 
-#include "plan_json.h"
+#include "report/plan_json.h"
 
 namespace cpd {
 

@@ -1,8 +1,8 @@
 // JSON of the training and logprob legs (backward, dlogp).
 #pragma once
 
-#include "cpdrift/report/rl_metrics_json.h"
-#include "cpdrift/report/run_report.h"
+#include "report/rl_metrics_json.h"
+#include "report/run_report.h"
 
 namespace cpd {
 

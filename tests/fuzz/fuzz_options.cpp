@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/cli/options.h"
-#include "cpdrift/core/errors.h"
+#include "cli/options.h"
+#include "core/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> args(1);

@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <exception>
 
-#include "cpdrift/inspect/drift_plot.h"
-#include "cpdrift/inspect/dump_reader.h"
-#include "cpdrift/inspect/figures.h"
+#include "inspect/drift_plot.h"
+#include "inspect/dump_reader.h"
+#include "inspect/figures.h"
 
 namespace inspect_fuzz {
 

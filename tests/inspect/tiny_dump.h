@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpdrift/io/tensor_dump.h"
+#include "io/tensor_dump.h"
 
 namespace inspect_test {
 

@@ -1,0 +1,42 @@
+// The subcommands main() dispatches to. Each returns the process's exit status.
+#pragma once
+
+#include "cli/options.h"
+#include "comm/comm_context.h"
+#include "report/run_report.h"
+
+namespace cpd {
+
+/// Runs every case, writes the report (and dump), prints the table; returns the report (its
+/// statistics on every process, its digests on rank 0).
+RunReport execute_run(const RunOptions& options, const CommContext& comm,
+                      const std::string& command_line);
+
+/// execute_run's exit status: 0 when every check passed, 1 else.
+int run_command(const RunOptions& options, const CommContext& comm,
+                const std::string& command_line);
+
+/// `cpdrift accept`: the acceptance matrix, written as ws2_attention_gpu_acceptance/v1; 0 only
+/// when every required row passed.
+int accept_command(const AcceptOptions& options, const CommContext& comm,
+                   const std::string& command_line);
+
+/// Rank 0 makes sure `path` (a report; "" for none) can be written before any work, so a long
+/// run never ends in an unwritable path: a UsageError on every process otherwise. Collective.
+void check_output_path(const std::string& path, const CommContext& comm);
+
+/// `cpdrift plan`: per case and logical rank, the kernels' FLOPs and the bytes each phase moves
+/// (exactly what a run counts), the estimated time on the profile's machine and the protocol it
+/// would pick; nothing runs. Rank 0 prints; other processes only agree.
+int plan_command(const PlanOptions& options, const CommContext& comm);
+
+/// `cpdrift compare TRAIN ROLLOUT`: rank 0 reads both streams, aligns them and prints and
+/// writes the figures; 2 for an invalid comparison, 1 when --max-abs-delta fails, every
+/// process agreeing.
+int compare_command(const CompareOptions& options, const CommContext& comm,
+                    const std::string& command_line);
+
+/// `cpdrift bench`: the kernels' throughput (CPU FP32 and BF16-emulated, or the GPU paths).
+int bench_command(const BenchOptions& options, const CommContext& comm);
+
+}  // namespace cpd

@@ -1,0 +1,47 @@
+// Independent checks of the ordered merge, run on the partial states a query owner received,
+// one round's rows at a time (the rounds of run_protocol).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "core/util/thread_pool.h"
+#include "engine/protocol.h"
+#include "kernels/attention_backend.h"
+
+namespace cpd {
+
+/// The rows `groups` (one round's groups of rank r's ranges) merged again from `states` (the
+/// round's, manifest order) in the reverse of the order they arrived in (`arrival`: indices into
+/// `states`), into `probe` (layout of r's query shard). The merge sorts by global block index, so
+/// this must equal the canonical merge bit for bit (the report's merge_order_probe).
+void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& groups,
+                             const std::vector<Message>& states,
+                             const std::vector<std::size_t>& arrival, int batch, int dim,
+                             AttentionBackend& backend, AttnShard& probe);
+
+/// |production FP32 fold (`merged`) − FP64 oracle| per element of the rows `groups`, rounded to
+/// FP32, into checks.oracle_out / oracle_lse: the oracle takes the same sorted states, subtracts
+/// the global max lse first and forms one weighted sum in FP64 (a different but equivalent
+/// formulation). The (group, batch, head) row runs are spread over `pool`.
+void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
+                        const std::vector<Message>& states, const AttnShard& merged, int dim,
+                        ThreadPool& pool, MergeChecks& checks);
+
+/// The oracle on explicit states, for the start-up self-test and the unit tests: states are
+/// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.
+struct OracleRow {
+  std::vector<double> out;
+  double lse = 0.0;
+};
+OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
+                           int dim);
+/// The same into `row`, whose buffer is reused (the per-row loop of merge_oracle_diffs).
+void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
+                      OracleRow& row);
+
+/// Merges fixed states with the production fold and the oracle and compares them: the
+/// report's merge_oracle self-test. Returns "" when it passes, else what failed.
+std::string merge_oracle_self_test();
+
+}  // namespace cpd

@@ -1,0 +1,126 @@
+#include "engine/paged/paged_attention.h"
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+
+namespace cpd {
+namespace {
+
+// One call of a lane on one sequence: query rows [first, first + rows) against context [0, ctx).
+struct Call {
+  std::int64_t first, rows, ctx;
+};
+
+// Query chunks of the contiguous chunked prefill: kChunkPages pages, deliberately not a
+// multiple of the default fixed split, so chunk ends cut through KV blocks.
+constexpr std::int64_t kChunkPages = 3;
+
+std::vector<Call> calls_of(PagedCall call, std::int64_t kv_len, std::int64_t q_len,
+                           std::int64_t chunk) {
+  switch (call) {
+    case PagedCall::chunked_prefill: {
+      std::vector<Call> chunks;
+      for (std::int64_t a = (kv_len - q_len) / chunk * chunk; a < kv_len; a += chunk) {
+        chunks.push_back(Call{a, std::min(chunk, kv_len - a), std::min(a + chunk, kv_len)});
+      }
+      return chunks;
+    }
+    case PagedCall::decode: {
+      std::vector<Call> steps;
+      for (std::int64_t t = kv_len - q_len; t < kv_len; ++t) steps.push_back(Call{t, 1, t + 1});
+      return steps;
+    }
+    case PagedCall::paged_prefill:
+      return {Call{kv_len - q_len, q_len, kv_len}};
+    case PagedCall::full_prefill:
+      return {Call{0, kv_len, kv_len}};
+  }
+  return {};
+}
+
+// Output row 0 of a sequence is the first position its calls compute.
+std::int64_t first_row(PagedCall call, std::int64_t kv_len, std::int64_t q_len, int page_size) {
+  return calls_of(call, kv_len, q_len, kChunkPages * page_size).front().first;
+}
+
+// Sequence seq's K and V rows of KV head h, paged (read in place through the block table) or
+// contiguous; valid until the lane's jobs have run.
+using KvSource = std::function<std::pair<KvRows, KvRows>(int seq, std::int64_t h)>;
+
+AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std::int64_t q_len,
+                   int page_size, const Shard& q, std::span<const int> q_batch, Range kv_heads,
+                   int group, float scale, const KvSource& source, AttentionBackend& backend,
+                   std::vector<std::vector<Range>>* plans_used = nullptr) {
+  const int dim = q.shape.width, seqs = static_cast<int>(kv_lens.size());
+  if (plans_used != nullptr) plans_used->assign(static_cast<std::size_t>(seqs), {});
+  const auto row0 = [&](std::int64_t len) { return first_row(lane.call, len, q_len, page_size); };
+  const std::int64_t chunk = kChunkPages * page_size;
+  std::int64_t rows = 0;
+  for (const std::int64_t len : kv_lens) rows = std::max(rows, len - row0(len));
+  const Range q_heads{kv_heads.begin * group, kv_heads.end * group};
+  AttnShard out{Shard(ShardShape{seqs, q_heads, {Range{0, rows}}, dim}),
+                Shard(ShardShape{seqs, q_heads, {Range{0, rows}}, 1})};
+  std::deque<std::vector<Range>> plans;  // stable addresses for the jobs' spans
+  std::vector<FoldJob> jobs;
+  for (int s = 0; s < seqs; ++s) {
+    const std::int64_t len = kv_lens[static_cast<std::size_t>(s)];
+    const std::int64_t first_row = row0(len);
+    for (std::int64_t g = kv_heads.begin; g < kv_heads.end; ++g) {
+      const auto [k, v] = source(s, g);
+      for (const Call& c : calls_of(lane.call, len, q_len, chunk)) {
+        plans.push_back(split_blocks(lane.split, c.ctx, seqs, page_size));
+        for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+          jobs.push_back(FoldJob{q.at(q_batch[static_cast<std::size_t>(s)], h, c.first), c.first,
+                                 c.rows, k, v, 0, plans.back(),
+                                 out.out.at(s, h, c.first - first_row),
+                                 out.lse.at(s, h, c.first - first_row)});
+        }
+      }
+      if (plans_used != nullptr) (*plans_used)[static_cast<std::size_t>(s)] = plans.back();
+    }
+  }
+  backend.run_fold_jobs(jobs, dim, scale, lane.rounding);
+  return out;
+}
+
+}  // namespace
+
+AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64_t q_len,
+                         const Shard& q, std::span<const int> q_batch, Range kv_heads, int group,
+                         float scale, AttentionBackend& backend,
+                         std::vector<std::vector<Range>>* plans_used) {
+  // The CPU kernel reads the pages in place (a backend without a paged kernel copies them out).
+  const KvSource source = [&](int seq, std::int64_t h) { return cache.rows(seq, h); };
+  return run_lane(lane, cache.table().kv_lens, q_len, cache.table().page_size, q, q_batch, kv_heads,
+                  group, scale, source, backend, plans_used);
+}
+
+AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Shard& k,
+                              const Shard& v, const Shard& q, Range kv_heads, int group,
+                              float scale, AttentionBackend& backend) {
+  std::vector<int> identity(static_cast<std::size_t>(w.sequences()));
+  for (int s = 0; s < w.sequences(); ++s) identity[static_cast<std::size_t>(s)] = s;
+  const KvSource source = [&](int seq, std::int64_t h) {
+    return std::pair<KvRows, KvRows>{k.at(seq, h, 0), v.at(seq, h, 0)};
+  };
+  const AttnShard all = run_lane(lane, w.kv_lens, w.q_len, w.page_size, q, identity, kv_heads,
+                                 group, scale, source, backend);
+  if (lane.call == PagedCall::decode || lane.call == PagedCall::paged_prefill) return all;
+  // Keep the query rows: position p of sequence s sits at row p - row0(s).
+  const Range q_heads = all.out.shape.heads;
+  const int dim = q.shape.width;
+  AttnShard rows{Shard(ShardShape{w.sequences(), q_heads, {Range{0, w.q_len}}, dim}),
+                 Shard(ShardShape{w.sequences(), q_heads, {Range{0, w.q_len}}, 1})};
+  for (int s = 0; s < w.sequences(); ++s) {
+    const std::int64_t len = w.kv_lens[static_cast<std::size_t>(s)];
+    const std::int64_t at = w.queries(s).begin - first_row(lane.call, len, w.q_len, w.page_size);
+    for (std::int64_t h = q_heads.begin; h < q_heads.end; ++h) {
+      std::copy_n(all.out.at(s, h, at), w.q_len * dim, rows.out.at(s, h, 0));
+      std::copy_n(all.lse.at(s, h, at), w.q_len, rows.lse.at(s, h, 0));
+    }
+  }
+  return rows;
+}
+
+}  // namespace cpd

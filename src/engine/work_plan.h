@@ -1,0 +1,77 @@
+// What a case costs, predicted from its grid alone: for every logical rank, the (row, key)
+// pairs its kernels evaluate and the messages it sends and receives, per forward pass, for the
+// backward and for dlogp. Counted in closed form per (range, block) rather than by listing the
+// manifest's headers, so a plan of 1M tokens on 256 ranks takes moments; the tests hold the
+// transports' and the kernels' counters to it exactly (`cpdrift plan` prints it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/manifest.h"
+
+namespace cpd {
+
+/// Messages and bytes as TransportCounters counts them: header + payload of each.
+struct Traffic {
+  std::uint64_t messages = 0;
+  std::uint64_t bytes = 0;
+  Traffic& operator+=(const Traffic& t) {
+    messages += t.messages;
+    bytes += t.bytes;
+    return *this;
+  }
+  friend bool operator==(const Traffic&, const Traffic&) = default;
+};
+
+/// One phase of a case (one forward pass, the backward, dlogp).
+struct PhaseWork {
+  /// Per logical rank: (batch, query head, row, key) pairs its kernels evaluate under the
+  /// causal mask (kernel_work.h), and what it sends (messages to itself included, as the
+  /// transports count them) and receives.
+  std::vector<std::uint64_t> pairs;
+  std::vector<Traffic> sent, received;
+  /// Bytes from logical rank s to d at [s * ranks + d]: where the links are, the plan can cost.
+  std::vector<std::uint64_t> bytes_between;
+
+  explicit PhaseWork(int ranks = 0);
+  void add(int src, int dst, std::uint64_t messages, std::uint64_t payload_floats);
+  std::uint64_t total_pairs() const;
+  Traffic total_sent() const;
+};
+
+struct CaseWork {
+  PhaseWork forward;   // one forward pass (each of a case's paths runs one)
+  PhaseWork backward;  // empty when the case has no backward
+  PhaseWork dlogp;     // empty when the case has no dlogp
+  /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical
+  /// rank, as an upper bound (a memo may serve them from an earlier case): the FP32 reference
+  /// forward of its rows, again over the topology counterpart's grid when that differs from the
+  /// reference's one block; and with the backward, the CP=1 backward of the KV heads the rank
+  /// computes for its TP group (shared_cp1_backward: whole sequence, from the reference
+  /// forward's rows, gathered by KV head), whose exchange the case's counts leave out.
+  std::vector<std::uint64_t> reference_forward_pairs, reference_backward_pairs;
+};
+
+/// The forward paths a case runs, in order, each one exchange of the protocol: the FP32 path,
+/// the dtype path under bf16, the BF16 kernel, with a GPU backend (`gpu`) the cuBLAS path, and
+/// with `cpu_check` (a GPU run's, by default) the FP32 path again on the host's CPU backend.
+/// run_case runs this list, and
+/// the plan and the progress lines count it. `bf16_rate`: its kernels run at the BF16 rate;
+/// `host`: on the CPU.
+enum class ForwardPathKind { fp32, bf16_inputs, bf16_kernel, cublas_unfused, cpu_fp32 };
+struct ForwardPath {
+  ForwardPathKind kind;
+  const char* name;
+  bool bf16_rate = false;
+  bool host = false;
+};
+std::vector<ForwardPath> forward_paths(DType dtype, bool gpu, bool cpu_check);
+
+/// `vocab` 0: no dlogp; `backward` false: no backward.
+CaseWork plan_case_work(const CaseGrid& grid, bool backward, int vocab);
+
+/// (row, key) pairs of one head with key ≤ row, rows and keys global positions.
+std::uint64_t causal_pairs(const Range& rows, const Range& keys);
+
+}  // namespace cpd
