@@ -280,7 +280,9 @@ TEST_SUITE("np4") {
     const CaseSpec requested{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
     const CaseSpec executed{2, 2, 2, CpLayout::contiguous, Protocol::ag_rs};
     RunRecorder recorder(r, env.ctx.collectives, env.ctx.pool, false, nullptr);
-    run_case(env.ctx, requested, CaseGrid(env.problem, executed), recorder);
+    run_schedule(env.ctx, requested,
+                 schedule_case(CaseGrid(env.problem, executed), schedule_options(env.ctx)),
+                 recorder);
     run_case(env.ctx, requested, recorder);  // the control: run as requested
     if (comm().rank() != 0) return;
     json::Value report = report_json(r);

@@ -50,8 +50,14 @@ std::uint64_t term(const PhaseMemory& p, const std::string& name) {
   return 0;
 }
 
-CaseMemoryOptions full_case() {
-  return CaseMemoryOptions{forward_paths(DType::bf16, false, false), true, 17, true};
+ScheduleOptions full_case() {
+  return ScheduleOptions{forward_paths(DType::bf16, false, false), true, false, 17};
+}
+
+// The memory of one case of a run through `plan`; `last`: the run's last case.
+std::vector<ProcessMemory> add(RunMemoryPlan& plan, const CaseGrid& grid,
+                               const ScheduleOptions& options, bool last = true) {
+  return plan.add_case(schedule_case(grid, options), last);
 }
 
 }  // namespace
@@ -60,7 +66,7 @@ TEST_CASE("memory plan: TP=2 CP=2 S=4096 split 512 on 4 processes, by hand") {
   const Problem p = problem_of(4096);
   const CaseGrid grid(p, tp2_cp2(512));
   RunMemoryPlan plan(p, 4, 1);
-  const std::vector<ProcessMemory> m = plan.add_case(grid, full_case());
+  const std::vector<ProcessMemory> m = add(plan, grid, full_case());
   REQUIRE(m.size() == 4);
   // Rank r on process r: 16 query heads, 4 KV heads, 2048 tokens, D = 128.
   const std::uint64_t q = 16ull * 2048 * 128 * kF, lse = 16ull * 2048 * kF,
@@ -111,7 +117,7 @@ TEST_CASE("memory plan: own query rows are copied unless ag_rs serves one range 
     spec.layout = layout;
     spec.protocol = protocol;
     RunMemoryPlan plan(p, 4, 1);
-    return term(phase(plan.add_case(CaseGrid(p, spec), full_case())[0], "forward: fp32"),
+    return term(phase(add(plan, CaseGrid(p, spec), full_case())[0], "forward: fp32"),
                 "own query rows");
   };
   CHECK(own_rows(CpLayout::contiguous, Protocol::ag_rs) == 0);
@@ -126,11 +132,11 @@ TEST_CASE("memory plan: the te_p2p backward lane's per-rank sums and gradients")
   // gradients are one more set of the rank's gradients. Without the lane both terms are 0.
   const Problem p = problem_of(4096);
   const CaseGrid grid(p, tp2_cp2(512));
-  CaseMemoryOptions lane = full_case();
+  ScheduleOptions lane = full_case();
   lane.lane_backward = true;
   RunMemoryPlan with(p, 4, 1), without(p, 4, 1);
-  const std::vector<ProcessMemory> m = with.add_case(grid, lane);
-  const std::vector<ProcessMemory> plain = without.add_case(grid, full_case());
+  const std::vector<ProcessMemory> m = add(with, grid, lane);
+  const std::vector<ProcessMemory> plain = add(without, grid, full_case());
   const std::uint64_t q = 16ull * 2048 * 128 * kF, kv = 4ull * 2048 * 128 * kF;
   const char* sums = "te_p2p lane: each query rank's dK/dV sums per query head";
   const char* grads = "te_p2p lane: its gradients";
@@ -148,8 +154,8 @@ TEST_CASE("memory plan: one process hosting every rank holds the sum of their bu
   const Problem p = problem_of(1024);
   const CaseGrid grid(p, tp2_cp2(256));
   RunMemoryPlan four(p, 4, 1), one(p, 1, 1);
-  const std::vector<ProcessMemory> apart = four.add_case(grid, full_case());
-  const std::vector<ProcessMemory> together = one.add_case(grid, full_case());
+  const std::vector<ProcessMemory> apart = add(four, grid, full_case());
+  const std::vector<ProcessMemory> together = add(one, grid, full_case());
   REQUIRE(together.size() == 1);
   for (const char* name : {"gradients (dq, dk, dv)", "reference gradients", "FP32 output kept",
                            "dK/dV totals per query head"}) {
@@ -166,15 +172,15 @@ TEST_CASE("memory plan: phases follow the case's legs; memos carry into later ca
   const Problem p = problem_of(256);
   const CaseGrid grid(p, tp2_cp2(64));
   RunMemoryPlan plan(p, 4, 1);
-  CaseMemoryOptions forward_only{forward_paths(DType::bf16, false, false), false, 0, false};
-  const std::vector<ProcessMemory> first = plan.add_case(grid, forward_only);
+  const ScheduleOptions forward_only{forward_paths(DType::bf16, false, false), false, false, 0};
+  const std::vector<ProcessMemory> first = add(plan, grid, forward_only, false);
   std::vector<std::string> names;
   for (const PhaseMemory& ph : first[0].phases) names.push_back(ph.phase);
   CHECK(names == std::vector<std::string>{"CP=1 reference forward", "forward: fp32",
                                           "forward: bf16_inputs", "forward: bf16_kernel"});
   // Not the last case: the CP=1 reference (16 heads x 128 tokens, out and lse) is memoised, and
   // the next case starts with it held.
-  const std::vector<ProcessMemory> second = plan.add_case(grid, full_case());
+  const std::vector<ProcessMemory> second = add(plan, grid, full_case());
   CHECK(term(second[0].phases.front(), "CP=1 memos") == 16ull * 128 * (128 + 1) * kF);
   CHECK(phase(second[0], "dlogp").bytes() > 0);
   CHECK(second[0].peak().bytes() >= first[0].peak().bytes());
@@ -184,9 +190,9 @@ TEST_CASE("memory plan: the model grows with S as its buffers do (negative contr
   const Problem p = problem_of(4096), half = problem_of(2048);
   RunMemoryPlan a(p, 4, 1), b(half, 4, 1);
   const std::uint64_t full =
-      phase(a.add_case(CaseGrid(p, tp2_cp2(512)), full_case())[2], "backward").bytes();
+      phase(add(a, CaseGrid(p, tp2_cp2(512)), full_case())[2], "backward").bytes();
   const std::uint64_t smaller =
-      phase(b.add_case(CaseGrid(half, tp2_cp2(512)), full_case())[2], "backward").bytes();
+      phase(add(b, CaseGrid(half, tp2_cp2(512)), full_case())[2], "backward").bytes();
   // Every tensor of the backward is linear in S (the split fixed): twice the tokens, twice the
   // bytes beyond the baseline, to within the blocks' rounding. (The forward's round of states
   // is capped at kRoundStateBytes, so its phases are not.)

@@ -9,9 +9,11 @@
 
 #include "case_digests.h"
 #include "engine/backward.h"
+#include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/dlogp.h"
 #include "engine/local_run.h"
+#include "engine/memory_plan.h"
 #include "engine/run_progress.h"
 #include "engine/work_plan.h"
 #include "kernels/cpu/kernel_work.h"
@@ -92,7 +94,8 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
               const CaseGrid grid(p, spec, round_rows);
               CAPTURE(case_name(spec, p.dtype));
               CAPTURE(round_rows);
-              const CaseWork plan = plan_case_work(grid, true, vocab);
+              const PhaseWork forward = forward_work(grid), backward = backward_work(grid),
+                              dlogp = dlogp_work(grid, vocab);
               ThreadPool pool(2);
               InputStore inputs(p, pool);
               TallyingTransport transport(spec.num_logical_ranks());
@@ -100,19 +103,19 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
               const KernelWork k0 = kernel_work();
               const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
               const KernelWork k1 = kernel_work();
-              CHECK(transport.take() == plan.forward.bytes_between);
-              CHECK(k1.forward_pairs - k0.forward_pairs == plan.forward.total_pairs());
+              CHECK(transport.take() == forward.bytes_between);
+              CHECK(k1.forward_pairs - k0.forward_pairs == forward.total_pairs());
 
               run_backward(grid, fwd, transport, inputs);
               const KernelWork k2 = kernel_work();
-              CHECK(transport.take() == plan.backward.bytes_between);
-              CHECK(k2.backward_pairs - k1.backward_pairs == plan.backward.total_pairs());
+              CHECK(transport.take() == backward.bytes_between);
+              CHECK(k2.backward_pairs - k1.backward_pairs == backward.total_pairs());
               CHECK(k2.forward_pairs == k1.forward_pairs);
 
               std::vector<const AttnShard*> outs;
               for (const RankOutput& o : fwd) outs.push_back(&o.merged);
               run_dlogp(grid, outs, outs, vocab, transport, inputs);
-              CHECK(transport.take() == plan.dlogp.bytes_between);
+              CHECK(transport.take() == dlogp.bytes_between);
               ++checked;
             }
           }
@@ -132,12 +135,12 @@ TEST_CASE("plan: a prediction for other rounds does not match (negative control)
   TallyingTransport transport(2);
   run_protocol(grid, kFp32, transport, inputs, {});
   const std::vector<std::uint64_t> ran = transport.take();
-  CHECK(ran == plan_case_work(grid, false, 0).forward.bytes_between);
+  CHECK(ran == forward_work(grid).bytes_between);
   // Rounds of 3 rows send more state messages (more headers) for the same payload.
-  CHECK(ran != plan_case_work(other, false, 0).forward.bytes_between);
+  CHECK(ran != forward_work(other).bytes_between);
 }
 
-TEST_CASE("plan: a whole case's kernel pairs and bytes are what run_case counts") {
+TEST_CASE("schedule: a whole case's kernel pairs and bytes are its phases' sums") {
   Problem p = testing::small_problem();
   p.seq_len = 32;
   for (const Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv}) {
@@ -149,60 +152,72 @@ TEST_CASE("plan: a whole case's kernel pairs and bytes are what run_case counts"
         LocalRun local(p, pool, true, 17);
         const RunContext& ctx = local.ctx;
 
-        const CaseWork plan = plan_case_work(CaseGrid(p, spec), true, ctx.vocab_size);
-        const std::uint64_t passes = forward_paths(p.dtype, false, false).size();
-        std::uint64_t reference_forward = 0, reference_backward = 0;
-        for (const std::uint64_t n : plan.reference_forward_pairs) reference_forward += n;
-        for (const std::uint64_t n : plan.reference_backward_pairs) reference_backward += n;
-
+        const CaseSchedule s = schedule_case(CaseGrid(p, spec), schedule_options(ctx));
+        std::uint64_t forward = 0, backward = 0;
+        for (const Phase& phase : s.phases) {
+          const bool bwd =
+              phase.kind == PhaseKind::backward || phase.kind == PhaseKind::reference_backward;
+          (bwd ? backward : forward) += phase.work.total_pairs();
+        }
         const KernelWork k0 = kernel_work();
         const CaseResult c = testing::recorded_case(ctx, spec);
         const KernelWork k1 = kernel_work();
         // The CP=1 reference backward starts from the reference forward: no forward of its own.
-        CHECK(k1.forward_pairs - k0.forward_pairs ==
-              passes * plan.forward.total_pairs() + reference_forward);
-        CHECK(k1.backward_pairs - k0.backward_pairs ==
-              plan.backward.total_pairs() + reference_backward);
-        CHECK(c.executed.moved.bytes == passes * plan.forward.total_sent().bytes +
-                                            plan.backward.total_sent().bytes +
-                                            plan.dlogp.total_sent().bytes);
-        CHECK(c.executed.moved.messages == passes * plan.forward.total_sent().messages +
-                                               plan.backward.total_sent().messages +
-                                               plan.dlogp.total_sent().messages);
+        CHECK(k1.forward_pairs - k0.forward_pairs == forward);
+        CHECK(k1.backward_pairs - k0.backward_pairs == backward);
+        CHECK(c.executed.moved.bytes == s.traffic().bytes);
+        CHECK(c.executed.moved.messages == s.traffic().messages);
       }
     }
   }
 }
 
 TEST_CASE("progress: the share of the planned work and the time left, phase by phase") {
-  // Two cases of one forward path each: 100 + 0 (reference) + 0 (backward), then 300.
-  const Problem p = testing::small_problem();
-  const CaseWork w =
-      plan_case_work(CaseGrid(p, CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}), true, 0);
-  CaseFlops first(p, w, 1), second(p, w, 1);
-  first.forward_pass = 100;
-  first.reference = first.backward = 0;
-  second.forward_pass = 300;
-  second.reference = second.backward = 0;
   char buf[4096] = {};
   std::FILE* out = fmemopen(buf, sizeof buf, "w");
   REQUIRE(out != nullptr);
   {
-    RunProgress progress({first, second}, out, 0.0);
+    RunProgress progress({100, 300}, out, 0.0);
     progress.start_case(0, "first");
-    progress.path_done("FP32 path", true);
+    progress.phase_done("forward: fp32", 100);
     progress.start_case(1, "second");
-    progress.path_done("FP32 path", true);
+    progress.phase_done("forward: fp32", 300);
   }
   std::fclose(out);
   const std::string text = buf;
   CHECK(text.find("cpdrift: [1/2] first ...\n") != std::string::npos);
-  CHECK(text.find("cpdrift: [1/2] first: FP32 path and the CP=1 reference done; 25% of the "
-                  "run's work in 0 s") != std::string::npos);
+  CHECK(text.find("cpdrift: [1/2] first: forward: fp32 done; 25% of the run's work in 0 s") !=
+        std::string::npos);
   CHECK(text.find("about 0 s left") != std::string::npos);
-  CHECK(text.find("cpdrift: [2/2] second: FP32 path and the CP=1 reference done; 100% of the "
-                  "run's work") != std::string::npos);
+  CHECK(text.find("cpdrift: [2/2] second: forward: fp32 done; 100% of the run's work") !=
+        std::string::npos);
   CHECK(text.find("left\ncpdrift: [2/2] second ...") != std::string::npos);
+}
+
+// Takes a case's outputs and keeps nothing.
+struct NullSink final : CaseSink {
+  void rope(const RopeOutputs&) override {}
+  void prefill_part(const CasePart&) override {}
+  void prefill_case(const CaseRecord&) override {}
+  void paged_case(const PagedCaseOutputs&) override {}
+  void rollout_pairs(const DecodedCapture&) override {}
+};
+
+// The progress line of a case run through its schedule, captured.
+std::string progress_of(const RunContext& local, const CaseSpec& spec, const CaseSchedule& s) {
+  char buf[8192] = {};
+  std::FILE* out = fmemopen(buf, sizeof buf, "w");
+  REQUIRE(out != nullptr);
+  {
+    RunProgress progress({s.flops()}, out, 0.0);
+    RunContext ctx = local;
+    ctx.progress = &progress;
+    progress.start_case(0, "c");
+    NullSink sink;
+    run_schedule(ctx, spec, s, sink);
+  }
+  std::fclose(out);
+  return buf;
 }
 
 TEST_CASE("progress: a whole case names each phase once, in the order it runs them") {
@@ -211,37 +226,55 @@ TEST_CASE("progress: a whole case names each phase once, in the order it runs th
   const CaseSpec spec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
   ThreadPool pool(2);
   LocalRun local(p, pool, true, 17);
-  RunContext ctx = local.ctx;
-  char buf[4096] = {};
-  std::FILE* out = fmemopen(buf, sizeof buf, "w");
-  REQUIRE(out != nullptr);
-  {
-    const CaseFlops flops(p, plan_case_work(CaseGrid(p, spec), true, ctx.vocab_size),
-                          forward_paths(p.dtype, false, false).size());
-    RunProgress progress({flops}, out, 0.0);
-    ctx.progress = &progress;
-    progress.start_case(0, "c");
-    testing::recorded_case(ctx, spec);
-  }
-  std::fclose(out);
-  const std::string text = buf;
+  const std::string text =
+      progress_of(local.ctx, spec, schedule_case(CaseGrid(p, spec), schedule_options(local.ctx)));
   std::size_t at = 0;
-  for (const char* line : {"[1/1] c ...\n", "[1/1] c: FP32 path and the CP=1 reference done; ",
-                           "[1/1] c: BF16-inputs path done; ", "[1/1] c: BF16-kernel path done; ",
-                           "[1/1] c: backward and its CP=1 reference done; 100% of the run's"}) {
+  for (const char* line :
+       {"[1/1] c ...\n", "[1/1] c: CP=1 reference forward done; ", "[1/1] c: forward: fp32 done; ",
+        "[1/1] c: forward: bf16_inputs done; ", "[1/1] c: forward: bf16_kernel done; ",
+        "[1/1] c: dlogp done; ", "[1/1] c: backward: CP=1 reference done; ",
+        "[1/1] c: backward done; 100% of the run's"}) {
     const std::size_t found = text.find(line, at);
     CHECK_MESSAGE(found != std::string::npos, line << " after offset " << at << " in\n" << text);
     if (found != std::string::npos) at = found;
   }
-  CHECK(text.find("reference and the CP=1 reference") == std::string::npos);
 }
 
-TEST_CASE("progress: a case's planned FLOPs are its phases' sum") {
-  const Problem p = testing::small_problem();
-  const CaseWork w =
-      plan_case_work(CaseGrid(p, CaseSpec{2, 2, 4, CpLayout::zigzag, Protocol::ag_rs}), true, 0);
-  const CaseFlops f(p, w, 3);
-  CHECK(f.forward_pass == 4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs()));
-  CHECK(f.backward > 10.0 * p.dims.head_dim * static_cast<double>(w.backward.total_pairs()));
-  CHECK(f.total() == 3 * f.forward_pass + f.reference + f.backward);
+TEST_CASE("schedule: a phase added in one place is executed, planned and counted") {
+  Problem p = testing::small_problem();
+  p.seq_len = 32;
+  const CaseSpec spec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
+  ThreadPool pool(2);
+  LocalRun local(p, pool, true, 17);
+  CaseSchedule s = schedule_case(CaseGrid(p, spec), schedule_options(local.ctx));
+  const double before = s.flops();
+  std::uint64_t before_peak = 0;
+  {
+    RunMemoryPlan memory(p, 4, 1);
+    for (const ProcessMemory& m : memory.add_case(s, true))
+      before_peak = std::max(before_peak, m.peak().bytes());
+  }
+  // The new phase: 1000 pairs on every rank, a 1 GB buffer on every process, a flag when it runs.
+  int ran = 0;
+  PhaseWork work(spec.num_logical_ranks());
+  for (std::uint64_t& n : work.pairs) n = 1000;
+  s.phases.push_back(Phase{"extra", PhaseKind::forward, work, 4.0 * p.dims.head_dim,
+                           KernelRate::fp32, false,
+                           [](CaseMemory& m) {
+                             for (std::size_t proc = 0; proc < m.processes(); ++proc)
+                               m.add_phase(proc, "extra", {{"extra buffer", 1'000'000'000}});
+                           },
+                           [&](CaseRun&) { ++ran; }});
+  // Planned: its FLOPs in the case's sum, its buffer the new peak on every process.
+  CHECK(s.flops() == before + 4.0 * 1000 * 4 * p.dims.head_dim);
+  RunMemoryPlan memory(p, 4, 1);
+  for (const ProcessMemory& m : memory.add_case(s, true)) {
+    CHECK(m.peak().phase == "extra");
+    CHECK(m.peak().bytes() > before_peak);
+  }
+  // Executed, and counted by the progress line as the case's last share.
+  const std::string text = progress_of(local.ctx, spec, s);
+  CHECK(ran == 1);
+  CHECK(text.find("[1/1] c: extra done; 100% of the run's work") != std::string::npos);
+  CHECK(text.find("[1/1] c: backward done; 100%") == std::string::npos);  // its share came last
 }

@@ -6,7 +6,6 @@
 
 #include <array>
 #include <cstdint>
-#include <span>
 
 #include "cpdrift/attention_math.h"
 #include "cpdrift/enum_names.h"
@@ -37,6 +36,23 @@ struct RankState {
   float lse = 0.0f;
 };
 
+/// Every CP rank's state of one query row, CP rank s's at [s]: a view of a contiguous array
+/// (a std::vector, a std::span, a pointer and a count).
+class RankStates {
+ public:
+  RankStates(const RankState* states, int cp) : states_(states), cp_(cp) {}
+  template <class Contiguous>
+  RankStates(const Contiguous& c) : states_(c.data()), cp_(static_cast<int>(c.size())) {}
+  int size() const { return cp_; }
+  const RankState& operator[](int s) const { return states_[s]; }
+  const RankState* begin() const { return states_; }
+  const RankState* end() const { return states_ + cp_; }
+
+ private:
+  const RankState* states_;
+  int cp_;
+};
+
 /// The CP rank whose K/V a ring holds at step `step` on rank `owner`: (owner − step) mod cp.
 inline int ring_source(int owner, int step, int cp) { return ((owner - step) % cp + cp) % cp; }
 
@@ -54,9 +70,8 @@ inline int te_backward_dkv_visitor(int kv_rank, int step, int cp) {
 /// Transformer Engine: the LSE folded in ring order (max + log1p(exp(min − max)), FP32), then
 /// the output corrected step by step in ring order into a BF16 running output:
 /// out = bf16(o_s · exp(l_s − L)) for the first step, out = bf16(out + o_s · exp(l_s − L)).
-inline void te_p2p_row(std::span<const RankState> by_rank, int owner, int dim, float* out,
-                       float* lse) {
-  const int cp = static_cast<int>(by_rank.size());
+inline void te_p2p_row(RankStates by_rank, int owner, int dim, float* out, float* lse) {
+  const int cp = by_rank.size();
   float total = neg_inf_f32();
   for (int i = 0; i < cp; ++i) total = logaddexp_f32(total, by_rank[ring_source(owner, i, cp)].lse);
   bool first = true;
@@ -80,9 +95,8 @@ inline void te_p2p_row(std::span<const RankState> by_rank, int owner, int dim, f
 /// FP32, then out = out − sigmoid(l_s − lse) · (out − o_s), lse = lse − logsigmoid(lse − l_s),
 /// all FP32 (sigmoid(x) = 1 / (1 + exp(−x)); logsigmoid(x) = min(x, 0) − log1p(exp(−|x|))); the
 /// final write rounds out to BF16.
-inline void ring_fp32_row(std::span<const RankState> by_rank, int owner, int dim, float* out,
-                          float* lse) {
-  const int cp = static_cast<int>(by_rank.size());
+inline void ring_fp32_row(RankStates by_rank, int owner, int dim, float* out, float* lse) {
+  const int cp = by_rank.size();
   bool first = true;
   float l = neg_inf_f32();
   for (int i = 0; i < cp; ++i) {
@@ -111,9 +125,8 @@ inline void ring_fp32_row(std::span<const RankState> by_rank, int owner, int dim
 /// reduce-scatter: the chunk of rank `owner` starts at rank owner+1 and every hop adds its own
 /// chunk in BF16, ending at the owner: bf16(…bf16(bf16(x_{r+1} + x_{r+2}) + …) + x_r). A row
 /// that sees no key at all gives the identity (out 0, lse −inf).
-inline void nccl_rs_row(std::span<const RankState> by_rank, int owner, int dim, float* out,
-                        float* lse) {
-  const int cp = static_cast<int>(by_rank.size());
+inline void nccl_rs_row(RankStates by_rank, int owner, int dim, float* out, float* lse) {
+  const int cp = by_rank.size();
   float top = neg_inf_f32();
   for (const RankState& s : by_rank) top = s.lse > top ? s.lse : top;
   if (top == neg_inf_f32()) top = 0.0f;
@@ -137,8 +150,8 @@ inline void nccl_rs_row(std::span<const RankState> by_rank, int owner, int dim, 
 }
 
 /// The row of `lane` from the per-rank states (`by_rank[s]`: CP rank s's) at query owner `owner`.
-inline void production_row(ProductionLane lane, std::span<const RankState> by_rank, int owner,
-                           int dim, float* out, float* lse) {
+inline void production_row(ProductionLane lane, RankStates by_rank, int owner, int dim, float* out,
+                           float* lse) {
   switch (lane) {
     case ProductionLane::te_p2p:
       return te_p2p_row(by_rank, owner, dim, out, lse);

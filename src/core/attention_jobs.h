@@ -11,6 +11,7 @@
 
 #include "core/kv_rows.h"
 #include "core/range.h"
+#include "cpdrift/block_merge.h"
 
 namespace cpd {
 
@@ -53,11 +54,7 @@ std::vector<FoldJob> contiguous_fold_jobs(std::span<const FoldJob> jobs, int dim
                                           std::deque<std::vector<float>>& storage);
 
 /// One partial state of a merge: (out [rows][dim], lse [rows]) of the KV block `block_index`.
-struct StateRef {
-  int block_index = 0;
-  const float* out = nullptr;
-  const float* lse = nullptr;
-};
+using StateRef = BlockState;  // cpdrift/block_merge.h
 
 /// The states of one (batch, head, query range) to merge in global block order.
 struct MergeJob {

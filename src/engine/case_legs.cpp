@@ -1,42 +1,35 @@
-#include "engine/case_legs.h"
-
+// The training and logprob legs of a case (--include-backward, --include-dlogp): the phases that
+// compute, compare and publish them.
 #include <algorithm>
 #include <array>
 #include <map>
 #include <utility>
 
+#include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/dlogp.h"
 #include "engine/tensor_layout.h"
 
-namespace cpd::case_legs {
+namespace cpd {
+namespace {
 
-BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                            const std::vector<RankOutput>& fp32,
-                            const std::vector<const AttnShard*>& reference,
-                            const std::function<void()>& release_reference, CaseSink& sink) {
+// The gradients of the backward (and its te_p2p lane) vs the CP=1 reference backward's, and their
+// BF16 final write: one part of the case.
+void backward_part(CaseRun& run, std::vector<RankGradients>& grads) {
+  const RunContext& ctx = run.ctx;
+  const CaseGrid& grid = run.grid;
   const int dim = grid.problem.dims.head_dim;
   CasePart o(grid.spec.cp);
   BackwardComparisons& c = o.backward.emplace();
   std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
-  BackwardRecord record;
-  // The CP=1 reference backward first, from the case's reference forward, which is released
-  // before the case's own backward runs.
-  const TransportCounters before = ctx.transport.counters();
-  std::vector<LocalCp1Backward::Result> refs = shared_cp1_backward(
-      grid, ctx.transport, ctx.collectives, ctx.inputs, *ctx.cp1_backward, reference);
-  release_reference();
-  record.reference_traffic = ctx.transport.counters() - before;
-  std::vector<RankGradients> grads =
-      run_backward(grid, fp32, ctx.transport, ctx.inputs, ctx.te_p2p_backward);
   std::vector<const Shard*> lane_dq, lane_dk, lane_dv;
   if (ctx.te_p2p_backward) c.te_p2p.emplace();
   for (std::size_t i = 0; i < grads.size(); ++i) {
     RankGradients& g = grads[i];
-    LocalCp1Backward::Result& ref = refs[i];
+    LocalCp1Backward::Result& ref = run.reference_gradients[i];
     const int r = g.rank.cp_rank;
     for (const MessageHeader& h : g.dq_partials)
-      record.folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
+      run.folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
     const Shard& rq = o.held.keep(std::move(ref.dq));
     const Shard& rk = o.held.keep(std::move(ref.dk));
     const Shard& rv = o.held.keep(std::move(ref.dv));
@@ -72,7 +65,7 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
       lane_dv.push_back(&lv);
     }
   }
-  const std::string base = case_group(name) + "/";
+  const std::string base = case_group(run.record.name) + "/";
   const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
                            HeadKind heads, bool digest, Comparison* candidate_of,
                            bool bf16 = false) {
@@ -92,11 +85,8 @@ BackwardRecord add_backward(const RunContext& ctx, const CaseGrid& grid, const s
     publish("te_p2p_backward/dk", lane_dk, HeadKind::kv, true, &c.te_p2p->dk, true);
     publish("te_p2p_backward/dv", lane_dv, HeadKind::kv, true, &c.te_p2p->dv, true);
   }
-  sink.prefill_part(o);
-  return record;
+  run.sink.prefill_part(o);
 }
-
-namespace {
 
 // Every active token's (candidate, reference) logprobs and their KL on rank 0, in (sequence,
 // position) order: each token owner's three shards streamed there (one float a token each).
@@ -162,8 +152,8 @@ std::vector<TokenPair> gather_tokens(const RunContext& ctx, const CaseGrid& grid
   return tokens;
 }
 
-}  // namespace
-
+// Target-token logprobs of `candidate` vs `reference` (attention outputs per hosted rank) through
+// the synthetic lm_head, over the active tokens: one part of case `name`.
 void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
                const std::vector<const AttnShard*>& candidate,
                const std::vector<const AttnShard*>& reference, CaseSink& sink) {
@@ -202,4 +192,40 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   sink.prefill_part(o);
 }
 
-}  // namespace cpd::case_legs
+}  // namespace
+
+namespace phase_run {
+
+void dlogp(CaseRun& r) {
+  // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the FP32
+  // CP=1 output cast the same way.
+  std::vector<AttnShard> cast;
+  for (const AttnShard* a : r.reference)
+    cast.push_back(final_write(*a, r.ctx.problem.dtype == DType::bf16, r.ctx.pool));
+  HostedAttention cast_of;
+  for (const AttnShard& c : cast) cast_of.push_back(&c);
+  add_dlogp(r.ctx, r.grid, r.record.name, r.dtype_written, cast_of, r.sink);
+  r.dtype_runs.clear();  // the dtype path's output has served its last phase
+  r.dtype_written.clear();
+}
+
+void reference_backward(CaseRun& r) {
+  // The dtype path's output served dlogp; the backward starts from the FP32 path's.
+  r.dtype_runs.clear();
+  r.dtype_written.clear();
+  const TransportCounters before = r.ctx.transport.counters();
+  r.reference_gradients = shared_cp1_backward(r.grid, r.ctx.transport, r.ctx.collectives,
+                                              r.ctx.inputs, *r.ctx.cp1_backward, r.reference);
+  r.release_references();  // before the case's own backward runs
+  r.reference_traffic = r.ctx.transport.counters() - before;
+}
+
+void backward(CaseRun& r) {
+  std::vector<RankGradients> grads =
+      run_backward(r.grid, r.fp32, r.ctx.transport, r.ctx.inputs, r.ctx.te_p2p_backward);
+  backward_part(r, grads);
+  r.reference_gradients.clear();
+}
+
+}  // namespace phase_run
+}  // namespace cpd

@@ -1,19 +1,16 @@
 #include "engine/case_runner.h"
 
 #include <algorithm>
-#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
 
 #include "cpdrift/bf16.h"
 #include "cpdrift/production_lanes.h"
-#include "engine/case_execution.h"
-#include "engine/case_legs.h"
+#include "engine/case_run.h"
 #include "engine/merge_checks.h"
 #include "engine/rollout_pairs.h"
 #include "engine/tensor_layout.h"
-#include "engine/work_plan.h"
 
 namespace cpd {
 namespace {
@@ -42,9 +39,6 @@ const AttnShard& write_bf16_in_place(AttnShard& a, ThreadPool& pool) {
                 pool);
   return a;
 }
-
-// One attention tensor of a case: this process's shard of it per hosted rank.
-using HostedAttention = std::vector<const AttnShard*>;
 
 HostedAttention merged_of(const std::vector<RankOutput>& runs) {
   HostedAttention merged;
@@ -157,73 +151,6 @@ void capture_decoded(const RunContext& ctx, const CaseGrid& grid, const std::str
   ctx.decoded->trainer.push_back(std::move(rows));
 }
 
-// The forward: forward_paths' list in its order, the FP32 path first (with the merge checks),
-// each path measured and freed before the next runs. Returns the dtype path's output as
-// written (the dlogp leg's candidate): `dtype_runs` under --dtype bf16, else the FP32 path's.
-HostedAttention run_forward(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                            std::vector<RankOutput>& fp32, std::vector<RankOutput>& dtype_runs,
-                            const HostedAttention& reference, CaseSink& sink,
-                            const std::function<void(const char*, bool)>& done) {
-  HostedAttention dtype_written;
-  // Decided alike on every process (a process may host no rank of the case, and every process
-  // must publish and measure the same tensors).
-  for (const ForwardPath& path :
-       forward_paths(ctx.problem.dtype, ctx.inputs.backend().has_unfused_gemm(),
-                     ctx.cpu_rerun_inputs != nullptr)) {
-    switch (path.kind) {
-      case ForwardPathKind::fp32:
-        fp32 = run_protocol(grid, kFp32Path, ctx.transport, ctx.inputs, {.checks = true});
-        fp32_part(ctx, grid, name, fp32, reference, sink);
-        if (ctx.problem.dtype == DType::fp32) capture_decoded(ctx, grid, name, merged_of(fp32));
-        done("FP32 path", true);  // the progress line adds the CP=1 reference
-        for (RankOutput& run : fp32) run.checks.reset();  // the probe and oracle are measured
-        dtype_written = merged_of(fp32);
-        break;
-      case ForwardPathKind::bf16_inputs:
-        dtype_runs = run_protocol(grid, kBf16InputsPath, ctx.transport, ctx.inputs, {});
-        path_part(ctx, grid, name, dtype_runs, reference, "candidate_bf16", true,
-                  &CasePart::dtype_path, sink);
-        dtype_written = merged_of(dtype_runs);
-        done("BF16-inputs path", false);
-        break;
-      case ForwardPathKind::bf16_kernel: {
-        std::vector<RankOutput> kernel =
-            run_protocol(grid, kBf16KernelPath, ctx.transport, ctx.inputs, {.lanes = true});
-        path_part(ctx, grid, name, kernel, reference, "bf16_kernel", true, &CasePart::bf16_kernel,
-                  sink);
-        lanes_part(ctx, grid, name, kernel, reference, sink);
-        if (ctx.problem.dtype == DType::bf16) {
-          capture_decoded(ctx, grid, name, merged_of(kernel));
-          for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
-            HostedAttention lane;
-            for (const RankOutput& run : kernel) lane.push_back(&run.lanes[k]);
-            capture_decoded(ctx, grid, name, lane, to_string(kProductionLanes[k]));
-          }
-        }
-        done("BF16-kernel path", false);
-        break;
-      }
-      case ForwardPathKind::cublas_unfused: {
-        std::vector<RankOutput> unfused =
-            run_protocol(grid, kUnfusedPath, ctx.transport, ctx.inputs, {});
-        path_part(ctx, grid, name, unfused, reference, "cublas_unfused", true,
-                  &CasePart::cublas_unfused, sink);
-        done("cuBLAS path", false);
-        break;
-      }
-      case ForwardPathKind::cpu_fp32: {
-        std::vector<RankOutput> cpu =
-            run_protocol(grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, {});
-        path_part(ctx, grid, name, cpu, merged_of(fp32), "cpu_fp32", false,
-                  &CasePart::cuda_vs_cpu_fp32, sink);
-        done("FP32 path on the CPU", false);
-        break;
-      }
-    }
-  }
-  return dtype_written;
-}
-
 }  // namespace
 
 Shard bf16_written(const Shard& s, ThreadPool& pool) {
@@ -236,66 +163,115 @@ AttnShard final_write(const AttnShard& merged, bool bf16, ThreadPool& pool) {
   return bf16 ? AttnShard{bf16_written(merged.out, pool), merged.lse} : merged;
 }
 
-void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink) {
-  run_case(ctx, spec, CaseGrid(ctx.problem, spec, ctx.round_rows), sink);
+namespace phase_run {
+
+void reference_forward(CaseRun& r) {
+  const Problem& p = r.ctx.problem;
+  for (const LogicalRank& rank : hosted_ranks(r.grid, r.ctx.transport)) {
+    r.reference.push_back(
+        &r.references.keep(r.ctx.cp1_results.get(r.ctx.inputs, kFp32Path, {Range{0, p.seq_len}},
+                                                 query_shape(r.grid, rank, p.dims.head_dim))));
+  }
 }
 
-void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& grid,
-              CaseSink& sink) {
+// Each path measured and freed before the next runs, but for the FP32 path's runs (the
+// backward's start) and the dtype path's output as written (dlogp's candidate: the BF16-inputs
+// path under --dtype bf16, else the FP32 path).
+void forward_path(CaseRun& r, const ForwardPath& path) {
+  const RunContext& ctx = r.ctx;
+  const std::string& name = r.record.name;
+  switch (path.kind) {
+    case ForwardPathKind::fp32:
+      r.fp32 = run_protocol(r.grid, kFp32Path, ctx.transport, ctx.inputs, {.checks = true});
+      fp32_part(ctx, r.grid, name, r.fp32, r.reference, r.sink);
+      if (ctx.problem.dtype == DType::fp32) capture_decoded(ctx, r.grid, name, merged_of(r.fp32));
+      for (RankOutput& run : r.fp32) run.checks.reset();  // the probe and oracle are measured
+      r.dtype_written = merged_of(r.fp32);
+      break;
+    case ForwardPathKind::bf16_inputs:
+      r.dtype_runs = run_protocol(r.grid, kBf16InputsPath, ctx.transport, ctx.inputs, {});
+      path_part(ctx, r.grid, name, r.dtype_runs, r.reference, "candidate_bf16", true,
+                &CasePart::dtype_path, r.sink);
+      r.dtype_written = merged_of(r.dtype_runs);
+      break;
+    case ForwardPathKind::bf16_kernel: {
+      std::vector<RankOutput> kernel =
+          run_protocol(r.grid, kBf16KernelPath, ctx.transport, ctx.inputs, {.lanes = true});
+      path_part(ctx, r.grid, name, kernel, r.reference, "bf16_kernel", true, &CasePart::bf16_kernel,
+                r.sink);
+      lanes_part(ctx, r.grid, name, kernel, r.reference, r.sink);
+      if (ctx.problem.dtype == DType::bf16) {
+        capture_decoded(ctx, r.grid, name, merged_of(kernel));
+        for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
+          HostedAttention lane;
+          for (const RankOutput& run : kernel) lane.push_back(&run.lanes[k]);
+          capture_decoded(ctx, r.grid, name, lane, to_string(kProductionLanes[k]));
+        }
+      }
+      break;
+    }
+    case ForwardPathKind::cublas_unfused: {
+      std::vector<RankOutput> unfused =
+          run_protocol(r.grid, kUnfusedPath, ctx.transport, ctx.inputs, {});
+      path_part(ctx, r.grid, name, unfused, r.reference, "cublas_unfused", true,
+                &CasePart::cublas_unfused, r.sink);
+      break;
+    }
+    case ForwardPathKind::cpu_fp32: {
+      std::vector<RankOutput> cpu =
+          run_protocol(r.grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, {});
+      path_part(ctx, r.grid, name, cpu, merged_of(r.fp32), "cpu_fp32", false,
+                &CasePart::cuda_vs_cpu_fp32, r.sink);
+      break;
+    }
+  }
+}
+
+}  // namespace phase_run
+
+ScheduleOptions schedule_options(const RunContext& ctx) {
+  // Decided alike on every process (a process may host no rank of the case, and every process
+  // must publish and measure the same tensors).
+  return ScheduleOptions{forward_paths(ctx.problem.dtype, ctx.inputs.backend().has_unfused_gemm(),
+                                       ctx.cpu_rerun_inputs != nullptr),
+                         ctx.cp1_backward != nullptr, ctx.te_p2p_backward, ctx.vocab_size};
+}
+
+void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink) {
+  run_schedule(ctx, spec,
+               schedule_case(CaseGrid(ctx.problem, spec, ctx.round_rows), schedule_options(ctx)),
+               sink);
+}
+
+void run_schedule(const RunContext& ctx, const CaseSpec& requested, const CaseSchedule& schedule,
+                  CaseSink& sink) {
+  const CaseGrid& grid = schedule.grid;
   const CaseSpec& ran = grid.spec;
   if (ran.tp != requested.tp || ran.cp != requested.cp || ran.layout != requested.layout ||
       ran.protocol != requested.protocol) {
     throw std::invalid_argument("run_case: the grid may differ from the request in its split only");
   }
   const Problem& p = ctx.problem;
-  CaseRecord record;
+  CaseRun run(ctx, grid, sink);
+  CaseRecord& record = run.record;
   record.executed.started = std::chrono::steady_clock::now();
-  const TransportCounters before = ctx.transport.counters();
+  run.before = ctx.transport.counters();
   record.spec = requested;
   record.name = case_name(requested, p.dtype);
   const CaseSpec counterpart = cp1_counterpart(grid.spec);
   record.topology_required =
       kv_block_bounds(grid.spec, p.seq_len) == kv_block_bounds(counterpart, p.seq_len);
   record.topology_reference = case_name(counterpart, p.dtype);
-
-  // The FP32 CP=1 reference of every hosted rank's rows (rows are the same on every path).
-  HeldTensors references;
-  HostedAttention reference;
-  for (const LogicalRank& r : hosted_ranks(grid, ctx.transport)) {
-    reference.push_back(&references.keep(ctx.cp1_results.get(
-        ctx.inputs, kFp32Path, {Range{0, p.seq_len}}, query_shape(grid, r, p.dims.head_dim))));
+  for (const Phase& phase : schedule.phases) {
+    phase.run(run);
+    if (ctx.progress != nullptr) ctx.progress->phase_done(phase.name, phase.flops());
   }
-  const auto done = [&](const char* path, bool first) {
-    if (ctx.progress != nullptr) ctx.progress->path_done(path, first);
-  };
-  std::vector<RankOutput> fp32, dtype_runs;
-  const HostedAttention dtype_written =
-      run_forward(ctx, grid, record.name, fp32, dtype_runs, reference, sink, done);
-  if (ctx.vocab_size > 0) {
-    // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the
-    // FP32 CP=1 output cast the same way.
-    std::vector<AttnShard> cast;
-    for (const AttnShard* r : reference)
-      cast.push_back(final_write(*r, p.dtype == DType::bf16, ctx.pool));
-    HostedAttention cast_of;
-    for (const AttnShard& c : cast) cast_of.push_back(&c);
-    case_legs::add_dlogp(ctx, grid, record.name, dtype_written, cast_of, sink);
-    record.vocab_size = ctx.vocab_size;
-  }
-  dtype_runs.clear();
-  const auto release_references = [&] {
-    reference.clear();
-    references = HeldTensors{};
-  };
-  case_legs::BackwardRecord backward;
-  if (ctx.cp1_backward != nullptr) {
-    backward =
-        case_legs::add_backward(ctx, grid, record.name, fp32, reference, release_references, sink);
-  }
-  release_references();
-  if (ctx.progress != nullptr && ctx.cp1_backward != nullptr) ctx.progress->backward_done();
-  record.executed = record_execution(ctx, grid, fp32, backward.folded, before,
-                                     backward.reference_traffic, record.executed.started);
+  run.dtype_runs.clear();
+  run.dtype_written.clear();
+  run.release_references();
+  if (ctx.vocab_size > 0) record.vocab_size = ctx.vocab_size;
+  record.executed = record_execution(ctx, grid, run.fp32, run.folded, run.before,
+                                     run.reference_traffic, record.executed.started);
   sink.prefill_case(record);
 }
 

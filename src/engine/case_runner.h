@@ -1,8 +1,10 @@
-// One prefill/chunked case end to end: the arithmetic paths through the CP protocol, the CP=1
-// reference and topology counterpart, the merge checks, the backward and dlogp legs, and the
-// record of what ran, handed to a CaseSink with everything it compares and publishes.
+// One prefill/chunked case end to end: its schedule's phases (case_schedule.h) run in order --
+// the CP=1 reference, the arithmetic paths through the CP protocol with the topology
+// counterpart and the merge checks, the dlogp and backward legs -- and the record of what ran,
+// handed to a CaseSink with everything it compares and publishes.
 #pragma once
 
+#include "engine/case_schedule.h"
 #include "engine/case_sink.h"
 #include "engine/manifest.h"
 #include "engine/run_context.h"
@@ -19,11 +21,15 @@ Shard bf16_written(const Shard& s, ThreadPool& pool);
 /// transport's processes.
 void run_case(const RunContext& ctx, const CaseSpec& spec, CaseSink& sink);
 
-/// The same on an explicit grid: `requested` is what the report says was asked for, `executed`
-/// the grid that runs. They may differ in the split only (std::invalid_argument otherwise), and
-/// do only where a test shows that the record reads what ran.
-void run_case(const RunContext& ctx, const CaseSpec& requested, const CaseGrid& executed,
-              CaseSink& sink);
+/// What the run's context asks of each case (alike on every process).
+ScheduleOptions schedule_options(const RunContext& ctx);
+
+/// Runs `schedule`'s phases in order, each reported to ctx.progress as it ends, and hands the
+/// case's record to `sink.prefill_case`. `requested` is what the report says was asked for; the
+/// schedule's grid may differ from it in the split only (std::invalid_argument otherwise), and
+/// does only where a test shows that the record reads what ran.
+void run_schedule(const RunContext& ctx, const CaseSpec& requested, const CaseSchedule& schedule,
+                  CaseSink& sink);
 
 /// BF16 RoPE output vs FP32 for the whole Q and K tensors, handed to `sink.rope`. Collective.
 void run_rope_check(const RunContext& ctx, CaseSink& sink);

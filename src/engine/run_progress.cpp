@@ -6,12 +6,6 @@
 namespace cpd {
 namespace {
 
-double sum(const std::vector<std::uint64_t>& v) {
-  double s = 0;
-  for (const std::uint64_t x : v) s += static_cast<double>(x);
-  return s;
-}
-
 // "42 s", "3 min 05 s", "1 h 02 min".
 std::string clock_text(double seconds) {
   const long s = static_cast<long>(seconds + 0.5);
@@ -28,21 +22,13 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-CaseFlops::CaseFlops(const Problem& p, const CaseWork& w, std::size_t paths)
-    : forward_pass(4.0 * p.dims.head_dim * static_cast<double>(w.forward.total_pairs())),
-      reference(4.0 * p.dims.head_dim * sum(w.reference_forward_pairs)),
-      // The CP=1 backward starts from the reference forward's rows: 10·D a pair.
-      backward(10.0 * p.dims.head_dim *
-               (static_cast<double>(w.backward.total_pairs()) + sum(w.reference_backward_pairs))),
-      forward_paths(paths) {}
-
-RunProgress::RunProgress(std::vector<CaseFlops> cases, std::FILE* out, double quiet_seconds)
+RunProgress::RunProgress(std::vector<double> cases, std::FILE* out, double quiet_seconds)
     : cases_(std::move(cases)),
       out_(out),
       quiet_seconds_(quiet_seconds),
       started_(std::chrono::steady_clock::now()),
       last_line_(started_) {
-  for (const CaseFlops& c : cases_) total_ += c.total();
+  for (const double c : cases_) total_ += c;
 }
 
 void RunProgress::start_case(std::size_t index, const std::string& name) {
@@ -54,17 +40,7 @@ void RunProgress::start_case(std::size_t index, const std::string& name) {
   last_line_ = std::chrono::steady_clock::now();
 }
 
-void RunProgress::path_done(const char* path, bool first) {
-  const CaseFlops& c = cases_.at(index_);
-  done(std::string(path) + (first ? " and the CP=1 reference" : ""),
-       c.forward_pass + (first ? c.reference : 0.0));
-}
-
-void RunProgress::backward_done() {
-  done("backward and its CP=1 reference", cases_.at(index_).backward);
-}
-
-void RunProgress::done(const std::string& phase, double flops) {
+void RunProgress::phase_done(const std::string& phase, double flops) {
   done_ += flops;
   const auto now = std::chrono::steady_clock::now();
   if (out_ == nullptr || std::chrono::duration<double>(now - last_line_).count() < quiet_seconds_)

@@ -14,7 +14,6 @@
 #include "core/errors.h"
 #include "engine/case_runner.h"
 #include "engine/rollout_pairs.h"
-#include "engine/work_plan.h"
 #include "kernels/attention_backend.h"
 
 namespace cpd {
@@ -148,16 +147,15 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
     decoded->vocab_size = plan.paged_options.vocab_size;
     with_progress.decoded = &*decoded;
   }
+  // Each case's schedule, built where it runs (a plan of many large grids need not be held at
+  // once); the progress line first sums them all.
+  const ScheduleOptions options = schedule_options(ctx);
+  const auto schedule_of = [&](const CaseSpec& spec) {
+    return schedule_case(CaseGrid(ctx.problem, spec, ctx.round_rows), options);
+  };
   if (say) {
-    const std::size_t paths = forward_paths(ctx.problem.dtype, backend_->has_unfused_gemm(),
-                                            ctx.cpu_rerun_inputs != nullptr)
-                                  .size();
-    std::vector<CaseFlops> work;
-    for (const CaseSpec& spec : plan.cases) {
-      const CaseGrid grid(ctx.problem, spec, ctx.round_rows);
-      work.emplace_back(ctx.problem,
-                        plan_case_work(grid, ctx.cp1_backward != nullptr, ctx.vocab_size), paths);
-    }
+    std::vector<double> work;
+    for (const CaseSpec& spec : plan.cases) work.push_back(schedule_of(spec).flops());
     with_progress.progress = &progress_of.emplace(std::move(work), stderr);
   }
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
@@ -167,7 +165,7 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
       cp1_results_.stop_memoising();
       cp1_backward_.stop_memoising();
     }
-    run_case(with_progress, plan.cases[i], sink);
+    run_schedule(with_progress, plan.cases[i], schedule_of(plan.cases[i]), sink);
   }
   if (plan.paged.empty()) {
     require_fault_fired();

@@ -62,9 +62,7 @@ void forward_shards(const CaseGrid& grid, PhaseWork& w) {
   }
 }
 
-// The backward, round by round: query rows (q, dO, lse, Δ) to the owners of the blocks that see
-// them, every block pair at its owner, partial dq back to the query owner.
-void backward_work(const CaseGrid& grid, PhaseWork& w) {
+void add_backward(const CaseGrid& grid, PhaseWork& w) {
   const std::int64_t dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const int cp = grid.spec.cp;
   const Range all{0, grid.problem.seq_len};
@@ -114,24 +112,6 @@ void backward_work(const CaseGrid& grid, PhaseWork& w) {
         }
       }
     }
-  }
-}
-
-void reference_work(const CaseGrid& grid, bool backward, CaseWork& w) {
-  const Problem& p = grid.problem;
-  const Range all{0, p.seq_len};
-  const bool counterpart_differs =
-      kv_block_bounds(cp1_counterpart(grid.spec), p.seq_len) != std::vector<Range>{all};
-  for (const LogicalRank& r : grid.ranks) {
-    const std::uint64_t heads = u64(p.batch * r.q_heads.size());
-    std::uint64_t own = 0;
-    for (const Range& t : r.tokens) own += causal_pairs(t, all);
-    w.reference_forward_pairs.push_back(heads * own * (counterpart_differs ? 2 : 1));
-    // The CP=1 backward of each KV head this rank computes for its TP group, whole sequence.
-    const std::uint64_t heads_here =
-        backward ? u64(reference_kv_heads(grid, r, 0, p.dims.num_kv_heads).size()) : 0;
-    w.reference_backward_pairs.push_back(heads_here * u64(p.batch * p.dims.group_size()) *
-                                         causal_pairs(all, all));
   }
 }
 
@@ -185,20 +165,50 @@ std::uint64_t causal_pairs(const Range& rows, const Range& keys) {
   return n;
 }
 
-CaseWork plan_case_work(const CaseGrid& grid, bool backward, int vocab) {
-  const int ranks = grid.spec.num_logical_ranks();
-  CaseWork w{
-      PhaseWork(ranks), PhaseWork(backward ? ranks : 0), PhaseWork(vocab > 0 ? ranks : 0), {}, {}};
-  forward_shards(grid, w.forward);
-  forward_states(grid, w.forward);
-  if (backward) backward_work(grid, w.backward);
-  reference_work(grid, backward, w);
-  if (vocab > 0) {
-    const int steps = dlogp_steps(grid, vocab);
-    for (const LogicalRank& dst : grid.ranks) {
-      for (int step = 0; step < steps; ++step)
-        add_all(w.dlogp, expected_logit_partials(grid, dst, vocab, step));
-    }
+PhaseWork forward_work(const CaseGrid& grid) {
+  PhaseWork w(grid.spec.num_logical_ranks());
+  forward_shards(grid, w);
+  forward_states(grid, w);
+  return w;
+}
+
+PhaseWork backward_work(const CaseGrid& grid) {
+  PhaseWork w(grid.spec.num_logical_ranks());
+  add_backward(grid, w);
+  return w;
+}
+
+PhaseWork dlogp_work(const CaseGrid& grid, int vocab) {
+  PhaseWork w(grid.spec.num_logical_ranks());
+  const int steps = dlogp_steps(grid, vocab);
+  for (const LogicalRank& dst : grid.ranks) {
+    for (int step = 0; step < steps; ++step)
+      add_all(w, expected_logit_partials(grid, dst, vocab, step));
+  }
+  return w;
+}
+
+PhaseWork reference_forward_work(const CaseGrid& grid) {
+  const Problem& p = grid.problem;
+  const Range all{0, p.seq_len};
+  const bool counterpart_differs =
+      kv_block_bounds(cp1_counterpart(grid.spec), p.seq_len) != std::vector<Range>{all};
+  PhaseWork w(grid.spec.num_logical_ranks());
+  for (const LogicalRank& r : grid.ranks) {
+    std::uint64_t own = 0;
+    for (const Range& t : r.tokens) own += causal_pairs(t, all);
+    w.pairs[u64(r.id)] = u64(p.batch * r.q_heads.size()) * own * (counterpart_differs ? 2 : 1);
+  }
+  return w;
+}
+
+PhaseWork reference_backward_work(const CaseGrid& grid) {
+  const Problem& p = grid.problem;
+  const Range all{0, p.seq_len};
+  PhaseWork w(grid.spec.num_logical_ranks());
+  for (const LogicalRank& r : grid.ranks) {
+    const std::uint64_t heads = u64(reference_kv_heads(grid, r, 0, p.dims.num_kv_heads).size());
+    w.pairs[u64(r.id)] = heads * u64(p.batch * p.dims.group_size()) * causal_pairs(all, all);
   }
   return w;
 }

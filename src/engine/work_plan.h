@@ -40,24 +40,10 @@ struct PhaseWork {
   Traffic total_sent() const;
 };
 
-struct CaseWork {
-  PhaseWork forward;   // one forward pass (each of a case's paths runs one)
-  PhaseWork backward;  // empty when the case has no backward
-  PhaseWork dlogp;     // empty when the case has no dlogp
-  /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical
-  /// rank, as an upper bound (a memo may serve them from an earlier case): the FP32 reference
-  /// forward of its rows, again over the topology counterpart's grid when that differs from the
-  /// reference's one block; and with the backward, the CP=1 backward of the KV heads the rank
-  /// computes for its TP group (shared_cp1_backward: whole sequence, from the reference
-  /// forward's rows, gathered by KV head), whose exchange the case's counts leave out.
-  std::vector<std::uint64_t> reference_forward_pairs, reference_backward_pairs;
-};
-
 /// The forward paths a case runs, in order, each one exchange of the protocol: the FP32 path,
 /// the dtype path under bf16, the BF16 kernel, with a GPU backend (`gpu`) the cuBLAS path, and
 /// with `cpu_check` (a GPU run's, by default) the FP32 path again on the host's CPU backend.
-/// run_case runs this list, and
-/// the plan and the progress lines count it. `bf16_rate`: its kernels run at the BF16 rate;
+/// Each is a phase of the case's schedule. `bf16_rate`: its kernels run at the BF16 rate;
 /// `host`: on the CPU.
 enum class ForwardPathKind { fp32, bf16_inputs, bf16_kernel, cublas_unfused, cpu_fp32 };
 struct ForwardPath {
@@ -68,8 +54,23 @@ struct ForwardPath {
 };
 std::vector<ForwardPath> forward_paths(DType dtype, bool gpu, bool cpu_check);
 
-/// `vocab` 0: no dlogp; `backward` false: no backward.
-CaseWork plan_case_work(const CaseGrid& grid, bool backward, int vocab);
+/// Each phase's work, counted in closed form from the grid (case_schedule.h lists the phases).
+/// One forward pass of the case's protocol: query rows or K/V shards, then the partial states.
+PhaseWork forward_work(const CaseGrid& grid);
+/// The backward, round by round: query rows (q, dO, lse, Δ) to the owners of the blocks that see
+/// them, every block pair at its owner, partial dq back to the query owner.
+PhaseWork backward_work(const CaseGrid& grid);
+/// The selected-token logprobs' logit partials over a vocabulary of `vocab`.
+PhaseWork dlogp_work(const CaseGrid& grid, int vocab);
+/// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical rank,
+/// as an upper bound (a memo may serve them from an earlier case): the FP32 reference forward of
+/// its rows, again over the topology counterpart's grid when that differs from the reference's
+/// one block ...
+PhaseWork reference_forward_work(const CaseGrid& grid);
+/// ... and the CP=1 backward of the KV heads the rank computes for its TP group
+/// (shared_cp1_backward: whole sequence, from the reference forward's rows, gathered by KV head),
+/// whose exchange the case's counts leave out.
+PhaseWork reference_backward_work(const CaseGrid& grid);
 
 /// (row, key) pairs of one head with key ≤ row, rows and keys global positions.
 std::uint64_t causal_pairs(const Range& rows, const Range& keys);

@@ -1,5 +1,5 @@
-// The CPU backend's attention: partial states of query rows against KV blocks, and the
-// ordered merge, bit-for-bit the canonical arithmetic of cpdrift/attention_math.h.
+// The CPU backend's attention: partial states of query rows against KV blocks, bit-for-bit the
+// canonical arithmetic of cpdrift/attention_math.h (the ordered merge is cpdrift/block_merge.h).
 #pragma once
 
 #include <cstdint>
@@ -45,10 +45,5 @@ void run_block_jobs(std::span<const BlockJob> jobs, int dim, float scale, ProbRo
 /// Every fold job: its rows' states against each block in ascending order, merged as they come.
 void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRounding rounding,
                    ThreadPool& pool);
-
-/// Merges states in ascending global block index: out/lse ← s_0 ⊕ s_1 ⊕ … (left fold,
-/// design §3), whatever order `states` lists them in.
-void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,
-                          float* lse);
 
 }  // namespace cpd

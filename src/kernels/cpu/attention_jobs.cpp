@@ -93,35 +93,4 @@ void run_fold_jobs(std::span<const FoldJob> jobs, int dim, float scale, ProbRoun
   });
 }
 
-void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, int dim, float* out,
-                          float* lse) {
-  // Ascending block index, ties in the order given: an insertion sort, which is stable and
-  // needs no scratch memory, into a buffer each worker thread keeps (this runs once per batch,
-  // head and query range). The states come in or near block order, where it is linear; in
-  // reverse (the merge-order probe) it takes n²/2 steps, small beside the n × rows × dim of
-  // the merge itself.
-  thread_local std::vector<std::size_t> order;
-  order.resize(states.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  for (std::size_t i = 1; i < order.size(); ++i) {
-    const std::size_t moving = order[i];
-    std::size_t j = i;
-    for (; j > 0 && states[moving].block_index < states[order[j - 1]].block_index; --j)
-      order[j] = order[j - 1];
-    order[j] = moving;
-  }
-  // A row at a time through every state: each row's fold is the same sequence of operations
-  // as state by state over all rows, and the row stays in L1 while its states stream past,
-  // where state by state the whole of `out` (a megabyte at S = 4096) went through the caches
-  // once a state (docs/performance.md, thirteenth session).
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row_out = out + r * dim;
-    float* row_lse = lse + r;
-    std::fill(row_out, row_out + dim, 0.0f);
-    *row_lse = neg_inf_f32();
-    for (std::size_t i : order)
-      merge_state_row(row_out, row_lse, states[i].out + r * dim, states[i].lse[r], dim);
-  }
-}
-
 }  // namespace cpd
