@@ -112,8 +112,7 @@ void merge_in_block_order(std::span<const StateRef> states, std::int64_t rows, i
   }
   // A row at a time through every state: each row's fold is the same sequence of operations
   // as state by state over all rows, and the row stays in L1 while its states stream past,
-  // where state by state the whole of `out` (a megabyte at S = 4096) went through the caches
-  // once a state (docs/performance.md, thirteenth session).
+  // where state by state the whole of `out` would go through the caches once a state.
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row_out = out + r * dim;
     float* row_lse = lse + r;
