@@ -1,4 +1,4 @@
-// Every library check has one shape (style habit 3): a LibraryError whose text names the host,
+// Every library check has one shape (docs/style.md): a LibraryError whose text names the host,
 // the rank, the file:line of the check, the call and the library's decoded error.
 #include <doctest/doctest.h>
 #include <sys/wait.h>

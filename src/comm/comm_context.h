@@ -1,4 +1,4 @@
-// The one owner of cpdrift's communicators (style habit 4): MPI's world, duplicated for
+// The one owner of cpdrift's communicators (docs/style.md): MPI's world, duplicated for
 // cpdrift, and the node-local rank. Nothing outside src/comm/ calls MPI; this header does
 // not include <mpi.h>.
 #pragma once

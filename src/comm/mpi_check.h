@@ -1,4 +1,4 @@
-// CPD_MPI_CHECK: every MPI call checked, one shape for every library (style habit 3).
+// CPD_MPI_CHECK: every MPI call checked, one shape for every library (core/errors.h).
 #pragma once
 
 #include <mpi.h>

@@ -17,8 +17,8 @@ constexpr std::chrono::microseconds kFirstNap{10};
 constexpr std::chrono::microseconds kLongestNap{200};
 
 // What the processes other than rank 0 add to the timeout. Rank 0 may start its wait later
-// than they do, and the job's teardown after its MPI_Abort takes time; with 4 processes on 2
-// busy cores, 2 s was not enough and the others' lines followed rank 0's.
+// than they do, and the job's teardown after its MPI_Abort takes time; on busy, oversubscribed
+// cores a short grace let the others' lines follow rank 0's, so this one is generous.
 constexpr double kOthersGrace = 10.0;
 
 double g_timeout_seconds = 0.0;  // set_wait_timeout; 0: wait for ever

@@ -26,7 +26,7 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A call into CUDA, cuBLAS, NCCL, MPI or HDF5 failed (style habit 3). Every check macro
+/// A call into CUDA, cuBLAS, NCCL, MPI or HDF5 failed (docs/style.md). Every check macro
 /// (CPD_CUDA_CHECK, CPD_CUBLAS_CHECK, CPD_NCCL_CHECK, CPD_MPI_CHECK, CPD_H5_CHECK) throws it
 /// with one shape: "<host> rank <N> <file>:<line>: <call> failed: <the library's decoded error>".
 class LibraryError : public std::runtime_error {

@@ -1,4 +1,4 @@
-// The compute backend seam (style habit 2): the engine asks for inputs, partial states, merges,
+// The compute backend seam (docs/style.md): the engine asks for inputs, partial states, merges,
 // gradients and logit projections here, and the CPU and CUDA backends answer with the same
 // bits (docs/numerics.md). Host-only: no CUDA type appears in this header.
 #pragma once

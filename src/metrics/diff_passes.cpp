@@ -15,11 +15,9 @@ namespace {
 // compiler vectorises (each value's diff bits, and the block's mismatches, largest ulp
 // distance, largest diff and NaN flag), then per block with a nonzero diff the histogram and
 // the exact sum, which need a scattered increment a value. Blocks of 32 (two AVX-512 vectors)
-// with the first step inlined: 3.4 ns a value over both passes against 4.2 for blocks of 16
-// and 4.9 for a first step called per block (16 M diffs, one thread). Both scalar steps then
-// lost their per-value branches (bins and flags computed in the vectorised loop, spare slots
-// for what is not counted): the statistics of 16 M diffs on 2 threads took 26 → 19–22 ms
-// (FP32 candidates) and 32 → 25–30 ms (BF16-read ones).
+// with the first step inlined beat blocks of 16 and a first step called per block. Neither
+// scalar step branches per value: bins and flags are computed in the vectorised loop, and
+// spare slots take what is not counted.
 
 // The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
 // ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,
@@ -246,8 +244,8 @@ void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefix
 }
 
 void collect(const Piece& c, std::span<const std::uint32_t> bins, float* out, std::size_t& count) {
-  // Eight bins only where a group's wanted bins differ from the whole's: testing eight costs
-  // about 15% of a plain call's time.
+  // Eight bins only where a group's wanted bins differ from the whole's: testing eight makes
+  // every call slower.
   by_kind(c, [&](auto reference, auto bf16) {
     constexpr bool r = decltype(reference)::value, b = decltype(bf16)::value;
     bins.size() <= 4 ? collect_of<r, b, 4>(c, bins, out, count)

@@ -1,5 +1,5 @@
-// CPD_NCCL_CHECK: every NCCL call checked, one shape for every library (style habit 3): host,
-// rank, file:line, NCCL's decoded error and its last message, then a LibraryError.
+// CPD_NCCL_CHECK: every NCCL call checked, one shape for every library: host, rank,
+// file:line, NCCL's decoded error and its last message, then a LibraryError.
 #pragma once
 
 #include <nccl.h>

@@ -18,8 +18,8 @@ inline constexpr int kTileRows = 16;
 /// Rows of one forward kernel call: four lane tiles, which share every K and V row they read.
 inline constexpr int kAttendRows = 4 * kTileRows;
 /// Keys of V that the forward kernel's P·V takes at a time for all its rows: each row group's
-/// accumulators stay in registers over the whole chunk, whose 64-column halves (128 KB) and
-/// coefficients (128 KB) stay in L2 (docs/performance.md, fourteenth session).
+/// accumulators stay in registers over the whole chunk, whose 64-column halves and coefficients
+/// stay in L2.
 inline constexpr std::int64_t kAttendKeyChunk = 512;
 
 /// Reusable per-thread buffers of the tile kernel (scores of its lane tiles against a block).

@@ -1,10 +1,10 @@
 // Standard normals a row at a time (src/kernels/cpu/normals.h).
 //
 // Each loop calls the canonical functions of cpdrift/philox.h on one block or pair per
-// iteration, and GCC vectorises it (16 lanes on AVX-512: 8–10× faster than a call of normal4 per
-// block). That takes three things: `flatten`, so that log_f32 and sincos_2pi_f32 are inlined
-// into the loop; -fno-trapping-math, so that their selects become masked lanes instead of
-// branches; and -fno-math-errno, so that std::sqrt is the bare instruction. meson.build
+// iteration, and GCC vectorises it (16 lanes on AVX-512: several times faster than a call of
+// normal4 per block). That takes three things: `flatten`, so that log_f32 and sincos_2pi_f32 are
+// inlined into the loop; -fno-trapping-math, so that their selects become masked lanes instead
+// of branches; and -fno-math-errno, so that std::sqrt is the bare instruction. meson.build
 // compiles this file alone with the two options. Neither changes a value: they concern FP
 // exceptions and errno, while contraction stays off (-ffp-contract=off) and no operation is
 // reordered. tests/test_inputs.cpp holds the vectorised results to normal4's and box_muller's

@@ -125,8 +125,8 @@ inline void dot_key_range(const float* qt, const KvRows& k, std::int64_t j0, std
 
 /// dot_key_range for two lane tiles over the same keys [j0, j1): dot_keys_flat over both on
 /// runs of eight adjacent rows where the registers hold both tiles' chains (16 independent
-/// chains on 2 + 8 loads a step, where one tile's sixteen keys take 1 + 16: about 95% of the
-/// FMA peak in L1 against 80%), each tile on its own elsewhere.
+/// chains on 2 + 8 loads a step, where one tile's sixteen keys take 1 + 16: fewer loads per FMA
+/// bring the kernel closer to the FMA peak), each tile on its own elsewhere.
 inline void dot_key_range_pair(const float* qt0, const float* qt1, const KvRows& k, std::int64_t j0,
                                std::int64_t j1, int dim, F16 scale, F16 visible0, F16 visible1,
                                float* out0, float* out1, std::int64_t out_first = 0) {

@@ -1,6 +1,5 @@
 // CPD_CUDA_CHECK / CPD_CUBLAS_CHECK: every CUDA and cuBLAS call checked, one shape for every
-// library (style habit 3): host, rank, file:line, the decoded error (with the device), then a
-// LibraryError.
+// library: host, rank, file:line, the decoded error (with the device), then a LibraryError.
 #pragma once
 
 #include <cublas_v2.h>
