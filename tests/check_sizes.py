@@ -162,7 +162,9 @@ def find_functions(text):
     line_of[len(code)] = line
 
     functions = []
-    stack = []  # 'scope' (namespace, class), 'function', 'inner', 'head' (a brace in a declaration)
+    # 'scope' (namespace, class), 'function', 'data' (an initializer at scope level), 'head' (a
+    # brace inside a declaration's head), 'inner' (any brace inside one of those).
+    stack = []
     head_start = 0  # where the text before the next `{` at scope level starts
     for k, ch in enumerate(code):
         if ch == "{":
@@ -171,7 +173,7 @@ def find_functions(text):
                 continue
             head = code[head_start:k]
             if in_head(head):
-                stack.append(("head", head_start))
+                stack.append(("head", None))
             elif is_function_head(head):
                 start = head_start
                 while code[start].isspace():
@@ -193,9 +195,7 @@ def find_functions(text):
             kind, info = stack.pop()
             if kind == "function":
                 functions.append((info[0], info[1], line_of[k]))
-            if kind == "head":
-                head_start = info
-            elif kind in ("function", "scope", "data") or not stack:
+            if kind in ("function", "scope", "data"):
                 head_start = k + 1
         elif ch == ";" and (not stack or stack[-1][0] == "scope"):
             head_start = k + 1
@@ -205,7 +205,7 @@ def find_functions(text):
 
 
 def findings(root):
-    """(key, function or None, message) of each file and function over its limit."""
+    """(path, function or None, message) of each file and function over its limit."""
     out = []
     for folder in FOLDERS:
         for path in sorted((root / folder).rglob("*")):
