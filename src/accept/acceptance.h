@@ -69,6 +69,10 @@ struct RowVerdict {
 RowVerdict evaluate_row(const AcceptanceRow& row, const json::Value& report, const Thresholds& t,
                         int world_size, const std::string& report_path);
 
+/// A row's verdict before any evidence is read: its name, whether it is required, the cases it
+/// reads.
+RowVerdict row_verdict(const AcceptanceRow& row);
+
 /// A row in manifest mode, which executes nothing: not_run (or unavailable for rows cpdrift
 /// cannot execute yet).
 RowVerdict manifest_row(const AcceptanceRow& row);

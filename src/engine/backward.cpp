@@ -2,21 +2,23 @@
 #include "engine/backward.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 
 #include "cpdrift/attention_backward_math.h"
-#include "cpdrift/bf16.h"
-#include "cpdrift/production_lanes.h"
+#include "engine/backward_folds.h"
 #include "engine/protocol_common.h"
 #include "kernels/attention_backend.h"
-#include "kernels/cpu/attention_backward.h"
 
 namespace cpd {
 namespace {
+
+using backward_folds::blocks_in;
+using backward_folds::fold_dq;
+using backward_folds::fold_kv_gradients;
+using backward_folds::fold_lane_kv_gradients;
+using backward_folds::KvTotals;
 
 // A query range's backward inputs packed as one payload: q, dO ([B][H][R][D] each), lse, Δ
 // ([B][H][R] each). The same layout whether the range is local or arrived in a message.
@@ -85,16 +87,6 @@ FloatBuffer pack_rows(InputStore& inputs, const LogicalRank& r, const AttnShard&
   return payload;
 }
 
-// The grid's query blocks inside `tokens` (blocks are cut from owner ranges, so each lies in
-// exactly one range).
-std::vector<KvBlock> blocks_in(const CaseGrid& grid, const Range& tokens) {
-  std::vector<KvBlock> out;
-  for (const KvBlock& b : grid.blocks) {
-    if (tokens.contains(b.range)) out.push_back(b);
-  }
-  return out;
-}
-
 // A round's query rows, packed (q, dO, lse, Δ): each hosted rank's ranges cut to the round's
 // span (`own[id][t]`, empty where range t has no row in it) and what arrived from the other CP
 // ranks for the KV blocks hosted here.
@@ -149,56 +141,6 @@ std::vector<PackedRows> served_by(const CaseGrid& grid, const LogicalRank& o, co
   }
   return served;
 }
-
-// The dK/dV totals of the hosted KV owners, per (owner, b, KV head g, KV block) and head of the
-// group, kept across the rounds: each continues its fold over the query blocks round by round;
-// the GQA fold then sums the group's heads. With the te_p2p lane, also each query CP rank's own
-// fold over its query blocks (allocated when the rank's first block comes).
-struct KvTotals {
-  std::vector<FloatBuffer> head_totals;  // dk, dv per head; inner buffers stay put
-  std::vector<FloatBuffer> lane_totals;  // per (fold, query CP rank): dk, dv per head
-  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  struct Fold {
-    std::size_t grad;  // index into the gradients
-    int b;
-    std::int64_t g;
-    KvBlock block;
-    std::size_t first_total;  // head_totals index of the group's first head's dk (dv follows)
-    bool started;             // some query block has been folded in
-    // Per query CP rank: lane_totals index of its group's first head's dk (kNone: none yet),
-    // and whether one of its query blocks has been folded in.
-    std::vector<std::size_t> first_lane;
-    std::vector<bool> lane_started;
-  };
-  std::vector<Fold> folds;
-  std::map<std::tuple<std::size_t, int, std::int64_t, int>, std::size_t> index;  // → folds
-
-  void add(std::size_t grad, int b, std::int64_t g, const KvBlock& kb, int group, int dim,
-           int lane_ranks) {
-    index[{grad, b, g, kb.index}] = folds.size();
-    folds.push_back(Fold{grad, b, g, kb, head_totals.size(), false,
-                         std::vector<std::size_t>(static_cast<std::size_t>(lane_ranks), kNone),
-                         std::vector<bool>(static_cast<std::size_t>(lane_ranks), false)});
-    const std::size_t n = static_cast<std::size_t>(kb.range.size()) * dim;
-    // Written whole by the fold's first unit (accumulate false), which every fold has: a KV
-    // block is seen by its own query block.
-    for (int x = 0; x < 2 * group; ++x) head_totals.push_back(unwritten_floats(n));
-  }
-  Fold& at(std::size_t grad, int b, std::int64_t g, int block) {
-    return folds[index.at({grad, b, g, block})];
-  }
-  // The lane totals of query CP rank r in fold f, allocated on first use.
-  std::size_t lane_of(Fold& f, int r, int group, int dim) {
-    std::size_t& first = f.first_lane[static_cast<std::size_t>(r)];
-    if (first == kNone) {
-      first = lane_totals.size();
-      const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-      // Written whole by the rank's first block (lane_first).
-      for (int x = 0; x < 2 * group; ++x) lane_totals.push_back(unwritten_floats(n));
-    }
-    return first;
-  }
-};
 
 // The CP rank owning the query block of `tokens` (a block of the grid).
 int query_rank_of(const CaseGrid& grid, const Range& tokens) {
@@ -313,159 +255,6 @@ void add_round_pairs(const CaseGrid& grid, const LogicalRank& o, std::size_t gra
       }
     }
   }
-}
-
-// dK, dV: the GQA group's heads folded in ascending order; dK carries the scale. A fold (one
-// KV block of one KV head) a task on the pool.
-void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
-                       std::vector<RankGradients>& grads) {
-  const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
-  const float scale = grid.problem.dims.softmax_scale();
-  pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
-    const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
-    RankGradients& rg = grads[f.grad];
-    const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-    std::vector<const float*> dk_terms, dv_terms;
-    for (int x = 0; x < group; ++x) {
-      dk_terms.push_back(totals.head_totals[f.first_total + 2 * x].data());
-      dv_terms.push_back(totals.head_totals[f.first_total + 2 * x + 1].data());
-    }
-    const std::int64_t row = rg.dk.shape.local_row(f.block.range.begin);
-    float* dk = rg.dk.at(f.b, f.g, row);
-    fold_terms(dk_terms, n, dk);
-    for (std::size_t e = 0; e < n; ++e) dk[e] *= scale;
-    fold_terms(dv_terms, n, rg.dv.at(f.b, f.g, row));
-  });
-}
-
-// The te_p2p lane's dK, dV of each fold: per query CP rank in the order the travelling dK/dV
-// visits them (te_backward_dkv_visitor: s−1, s−2, …, s; ranks whose queries never saw the block
-// skipped), its pair's GQA-folded sums (dK scaled) rounded to BF16, summed in BF16.
-void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
-                            std::vector<RankGradients>& grads) {
-  const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
-  const int cp = grid.spec.cp;
-  const float scale = grid.problem.dims.softmax_scale();
-  pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
-    const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
-    RankGradients& rg = grads[f.grad];
-    const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-    const std::int64_t row = rg.te_p2p->dk.shape.local_row(f.block.range.begin);
-    float* out[2] = {rg.te_p2p->dk.at(f.b, f.g, row), rg.te_p2p->dv.at(f.b, f.g, row)};
-    std::vector<float> pair(n);
-    bool first = true;
-    for (int step = 0; step < cp; ++step) {
-      const int r = te_backward_dkv_visitor(rg.rank.cp_rank, step, cp);
-      const std::size_t lane = f.first_lane[static_cast<std::size_t>(r)];
-      if (lane == KvTotals::kNone) continue;
-      for (int which = 0; which < 2; ++which) {
-        std::vector<const float*> terms;
-        for (int x = 0; x < group; ++x)
-          terms.push_back(totals.lane_totals[lane + 2 * x + which].data());
-        fold_terms(terms, n, pair.data());
-        for (std::size_t e = 0; e < n; ++e) {
-          const float step_out = round_bf16(which == 0 ? pair[e] * scale : pair[e]);
-          out[which][e] = first ? step_out : round_bf16(out[which][e] + step_out);
-        }
-      }
-      first = false;
-    }
-  });
-}
-
-// The te_p2p lane's dq of one query block qb of part t: per KV CP rank in the order the
-// backward ring brings them (te_backward_kv_source: r+1, r+2, …, r; ranks with no visible
-// block skipped), the partials of its blocks folded in block order and scaled, rounded to BF16,
-// summed in BF16.
-void fold_lane_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
-                        const std::vector<const Message*>& terms) {
-  const LogicalRank& r = rg.rank;
-  const int dim = grid.problem.dims.head_dim, cp = grid.spec.cp;
-  const float scale = grid.problem.dims.softmax_scale();
-  const std::int64_t row = qb.range.begin - t.begin, rows = t.size(), heads = r.q_heads.size();
-  const std::size_t n = static_cast<std::size_t>(qb.range.size()) * dim;
-  std::vector<float> pair(n);
-  std::vector<const float*> ptrs;
-  for (int b = 0; b < grid.problem.batch; ++b) {
-    for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-      const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-      float* dq = rg.te_p2p->dq.at(b, h, rg.te_p2p->dq.shape.local_row(qb.range.begin));
-      bool first = true;
-      for (int step = 0; step < cp; ++step) {
-        const int s = te_backward_kv_source(r.cp_rank, step, cp);
-        ptrs.clear();
-        for (const Message* m : terms) {
-          if (grid.blocks[static_cast<std::size_t>(m->header.block_index)].owner_cp_rank == s)
-            ptrs.push_back(m->payload.data() + (slot * rows + row) * dim);
-        }
-        if (ptrs.empty()) continue;
-        fold_terms(ptrs, n, pair.data());
-        for (std::size_t i = 0; i < n; ++i) {
-          const float step_out = round_bf16(pair[i] * scale);
-          dq[i] = first ? step_out : round_bf16(dq[i] + step_out);
-        }
-        first = false;
-      }
-    }
-  }
-}
-
-// dq of one query block qb of part t (rank r's rows in a round; the messages' rows): the
-// partials of the blocks it saw, in ascending block order, then the scale.
-void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
-                   const std::vector<const Message*>& terms) {
-  const LogicalRank& r = rg.rank;
-  const int dim = grid.problem.dims.head_dim;
-  const float scale = grid.problem.dims.softmax_scale();
-  const std::int64_t row = qb.range.begin - t.begin, rows = t.size(), heads = r.q_heads.size();
-  const std::size_t n = static_cast<std::size_t>(qb.range.size()) * dim;
-  std::vector<const float*> ptrs;
-  for (int b = 0; b < grid.problem.batch; ++b) {
-    for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-      ptrs.clear();
-      const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-      for (const Message* m : terms) ptrs.push_back(m->payload.data() + (slot * rows + row) * dim);
-      float* dq = rg.dq.at(b, h, rg.dq.shape.local_row(qb.range.begin));
-      fold_terms(ptrs, n, dq);
-      for (std::size_t i = 0; i < n; ++i) dq[i] *= scale;
-    }
-  }
-}
-
-// The round's partial dq to the query owners, folded there in block order.
-// Each query block's fold is a task on the pool: they write apart.
-void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> partials,
-             const std::vector<LogicalRank>& hosted, Transport& transport, ThreadPool& pool,
-             std::vector<RankGradients>& grads) {
-  std::map<int, Inbox> dq_inboxes = protocol::superstep(
-      transport, hosted, std::move(partials),
-      [&](const LogicalRank& r) { return expected_dq_partials(grid, r, span); });
-  struct Task {
-    RankGradients* rg;
-    Range part;
-    KvBlock qb;
-    std::vector<const Message*> terms;  // manifest order: ascending block index
-  };
-  std::vector<Task> tasks;
-  for (RankGradients& rg : grads) {
-    const std::vector<Message>& arrived = dq_inboxes.at(rg.rank.id).messages();
-    for (const Message& m : arrived) rg.dq_partials.push_back(m.header);
-    for (const Range& t : rg.rank.tokens) {
-      const Range part = intersection(t, span);
-      for (const KvBlock& qb : blocks_in(grid, part)) {
-        Task& task = tasks.emplace_back(Task{&rg, part, qb, {}});
-        for (const Message& m : arrived) {
-          if (m.header.tokens() == part && causally_visible(m.header.block(), qb.range))
-            task.terms.push_back(&m);
-        }
-      }
-    }
-  }
-  pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t i) {
-    const Task& task = tasks[static_cast<std::size_t>(i)];
-    fold_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
-    if (task.rg->te_p2p) fold_lane_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
-  });
 }
 
 }  // namespace

@@ -259,4 +259,46 @@ void first_pass(const Piece& c, LocalFirst& acc) {
   });
 }
 
+double sum_from_bins(std::span<const std::uint64_t> bins) {
+  constexpr int kLimbs = 6;
+  std::uint64_t n[kLimbs] = {};
+  for (std::size_t e = 0; e < kExponents; ++e) {
+    if (bins[e] == 0) continue;
+    const int shift = e == 0 ? 0 : static_cast<int>(e) - 1;
+    const int limb = shift / 64, bit = shift % 64;
+    // bins[e] << shift spans two limbs; add both halves with carries.
+    const std::uint64_t lo = bins[e] << bit;
+    const std::uint64_t hi = bit == 0 ? 0 : bins[e] >> (64 - bit);
+    unsigned __int128 carry = static_cast<unsigned __int128>(n[limb]) + lo;
+    n[limb] = static_cast<std::uint64_t>(carry);
+    carry = (carry >> 64) + n[limb + 1] + hi;
+    n[limb + 1] = static_cast<std::uint64_t>(carry);
+    carry >>= 64;
+    for (int i = limb + 2; carry != 0 && i < kLimbs; ++i) {
+      carry += n[i];
+      n[i] = static_cast<std::uint64_t>(carry);
+      carry >>= 64;
+    }
+  }
+  const auto bit_at = [&](int k) { return k >= 0 && ((n[k / 64] >> (k % 64)) & 1u) != 0; };
+  int top = -1;
+  for (int k = kLimbs * 64 - 1; k >= 0; --k) {
+    if (bit_at(k)) {
+      top = k;
+      break;
+    }
+  }
+  if (top < 0) return 0.0;
+  // The top 53 bits, the next bit and whether anything below it is set.
+  const int low = top - 52;
+  std::uint64_t mantissa = 0;
+  for (int k = top; k >= std::max(low, 0); --k) mantissa = (mantissa << 1) | (bit_at(k) ? 1u : 0u);
+  if (low < 0) return std::ldexp(static_cast<double>(mantissa), -149);  // exact: fits in 53 bits
+  const bool round = bit_at(low - 1);
+  bool sticky = false;
+  for (int k = low - 2; k >= 0 && !sticky; --k) sticky = bit_at(k);
+  if (round && (sticky || (mantissa & 1u) != 0)) ++mantissa;
+  return std::ldexp(static_cast<double>(mantissa), low - 149);
+}
+
 }  // namespace cpd::diff_passes

@@ -60,6 +60,11 @@ struct FirstPass {
   std::span<std::uint64_t> hist() { return {v.data() + kHeader + kExponents, kBins}; }
 };
 
+/// The bins' total Σ bins[e]·2^(max(e-1, 0)) in units of 2^-149, as a 384-bit integer (the
+/// largest term is below 2^(302+64); the total, below 2^64 values of at most 2^277 units, too),
+/// rounded once to the nearest FP64 (ties to even).
+double sum_from_bins(std::span<const std::uint64_t> bins);
+
 // The unit of parallel work: consecutive pieces of parts, about `size` elements in all, so
 // that many small parts share one set of histograms.
 struct Piece {

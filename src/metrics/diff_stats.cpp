@@ -32,51 +32,6 @@ inline std::uint64_t ulp_distance_of(float a, float b) {
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
-// The bins' total Σ bins[e]·2^(max(e-1, 0)) in units of 2^-149, as a 384-bit integer (the
-// largest term is below 2^(302+64); the total, below 2^64 values of at most 2^277 units, too),
-// rounded once to the nearest FP64 (ties to even).
-double sum_from_bins(std::span<const std::uint64_t> bins) {
-  constexpr int kLimbs = 6;
-  std::uint64_t n[kLimbs] = {};
-  for (std::size_t e = 0; e < kExponents; ++e) {
-    if (bins[e] == 0) continue;
-    const int shift = e == 0 ? 0 : static_cast<int>(e) - 1;
-    const int limb = shift / 64, bit = shift % 64;
-    // bins[e] << shift spans two limbs; add both halves with carries.
-    const std::uint64_t lo = bins[e] << bit;
-    const std::uint64_t hi = bit == 0 ? 0 : bins[e] >> (64 - bit);
-    unsigned __int128 carry = static_cast<unsigned __int128>(n[limb]) + lo;
-    n[limb] = static_cast<std::uint64_t>(carry);
-    carry = (carry >> 64) + n[limb + 1] + hi;
-    n[limb + 1] = static_cast<std::uint64_t>(carry);
-    carry >>= 64;
-    for (int i = limb + 2; carry != 0 && i < kLimbs; ++i) {
-      carry += n[i];
-      n[i] = static_cast<std::uint64_t>(carry);
-      carry >>= 64;
-    }
-  }
-  const auto bit_at = [&](int k) { return k >= 0 && ((n[k / 64] >> (k % 64)) & 1u) != 0; };
-  int top = -1;
-  for (int k = kLimbs * 64 - 1; k >= 0; --k) {
-    if (bit_at(k)) {
-      top = k;
-      break;
-    }
-  }
-  if (top < 0) return 0.0;
-  // The top 53 bits, the next bit and whether anything below it is set.
-  const int low = top - 52;
-  std::uint64_t mantissa = 0;
-  for (int k = top; k >= std::max(low, 0); --k) mantissa = (mantissa << 1) | (bit_at(k) ? 1u : 0u);
-  if (low < 0) return std::ldexp(static_cast<double>(mantissa), -149);  // exact: fits in 53 bits
-  const bool round = bit_at(low - 1);
-  bool sticky = false;
-  for (int k = low - 2; k >= 0 && !sticky; --k) sticky = bit_at(k);
-  if (round && (sticky || (mantissa & 1u) != 0)) ++mantissa;
-  return std::ldexp(static_cast<double>(mantissa), low - 149);
-}
-
 // Finds, for a wanted rank k (0-based, ascending order of values), the bin of `hist` holding
 // it and the rank within that bin.
 struct Located {
@@ -235,19 +190,13 @@ void reduce_all(std::vector<Target>& targets, const CounterReducer& reduce, Fiel
   }
 }
 
-// The statistics of the whole tensor (targets[0]) and of each group (targets[1 + g]). The data
-// is read by one first pass per chunk, which counts toward the whole and the chunk's group;
-// by one collecting pass per chunk for both targets' wanted bins; and, where a target's wanted
-// bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
-// histogram), by one pass per later level over that target's chunks instead, so the memory
-// stays what the statistics always took. Every reduction combines all targets at once.
-std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
-                                       std::span<const int> group_of, int groups,
-                                       const CounterReducer& reduce, ThreadPool* pool) {
-  const std::size_t size = chunk_size(parts, pool != nullptr ? pool->size() : 1);
-  std::vector<Target> targets(static_cast<std::size_t>(1 + groups));
+// Cuts the parts into chunks: each group's, consecutive (targets[1 + g] reads [begin, end)),
+// then the ungrouped ones (targets[0] reads them all). group_target: per chunk, its group's
+// target, 0 for none.
+std::vector<Chunk> cut_chunks(std::span<const DiffPart> parts, std::span<const int> group_of,
+                              int groups, std::size_t size, std::vector<Target>& targets,
+                              std::vector<std::size_t>& group_target) {
   std::vector<Chunk> chunks;
-  std::vector<std::size_t> group_target;  // per chunk: its group's target, 0 for none
   const auto in_group = [&](std::size_t i, int g) { return !group_of.empty() && group_of[i] == g; };
   for (int g = 0; g < groups; ++g) {
     Target& t = targets[static_cast<std::size_t>(1 + g)];
@@ -263,7 +212,14 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
       chunks);
   group_target.resize(chunks.size(), 0);
   targets[0].end = chunks.size();
+  return chunks;
+}
 
+// The first pass of every chunk, counted toward its group's target and the whole, reduced, and
+// each target's radix select started. Returns each chunk's own first pass.
+std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks, int groups,
+                                     std::vector<Target>& targets, const CounterReducer& reduce,
+                                     ThreadPool* pool) {
   std::vector<LocalFirst> locals(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t i) {
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
@@ -297,9 +253,15 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
     targets[i].max_ulp = maxima[2 * i + 1];
     start_select(targets[i]);
   }
+  return locals;
+}
 
-  // The diffs in the kept targets' wanted top-level bins, per chunk: the whole's and its
-  // group's, usually a small share of the data (a bin spans a quarter of a binade).
+// The diffs in the kept targets' wanted top-level bins, per chunk: the whole's and its
+// group's, usually a small share of the data (a bin spans a quarter of a binade).
+std::vector<std::vector<float>> collect_kept(const std::vector<Chunk>& chunks,
+                                             const std::vector<std::size_t>& group_target,
+                                             const std::vector<Target>& targets,
+                                             std::vector<LocalFirst>& locals, ThreadPool* pool) {
   std::vector<std::vector<float>> kept(chunks.size());
   for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
     std::vector<std::uint32_t> bins;
@@ -317,74 +279,104 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
     for (const Piece& piece : chunks[c]) collect(piece, bins, kept[c].data(), count);
     kept[c].resize(count);  // == here: the first pass counted these diffs
   });
-  locals.clear();
+  return kept;
+}
 
-  // The later levels: per target, one histogram per distinct prefix (the four ranks often
-  // share bins), reduced, and each rank located within it.
-  for (int level = 1; level < kLevels; ++level) {
-    const std::size_t bins = level_bins(level);
-    for (Target& t : targets) {
-      t.prefixes.clear();
-      for (int w = 0; w < 4; ++w) {
-        if (t.found[w]) continue;
-        const auto at = std::find(t.prefixes.begin(), t.prefixes.end(), t.prefix[w]);
-        t.slot_of[w] = static_cast<int>(at - t.prefixes.begin());
-        if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
-      }
-      t.hist.assign(t.prefixes.size() * bins, 0);
-      if (t.prefixes.empty() || t.keep) continue;  // kept: from the kept diffs, below
-      std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
-      for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
-        partial[i].assign(t.hist.size(), 0);
-        for (const Piece& piece : chunks[t.begin + i])
-          level_pass(piece, level, t.prefixes, partial[i].data());
-      });
-      for (const auto& h : partial) {
-        for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
-      }
+// A later level's histograms, before the reduction: per target, one per distinct prefix (the
+// four ranks often share bins), from the data's chunks, or from the kept diffs for a kept target.
+void level_histograms(int level, const std::vector<Chunk>& chunks,
+                      const std::vector<std::size_t>& group_target,
+                      const std::vector<std::vector<float>>& kept, std::vector<Target>& targets,
+                      ThreadPool* pool) {
+  const std::size_t bins = level_bins(level);
+  for (Target& t : targets) {
+    t.prefixes.clear();
+    for (int w = 0; w < 4; ++w) {
+      if (t.found[w]) continue;
+      const auto at = std::find(t.prefixes.begin(), t.prefixes.end(), t.prefix[w]);
+      t.slot_of[w] = static_cast<int>(at - t.prefixes.begin());
+      if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
     }
-    // The kept targets' histograms from the kept diffs: per chunk (on the pool), the whole's
-    // and its group's, then added up per target in chunk order.
-    const auto reads = [&](std::size_t t) {
-      return targets[t].keep && !targets[t].prefixes.empty();
-    };
-    std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
-    for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-      const std::size_t of[2] = {0, group_target[c]};
-      // The kept diffs (other targets' bins too) as a part of their own, nonzero values without
-      // a reference: the level pass counts them as it counts the data's diffs, without branches.
-      const DiffPart kept_part{kept[c].data(), nullptr, kept[c].size(), false};
-      for (int k = 0; k < 2; ++k) {
-        if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
-        const Target& t = targets[of[k]];
-        std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
-        h.assign(t.hist.size(), 0);
-        level_pass(Piece{&kept_part, 0, kept_part.count}, level, t.prefixes, h.data());
-      }
+    t.hist.assign(t.prefixes.size() * bins, 0);
+    if (t.prefixes.empty() || t.keep) continue;  // kept: from the kept diffs, below
+    std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
+    for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
+      partial[i].assign(t.hist.size(), 0);
+      for (const Piece& piece : chunks[t.begin + i])
+        level_pass(piece, level, t.prefixes, partial[i].data());
     });
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (!reads(i)) continue;
-      Target& t = targets[i];
-      for (std::size_t c = t.begin; c < t.end; ++c) {
-        const std::vector<std::uint64_t>& h = partial[c][i == 0 ? 0 : 1];
-        for (std::size_t j = 0; j < h.size(); ++j) t.hist[j] += h[j];
-      }
+    for (const auto& h : partial) {
+      for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
     }
+  }
+  // The kept targets' histograms from the kept diffs: per chunk (on the pool), the whole's
+  // and its group's, then added up per target in chunk order.
+  const auto reads = [&](std::size_t t) { return targets[t].keep && !targets[t].prefixes.empty(); };
+  std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
+  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
+    const std::size_t of[2] = {0, group_target[c]};
+    // The kept diffs (other targets' bins too) as a part of their own, nonzero values without
+    // a reference: the level pass counts them as it counts the data's diffs, without branches.
+    const DiffPart kept_part{kept[c].data(), nullptr, kept[c].size(), false};
+    for (int k = 0; k < 2; ++k) {
+      if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
+      const Target& t = targets[of[k]];
+      std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
+      h.assign(t.hist.size(), 0);
+      level_pass(Piece{&kept_part, 0, kept_part.count}, level, t.prefixes, h.data());
+    }
+  });
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (!reads(i)) continue;
+    Target& t = targets[i];
+    for (std::size_t c = t.begin; c < t.end; ++c) {
+      const std::vector<std::uint64_t>& h = partial[c][i == 0 ? 0 : 1];
+      for (std::size_t j = 0; j < h.size(); ++j) t.hist[j] += h[j];
+    }
+  }
+}
+
+// Each target's ranks not yet found located in the level's reduced histograms.
+void locate_level(int level, std::vector<Target>& targets) {
+  const std::size_t bins = level_bins(level);
+  for (Target& t : targets) {
+    for (int w = 0; w < 4; ++w) {
+      if (t.found[w]) continue;
+      const Located at =
+          locate(std::span<const std::uint64_t>(
+                     t.hist.data() + static_cast<std::size_t>(t.slot_of[w]) * bins, bins),
+                 t.rank[w]);
+      t.prefix[w] = (t.prefix[w] << kLevelBits[level]) | at.bin;
+      t.rank[w] = at.rank_in_bin;
+    }
+  }
+}
+
+// The statistics of the whole tensor (targets[0]) and of each group (targets[1 + g]). The data
+// is read by one first pass per chunk, which counts toward the whole and the chunk's group;
+// by one collecting pass per chunk for both targets' wanted bins; and, where a target's wanted
+// bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
+// histogram), by one pass per later level over that target's chunks instead, so the memory
+// stays what the statistics always took. Every reduction combines all targets at once.
+std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
+                                       std::span<const int> group_of, int groups,
+                                       const CounterReducer& reduce, ThreadPool* pool) {
+  std::vector<Target> targets(static_cast<std::size_t>(1 + groups));
+  std::vector<std::size_t> group_target;
+  const std::vector<Chunk> chunks =
+      cut_chunks(parts, group_of, groups, chunk_size(parts, pool != nullptr ? pool->size() : 1),
+                 targets, group_target);
+  std::vector<LocalFirst> locals = first_passes(chunks, groups, targets, reduce, pool);
+  const std::vector<std::vector<float>> kept =
+      collect_kept(chunks, group_target, targets, locals, pool);
+  locals.clear();
+  for (int level = 1; level < kLevels; ++level) {
+    level_histograms(level, chunks, group_target, kept, targets, pool);
     if (std::all_of(targets.begin(), targets.end(),
                     [](const Target& t) { return t.prefixes.empty(); }))
       break;  // every rank found (alike on every holder): nothing to reduce
     reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.hist); });
-    for (Target& t : targets) {
-      for (int w = 0; w < 4; ++w) {
-        if (t.found[w]) continue;
-        const Located at =
-            locate(std::span<const std::uint64_t>(
-                       t.hist.data() + static_cast<std::size_t>(t.slot_of[w]) * bins, bins),
-                   t.rank[w]);
-        t.prefix[w] = (t.prefix[w] << kLevelBits[level]) | at.bin;
-        t.rank[w] = at.rank_in_bin;
-      }
-    }
+    locate_level(level, targets);
   }
   std::vector<DiffStats> result;
   for (Target& t : targets) {

@@ -234,19 +234,10 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   return v;
 }
 
-Value report_json(const RunReport& r) {
-  const Problem& p = r.problem;
-  const Provenance& pv = r.provenance;
-  Value v = Value::object();
-  v["schema_version"] = kReportSchema;
-  v["report_family"] = "ws2_cross_config_drift_report";
-  v["tolerance_source"] = "#108";
-  v["issue"] = 235;
-  v["pr"] = 5;
-  v["created_at_utc"] = pv.created_at_utc;
-  v["launch"] = launch_json(pv);
-  v["runtime"] = runtime_json(pv);
+namespace {
 
+// The problem the run measured: the model's shape, the inputs.
+Value target_json(const Problem& p) {
   Value target = Value::object();
   target["model"] = "qwen3-8b";
   target["global_num_query_heads"] = p.dims.num_q_heads;
@@ -275,8 +266,11 @@ Value report_json(const RunReport& r) {
   } else {
     target["inputs"] = Value();
   }
-  v["target"] = std::move(target);
+  return target;
+}
 
+// Transformer Engine's CP merge: not run; its ring emulated as the te_p2p lane.
+Value te_merge_json(const RunReport& r) {
   Value te = Value::object();
   te["te_available"] = false;
   te["te_capability_probe"] = "unavailable";
@@ -301,8 +295,11 @@ Value report_json(const RunReport& r) {
       "Transformer Engine is a PyTorch/CUDA library that cpdrift does not use; its merge is "
       "checked by cpdrift's own FP64 oracle (see merge_oracle), and its P2P ring's merge order "
       "and precision are emulated as the te_p2p lane (see production_lanes)";
-  v["te_context_parallel_merge"] = std::move(te);
+  return te;
+}
 
+// The FP64 merge oracle: its self-test and the worst drift of any case against it.
+Value merge_oracle_json(const RunReport& r) {
   Value oracle = Value::object();
   oracle["status"] = "available";
   oracle["formulation"] = "fp64_global_max_then_single_weighted_sum";
@@ -318,21 +315,10 @@ Value report_json(const RunReport& r) {
   }
   oracle["max_out_abs"] = worst_out;
   oracle["max_lse_abs"] = worst_lse;
-  v["merge_oracle"] = std::move(oracle);
+  return oracle;
+}
 
-  v["dlogp"] = dlogp_root_json(r);
-
-  v["thresholds"] = thresholds_json(r.thresholds);
-
-  Value cases = Value::array();
-  for (const CaseResult& c : r.cases) cases.push_back(case_json(r, c));
-  v["cases"] = std::move(cases);
-  Value paged = Value::array();
-  for (const PagedCaseResult& c : r.paged_cases) paged.push_back(paged_case_json(r, c));
-  v["paged_cases"] = std::move(paged);
-  v["trainer_vs_rollout"] = rollout_pairs_json(r);
-  v["production_lanes"] = production_lanes_json(r);
-
+Value summary_json(const RunReport& r) {
   Value summary = Value::object();
   summary["passed"] = r.passed();
   Value failed = Value::array();
@@ -345,7 +331,37 @@ Value report_json(const RunReport& r) {
   summary["case_count"] = r.cases.size();
   summary["paged_case_count"] = r.paged_cases.size();
   summary["trainer_vs_rollout_pair_count"] = r.rollout_pairs.size();
-  v["summary"] = std::move(summary);
+  return summary;
+}
+
+}  // namespace
+
+Value report_json(const RunReport& r) {
+  const Provenance& pv = r.provenance;
+  Value v = Value::object();
+  v["schema_version"] = kReportSchema;
+  v["report_family"] = "ws2_cross_config_drift_report";
+  v["tolerance_source"] = "#108";
+  v["issue"] = 235;
+  v["pr"] = 5;
+  v["created_at_utc"] = pv.created_at_utc;
+  v["launch"] = launch_json(pv);
+  v["runtime"] = runtime_json(pv);
+  v["target"] = target_json(r.problem);
+  v["te_context_parallel_merge"] = te_merge_json(r);
+  v["merge_oracle"] = merge_oracle_json(r);
+  v["dlogp"] = dlogp_root_json(r);
+  v["thresholds"] = thresholds_json(r.thresholds);
+
+  Value cases = Value::array();
+  for (const CaseResult& c : r.cases) cases.push_back(case_json(r, c));
+  v["cases"] = std::move(cases);
+  Value paged = Value::array();
+  for (const PagedCaseResult& c : r.paged_cases) paged.push_back(paged_case_json(r, c));
+  v["paged_cases"] = std::move(paged);
+  v["trainer_vs_rollout"] = rollout_pairs_json(r);
+  v["production_lanes"] = production_lanes_json(r);
+  v["summary"] = summary_json(r);
   return v;
 }
 

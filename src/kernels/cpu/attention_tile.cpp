@@ -16,6 +16,69 @@ namespace cpd {
 
 using simd::F16;
 
+namespace {
+
+// Scores, sixteen keys at a time for every lane tile: those keys' rows of K (8 KB at D = 128)
+// are read from memory once for all of them and stay in L1 meanwhile. Lane tiles go in pairs
+// over the keys both see (a later tile sees at least the keys an earlier one does). Each
+// score is the same fma chain over d whichever call computes it. Lane tile t's transposed rows
+// at q_transposed + t·dim·16, its scores [keys][16] at scores + t·n·16.
+void tile_scores(const float* q_transposed, const KvRows& k, int tiles,
+                 const std::int64_t* tile_keys, std::int64_t n, int dim, float scale,
+                 const float* visible_f, float* scores) {
+  constexpr std::int64_t kScoreKeys = 16;
+  const F16 scale16 = simd::splat(scale);
+  const auto qt = [&](int t) {
+    return q_transposed + static_cast<std::ptrdiff_t>(t) * dim * kTileRows;
+  };
+  const auto vis = [&](int t) { return simd::load(visible_f + t * kTileRows); };
+  const auto out = [&](int t) { return scores + t * n * kTileRows; };
+  for (std::int64_t j0 = 0; j0 < n; j0 += kScoreKeys) {
+    for (int t = 0; t < tiles; t += 2) {
+      const std::int64_t end = std::min(j0 + kScoreKeys, tile_keys[t]);
+      if (t + 1 == tiles) {
+        if (end > j0) tile::dot_key_range(qt(t), k, j0, end, dim, scale16, vis(t), out(t));
+        continue;
+      }
+      const std::int64_t next_end = std::min(j0 + kScoreKeys, tile_keys[t + 1]);
+      if (end > j0) {
+        tile::dot_key_range_pair(qt(t), qt(t + 1), k, j0, end, dim, scale16, vis(t), vis(t + 1),
+                                 out(t), out(t + 1));
+      }
+      const std::int64_t rest = std::max(end, j0);
+      if (next_end > rest)
+        tile::dot_key_range(qt(t + 1), k, rest, next_end, dim, scale16, vis(t + 1), out(t + 1));
+    }
+  }
+}
+
+// The softmax of each lane tile over its keys (scores as tile_scores wrote them): the max, then
+// exp(s - m) and their sum in key order; the probabilities replace the scores, each row's sum
+// and max go to l_rows and m_rows.
+void tile_softmax(float* scores, int tiles, const std::int64_t* tile_keys, std::int64_t n,
+                  const float* visible_f, ProbRounding rounding, float* l_rows, float* m_rows) {
+  for (int t = 0; t < tiles; ++t) {
+    float* const tile_scores = scores + t * n * kTileRows;
+    const F16 vis = simd::load(visible_f + t * kTileRows);
+    F16 m = simd::splat(neg_inf_f32());
+    for (std::int64_t j = 0; j < tile_keys[t]; ++j)
+      m = simd::max(simd::load(tile_scores + j * kTileRows), m);
+    // Rows without visible keys keep m = -inf; give them 0 so exp sees -inf, not NaN.
+    m = simd::select(simd::gt(vis, simd::splat(0.0f)), m, simd::splat(0.0f));
+    F16 l = simd::splat(0.0f);
+    for (std::int64_t j = 0; j < tile_keys[t]; ++j) {
+      const F16 p = simd::exp(simd::sub(simd::load(tile_scores + j * kTileRows), m));
+      l = simd::add(l, p);
+      simd::store(tile_scores + j * kTileRows,
+                  rounding == ProbRounding::bf16 ? simd::round_bf16(p) : p);
+    }
+    simd::store(l_rows + t * kTileRows, l);
+    simd::store(m_rows + t * kTileRows, m);
+  }
+}
+
+}  // namespace
+
 void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows& k, const KvRows& v,
                  Range keys, int dim, float scale, ProbRounding rounding, TileScratch& scratch,
                  float* out, float* lse) {
@@ -56,56 +119,11 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   if (scratch.scores.size() < static_cast<std::size_t>(stride * tiles)) {
     scratch.scores.resize(static_cast<std::size_t>(stride * tiles));
   }
-  const F16 scale16 = simd::splat(scale);
+  tile_scores(scratch.q_transposed.data(), k, tiles, tile_keys, n, dim, scale, visible_f,
+              scratch.scores.data());
 
-  // Scores, sixteen keys at a time for every lane tile: those keys' rows of K (8 KB at D = 128)
-  // are read from memory once for all of them and stay in L1 meanwhile. Lane tiles go in pairs
-  // over the keys both see (a later tile sees at least the keys an earlier one does). Each
-  // score is the same fma chain over d whichever call computes it.
-  constexpr std::int64_t kScoreKeys = 16;
-  const auto qt = [&](int t) {
-    return scratch.q_transposed.data() + static_cast<std::ptrdiff_t>(t) * dim * kTileRows;
-  };
-  const auto vis = [&](int t) { return simd::load(visible_f + t * kTileRows); };
-  const auto scores = [&](int t) { return scratch.scores.data() + t * stride; };
-  for (std::int64_t j0 = 0; j0 < n; j0 += kScoreKeys) {
-    for (int t = 0; t < tiles; t += 2) {
-      const std::int64_t end = std::min(j0 + kScoreKeys, tile_keys[t]);
-      if (t + 1 == tiles) {
-        if (end > j0) tile::dot_key_range(qt(t), k, j0, end, dim, scale16, vis(t), scores(t));
-        continue;
-      }
-      const std::int64_t next_end = std::min(j0 + kScoreKeys, tile_keys[t + 1]);
-      if (end > j0) {
-        tile::dot_key_range_pair(qt(t), qt(t + 1), k, j0, end, dim, scale16, vis(t), vis(t + 1),
-                                 scores(t), scores(t + 1));
-      }
-      const std::int64_t rest = std::max(end, j0);
-      if (next_end > rest)
-        tile::dot_key_range(qt(t + 1), k, rest, next_end, dim, scale16, vis(t + 1), scores(t + 1));
-    }
-  }
-
-  // The softmax of each lane tile over its keys: the max, then exp(s - m) and their sum in key
-  // order.
   float l_rows[kAttendRows], m_rows[kAttendRows];
-  for (int t = 0; t < tiles; ++t) {
-    float* scores = scratch.scores.data() + t * stride;
-    const F16 vis = simd::load(visible_f + t * kTileRows);
-    F16 m = simd::splat(neg_inf_f32());
-    for (std::int64_t j = 0; j < tile_keys[t]; ++j)
-      m = simd::max(simd::load(scores + j * kTileRows), m);
-    // Rows without visible keys keep m = -inf; give them 0 so exp sees -inf, not NaN.
-    m = simd::select(simd::gt(vis, simd::splat(0.0f)), m, simd::splat(0.0f));
-    F16 l = simd::splat(0.0f);
-    for (std::int64_t j = 0; j < tile_keys[t]; ++j) {
-      const F16 p = simd::exp(simd::sub(simd::load(scores + j * kTileRows), m));
-      l = simd::add(l, p);
-      simd::store(scores + j * kTileRows, rounding == ProbRounding::bf16 ? simd::round_bf16(p) : p);
-    }
-    simd::store(l_rows + t * kTileRows, l);
-    simd::store(m_rows + t * kTileRows, m);
-  }
+  tile_softmax(scratch.scores.data(), tiles, tile_keys, n, visible_f, rounding, l_rows, m_rows);
 
   // P·V, each row stopping exactly at its last visible key, then divided by the row's sum:
   // out = acc / l (rows that see no key keep the zeros written above).

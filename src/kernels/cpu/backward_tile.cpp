@@ -30,6 +30,48 @@ static_assert(kGroupKeys <= 8, "the rest of a chunk's keys goes in passes of 4, 
 // Longer chunks were no faster when measured.
 constexpr std::int64_t kBackwardKeyChunk = 128;
 
+namespace {
+
+// P = exp(score − lse) and dS = P·(dP − Δ) of lane tiles [first_tile, tiles) over a chunk's
+// `keys` keys, P in place of the scores (s.p), dS into s.ds; lse_lanes and delta_lanes per row.
+void probabilities_and_ds(BackwardScratch& s, std::size_t chunk, int first_tile, int tiles,
+                          std::int64_t keys, const float* lse_lanes, const float* delta_lanes) {
+  for (int t = first_tile; t < tiles; ++t) {
+    float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk, *dp = s.dp.data() + t * chunk;
+    const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
+              delta16 = simd::load(delta_lanes + t * kTileRows);
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const F16 pj = simd::exp(simd::sub(simd::load(p + j * kTileRows), lse16));
+      simd::store(p + j * kTileRows, pj);
+      simd::store(ds + j * kTileRows,
+                  simd::mul(pj, simd::sub(simd::load(dp + j * kTileRows), delta16)));
+    }
+  }
+}
+
+// dk, dv of the chunk's keys [j0, j1) over rows [first_row, rows) in order, one pass per key
+// group. A row that cannot see key j (it comes before j) has P = +0 and dS = ±0, and every
+// earlier row cannot see j either, so j's accumulators are still the +0 they started from:
+// adding ±0 keeps +0, the same bits as leaving the masked rows out, which the definition does.
+void key_gradients(const BackwardScratch& s, std::size_t chunk, std::int64_t j0, std::int64_t j1,
+                   const float* q, const float* d_out, int first_row, int rows, int dim, float* dk,
+                   float* dv) {
+  for (int col = 0; col < dim; col += 64) {
+    const auto both = [&]<int kKeys>(std::int64_t jj) {
+      tile::keys_accumulate<kKeys>(s.ds.data(), chunk, j0, q, first_row, rows, dim, col, jj, dk);
+      tile::keys_accumulate<kKeys>(s.p.data(), chunk, j0, d_out, first_row, rows, dim, col, jj, dv);
+    };
+    std::int64_t jj = j0;
+    for (; jj + kGroupKeys <= j1; jj += kGroupKeys) both.template operator()<kGroupKeys>(jj);
+    // The rest, fewer than kGroupKeys keys, in passes of 4, 2 and 1.
+    if (j1 - jj >= 4) both.template operator()<4>(std::exchange(jj, jj + 4));
+    if (j1 - jj >= 2) both.template operator()<2>(std::exchange(jj, jj + 2));
+    if (jj < j1) both.template operator()<1>(jj);
+  }
+}
+
+}  // namespace
+
 void backward_tile(const float* q, const float* d_out, const float* lse, const float* delta,
                    std::int64_t first_pos, int rows, const float* k, const float* v, Range keys,
                    int dim, float scale, BackwardScratch& s, float* dq, float* dk, float* dv) {
@@ -96,39 +138,12 @@ void backward_tile(const float* q, const float* d_out, const float* lse, const f
       tile::dot_key_range(s.d_out_t.data() + t * lanes, v, j0, j1, dim, one, unmasked,
                           s.dp.data() + t * chunk, j0);
     }
-    for (t = first_tile; t < tiles; ++t) {
-      float *p = s.p.data() + t * chunk, *ds = s.ds.data() + t * chunk,
-            *dp = s.dp.data() + t * chunk;
-      const F16 lse16 = simd::load(lse_lanes + t * kTileRows),
-                delta16 = simd::load(delta_lanes + t * kTileRows);
-      for (std::int64_t j = 0; j < j1 - j0; ++j) {
-        const F16 pj = simd::exp(simd::sub(simd::load(p + j * kTileRows), lse16));
-        simd::store(p + j * kTileRows, pj);
-        simd::store(ds + j * kTileRows,
-                    simd::mul(pj, simd::sub(simd::load(dp + j * kTileRows), delta16)));
-      }
-    }
+    probabilities_and_ds(s, chunk, first_tile, tiles, j1 - j0, lse_lanes, delta_lanes);
     // dq: each row over exactly its visible keys, the row groups running on across lane tiles.
     const int first_row = first_tile * kTileRows;
     tile::rows_times_range(s.ds.data() + first_tile * chunk, chunk, j0, k, dim, visible + first_row,
                            rows - first_row, j0, j1, dq + first_row * dim);
-    // dk, dv over the rows of those tiles in order, one pass per key group. A row that cannot
-    // see key j (it comes before j) has P = +0 and dS = ±0, and every earlier row cannot see j
-    // either, so j's accumulators are still the +0 they started from: adding ±0 keeps +0, the
-    // same bits as leaving the masked rows out, which the definition does.
-    for (int col = 0; col < dim; col += 64) {
-      const auto both = [&]<int kKeys>(std::int64_t jj) {
-        tile::keys_accumulate<kKeys>(s.ds.data(), chunk, j0, q, first_row, rows, dim, col, jj, dk);
-        tile::keys_accumulate<kKeys>(s.p.data(), chunk, j0, d_out, first_row, rows, dim, col, jj,
-                                     dv);
-      };
-      std::int64_t jj = j0;
-      for (; jj + kGroupKeys <= j1; jj += kGroupKeys) both.template operator()<kGroupKeys>(jj);
-      // The rest, fewer than kGroupKeys keys, in passes of 4, 2 and 1.
-      if (j1 - jj >= 4) both.template operator()<4>(std::exchange(jj, jj + 4));
-      if (j1 - jj >= 2) both.template operator()<2>(std::exchange(jj, jj + 2));
-      if (jj < j1) both.template operator()<1>(jj);
-    }
+    key_gradients(s, chunk, j0, j1, q, d_out, first_row, rows, dim, dk, dv);
   }
 }
 

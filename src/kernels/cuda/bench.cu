@@ -97,14 +97,106 @@ void for_each_head(const Problem& p, Visit&& visit) {
   }
 }
 
+// The FP32 canonical kernel: one fold job (one block [0, S)) per (batch, head).
+double time_fp32(const Problem& p, int repeats, cudaStream_t stream, const DeviceBuffer<float>& q,
+                 const DeviceBuffer<float>& k, const DeviceBuffer<float>& v,
+                 DeviceBuffer<float>& out, DeviceBuffer<float>& lse) {
+  const long long s = p.seq_len;
+  const std::vector<long long> block{0, s};
+  const auto dev_block = DeviceBuffer<long long>::from(block);
+  std::vector<cuda::DeviceFoldJob> jobs;
+  std::vector<Task> tasks;
+  for_each_head(p, [&](const HeadOffsets& o) {
+    jobs.push_back(cuda::DeviceFoldJob{q.data() + o.q, 0, s, k.data() + o.kv, v.data() + o.kv, 0,
+                                       dev_block.data(), 1, out.data() + o.q, lse.data() + o.lse});
+    for (long long r = 0; r < s; ++r)
+      tasks.push_back(Task{static_cast<int>(jobs.size() - 1), static_cast<int>(r)});
+  });
+  const auto dev_jobs = DeviceBuffer<cuda::DeviceFoldJob>::from(jobs);
+  const auto dev_tasks = DeviceBuffer<Task>::from(tasks);
+  return time_median(repeats, stream, [&] {
+    cuda::forward_fold(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()),
+                       p.dims.head_dim, p.dims.softmax_scale(), stream);
+  });
+}
+
+// The tensor-core kernel: one job per (batch, head), 64-row tiles.
+double time_flash(const Problem& p, int repeats, cudaStream_t stream,
+                  const DeviceBuffer<std::uint16_t>& q16, const DeviceBuffer<std::uint16_t>& k16,
+                  const DeviceBuffer<std::uint16_t>& v16, DeviceBuffer<float>& out,
+                  DeviceBuffer<float>& lse) {
+  const long long s = p.seq_len;
+  std::vector<cuda::FlashJob> jobs;
+  std::vector<Task> tiles;
+  for_each_head(p, [&](const HeadOffsets& o) {
+    jobs.push_back(cuda::FlashJob{q16.data() + o.q, 0, s, k16.data() + o.kv, v16.data() + o.kv, 0,
+                                  s, out.data() + o.q, lse.data() + o.lse});
+    for (long long t = 0; t * cuda::kFlashRows < s; ++t)
+      tiles.push_back(Task{static_cast<int>(jobs.size() - 1), static_cast<int>(t)});
+  });
+  // Heaviest tiles (the last rows see the most keys) first.
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Task& a, const Task& b) { return a.item > b.item; });
+  const auto dev_jobs = DeviceBuffer<cuda::FlashJob>::from(jobs);
+  const auto dev_tiles = DeviceBuffer<Task>::from(tiles);
+  return time_median(repeats, stream, [&] {
+    cuda::flash_bf16(dev_jobs.data(), dev_tiles.data(), static_cast<long long>(tiles.size()),
+                     p.dims.softmax_scale(), stream);
+  });
+}
+
+// cuBLAS unfused, one GQA group (4 query heads) at a time: S = Q Kᵀ, softmax, O = P V (the
+// path's final O / l pass, one read and write of O, is left out of the timing).
+double time_cublas(const Problem& p, int repeats, cudaStream_t stream,
+                   const DeviceBuffer<std::uint16_t>& q16, const DeviceBuffer<std::uint16_t>& k16,
+                   const DeviceBuffer<std::uint16_t>& v16) {
+  const int d = p.dims.head_dim, hq = p.dims.num_q_heads, hkv = p.dims.num_kv_heads,
+            group = p.dims.group_size();
+  const long long s = p.seq_len;
+  const float scale = p.dims.softmax_scale();
+  const Cublas owned_handle;
+  const cublasHandle_t handle = owned_handle.h;
+  CPD_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  CPD_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
+  DeviceBuffer<float> scores(static_cast<std::size_t>(group) * s * s);
+  DeviceBuffer<std::uint16_t> probs(scores.size());
+  DeviceBuffer<float> o(static_cast<std::size_t>(group) * s * d),
+      l(static_cast<std::size_t>(group) * s), row_lse(l.size());
+  const auto first =
+      DeviceBuffer<long long>::from(std::vector<long long>(static_cast<std::size_t>(group), 0));
+  const auto key_end =
+      DeviceBuffer<long long>::from(std::vector<long long>(static_cast<std::size_t>(group), s));
+  const float one = 1.0f, zero = 0.0f;
+  const auto work = [&] {
+    for (int b = 0; b < p.batch; ++b) {
+      for (int g = 0; g < hkv; ++g) {
+        const long long qo = (static_cast<long long>(b) * hq + g * group) * s * d,
+                        ko = (static_cast<long long>(b) * hkv + g) * s * d;
+        CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s), static_cast<int>(s), d, &one,
+            k16.data() + ko, CUDA_R_16BF, d, 0, q16.data() + qo, CUDA_R_16BF, d, s * d, &zero,
+            scores.data(), CUDA_R_32F, static_cast<int>(s), s * s, group, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+        cuda::softmax_rows(scores.data(), probs.data(), l.data(), row_lse.data(), first.data(),
+                           first.data(), key_end.data(), group, s, s, scale, stream);
+        CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            handle, CUBLAS_OP_N, CUBLAS_OP_N, d, static_cast<int>(s), static_cast<int>(s), &one,
+            v16.data() + ko, CUDA_R_16BF, d, 0, probs.data(), CUDA_R_16BF, static_cast<int>(s),
+            s * s, &zero, o.data(), CUDA_R_32F, d, s * d, group, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+      }
+    }
+  };
+  return time_median(repeats, stream, work);
+}
+
 }  // namespace
 
 std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int device) {
   CPD_CUDA_CHECK(cudaSetDevice(device));
   const Stream owned_stream;
   const cudaStream_t stream = owned_stream.s;
-  const int d = p.dims.head_dim, hq = p.dims.num_q_heads, hkv = p.dims.num_kv_heads,
-            group = p.dims.group_size();
+  const int hq = p.dims.num_q_heads, hkv = p.dims.num_kv_heads;
   const long long s = p.seq_len;
   std::vector<long long> pos(static_cast<std::size_t>(s));
   for (long long i = 0; i < s; ++i) pos[static_cast<std::size_t>(i)] = i;
@@ -113,90 +205,13 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int dev
   const DeviceBuffer<float> q = generate(p, TensorId::q, hq, positions, inv, stream);
   const DeviceBuffer<float> k = generate(p, TensorId::k, hkv, positions, inv, stream);
   const DeviceBuffer<float> v = generate(p, TensorId::v, hkv, positions, inv, stream);
-  const float scale = p.dims.softmax_scale();
   DeviceBuffer<float> out(q.size()), lse(static_cast<std::size_t>(p.batch) * hq * s);
   std::vector<DeviceBenchFigure> figures;
-
-  // FP32 canonical: one fold job (one block [0, S)) per (batch, head).
-  {
-    const std::vector<long long> block{0, s};
-    const auto dev_block = DeviceBuffer<long long>::from(block);
-    std::vector<cuda::DeviceFoldJob> jobs;
-    std::vector<Task> tasks;
-    for_each_head(p, [&](const HeadOffsets& o) {
-      jobs.push_back(cuda::DeviceFoldJob{q.data() + o.q, 0, s, k.data() + o.kv, v.data() + o.kv, 0,
-                                         dev_block.data(), 1, out.data() + o.q,
-                                         lse.data() + o.lse});
-      for (long long r = 0; r < s; ++r)
-        tasks.push_back(Task{static_cast<int>(jobs.size() - 1), static_cast<int>(r)});
-    });
-    const auto dev_jobs = DeviceBuffer<cuda::DeviceFoldJob>::from(jobs);
-    const auto dev_tasks = DeviceBuffer<Task>::from(tasks);
-    figures.push_back({"fp32_reference", time_median(repeats, stream, [&] {
-                         cuda::forward_fold(dev_jobs.data(), dev_tasks.data(),
-                                            static_cast<long long>(tasks.size()), d, scale, stream);
-                       })});
-  }
+  figures.push_back({"fp32_reference", time_fp32(p, repeats, stream, q, k, v, out, lse)});
   const DeviceBuffer<std::uint16_t> q16 = bf16_copy(q, stream), k16 = bf16_copy(k, stream),
                                     v16 = bf16_copy(v, stream);
-  // The tensor-core kernel: one job per (batch, head), 64-row tiles.
-  {
-    std::vector<cuda::FlashJob> jobs;
-    std::vector<Task> tiles;
-    for_each_head(p, [&](const HeadOffsets& o) {
-      jobs.push_back(cuda::FlashJob{q16.data() + o.q, 0, s, k16.data() + o.kv, v16.data() + o.kv, 0,
-                                    s, out.data() + o.q, lse.data() + o.lse});
-      for (long long t = 0; t * cuda::kFlashRows < s; ++t)
-        tiles.push_back(Task{static_cast<int>(jobs.size() - 1), static_cast<int>(t)});
-    });
-    // Heaviest tiles (the last rows see the most keys) first.
-    std::stable_sort(tiles.begin(), tiles.end(),
-                     [](const Task& a, const Task& b) { return a.item > b.item; });
-    const auto dev_jobs = DeviceBuffer<cuda::FlashJob>::from(jobs);
-    const auto dev_tiles = DeviceBuffer<Task>::from(tiles);
-    figures.push_back({"bf16_kernel", time_median(repeats, stream, [&] {
-                         cuda::flash_bf16(dev_jobs.data(), dev_tiles.data(),
-                                          static_cast<long long>(tiles.size()), scale, stream);
-                       })});
-  }
-  // cuBLAS unfused, one GQA group (4 query heads) at a time: S = Q Kᵀ, softmax, O = P V (the
-  // path's final O / l pass, one read and write of O, is left out of the timing).
-  {
-    const Cublas owned_handle;
-    const cublasHandle_t handle = owned_handle.h;
-    CPD_CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CPD_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
-    DeviceBuffer<float> scores(static_cast<std::size_t>(group) * s * s);
-    DeviceBuffer<std::uint16_t> probs(scores.size());
-    DeviceBuffer<float> o(static_cast<std::size_t>(group) * s * d),
-        l(static_cast<std::size_t>(group) * s), row_lse(l.size());
-    const auto first =
-        DeviceBuffer<long long>::from(std::vector<long long>(static_cast<std::size_t>(group), 0));
-    const auto key_end =
-        DeviceBuffer<long long>::from(std::vector<long long>(static_cast<std::size_t>(group), s));
-    const float one = 1.0f, zero = 0.0f;
-    const auto work = [&] {
-      for (int b = 0; b < p.batch; ++b) {
-        for (int g = 0; g < hkv; ++g) {
-          const long long qo = (static_cast<long long>(b) * hq + g * group) * s * d,
-                          ko = (static_cast<long long>(b) * hkv + g) * s * d;
-          CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-              handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s), static_cast<int>(s), d, &one,
-              k16.data() + ko, CUDA_R_16BF, d, 0, q16.data() + qo, CUDA_R_16BF, d, s * d, &zero,
-              scores.data(), CUDA_R_32F, static_cast<int>(s), s * s, group, CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT));
-          cuda::softmax_rows(scores.data(), probs.data(), l.data(), row_lse.data(), first.data(),
-                             first.data(), key_end.data(), group, s, s, scale, stream);
-          CPD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-              handle, CUBLAS_OP_N, CUBLAS_OP_N, d, static_cast<int>(s), static_cast<int>(s), &one,
-              v16.data() + ko, CUDA_R_16BF, d, 0, probs.data(), CUDA_R_16BF, static_cast<int>(s),
-              s * s, &zero, o.data(), CUDA_R_32F, d, s * d, group, CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT));
-        }
-      }
-    };
-    figures.push_back({"cublas_unfused", time_median(repeats, stream, work)});
-  }
+  figures.push_back({"bf16_kernel", time_flash(p, repeats, stream, q16, k16, v16, out, lse)});
+  figures.push_back({"cublas_unfused", time_cublas(p, repeats, stream, q16, k16, v16)});
   CPD_CUDA_CHECK(cudaStreamSynchronize(stream));
   return figures;
 }

@@ -52,6 +52,67 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Q of this thread's rows row0 and row1 as A fragments: 8 k-steps of 16 columns.
+__device__ __forceinline__ void load_q(const FlashJob& job, long long row0, long long row1,
+                                       bool has0, bool has1, int t4, std::uint32_t (&qa)[8][4]) {
+  for (int ks = 0; ks < 8; ++ks) {
+    const int c = ks * 16 + t4 * 2;
+    qa[ks][0] = has0 ? load_pair(job.q + row0 * kD + c) : 0u;
+    qa[ks][1] = has1 ? load_pair(job.q + row1 * kD + c) : 0u;
+    qa[ks][2] = has0 ? load_pair(job.q + row0 * kD + c + 8) : 0u;
+    qa[ks][3] = has1 ? load_pair(job.q + row1 * kD + c + 8) : 0u;
+  }
+}
+
+// The K tile of keys kt … (row-major) and the V tile (transposed) into shared memory, by the
+// whole block; keys past the block are 0.
+__device__ __forceinline__ void load_kv_tile(const FlashJob& job, long long kt, std::uint16_t* sk,
+                                             std::uint16_t* svt) {
+  for (int x = threadIdx.x; x < kKeys * (kD / 8); x += blockDim.x) {
+    const int n = x / (kD / 8), c = (x % (kD / 8)) * 8;
+    const long long key = kt + n;
+    uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+    if (key < job.key_end) {
+      kv = *reinterpret_cast<const uint4*>(job.k + (key - job.key_begin) * kD + c);
+      vv = *reinterpret_cast<const uint4*>(job.v + (key - job.key_begin) * kD + c);
+    }
+    *reinterpret_cast<uint4*>(sk + n * kKStride + c) = kv;
+    const std::uint16_t* ve = reinterpret_cast<const std::uint16_t*>(&vv);
+    for (int e = 0; e < 8; ++e) svt[(c + e) * kVtStride + n] = ve[e];
+  }
+}
+
+// S = Q Kᵀ for this warp's 16 rows × 64 keys.
+__device__ __forceinline__ void tile_scores(const std::uint32_t (&qa)[8][4],
+                                            const std::uint16_t* sk, int g, int t4,
+                                            float (&s)[8][4]) {
+  for (int nt = 0; nt < 8; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    const std::uint16_t* kr = sk + (nt * 8 + g) * kKStride + t4 * 2;
+    for (int ks = 0; ks < 8; ++ks)
+      mma_bf16(s[nt], qa[ks], load_pair(kr + ks * 16), load_pair(kr + ks * 16 + 8));
+  }
+}
+
+// The block's state of this thread's rows: out = O / l, lse = m + log l; a row that saw no
+// key: (0, -inf).
+__device__ __forceinline__ void write_state(const FlashJob& job, long long row0, long long row1,
+                                            int t4, const float (&o)[16][4], const float (&m)[2],
+                                            const float (&l)[2]) {
+  for (int r = 0; r < 2; ++r) {
+    const long long row = r == 0 ? row0 : row1;
+    if (row >= job.rows) continue;
+    const bool any = l[r] > 0.0f;
+    float* out = job.out + row * kD;
+    for (int dt = 0; dt < 16; ++dt) {
+      const int c = dt * 8 + t4 * 2;
+      out[c] = any ? o[dt][2 * r] / l[r] : 0.0f;
+      out[c + 1] = any ? o[dt][2 * r + 1] / l[r] : 0.0f;
+    }
+    if (t4 == 0) job.lse[row] = any ? m[r] + log_f32(l[r]) : neg_inf_f32();
+  }
+}
+
 __global__ void __launch_bounds__(128)
     flash_kernel(const FlashJob* jobs, const Task* tiles, float scale) {
   __shared__ __align__(16) std::uint16_t sk[kKeys * kKStride];
@@ -65,15 +126,8 @@ __global__ void __launch_bounds__(128)
   const long long pos0 = job.first_pos + row0, pos1 = job.first_pos + row1;
   const bool has0 = row0 < job.rows, has1 = row1 < job.rows;
 
-  // Q as A fragments: 8 k-steps of 16 columns.
   std::uint32_t qa[8][4];
-  for (int ks = 0; ks < 8; ++ks) {
-    const int c = ks * 16 + t4 * 2;
-    qa[ks][0] = has0 ? load_pair(job.q + row0 * kD + c) : 0u;
-    qa[ks][1] = has1 ? load_pair(job.q + row1 * kD + c) : 0u;
-    qa[ks][2] = has0 ? load_pair(job.q + row0 * kD + c + 8) : 0u;
-    qa[ks][3] = has1 ? load_pair(job.q + row1 * kD + c + 8) : 0u;
-  }
+  load_q(job, row0, row1, has0, has1, t4, qa);
 
   float o[16][4];
   for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0.0f;
@@ -82,29 +136,11 @@ __global__ void __launch_bounds__(128)
   const long long last_pos = job.first_pos + min(tile_row + kRows, job.rows) - 1;
   const long long key_stop = min(job.key_end, last_pos + 1);  // causal: later keys see no row here
   for (long long kt = job.key_begin; kt < key_stop; kt += kKeys) {
-    // K tile (row-major) and V tile (transposed) into shared memory; keys past the block are 0.
-    for (int x = threadIdx.x; x < kKeys * (kD / 8); x += blockDim.x) {
-      const int n = x / (kD / 8), c = (x % (kD / 8)) * 8;
-      const long long key = kt + n;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (key < job.key_end) {
-        kv = *reinterpret_cast<const uint4*>(job.k + (key - job.key_begin) * kD + c);
-        vv = *reinterpret_cast<const uint4*>(job.v + (key - job.key_begin) * kD + c);
-      }
-      *reinterpret_cast<uint4*>(sk + n * kKStride + c) = kv;
-      const std::uint16_t* ve = reinterpret_cast<const std::uint16_t*>(&vv);
-      for (int e = 0; e < 8; ++e) svt[(c + e) * kVtStride + n] = ve[e];
-    }
+    load_kv_tile(job, kt, sk, svt);
     __syncthreads();
 
-    // S = Q Kᵀ for this warp's 16 rows × 64 keys.
     float s[8][4];
-    for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const std::uint16_t* kr = sk + (nt * 8 + g) * kKStride + t4 * 2;
-      for (int ks = 0; ks < 8; ++ks)
-        mma_bf16(s[nt], qa[ks], load_pair(kr + ks * 16), load_pair(kr + ks * 16 + 8));
-    }
+    tile_scores(qa, sk, g, t4, s);
     // Scale, causal mask by global position, the block's end; this tile's row max.
     float tmax[2] = {neg_inf_f32(), neg_inf_f32()};
     for (int nt = 0; nt < 8; ++nt) {
@@ -161,19 +197,7 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
   }
 
-  // The block's state: out = O / l, lse = m + log l; a row that saw no key: (0, -inf).
-  for (int r = 0; r < 2; ++r) {
-    const long long row = r == 0 ? row0 : row1;
-    if (row >= job.rows) continue;
-    const bool any = l[r] > 0.0f;
-    float* out = job.out + row * kD;
-    for (int dt = 0; dt < 16; ++dt) {
-      const int c = dt * 8 + t4 * 2;
-      out[c] = any ? o[dt][2 * r] / l[r] : 0.0f;
-      out[c + 1] = any ? o[dt][2 * r + 1] / l[r] : 0.0f;
-    }
-    if (t4 == 0) job.lse[row] = any ? m[r] + log_f32(l[r]) : neg_inf_f32();
-  }
+  write_state(job, row0, row1, t4, o, m, l);
 }
 
 }  // namespace
