@@ -1,4 +1,5 @@
-// The record of what a case's run did, read off what executed (style habit 13).
+// The record of what a case's run did, read off what executed (docs/style.md, "the record says
+// what ran").
 #pragma once
 
 #include <chrono>

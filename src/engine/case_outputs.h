@@ -42,7 +42,7 @@ struct ExecutedBlock {
   friend bool operator==(const ExecutedBlock&, const ExecutedBlock&) = default;
 };
 
-/// What a case's run actually did (style habit 13: every "actual" field of the report is written
+/// What a case's run actually did (docs/style.md: every "actual" field of the report is written
 /// from this, never from the request). The same on every process, but for `started`.
 struct CaseExecution {
   std::string backend;    // the compute backend that ran the kernels: "cpu", "cuda"

@@ -145,7 +145,7 @@ inline Range intersection(const Range& a, const Range& b) {
 /// order), the largest of them, and how many steps the case takes (the most chunks any rank
 /// has). At V = 4096 the
 /// budget gives 64 rows at TP = 1 and 128 at TP = 2, B = 1: the CPU tile streams each head's
-/// lm_head once per chunk, and at 32 rows a chunk it waited on that stream (docs/performance.md).
+/// lm_head once per chunk, so fewer, longer chunks wait less on that stream.
 inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{64} << 20;
 inline constexpr std::int64_t kLogitChunkMinRows = 16;
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
