@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -54,6 +55,12 @@ TEST_SUITE("np2") {
     // Each run: TP=2 x CP=2 over the job's processes, the CP merge and its exchanges, the
     // report and the dump written and renamed into place.
     const Scratch scratch;
+    // A temp directory of this process's own (TMPDIR), so that what other jobs on the machine
+    // write to the shared one cannot pass for a file a run left behind.
+    const fs::path own_tmp = scratch.dir.parent_path() / (scratch.dir.filename().string() + "-tmp" +
+                                                          std::to_string(comm().rank()));
+    fs::create_directories(own_tmp);
+    REQUIRE(setenv("TMPDIR", own_tmp.c_str(), 1) == 0);
     const std::vector<std::string> before_temp = cpdrift_temp_files(scratch.dir);
     const std::string report = (scratch.dir / "r.json").string();
     const std::string dump = (scratch.dir / "d.h5").string();
@@ -115,6 +122,8 @@ TEST_SUITE("np2") {
         added.push_back(name);
     }
     CHECK(added.empty());
+    unsetenv("TMPDIR");
+    fs::remove_all(own_tmp);
   }
 }
 
