@@ -40,7 +40,7 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
       case CommandLine::Command::bench:
         return bench_command(cl.bench, comm);
       case CommandLine::Command::run:
-        return run_command(cl.run, comm, shell_join(argv));
+        return execute_run(cl.run, comm, shell_join(argv)).passed() ? kExitOk : kExitChecksFailed;
       case CommandLine::Command::accept:
         return accept_command(cl.accept, comm, shell_join(argv));
       case CommandLine::Command::plan:

@@ -8,14 +8,10 @@
 
 namespace cpd {
 
-/// Runs every case, writes the report (and dump), prints the table; returns the report (its
-/// statistics on every process, its digests on rank 0).
+/// `cpdrift [run]`: runs every case, writes the report (and dump), prints the table; returns
+/// the report (its statistics on every process, its digests on rank 0; passed() alike on all).
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line);
-
-/// execute_run's exit status: 0 when every check passed, 1 else.
-int run_command(const RunOptions& options, const CommContext& comm,
-                const std::string& command_line);
 
 /// `cpdrift accept`: the acceptance matrix, written as ws2_attention_gpu_acceptance/v1; 0 only
 /// when every required row passed.

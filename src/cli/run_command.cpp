@@ -218,19 +218,8 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   }
   session.run(plan, recorder, progress);
   recorder.finish(started);
-  if (verbose) {
-    print_rl_rows(table, report);
-    print_lane_rows(table, report);
-    print_paged_rows(table, report);
-    print_pair_rows(table, report);
-  }
   if (root) write_outputs(options, report, dump.get(), session.pool(), table, verbose);
   return report;
-}
-
-int run_command(const RunOptions& options, const CommContext& comm,
-                const std::string& command_line) {
-  return execute_run(options, comm, command_line).passed() ? kExitOk : kExitChecksFailed;
 }
 
 }  // namespace cpd
