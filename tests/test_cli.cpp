@@ -40,8 +40,8 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--tp-world-sizes 16", "TP=16 must divide");
   expect_usage_error("--kv-chunk-sizes 0", "must be at least 1");
   expect_usage_error("--kv-chunk-sizes none,-4", "must be at least 1");
-  expect_usage_error("--batch 0", "--batch: must be at least 1");
-  expect_usage_error("--seq-len 0", "--seq-len: must be at least 1");
+  expect_usage_error("--batch 0", "--batch: must be from 1 to 4096");
+  expect_usage_error("--seq-len 0", "--seq-len: must be from 1 to 1073741824");
   expect_usage_error("--frobnicate", "unknown option '--frobnicate'");
   expect_usage_error("--tp-world-sizes 1,,2", "malformed list");
   expect_usage_error("--cp-world-sizes 2x", "expected an integer");
@@ -49,7 +49,7 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--cp-layouts zigzag --seq-len 6 --cp-world-sizes 2", "divisible by 4");
   expect_usage_error("--model llama", "unknown model");
   expect_usage_error("--seq-len", "missing value");
-  expect_usage_error("--comm-timeout 0", "must be more than 0 seconds");
+  expect_usage_error("--comm-timeout 0", "--comm-timeout: must be from 1 to 604800 (seconds");
   expect_usage_error("--transport ucx", "unknown transport 'ucx'");
   // The GPU transports and --device cuda without a device: errors whose words depend on the build.
   if (!cpd::cuda_backend_built()) {
@@ -87,6 +87,29 @@ TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--modes chunked_prefill --kv-chunk-sizes none", "lists no split size");
   expect_usage_error("--modes decode --split-kv-policies disabled --fixed-split-size 8",
                      "needs the fixed policy");
+}
+
+TEST_CASE("issue 49's two numbers: refused with one line at once, nothing written") {
+  // --threads 100000 used to hang the run, and compare --tis-clip 0 was accepted.
+  const std::string dir = tmp_dir() + "/cpdrift_ranges_" + std::to_string(::getpid());
+  run_command("rm -rf " + dir + "; mkdir -p " + dir +
+              "; echo '{\"sequence\": 0, \"position\": 1, \"token_id\": 5, \"logprob\": -0.5}' > " +
+              dir + "/a.jsonl");
+  const auto started = std::chrono::steady_clock::now();
+  expect_usage_error("--threads 100000 --output " + dir + "/r.json --dump " + dir + "/d.h5",
+                     "cpdrift: error: --threads: must be from 1 to ");
+  expect_usage_error(
+      "compare " + dir + "/a.jsonl " + dir + "/a.jsonl --tis-clip 0 --output " + dir + "/c.json",
+      "--tis-clip: must be at least 1 (ratios above it are clipped");
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+  CHECK(run_command("ls " + dir).out == "a.jsonl\n");  // no report, no dump, no partial
+  // Negative controls: inside their ranges both run, and write what they were asked to.
+  CHECK(run("--smoke --quiet --threads 1 --output " + dir + "/r.json").status == 0);
+  CHECK(run("compare " + dir + "/a.jsonl " + dir + "/a.jsonl --quiet --tis-clip 1 --output " + dir +
+            "/c.json")
+            .status == 0);
+  CHECK(run_command("ls " + dir).out == "a.jsonl\nc.json\nr.json\n");
+  run_command("rm -rf " + dir);
 }
 
 TEST_CASE("a split larger than any owner range is one block per range") {
@@ -141,8 +164,8 @@ TEST_CASE("bench prints a figure for every CPU path, and paged reads keep the bi
 }
 
 TEST_CASE("a run too large for the memory is refused before it allocates, with what fits") {
-  // 2^40 tokens: refused at once from the memo's floor, no grid built.
-  Result r = run("--seq-len 1099511627776 --quiet");
+  // 2^30 tokens: refused at once from the memo's floor, no grid built.
+  Result r = run("--seq-len 1073741824 --quiet");
   CHECK(r.status == 2);
   CHECK(r.err.find("not enough memory") != std::string::npos);
   CHECK(r.err.find("terminate") == std::string::npos);
@@ -253,7 +276,7 @@ TEST_CASE("under mpirun: bad input ends every process with status 2 and one line
 }
 
 TEST_CASE("under mpirun: a run too large for the node's memory ends every process at once") {
-  const Result r = run_mpi(2, "--seq-len 1099511627776 --tp-world-sizes 1 --cp-world-sizes 2");
+  const Result r = run_mpi(2, "--seq-len 1073741824 --tp-world-sizes 1 --cp-world-sizes 2");
   CHECK(r.status == 2);
   const std::string line = "cpdrift: error: not enough memory: process 0 would need about ";
   CHECK(r.err.find(line) != std::string::npos);
@@ -365,7 +388,7 @@ TEST_CASE("plan: the table, the protocol pick and bad input") {
   expect_usage_error("plan --profile tpu", "unknown profile 'tpu'");
   expect_usage_error("plan --profile cpu --fp32-tflops 10", "--profile cpu measures");
   expect_usage_error("plan --dump x.h5", "--dump does not apply");
-  expect_usage_error("plan --nvlink-gbs 0", "--nvlink-gbs: must be more than 0");
+  expect_usage_error("plan --nvlink-gbs 0", "--nvlink-gbs: must be from 0.001 to 1e+06");
   expect_usage_error("plan --processes 4", "--processes applies to --profile cpu");
   expect_usage_error("plan --progress", "--progress does not apply");
   expect_usage_error("plan --threads 2", "--threads does not apply");

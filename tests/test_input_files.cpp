@@ -13,8 +13,10 @@
 #include <fstream>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "cli/options.h"
 #include "core/errors.h"
 #include "core/util/sha256.h"
 #include "cpdrift/bf16.h"
@@ -288,6 +290,48 @@ TEST_CASE(".npy directory and HDF5 (cpdrift's own dump writer): the same tensors
   ThreadPool pool(1);
   CHECK(same_bits(read(h5, TensorId::k, slice).data,
                   generate_shard(p, TensorId::k, slice, InputPrecision::fp32, pool).data));
+}
+
+TEST_CASE("--inputs: one parse, then the file's B and S settle what needs the sequence") {
+  TempDir dir;
+  const std::string path = write_safetensors(dir, problem(), "F32");
+  const auto usage_error = [](const auto& work) {
+    try {
+      work();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Split 20 and 24 rows a round: past the generator's default 16 tokens, within the file's 24.
+  for (const char* command : {"run", "plan"}) {
+    CAPTURE(command);
+    CommandLine cl = parse_command_line(
+        {command, "--inputs", path, "--kv-chunk-sizes", "none,20", "--round-rows", "24"});
+    RunOptions& run = cl.command == CommandLine::Command::run ? cl.run : cl.plan.run;
+    CHECK(run.request.problem.inputs == nullptr);
+    const auto source = open_input_file(path, ModelDims{}, false);
+    use_input_file(run, source);
+    CHECK(run.request.problem.batch == kBatch);
+    CHECK(run.request.problem.seq_len == kSeq);
+    CHECK(run.request.problem.inputs == source);
+  }
+  // What the file's 24 tokens refuse: only once they are known.
+  for (const auto& [flag, value, says] :
+       {std::tuple{"--kv-chunk-sizes", "24",
+                   "--kv-chunk-sizes 24: not shorter than the sequence "
+                   "(24 tokens), so it cuts nothing"},
+        std::tuple{"--round-rows", "25", "--round-rows: must be from 1 to 24"}}) {
+    CAPTURE(flag);
+    CommandLine cl = parse_command_line({"--inputs", path, flag, value});
+    const std::string error =
+        usage_error([&] { use_input_file(cl.run, open_input_file(path, ModelDims{}, false)); });
+    CHECK(error.rfind(says, 0) == 0);
+  }
+  // Negative control: without --inputs the generator's 16 tokens refuse the split at once.
+  CHECK(usage_error([] {
+          parse_command_line({"--kv-chunk-sizes", "none,20"});
+        }).find("--kv-chunk-sizes 20: not shorter than the sequence (16 tokens)") == 0);
 }
 
 TEST_CASE("malformed input files: one line naming the file and what is wrong") {

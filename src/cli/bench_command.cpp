@@ -200,6 +200,25 @@ void whole_case(const Problem& p, ThreadPool& pool) {
   std::fflush(stdout);
 }
 
+// Refuses, before any work, a problem whose CPU benchmark cannot hold at once what its eager
+// baseline does: q, k and v in FP32, the reference's output and its own, and every (row, key)
+// score of a head, S x S.
+void check_bench_memory(const Problem& p, int processes_on_node) {
+  const MemoryBudget budget = memory_budget(processes_on_node);
+  const ModelDims& d = p.dims;
+  const auto rows = static_cast<std::uint64_t>(p.batch) * static_cast<std::uint64_t>(p.seq_len) *
+                    static_cast<std::uint64_t>(d.head_dim);
+  const auto seq = static_cast<std::uint64_t>(p.seq_len);
+  const std::uint64_t need =
+      sizeof(float) *
+      (rows * static_cast<std::uint64_t>(3 * d.num_q_heads + 2 * d.num_kv_heads) + seq * seq);
+  if (budget.bytes != 0 && need > budget.bytes) {
+    refuse_memory(0, need,
+                  "at once (its inputs, two outputs and the eager baseline's S x S scores)", budget,
+                  "use a smaller --seq-len or --batch");
+  }
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o, const CommContext& comm) {
@@ -207,12 +226,15 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     throw UsageError("--device cuda: built without CUDA (configure with -Dcuda=enabled)");
   }
   // Agreed before rank 0 goes on alone, so that every process ends with the same status.
+  bool cuda = false;
   agree_or_throw(comm, comm.rank() == 0, "", [&] {
     if (o.device == Device::cuda && cuda_device_count() == 0)
       throw UsageError("--device cuda: no CUDA device visible to this process");
+    cuda = o.device == Device::cuda || (o.device == Device::auto_select && cuda_device_count() > 0);
+    if (!cuda) check_bench_memory(o.problem, comm.local_size());
   });
   if (comm.rank() != 0) return kExitOk;  // a single-process benchmark; other ranks idle
-  if (o.device == Device::cuda || (o.device == Device::auto_select && cuda_device_count() > 0)) {
+  if (cuda) {
     return bench_cuda(o, o.seq_len_given ? std::vector<std::int64_t>{o.problem.seq_len}
                                          : std::vector<std::int64_t>{4096, 16384});
   }

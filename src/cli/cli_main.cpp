@@ -21,34 +21,17 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
   try {
     // Every process must reach the same verdict on the same arguments, or none can proceed.
     CommandLine cl;
-    const auto parse = [&](const InputFileInfo* inputs) {
-      std::string error;
-      try {
-        cl = parse_command_line(args, inputs);
-      } catch (const UsageError& e) {
-        error = e.what();
-      }
-      error = comm.agree(error);
-      if (error.empty() && !comm.same_everywhere(shell_join(args))) {
-        error = "the processes of this job were started with different arguments";
-      }
-      if (!error.empty()) throw UsageError(error);
-    };
-    parse(nullptr);
+    agree_or_throw(comm, true, "", [&] { cl = parse_command_line(args); });
+    if (!comm.same_everywhere(shell_join(args)))
+      throw UsageError("the processes of this job were started with different arguments");
     // --inputs: every process opens the file (and checks it alike); rank 0 also hashes it for
-    // the report. Then the run's options are read again with the file's B and S.
-    RunOptions* run = cl.command == CommandLine::Command::run    ? &cl.run
-                      : cl.command == CommandLine::Command::plan ? &cl.plan.run
-                                                                 : nullptr;
-    if (run != nullptr && !run->inputs.empty()) {
-      std::shared_ptr<const InputSource> source;
+    // the report. The run takes the file's B and S, and the checks that need them run.
+    const bool running = cl.command == CommandLine::Command::run;
+    RunOptions& run = running ? cl.run : cl.plan.run;
+    if ((running || cl.command == CommandLine::Command::plan) && !run.inputs.empty()) {
       agree_or_throw(comm, true, "", [&] {
-        source = open_input_file(run->inputs, ModelDims{},
-                                 root && cl.command == CommandLine::Command::run);
+        use_input_file(run, open_input_file(run.inputs, ModelDims{}, root && running));
       });
-      parse(&source->info());
-      (cl.command == CommandLine::Command::run ? cl.run : cl.plan.run).request.problem.inputs =
-          source;
     }
     switch (cl.command) {
       case CommandLine::Command::help:
@@ -57,7 +40,7 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
       case CommandLine::Command::bench:
         return bench_command(cl.bench, comm);
       case CommandLine::Command::run:
-        return run_command(cl.run, comm, shell_join(argv));
+        return execute_run(cl.run, comm, shell_join(argv)).passed() ? kExitOk : kExitChecksFailed;
       case CommandLine::Command::accept:
         return accept_command(cl.accept, comm, shell_join(argv));
       case CommandLine::Command::plan:

@@ -3,18 +3,15 @@
 
 #include "cli/options.h"
 #include "comm/comm_context.h"
+#include "core/util/process_memory.h"
 #include "report/run_report.h"
 
 namespace cpd {
 
-/// Runs every case, writes the report (and dump), prints the table; returns the report (its
-/// statistics on every process, its digests on rank 0).
+/// `cpdrift [run]`: runs every case, writes the report (and dump), prints the table; returns
+/// the report (its statistics on every process, its digests on rank 0; passed() alike on all).
 RunReport execute_run(const RunOptions& options, const CommContext& comm,
                       const std::string& command_line);
-
-/// execute_run's exit status: 0 when every check passed, 1 else.
-int run_command(const RunOptions& options, const CommContext& comm,
-                const std::string& command_line);
 
 /// `cpdrift accept`: the acceptance matrix, written as ws2_attention_gpu_acceptance/v1; 0 only
 /// when every required row passed.
@@ -24,6 +21,11 @@ int accept_command(const AcceptOptions& options, const CommContext& comm,
 /// Rank 0 makes sure `path` (a report; "" for none) can be written before any work, so a long
 /// run never ends in an unwritable path: a UsageError on every process otherwise. Collective.
 void check_output_path(const std::string& path, const CommContext& comm);
+
+/// Refuses a process that would need `need` bytes (`when`: "at its peak (whose estimate)") and
+/// may count on `budget`: "not enough memory: ..., `advice`", a UsageError.
+[[noreturn]] void refuse_memory(int rank, std::uint64_t need, const std::string& when,
+                                const MemoryBudget& budget, const std::string& advice);
 
 /// `cpdrift plan`: per case and logical rank, the kernels' FLOPs and the bytes each phase moves
 /// (exactly what a run counts), the estimated time on the profile's machine and the protocol it

@@ -108,6 +108,9 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
   std::fflush(out);
 }
 
+namespace {
+
+// The paged cases' section: a header, then one row per case.
 void print_paged_rows(std::FILE* out, const RunReport& r) {
   if (r.paged_cases.empty()) return;
   const PagedWorkload& w = r.paged_cases.front().workload;
@@ -147,6 +150,7 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
   std::fflush(out);
 }
 
+// The dlogp leg's RL metrics, one row per case that ran it (nothing when none did).
 void print_rl_rows(std::FILE* out, const RunReport& r) {
   bool any = false;
   for (const CaseResult& c : r.cases) any = any || (c.dlogp.available && c.dlogp.rl.tokens > 0);
@@ -173,6 +177,7 @@ void print_rl_rows(std::FILE* out, const RunReport& r) {
   std::fflush(out);
 }
 
+// The trainer-vs-rollout block: one line per (prefill case, paged case) pair.
 void print_pair_rows(std::FILE* out, const RunReport& r) {
   if (r.rollout_pairs.empty()) return;
   std::fprintf(out,
@@ -234,6 +239,7 @@ void print_lane_backward_rows(std::FILE* out, const RunReport& r) {
   }
 }
 
+// The production lanes' block: per prefill case, each lane's drift and its bits vs canonical.
 void print_lane_rows(std::FILE* out, const RunReport& r) {
   if (r.cases.empty() || r.cases.front().lanes.empty()) return;
   std::fprintf(out,
@@ -266,7 +272,13 @@ void print_lane_rows(std::FILE* out, const RunReport& r) {
   std::fflush(out);
 }
 
+}  // namespace
+
 void print_footer(std::FILE* out, const RunReport& r) {
+  print_rl_rows(out, r);
+  print_lane_rows(out, r);
+  print_paged_rows(out, r);
+  print_pair_rows(out, r);
   std::fprintf(out, "#\n");
   if (!r.cases.empty()) {
     std::fprintf(

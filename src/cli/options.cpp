@@ -1,196 +1,40 @@
 #include "cli/options.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <functional>
-#include <limits>
-#include <map>
-#include <type_traits>
+#include <thread>
 
-#include "core/errors.h"
+#include "cli/flags.h"
 
 namespace cpd {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& what) { throw UsageError(what); }
+// The numeric options' ranges (docs/cli.md, "Ranges"). The run also refuses a problem its
+// memory cannot hold, and the plan one whose pairs it cannot count, before any work.
+constexpr int kMaxBatch = 4096;
+constexpr const char* kBatchWhy = "sequences in one attention call";
+constexpr std::int64_t kMaxSeqLen = std::int64_t{1} << 30;
+constexpr const char* kSeqLenWhy = "2^30 tokens, past any model's context";
 
-template <class Int>
-Int parse_int(const std::string& flag, const std::string& text, Int min_value) {
-  Int value{};
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  const bool digits = !text.empty() &&
-                      std::all_of(text.begin() + (text[0] == '-' ? 1 : 0), text.end(),
-                                  [](char c) { return c >= '0' && c <= '9'; }) &&
-                      text != "-";
-  if (digits && (ec == std::errc::result_out_of_range ||
-                 (std::is_unsigned_v<Int> && text[0] == '-' && text != "-0"))) {
-    // An integer, but not one this flag can hold.
-    bad(flag + ": " + text + " is out of range (" + std::to_string(min_value) + " to " +
-        std::to_string(std::numeric_limits<Int>::max()) + ")");
-  }
-  if (ec != std::errc() || ptr != end || text.empty()) {
-    bad(flag + ": expected an integer, got '" + text + "'");
-  }
-  if (value < min_value)
-    bad(flag + ": must be at least " + std::to_string(min_value) + ", got " + text);
-  return value;
+// Threads per process, or processes on this machine: more than its CPUs only take turns on
+// them. Up to 4 per CPU lets a small machine still run a wide pool; past that, starting and
+// waking the workers is all the run would do.
+int per_machine_limit() {
+  return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
-
-// A list item given twice would run (or name) the same thing twice: refused, with the item.
-template <class T>
-void refuse_repeats(const std::string& flag, const std::vector<T>& values,
-                    const std::vector<std::string>& items) {
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    for (std::size_t j = 0; j < i; ++j) {
-      if (values[i] == values[j]) {
-        bad(flag + ": '" + items[i] + "' repeats '" + items[j] + "' (each item once)");
-      }
-    }
-  }
+std::string per_machine_why() {
+  return "4 per CPU; this machine has " + std::to_string(per_machine_limit() / 4);
 }
-
-double parse_threshold(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || !(value >= 0) || !std::isfinite(value)) {
-    bad(flag + ": expected a finite non-negative number, got '" + text + "'");
-  }
-  return value;
-}
-
-std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
-  std::vector<std::string> items;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
-    items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return items;
-}
-
-std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<int> values;
-  for (const std::string& item : items) values.push_back(parse_int<int>(flag, item, 1));
-  refuse_repeats(flag, values, items);
-  return values;
-}
-
-std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
-                                                      const std::string& text) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<std::optional<std::int64_t>> values;
-  for (const std::string& item : items) {
-    if (item == "none" || item == "full" || item == "no_split") {
-      values.emplace_back(std::nullopt);
-    } else {
-      values.emplace_back(parse_int<std::int64_t>(flag + " (split size)", item, 1));
-    }
-  }
-  refuse_repeats(flag, values, items);  // none, full and no_split are one item
-  return values;
-}
-
-// One name from an enum's table (the spellings to_string prints); an unknown name is an error
-// listing them.
-template <class T, std::size_t N>
-T parse_name(const std::string& flag, const std::string& item, const char* what,
-             const EnumName<T> (&table)[N]) {
-  for (const EnumName<T>& e : table) {
-    if (item == e.name) return e.value;
-  }
-  std::string known;
-  for (const EnumName<T>& e : table) known += (known.empty() ? "" : ", ") + std::string(e.name);
-  bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
-}
-
-// --inject-fault KIND@RANK[:WHEN].
-FaultSpec parse_fault(const std::string& flag, const std::string& text) {
-  const std::size_t at = text.find('@');
-  if (at == std::string::npos) bad(flag + ": '" + text + "' is not KIND@RANK[:WHEN]");
-  FaultSpec f;
-  f.kind = parse_name(flag, text.substr(0, at), "fault", kFaultKindNames);
-  const std::string place = text.substr(at + 1);
-  const std::size_t colon = place.find(':');
-  f.rank = parse_int<int>(flag + " RANK", place.substr(0, colon), 0);
-  if (colon != std::string::npos)
-    f.when = parse_int<int>(flag + " WHEN", place.substr(colon + 1), 1);
-  return f;
-}
-
-// A comma list of names.
-template <class T, std::size_t N>
-std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
-                           const EnumName<T> (&table)[N]) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<T> out;
-  for (const std::string& item : items) out.push_back(parse_name(flag, item, what, table));
-  refuse_repeats(flag, out, items);
-  return out;
-}
-
-// Walks argv, handing each flag's value (from `--flag value` or `--flag=value`) to its setter.
-class FlagReader {
- public:
-  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-  using Switch = std::function<void()>;
-
-  void value(const std::string& name, Setter s) { values_[name] = std::move(s); }
-  void toggle(const std::string& name, Switch s) { toggles_[name] = std::move(s); }
-  /// Where arguments that are not flags go (a command's files); without it they are refused.
-  void positional(std::function<void(const std::string&)> take) { positional_ = std::move(take); }
-
-  void read(const std::vector<std::string>& args, std::size_t first) {
-    for (std::size_t i = first; i < args.size(); ++i) {
-      std::string flag = args[i], inline_value;
-      bool has_inline = false;
-      if (const std::size_t eq = flag.find('=');
-          flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-        inline_value = flag.substr(eq + 1);
-        flag = flag.substr(0, eq);
-        has_inline = true;
-      }
-      if (const auto t = toggles_.find(flag); t != toggles_.end()) {
-        if (has_inline) bad(flag + " takes no value");
-        t->second();
-      } else if (const auto v = values_.find(flag); v != values_.end()) {
-        if (!has_inline && i + 1 >= args.size()) bad(flag + ": missing value");
-        v->second(flag, has_inline ? inline_value : args[++i]);
-      } else if (positional_ && !args[i].empty() && args[i][0] != '-') {
-        positional_(args[i]);
-      } else {
-        bad("unknown option '" + args[i] + "' (see cpdrift --help)");
-      }
-    }
-  }
-
- private:
-  std::map<std::string, Setter> values_;
-  std::map<std::string, Switch> toggles_;
-  std::function<void(const std::string&)> positional_;
-};
 
 void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   r.value("--model", [](const std::string& f, const std::string& v) {
     if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
   });
-  r.value("--batch",
-          [&](const std::string& f, const std::string& v) { p.batch = parse_int<int>(f, v, 1); });
+  r.value("--batch", [&](const std::string& f, const std::string& v) {
+    p.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
+  });
   r.value("--seq-len", [&](const std::string& f, const std::string& v) {
-    p.seq_len = parse_int<std::int64_t>(f, v, 1);
+    p.seq_len = parse_int<std::int64_t>(f, v, 1, kMaxSeqLen, kSeqLenWhy);
     seq_len_given = true;
   });
   r.value("--seed", [&](const std::string& f, const std::string& v) {
@@ -208,16 +52,18 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
 // The flags every command takes: the problem and the worker threads.
 void add_common_flags(FlagReader& r, Problem& p, bool& seq_len_given, int& threads) {
   add_problem_flags(r, p, seq_len_given);
-  r.value("--threads",
-          [&](const std::string& f, const std::string& v) { threads = parse_int<int>(f, v, 1); });
+  r.value("--threads", [&](const std::string& f, const std::string& v) {
+    threads = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
+  });
 }
 
 BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   BenchOptions b;
   b.problem.seq_len = 4096;
   add_common_flags(r, b.problem, b.seq_len_given, b.threads);
-  r.value("--repeats",
-          [&](const std::string& f, const std::string& v) { b.repeats = parse_int<int>(f, v, 1); });
+  r.value("--repeats", [&](const std::string& f, const std::string& v) {
+    b.repeats = parse_int<int>(f, v, 1, 100, "a benchmark, not a soak");
+  });
   r.value("--device", [&](const std::string& f, const std::string& v) {
     b.device = parse_name(f, v, "device", kDeviceNames);
   });
@@ -227,8 +73,9 @@ BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, st
 
 void add_threshold_flags(FlagReader& r, Thresholds& t) {
   const auto threshold = [&](const char* flag, double& slot) {
-    r.value(flag,
-            [&slot](const std::string& f, const std::string& v) { slot = parse_threshold(f, v); });
+    r.value(flag, [&slot](const std::string& f, const std::string& v) {
+      slot = parse_number(f, v, {.min = 0, .above_min = true});
+    });
   };
   threshold("--out-threshold", t.out_max_abs);
   threshold("--lse-threshold", t.lse_max_abs);
@@ -249,10 +96,7 @@ void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
     if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
     a.mode = v;
   });
-  r.value("--output", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    a.output = v;
-  });
+  r.path("--output", a.output);
   add_threshold_flags(r, a.thresholds);
   r.read(args, first);
   if (help) return;
@@ -261,14 +105,17 @@ void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
 }
 
 // The case matrix and the legs.
-void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& modes_given) {
-  r.value("--tp-world-sizes",
-          [&](const std::string& f, const std::string& v) { q.tp_sizes = parse_int_list(f, v); });
-  r.value("--cp-world-sizes",
-          [&](const std::string& f, const std::string& v) { q.cp_sizes = parse_int_list(f, v); });
+void add_case_flags(FlagReader& r, RunOptions& o, bool& modes_given) {
+  RunRequest& q = o.request;
+  r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) {
+    q.tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads (plan_run)
+  });
+  r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) {
+    q.cp_sizes = parse_int_list(f, v, 1, 256, "GPUs sharing one sequence's context");
+  });
   r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
     q.splits = parse_splits(f, v);
-    splits_given = true;
+    o.splits_given = true;
   });
   r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
     q.layouts = parse_names(f, v, "layout", kCpLayoutNames);
@@ -284,18 +131,18 @@ void add_case_flags(FlagReader& r, RunRequest& q, bool& splits_given, bool& mode
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
   r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
-    q.vocab_size = parse_int<int>(f, v, 2);
+    q.vocab_size = parse_int<int>(f, v, 2, 1 << 20, "2^20; Qwen3's is 151936");
   });
 }
 
 // The paged modes' flags; each one given is remembered, as it needs a paged mode.
 void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& given) {
   r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
-    q.rollout_tp_sizes = parse_int_list(f, v);
+    q.rollout_tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads
     given.push_back(f);
   });
   r.value("--page-size", [&](const std::string& f, const std::string& v) {
-    q.page_size = parse_int<int>(f, v, 1);
+    q.page_size = parse_int<int>(f, v, 1);  // at most --seq-len (plan_run)
     given.push_back(f);
   });
   r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
@@ -303,11 +150,11 @@ void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& giv
     given.push_back(f);
   });
   r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
-    q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);
+    q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);  // shorter than --seq-len
     given.push_back(f);
   });
   r.value("--q-len", [&](const std::string& f, const std::string& v) {
-    q.q_len = parse_int<std::int64_t>(f, v, 1);
+    q.q_len = parse_int<std::int64_t>(f, v, 1);  // at most the room left (plan_run)
     given.push_back(f);
   });
 }
@@ -321,31 +168,27 @@ void add_execution_flags(FlagReader& r, RunRequest& q) {
     q.transport = parse_name(f, v, "transport", kTransportNames);
   });
   r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
-    q.comm_timeout_seconds = parse_threshold(f, v);
-    if (q.comm_timeout_seconds <= 0) bad(f + ": must be more than 0 seconds");
+    // Under a second is a busy machine's jitter, not a lost process; a week outlasts any job.
+    q.comm_timeout_seconds =
+        parse_number(f, v, {.min = 1, .max = 7 * 24 * 3600, .why = "seconds: a second to a week"});
     q.comm_timeout_given = true;
   });
   r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
-    q.staging_mib = parse_int<int>(f, v, 1);
+    q.staging_mib = parse_int<int>(f, v, 1, 65536, "64 GiB of GPU memory");
   });
   r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
   r.value("--inject-fault",
           [&](const std::string& f, const std::string& v) { q.fault = parse_fault(f, v); });
   r.value("--round-rows", [&](const std::string& f, const std::string& v) {
-    q.round_rows = parse_int<std::int64_t>(f, v, 1);
+    q.round_rows = parse_int<std::int64_t>(f, v, 1);  // at most --seq-len (settle_sequence)
   });
 }
 
 // What the CLI does with the run's results.
 void add_output_flags(FlagReader& r, RunOptions& o) {
-  r.value("--output", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    o.output = v;
-  });
-  r.value("--dump", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    o.dump = v;
-  });
+  r.path("--output", o.output);
+  r.path("--dump", o.dump);
+  r.path("--inputs", o.inputs);
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
   r.toggle("--overwrite", [&] { o.overwrite = true; });
   r.toggle("--json", [&] { o.json = true; });
@@ -386,72 +229,78 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
   }
 }
 
+// What depends on the sequence length, once it is known: the splits (a default that would cut
+// nothing is halved; a given one that cuts nothing is 'none' under another name) and the
+// options bounded by the sequence.
+void settle_sequence(RunOptions& o) {
+  RunRequest& q = o.request;
+  const std::int64_t seq = q.problem.seq_len;
+  for (std::optional<std::int64_t>& s : q.splits) {
+    if (s && *s >= seq && !o.splits_given) s = std::max<std::int64_t>(1, seq / 2);
+    if (s && *s >= seq && o.splits_given && seq > 1) {
+      bad("--kv-chunk-sizes " + std::to_string(*s) + ": not shorter than the sequence (" +
+          std::to_string(seq) + " tokens), so it cuts nothing: that is 'none'");
+    }
+  }
+  if (q.fixed_split_size && *q.fixed_split_size >= seq && seq > 1) {
+    bad("--fixed-split-size " + std::to_string(*q.fixed_split_size) +
+        ": not shorter than the longest sequence (" + std::to_string(seq) +
+        " tokens), so it cuts nothing: that is the disabled policy");
+  }
+  if (q.round_rows > 0)
+    check_range("--round-rows", q.round_rows, 1, seq,
+                "at most --seq-len: a round holds at most the sequence");
+}
+
 // `extra`: the flags of a command that takes the run's flags and more (plan).
-// `inputs`: the --inputs file once opened (parse_command_line).
 RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
-                     const InputFileInfo* inputs,
                      const std::function<void(FlagReader&)>& extra = {}) {
   RunOptions o;
   RunRequest& q = o.request;
-  bool seq_len_given = false, splits_given = false, modes_given = false, batch_given = false;
+  bool seq_len_given = false, modes_given = false, batch_given = false;
   std::vector<std::string> paged_flags;
   add_common_flags(r, q.problem, seq_len_given, q.threads);
   r.value("--batch", [&](const std::string& f, const std::string& v) {
-    q.problem.batch = parse_int<int>(f, v, 1);
+    q.problem.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
     batch_given = true;
   });
-  r.value("--inputs", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    o.inputs = v;
-  });
-  add_case_flags(r, q, splits_given, modes_given);
+  add_case_flags(r, o, modes_given);
   add_paged_flags(r, q, paged_flags);
   add_execution_flags(r, q);
   add_output_flags(r, o);
   if (extra) extra(r);
   r.read(args, first);
+  check_run_options(o, paged_flags, modes_given);
   if (!o.inputs.empty()) {
-    // The file says B and S; its q, k, v replace the generator's.
+    // The file says B and S; its q, k, v replace the generator's (use_input_file).
     if (seq_len_given || batch_given)
       bad("--inputs: B and S come from the file; drop --seq-len and --batch");
     if (o.smoke) bad("--inputs: --smoke sets its own sequence; drop one of them");
     if (q.problem.distribution != InputDistribution::gaussian)
       bad("--inputs: the file's q, k, v are the inputs; drop --input-distribution");
-    if (inputs == nullptr) return o;  // the rest is checked once the file says B and S
-    q.problem.batch = inputs->batch;
-    q.problem.seq_len = inputs->seq_len;
-    seq_len_given = true;
+    return o;
   }
-  check_run_options(o, paged_flags, modes_given);
   if (o.smoke) {
     if (!seq_len_given) q.problem.seq_len = 4;
-    if (!splits_given) q.splits = {std::nullopt, 1};
+    if (!o.splits_given) q.splits = {std::nullopt, 1};
   }
-  // A split as long as the sequence cuts nothing: split-KV disabled under another name.
-  const std::int64_t seq = q.problem.seq_len;
-  for (std::optional<std::int64_t>& s : q.splits) {
-    // A default that would cut nothing (a very short sequence) halves it instead.
-    if (s && *s >= seq && !splits_given) s = std::max<std::int64_t>(1, seq / 2);
-    if (s && *s >= seq && splits_given && seq > 1) {
-      bad("--kv-chunk-sizes " + std::to_string(*s) + ": not shorter than the sequence (" +
-          std::to_string(seq) + " tokens), so it cuts nothing: that is 'none'");
-    }
-  }
+  settle_sequence(o);
   return o;
 }
 
-PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
-                       const InputFileInfo* inputs) {
+// A figure of the machine a plan is for, in its unit (TFLOP/s, TB/s or GB/s).
+constexpr NumberRange kFigureRange{.min = 1e-3, .max = 1e6, .why = "in its unit"};
+
+PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   PlanOptions plan;
   bool figures_given = false;
   const auto figure = [&](const char* flag, double& slot) {
     r.value(flag, [&](const std::string& f, const std::string& v) {
-      slot = parse_threshold(f, v);
-      if (slot <= 0) bad(f + ": must be more than 0");
+      slot = parse_number(f, v, kFigureRange);
       figures_given = true;
     });
   };
-  plan.run = parse_run(r, args, first, inputs, [&](FlagReader& fr) {
+  plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
     fr.value("--profile", [&](const std::string& f, const std::string& v) {
       if (v != "h200" && v != "cpu") bad(f + ": unknown profile '" + v + "' (h200, cpu)");
       plan.profile = v;
@@ -462,10 +311,10 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
     figure("--nvlink-gbs", plan.nvlink_gbs);
     figure("--network-gbs", plan.network_gbs);
     fr.value("--gpus-per-node", [&](const std::string& f, const std::string& v) {
-      plan.gpus_per_node = parse_int<int>(f, v, 1);
+      plan.gpus_per_node = parse_int<int>(f, v, 1, 1024, "GPUs sharing NVLink");
     });
     fr.value("--processes", [&](const std::string& f, const std::string& v) {
-      plan.processes = parse_int<int>(f, v, 1);
+      plan.processes = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
     });
   });
   // The run's execution flags say how a run moves and reports; a plan runs nothing.
@@ -498,23 +347,24 @@ CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args
   CompareOptions c;
   std::vector<std::string> files;
   r.positional([&](const std::string& v) { files.push_back(v); });
-  r.value("--output", [&](const std::string& f, const std::string& v) {
-    if (v.empty()) bad(f + ": empty path");
-    c.output = v;
-  });
+  r.path("--output", c.output);
   r.toggle("--json", [&] { c.json = true; });
   r.toggle("--quiet", [&] { c.quiet = true; });
   r.value("--max-abs-delta", [&](const std::string& f, const std::string& v) {
-    c.max_abs_delta = parse_threshold(f, v);
+    c.max_abs_delta = parse_number(f, v, {.min = 0});
   });
   r.value("--ratio-band", [&](const std::string& f, const std::string& v) {
-    c.metrics.ratio_band = parse_threshold(f, v);
+    c.metrics.ratio_band = parse_number(
+        f, v,
+        {.min = 0, .max = 1, .below_max = true, .why = "ratios outside [1 - X, 1 + X] count"});
   });
   r.value("--tis-clip", [&](const std::string& f, const std::string& v) {
-    c.metrics.tis_clip = parse_threshold(f, v);
+    c.metrics.tis_clip = parse_number(
+        f, v,
+        {.min = 1, .why = "ratios above it are clipped; below 1 it would clip equal logprobs"});
   });
   r.value("--worst", [&](const std::string& f, const std::string& v) {
-    c.metrics.worst = parse_int<int>(f, v, 0);
+    c.metrics.worst = parse_int<int>(f, v, 0, 1000, "a list to read");
   });
   r.read(args, first);
   if (help) return c;
@@ -531,7 +381,7 @@ CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args
 
 }  // namespace
 
-CommandLine parse_command_line(const std::vector<std::string>& args, const InputFileInfo* inputs) {
+CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine cl;
   std::size_t first = 0;
   const std::map<std::string, CommandLine::Command> commands{
@@ -558,16 +408,27 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Input
       parse_accept(r, args, first, help, cl.accept);
       break;
     case CommandLine::Command::plan:
-      cl.plan = parse_plan(r, args, first, inputs);
+      cl.plan = parse_plan(r, args, first);
       break;
     case CommandLine::Command::compare:
       cl.compare = parse_compare(r, args, first, help);
       break;
     default:
-      cl.run = parse_run(r, args, first, inputs);
+      cl.run = parse_run(r, args, first);
   }
   if (help) cl.command = CommandLine::Command::help;
   return cl;
+}
+
+void use_input_file(RunOptions& run, std::shared_ptr<const InputSource> source) {
+  const InputFileInfo& file = source->info();
+  check_range("--inputs " + file.path + ": its batch", file.batch, 1, kMaxBatch, kBatchWhy);
+  check_range("--inputs " + file.path + ": its sequence length", file.seq_len, 1, kMaxSeqLen,
+              kSeqLenWhy);
+  run.request.problem.batch = file.batch;
+  run.request.problem.seq_len = file.seq_len;
+  run.request.problem.inputs = std::move(source);
+  settle_sequence(run);
 }
 
 }  // namespace cpd

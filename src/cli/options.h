@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,8 @@ struct RunOptions {
   bool quiet = false;
   bool progress = false;  // progress lines on stderr even when it is not a terminal
   bool smoke = false;
-  Thresholds thresholds;  // design §7's; accept's flags override them for its evidence run
+  bool splits_given = false;  // --kv-chunk-sizes: each must be shorter than the sequence
+  Thresholds thresholds;      // design §7's; accept's flags override them for its evidence run
 };
 
 struct BenchOptions {
@@ -74,11 +76,13 @@ struct CommandLine {
   CompareOptions compare;
 };
 
-/// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong.
-/// `inputs`: the --inputs file once opened, whose B and S the run takes (the checks that need
-/// the sequence length wait for it: parse once without, open the file, parse again with it).
-CommandLine parse_command_line(const std::vector<std::string>& args,
-                               const InputFileInfo* inputs = nullptr);
+/// Parses argv (argv[0] excluded). Throws UsageError with one line saying what is wrong. With
+/// --inputs, the checks that need the sequence length wait for the file (use_input_file).
+CommandLine parse_command_line(const std::vector<std::string>& args);
+
+/// --inputs, once the file is open: the run takes its q, k, v and its B and S, and the checks
+/// that need the sequence length run. Throws UsageError as parse_command_line does.
+void use_input_file(RunOptions& run, std::shared_ptr<const InputSource> source);
 
 /// `cpdrift --help`.
 std::string usage_text();

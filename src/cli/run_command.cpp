@@ -16,11 +16,8 @@
 #include "core/util/process_memory.h"
 #include "core/util/temp_file_guard.h"
 #include "engine/memory_plan.h"
-#include "engine/merge_checks.h"
 #include "engine/run_session.h"
 #include "kernels/cpu/inputs.h"
-#include "kernels/cpu/simd_info.h"
-#include "report/provenance.h"
 #include "report/run_recorder.h"
 
 namespace cpd {
@@ -91,39 +88,9 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
                                    "(lse); BF16 tensors are stored as exact FP32 values")}});
 }
 
-// The report before any case: the problem, the gates, and where and how the run happens, read
-// off the session that will run it.
-RunReport start_report(const RunOptions& options, const RunSession& session,
-                       const CommContext& comm, const std::string& command_line) {
-  RunReport report;
-  report.problem = options.request.problem;
-  report.thresholds = options.thresholds;
-  report.provenance = gather_provenance(comm, command_line);
-  report.provenance.threads = session.threads();
-  report.provenance.simd = cpu_simd_isa();
-  report.provenance.transport = session.transport().name();
-  report.provenance.device = session.backend().device();
-  report.provenance.cuda_available = cuda_device_count() > 0;
-  report.vocab_size = session.context().vocab_size;
-  report.merge_oracle_self_test = merge_oracle_self_test();
-  return report;
-}
-
-// Rank 0 holds the digests, so its verdict is the job's: every process gets the same list.
-std::vector<std::string> agreed_verdict(const RunReport& report, const CommContext& comm) {
-  std::string verdict;
-  for (const std::string& f : evaluate_checks(report)) verdict += f + '\n';
-  verdict = comm.broadcast(verdict, 0);
-  std::vector<std::string> failed;
-  for (std::size_t at = 0, nl; (nl = verdict.find('\n', at)) != std::string::npos; at = nl + 1) {
-    failed.push_back(verdict.substr(at, nl - at));
-  }
-  return failed;
-}
-
 // Rank 0's files and closing lines.
-void finish(const RunOptions& options, const RunReport& report, TensorDump* dump, ThreadPool& pool,
-            std::FILE* table, bool verbose) {
+void write_outputs(const RunOptions& options, const RunReport& report, TensorDump* dump,
+                   ThreadPool& pool, std::FILE* table, bool verbose) {
   const std::string text = json::to_string(report_json(report));
   if (dump != nullptr) {
     if (options.dump_inputs) dump_inputs(*dump, options.request.problem, pool);
@@ -199,23 +166,28 @@ void check_memory(const RunRequest& q, const RunPlan& plan, const CommContext& c
       need = plan_run_peaks(q, plan, comm.size(), threads,
                             q.device == Device::cuda)[static_cast<std::size_t>(comm.rank())];
     }
-    if (need <= budget.bytes) return;
-    const auto gb = [](std::uint64_t bytes) {
-      char text[32];
-      std::snprintf(text, sizeof text, "%.3g GB", static_cast<double>(bytes) * 1e-9);
-      return std::string(text);
-    };
-    throw std::runtime_error(
-        "not enough memory: process " + std::to_string(comm.rank()) + " would need about " +
-        gb(need) + " at its peak (cpdrift plan's estimate) and may count on " + gb(budget.bytes) +
-        " (" + budget.source +
-        "); use more processes or nodes, a larger --kv-chunk-sizes split (each "
-        "KV block adds a state per query row), or a smaller --seq-len or --batch (cpdrift plan "
-        "shows each phase's buffers)");
+    if (need > budget.bytes) {
+      refuse_memory(comm.rank(), need, "at its peak (cpdrift plan's estimate)", budget,
+                    "use more processes or nodes, a larger --kv-chunk-sizes split (each KV block "
+                    "adds a state per query row), or a smaller --seq-len or --batch (cpdrift "
+                    "plan shows each phase's buffers)");
+    }
   });
 }
 
 }  // namespace
+
+void refuse_memory(int rank, std::uint64_t need, const std::string& when,
+                   const MemoryBudget& budget, const std::string& advice) {
+  const auto gb = [](std::uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g GB", static_cast<double>(bytes) * 1e-9);
+    return std::string(text);
+  };
+  throw UsageError("not enough memory: process " + std::to_string(rank) + " would need about " +
+                   gb(need) + " " + when + " and may count on " + gb(budget.bytes) + " (" +
+                   budget.source + "); " + advice);
+}
 
 void check_output_path(const std::string& path, const CommContext& comm) {
   if (path.empty()) return;
@@ -230,7 +202,9 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   check_memory(options.request, plan, comm);
   const std::unique_ptr<TensorDump> dump = open_dump(options, comm);
   RunSession session(options.request, comm);
-  RunReport report = start_report(options, session, comm, command_line);
+  RunReport report;
+  RunRecorder recorder(report, session, comm, options.thresholds, command_line,
+                       !options.dump.empty(), dump.get());
 
   // The table goes where the JSON does not.
   const bool root = comm.rank() == 0;
@@ -238,31 +212,14 @@ RunReport execute_run(const RunOptions& options, const CommContext& comm,
   const bool verbose = root && !options.quiet;
   // Progress lines on a terminal, or when asked for (a batch job's log); never with --quiet.
   const bool progress = verbose && (isatty(STDERR_FILENO) != 0 || options.progress);
-  if (verbose) print_header(table, report, plan.cases.size(), plan.paged.size());
-
-  RunRecorder recorder(report, comm.collectives(), session.pool(), !options.dump.empty(),
-                       dump.get());
-  if (verbose) recorder.on_case = [&](const CaseResult& c) { print_case_row(table, c); };
-  session.run(plan, recorder, progress);
   if (verbose) {
-    print_rl_rows(table, report);
-    print_lane_rows(table, report);
-    print_paged_rows(table, report);
-    print_pair_rows(table, report);
+    print_header(table, report, plan.cases.size(), plan.paged.size());
+    recorder.on_case = [&](const CaseResult& c) { print_case_row(table, c); };
   }
-  report.failed_checks = agreed_verdict(report, comm);
-  report.peak_rss_bytes.assign(static_cast<std::size_t>(comm.size()), 0);
-  report.peak_rss_bytes[static_cast<std::size_t>(comm.rank())] = peak_rss_bytes();
-  comm.allreduce_sum(report.peak_rss_bytes);
-  report.wall_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (root) finish(options, report, dump.get(), session.pool(), table, verbose);
+  session.run(plan, recorder, progress);
+  recorder.finish(started);
+  if (root) write_outputs(options, report, dump.get(), session.pool(), table, verbose);
   return report;
-}
-
-int run_command(const RunOptions& options, const CommContext& comm,
-                const std::string& command_line) {
-  return execute_run(options, comm, command_line).passed() ? kExitOk : kExitChecksFailed;
 }
 
 }  // namespace cpd

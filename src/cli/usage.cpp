@@ -23,9 +23,10 @@ Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
 Problem
   --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
-  --batch N                    sequences (default 1; accept: 2)
-  --seq-len N                  tokens per sequence (default 16; bench: 4096, or 4096 and
-                               16384 on CUDA)
+  --batch N                    sequences, 1 to 4096 (default 1; accept: 2)
+  --seq-len N                  tokens per sequence, 1 to 2^30 (default 16; bench: 4096, or
+                               4096 and 16384 on CUDA); the run refuses what its memory cannot
+                               hold
   --seed N                     input seed (default 2355)
   --dtype bf16|fp32            candidate dtype (default bf16)
   --no-rope                    attention only, no RoPE on q/k
@@ -39,7 +40,7 @@ Problem
                                B and S are the file's; each process reads only its rows
 Cases (every combination runs, in this order)
   --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
-  --cp-world-sizes LIST        context-parallel sizes (default 1,2)
+  --cp-world-sizes LIST        context-parallel sizes, 1 to 256 (default 1,2)
   --kv-chunk-sizes LIST        split-KV sizes in tokens, each shorter than the sequence;
                                none/full/no_split = disabled (default none,4)
   --cp-layouts LIST            contiguous,zigzag (default contiguous)
@@ -63,14 +64,16 @@ Execution and output
   --transport auto|mpi|nccl|cuda_ipc
                                how partial states move between processes (default auto: mpi);
                                nccl and cuda_ipc stage through GPU memory (--device cuda)
-  --comm-timeout S             a wait for another process longer than S seconds ends the
-                               job (GPU transports: default 300; MPI: only when given)
-  --staging-mib N              cuda_ipc: receive window per process, in MiB (default 64)
-  --threads N                  CPU threads per process (default: cores / processes per node)
-  --round-rows N               query rows per round of the state and partial-dq exchanges
-                               (default: as many as keep a round's states of a range within
-                               32 MiB): memory against supersteps; the FP32 and emulated-BF16
-                               bits never change (cuBLAS's unfused path is fixed per shape)
+  --comm-timeout S             a wait for another process longer than S seconds (1 to 604800)
+                               ends the job (GPU transports: default 300; MPI: only when given)
+  --staging-mib N              cuda_ipc: receive window per process, 1 to 65536 MiB (default 64)
+  --threads N                  CPU threads per process, at most 4 per CPU of the machine
+                               (default: cores / processes per node)
+  --round-rows N               query rows per round of the state and partial-dq exchanges, at
+                               most --seq-len (default: as many as keep a round's states of a
+                               range within 32 MiB): memory against supersteps; the FP32 and
+                               emulated-BF16 bits never change (cuBLAS's unfused path is fixed
+                               per shape)
   --no-cpu-check               on the GPU, skip re-running the FP32 path on the CPU
                                (the cuda_vs_cpu_fp32 check)
   --inject-fault KIND@RANK[:WHEN]
@@ -85,8 +88,8 @@ Execution and output
                                step's gradients written and summed in BF16); CPU backend, needs
                                --include-backward, holds up to CP x the dK/dV totals more
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
-  --vocab-size V               vocabulary of the synthetic lm_head (default 4096; Qwen3's
-                               real 151936 runs too, given the memory)
+  --vocab-size V               vocabulary of the synthetic lm_head, 2 to 2^20 (default 4096;
+                               Qwen3's real 151936 runs too, given the memory)
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
@@ -98,31 +101,36 @@ Execution and output
   -h, --help                   this text
 
 Bench (--seq-len, --batch, --threads, --device as above)
-  --repeats N                  timed runs of each path: the best and the median (default 3)
+  --repeats N                  timed runs of each path, 1 to 100: the best and the median
+                               (default 3)
 
 Plan (the run options say what is planned; --json / --output write the plan as JSON; the
 options of how a run executes -- --dump, --progress, --threads, --transport, --comm-timeout,
 --staging-mib -- do not apply)
   --profile h200|cpu           the machine estimated (default h200); cpu measures this one's
                                kernels and memcpy first, shared by --processes N processes
-                               (default: the largest case's ranks)
+                               (at most 4 per CPU; default: the largest case's ranks)
   --bf16-tflops X --fp32-tflops X --hbm-tbs X --nvlink-gbs X --network-gbs X
-                               h200's figures (990, 67, 4.8, 450, 50)
-  --gpus-per-node N            ranks sharing NVLink (default 8); one logical rank per GPU
+                               h200's figures (990, 67, 4.8, 450, 50), each 0.001 to 1e6
+  --gpus-per-node N            ranks sharing NVLink, 1 to 1024 (default 8); one logical rank
+                               per GPU
 
 Compare (TRAIN and ROLLOUT: files of {sequence, position, token_id, logprob[, active]
 [, vocab_logprobs][, top_logprobs]} records, docs/compare.md; --output, --json and --quiet
 as above)
   --max-abs-delta X            exit 1 when the largest |logp_train - logp_rollout| exceeds X
-  --ratio-band X               importance ratios outside [1 - X, 1 + X] are counted (0.2)
-  --tis-clip X                 ratios above X are counted as truncated-IS clipped (2)
-  --worst N                    list the N tokens with the largest |delta| (5)
+  --ratio-band X               importance ratios outside [1 - X, 1 + X] are counted, X in
+                               [0, 1) (0.2)
+  --tis-clip X                 ratios above X are counted as truncated-IS clipped, X at least
+                               1 (2)
+  --worst N                    list the N tokens with the largest |delta|, 0 to 1000 (5)
 
 Accept (writes DIR/acceptance.json and, in run mode, DIR/report.json)
   --out-threshold X --lse-threshold X --dlogp-threshold X --gradient-threshold X
   --paged-out-threshold X --paged-lse-threshold X --paged-dlogp-threshold X
-                               override design section 7's thresholds
+                               override design section 7's thresholds (each more than 0)
 
+Every number is refused outside its range (docs/cli.md, "Ranges") before anything runs.
 Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
 3 a failure while running.
 )";

@@ -1,13 +1,48 @@
 #include "report/run_recorder.h"
 
+#include "core/util/process_memory.h"
 #include "core/util/work_timers.h"
+#include "engine/merge_checks.h"
+#include "kernels/cpu/simd_info.h"
 #include "metrics/digest.h"
+#include "report/provenance.h"
 
 namespace cpd {
+
+RunRecorder::RunRecorder(RunReport& report, RunSession& session, const CommContext& comm,
+                         const Thresholds& thresholds, const std::string& command_line,
+                         bool dumping, TensorDump* dump)
+    : RunRecorder(report, comm.collectives(), session.pool(), dumping, dump) {
+  comm_ = &comm;
+  report.problem = session.context().problem;
+  report.thresholds = thresholds;
+  report.provenance = gather_provenance(comm, command_line);
+  report.provenance.threads = session.threads();
+  report.provenance.simd = cpu_simd_isa();
+  report.provenance.transport = session.transport().name();
+  report.provenance.device = session.backend().device();
+  report.provenance.cuda_available = cuda_device_count() > 0;
+  report.vocab_size = session.context().vocab_size;
+  report.merge_oracle_self_test = merge_oracle_self_test();
+}
 
 RunRecorder::RunRecorder(RunReport& report, const Collectives& collectives, ThreadPool& pool,
                          bool dumping, TensorDump* dump)
     : report_(report), collectives_(collectives), pool_(pool), dumping_(dumping), dump_(dump) {}
+
+void RunRecorder::finish(std::chrono::steady_clock::time_point started) {
+  std::string verdict;
+  for (const std::string& f : evaluate_checks(report_)) verdict += f + '\n';
+  verdict = comm_->broadcast(verdict, 0);
+  for (std::size_t at = 0, nl; (nl = verdict.find('\n', at)) != std::string::npos; at = nl + 1)
+    report_.failed_checks.push_back(verdict.substr(at, nl - at));
+  std::vector<std::uint64_t>& rss = report_.peak_rss_bytes;
+  rss.assign(static_cast<std::size_t>(comm_->size()), 0);
+  rss[static_cast<std::size_t>(comm_->rank())] = peak_rss_bytes();
+  comm_->allreduce_sum(rss);
+  report_.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
 
 void RunRecorder::annotate(const std::string& group, const DumpAttributes& attributes) {
   if (dump_ != nullptr) dump_->annotate(group, attributes);
