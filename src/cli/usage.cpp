@@ -3,8 +3,10 @@
 
 namespace cpd {
 
-std::string usage_text() {
-  return R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
+namespace {
+
+// The text, as the user reads it (docs/cli.md is checked against it option by option).
+constexpr const char* kUsage = R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
        cpdrift bench [options]        kernel throughput: CPU FP32 and BF16-emulated, or with
                                       --device cuda the GPU paths vs PyTorch SDPA
        cpdrift accept --mode manifest|run --output DIR/acceptance.json
@@ -134,6 +136,9 @@ Every number is refused outside its range (docs/cli.md, "Ranges") before anythin
 Exit status: 0 checks passed, 1 a drift check failed, 2 bad input (nothing ran),
 3 a failure while running.
 )";
-}
+
+}  // namespace
+
+std::string usage_text() { return kUsage; }
 
 }  // namespace cpd
