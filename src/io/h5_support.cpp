@@ -103,34 +103,32 @@ std::string fixed_string(std::size_t size, const std::string& file, const std::s
 // stored densely); refusing it bounds what a corrupted size can make us allocate.
 constexpr std::size_t kMaxAttributeBytes = std::size_t{1} << 20;
 
-DumpValue read_scalar(hid_t attr, const std::string& file, const std::string& what) {
-  const Handle space(checked(H5Aget_space(attr), file, what));
+// Attribute `name` of `object` (at `path`), a scalar string or number.
+DumpValue read_scalar(hid_t object, const std::string& name, const std::string& path,
+                      const std::string& file) {
+  const std::string what = "attribute " + name + " of " + path;
+  const Handle attr(
+      checked(H5Aopen(object, name.c_str(), H5P_DEFAULT), file, "cannot open " + what));
+  const Handle space(checked(H5Aget_space(attr.get()), file, what));
   if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
     throw FileError(file + ": " + what + " is not a scalar");
-  const Handle type(checked(H5Aget_type(attr), file, what));
+  const Handle type(checked(H5Aget_type(attr.get()), file, what));
   const H5T_class_t cls = H5Tget_class(type.get());
-  if (cls == H5T_STRING) {
-    if (H5Tis_variable_str(type.get()) != 0)
-      throw FileError(file + ": " + what +
-                      " is a variable-length string (store a fixed-length one)");
-    const std::size_t size = H5Tget_size(type.get());
-    if (size == 0 || size > kMaxAttributeBytes)
-      throw FileError(file + ": " + what + " has an implausible size (" + std::to_string(size) +
-                      " bytes)");
-    return fixed_string(size, file, what,
-                        [&](hid_t mem, char* out) { return H5Aread(attr, mem, out); });
-  }
-  if (cls == H5T_INTEGER || cls == H5T_ENUM) {
-    std::int64_t value = 0;
-    checked(H5Aread(attr, H5T_NATIVE_INT64, &value), file, "cannot read " + what);
+  const auto number = [&](auto value, hid_t mem) -> DumpValue {
+    checked(H5Aread(attr.get(), mem, &value), file, "cannot read " + what);
     return value;
-  }
-  if (cls == H5T_FLOAT) {
-    double value = 0;
-    checked(H5Aread(attr, H5T_NATIVE_DOUBLE, &value), file, "cannot read " + what);
-    return value;
-  }
-  throw FileError(file + ": " + what + " is neither a string nor a number");
+  };
+  if (cls == H5T_INTEGER || cls == H5T_ENUM) return number(std::int64_t{0}, H5T_NATIVE_INT64);
+  if (cls == H5T_FLOAT) return number(0.0, H5T_NATIVE_DOUBLE);
+  if (cls != H5T_STRING) throw FileError(file + ": " + what + " is neither a string nor a number");
+  if (H5Tis_variable_str(type.get()) != 0)
+    throw FileError(file + ": " + what + " is a variable-length string (store a fixed-length one)");
+  const std::size_t size = H5Tget_size(type.get());
+  if (size == 0 || size > kMaxAttributeBytes)
+    throw FileError(file + ": " + what + " has an implausible size (" + std::to_string(size) +
+                    " bytes)");
+  return fixed_string(size, file, what,
+                      [&](hid_t mem, char* out) { return H5Aread(attr.get(), mem, out); });
 }
 
 herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* out) {
@@ -149,22 +147,14 @@ herr_t collect_attribute(hid_t, const char* name, const H5A_info_t*, void* out) 
 herr_t Handle::close() {
   const hid_t id = std::exchange(id_, -1);
   if (id < 0) return 0;
-  switch (H5Iget_type(id)) {
-    case H5I_FILE:
-      return H5Fclose(id);
-    case H5I_DATASET:
-      return H5Dclose(id);
-    case H5I_ATTR:
-      return H5Aclose(id);
-    case H5I_DATATYPE:
-      return H5Tclose(id);
-    case H5I_DATASPACE:
-      return H5Sclose(id);
-    case H5I_GENPROP_LST:
-      return H5Pclose(id);
-    default:
-      return H5Oclose(id);  // a group
-  }
+  const H5I_type_t type = H5Iget_type(id);
+  return type == H5I_FILE          ? H5Fclose(id)
+         : type == H5I_DATASET     ? H5Dclose(id)
+         : type == H5I_ATTR        ? H5Aclose(id)
+         : type == H5I_DATATYPE    ? H5Tclose(id)
+         : type == H5I_DATASPACE   ? H5Sclose(id)
+         : type == H5I_GENPROP_LST ? H5Pclose(id)
+                                   : H5Oclose(id);  // a group
 }
 
 void silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
@@ -253,11 +243,8 @@ std::string Dataset::read_text() const {
 }
 
 std::optional<DumpValue> Dataset::attribute(const std::string& name) const {
-  const std::string what = "attribute " + name + " of " + path_;
-  if (checked(H5Aexists(id_.get(), name.c_str()), file_, "cannot read " + what) == 0) return {};
-  const Handle attr(
-      checked(H5Aopen(id_.get(), name.c_str(), H5P_DEFAULT), file_, "cannot open " + what));
-  return read_scalar(attr.get(), file_, what);
+  if (checked(H5Aexists(id_.get(), name.c_str()), file_, "cannot read " + path_) == 0) return {};
+  return read_scalar(id_.get(), name, path_, file_);
 }
 
 std::vector<Member> members(hid_t file, const std::string& path, const std::string& file_name) {
@@ -290,12 +277,8 @@ DumpAttributes read_attributes(hid_t file, const std::string& path, const std::s
   checked(H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_INC, &at, collect_attribute, &names),
           file_name, "cannot list the attributes of " + path);
   DumpAttributes out;
-  for (const std::string& name : names) {
-    const std::string what = "attribute " + name + " of " + path;
-    const Handle attr(checked(H5Aopen(object.get(), name.c_str(), H5P_DEFAULT), file_name,
-                              "cannot open " + what));
-    out.emplace_back(name, read_scalar(attr.get(), file_name, what));
-  }
+  for (const std::string& name : names)
+    out.emplace_back(name, read_scalar(object.get(), name, path, file_name));
   return out;
 }
 
