@@ -18,25 +18,17 @@ namespace {
 
 char being_read[4096] = "";
 
-// Names `path` as the file HDF5 reads while this lives (truncated to the buffer;
-// NUL-terminated), and clears it after: a fault outside an HDF5 read blames no file.
-class Reading {
- public:
-  explicit Reading(const std::string& path) {
-    const std::size_t n = std::min(path.size(), sizeof being_read - 1);
-    std::memcpy(being_read, path.data(), n);
-    being_read[n] = '\0';
-  }
-  ~Reading() { being_read[0] = '\0'; }
-  Reading(const Reading&) = delete;
-  Reading& operator=(const Reading&) = delete;
-};
-
-// Runs `f` while HDF5 reads `file` (named for the fault guard); a refusal of the HDF5 support
-// (io/h5_support.h) becomes this tool's InspectError.
+// Runs `f` with `file` named as the one HDF5 reads (truncated to the buffer), for the fault guard,
+// and clears the name after: a fault outside an HDF5 read blames no file. A refusal of the HDF5
+// support (io/h5_support.h) becomes this tool's InspectError.
 template <class F>
 auto reading(const std::string& file, F&& f) {
-  const Reading scope(file);
+  const std::size_t n = std::min(file.size(), sizeof being_read - 1);
+  std::memcpy(being_read, file.data(), n);
+  being_read[n] = '\0';
+  struct Clear {
+    ~Clear() { being_read[0] = '\0'; }
+  } clear;
   try {
     return f();
   } catch (const h5::FileError& e) {
@@ -99,8 +91,7 @@ struct DumpFile::Impl {
 
   // The file closes here, named: a fault in HDF5's close names it too.
   ~Impl() {
-    const Reading scope(path);
-    file.close();
+    reading(path, [&] { file.close(); });
   }
 
   std::string path;
