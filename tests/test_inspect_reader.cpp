@@ -13,6 +13,7 @@
 
 using namespace inspect_test;
 using cpd::inspect::DumpFile;
+using cpd::inspect::find_attribute;
 using cpd::inspect::InspectError;
 
 namespace {
@@ -243,4 +244,54 @@ TEST_CASE("a dump missing an attribute, or with a wrong rank, dtype or shape, is
     CHECK(open_error(path) == path + b.says);
     std::remove(path.c_str());
   }
+}
+
+TEST_CASE("attributes: strings, integers (booleans too) and floats are read, other kinds refused") {
+  // A dump whose root carries one more attribute, `extra`, of HDF5 type `type` and space `space`.
+  const auto with_extra = [](const char* name, hid_t type, hid_t space, const void* value) {
+    return edited_dump(std::string("attr_") + name + ".h5", [&](const Edit& e) {
+      const hid_t a = H5Acreate2(e.file(), "extra", type, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, type, value);
+      H5Aclose(a);
+    });
+  };
+  const hid_t scalar = H5Screate(H5S_SCALAR);
+  // h5py stores a Python bool as an enum of FALSE and TRUE: read as the integer.
+  const hid_t boolean = H5Tenum_create(H5T_NATIVE_INT8);
+  std::int8_t value = 0;
+  H5Tenum_insert(boolean, "FALSE", &value);
+  value = 1;
+  H5Tenum_insert(boolean, "TRUE", &value);
+  const std::string with_bool = with_extra("bool", boolean, scalar, &value);
+  const DumpFile bool_dump = DumpFile::open(with_bool);
+  const auto* extra = find_attribute(bool_dump.root_attributes(), "extra");
+  REQUIRE(extra != nullptr);
+  CHECK(std::get<std::int64_t>(*extra) == 1);
+  const double half = 0.5;
+  const std::string with_float = with_extra("float", H5T_NATIVE_DOUBLE, scalar, &half);
+  const DumpFile float_dump = DumpFile::open(with_float);
+  extra = find_attribute(float_dump.root_attributes(), "extra");
+  REQUIRE(extra != nullptr);
+  CHECK(std::get<double>(*extra) == 0.5);
+
+  const hid_t variable = H5Tcopy(H5T_C_S1);
+  H5Tset_size(variable, H5T_VARIABLE);
+  const char* text = "bf16";
+  const std::string with_vlen = with_extra("vlen", variable, scalar, &text);
+  CHECK(open_error(with_vlen) ==
+        with_vlen +
+            ": attribute extra of / is a variable-length string (store a fixed-length one)");
+  const hsize_t two = 2;
+  const hid_t pair = H5Screate_simple(1, &two, nullptr);
+  const std::int64_t values[2] = {1, 2};
+  const std::string with_array = with_extra("array", H5T_NATIVE_INT64, pair, values);
+  CHECK(open_error(with_array) == with_array + ": attribute extra of / is not a scalar");
+  const hid_t opaque = H5Tcreate(H5T_OPAQUE, 4);
+  const std::string with_opaque = with_extra("opaque", opaque, scalar, values);
+  CHECK(open_error(with_opaque) ==
+        with_opaque + ": attribute extra of / is neither a string nor a number");
+  for (const hid_t t : {boolean, variable, opaque}) H5Tclose(t);
+  for (const hid_t s : {scalar, pair}) H5Sclose(s);
+  for (const std::string& f : {with_bool, with_float, with_vlen, with_array, with_opaque})
+    std::remove(f.c_str());
 }

@@ -1,68 +1,47 @@
 // HDF5 logprob columns: /sequence, /position, /token_id, /logprob [N], optional /active [N] and
 // /vocab_logprobs [N, V]; HDF5 converts any integer or float type to what is read.
-#include <hdf5.h>
-
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "compare/logprob_stream.h"
 #include "core/errors.h"
-#include "io/h5_handle.h"
+#include "io/h5_support.h"
 
 namespace cpd::stream_io {
 namespace {
 
-using h5io::Handle;
-
-// One dataset's shape and values as `mem_type` (H5T_NATIVE_INT64 or H5T_NATIVE_DOUBLE).
+// One dataset's values as T (std::int64_t or double), and its extents in `dims`.
 template <class T>
-std::vector<T> read_dataset(hid_t file, const std::string& path, const char* name, hid_t mem_type,
-                            std::vector<hsize_t>& dims) {
+std::vector<T> read_dataset(hid_t file, const std::string& path, const char* name,
+                            std::vector<std::int64_t>& dims) {
   const std::string what = path + ": /" + name;
-  const Handle set(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
-  if (set.get() < 0) throw UsageError(what + ": cannot open the dataset");
-  const Handle type(H5Dget_type(set.get()), H5Tclose);
-  const H5T_class_t cls = H5Tget_class(type.get());
+  const h5::Dataset set(file, std::string("/") + name, path);
+  const H5T_class_t cls = set.type_class();
   if (cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_ENUM)
     throw UsageError(what + ": must hold numbers");
-  if (mem_type == H5T_NATIVE_INT64 && cls == H5T_FLOAT)
-    throw UsageError(what + ": must hold integers");
-  const Handle space(H5Dget_space(set.get()), H5Sclose);
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 1 || rank > 2) throw UsageError(what + ": must be 1-D (or [N, V])");
-  dims.assign(static_cast<std::size_t>(rank), 0);
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  std::size_t n = 1;
-  for (const hsize_t d : dims) n *= static_cast<std::size_t>(d);
-  std::vector<T> values(n);
-  if (n > 0 && H5Dread(set.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
-    throw UsageError(what + ": cannot read (truncated or corrupted file?)");
-  return values;
+  if (std::is_integral_v<T> && cls == H5T_FLOAT) throw UsageError(what + ": must hold integers");
+  dims = set.shape();
+  if (dims.size() < 1 || dims.size() > 2) throw UsageError(what + ": must be 1-D (or [N, V])");
+  return set.read<T>();
 }
 
 }  // namespace
 
 void read_hdf5_columns(const std::string& path, LogprobStream& s) {
   s.files.push_back(fingerprint(path));
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // failures become one line, not HDF5's stack
-  const Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0)
-    throw UsageError(path + ": cannot be opened as HDF5 (truncated or corrupted?)");
-  const auto exists = [&](const char* name) {
-    return H5Lexists(file.get(), name, H5P_DEFAULT) > 0;
-  };
+  const h5::Handle file = h5::open_file(path);
+  const auto exists = [&](const char* name) { return h5::exists(file.get(), name); };
   for (const char* name : {"sequence", "position", "token_id", "logprob"}) {
     if (!exists(name)) throw UsageError(path + ": no dataset /" + name);
   }
-  std::vector<hsize_t> dims;
+  std::vector<std::int64_t> dims;
   const auto column = [&](const char* name) {
-    std::vector<std::int64_t> v =
-        read_dataset<std::int64_t>(file.get(), path, name, H5T_NATIVE_INT64, dims);
+    std::vector<std::int64_t> v = read_dataset<std::int64_t>(file.get(), path, name, dims);
     if (dims.size() != 1) throw UsageError(path + ": /" + std::string(name) + " must be 1-D");
     return v;
   };
-  const std::vector<double> logprob =
-      read_dataset<double>(file.get(), path, "logprob", H5T_NATIVE_DOUBLE, dims);
+  const std::vector<double> logprob = read_dataset<double>(file.get(), path, "logprob", dims);
   if (dims.size() != 1) throw UsageError(path + ": /logprob must be 1-D");
   const std::size_t n = logprob.size();
   const std::vector<std::int64_t> seq = column("sequence"), pos = column("position"),
@@ -78,20 +57,19 @@ void read_hdf5_columns(const std::string& path, LogprobStream& s) {
     }
   }
   if (exists("vocab_logprobs")) {
-    s.vocab = read_dataset<double>(file.get(), path, "vocab_logprobs", H5T_NATIVE_DOUBLE, dims);
-    if (dims.size() != 2 || dims[0] != n || dims[1] == 0)
+    s.vocab = read_dataset<double>(file.get(), path, "vocab_logprobs", dims);
+    if (dims.size() != 2 || static_cast<std::size_t>(dims[0]) != n || dims[1] == 0)
       throw UsageError(path + ": /vocab_logprobs must be [" + std::to_string(n) + ", V]");
-    s.vocab_size = static_cast<std::int64_t>(dims[1]);
+    s.vocab_size = dims[1];
   }
   if (exists("top_ids") != exists("top_logprobs"))
     throw UsageError(path + ": /top_ids and /top_logprobs go together");
   if (exists("top_ids")) {
     const std::vector<std::int64_t> ids =
-        read_dataset<std::int64_t>(file.get(), path, "top_ids", H5T_NATIVE_INT64, dims);
-    const std::vector<hsize_t> id_dims = dims;
-    const std::vector<double> lps =
-        read_dataset<double>(file.get(), path, "top_logprobs", H5T_NATIVE_DOUBLE, dims);
-    if (id_dims.size() != 2 || id_dims[0] != n || dims != id_dims) {
+        read_dataset<std::int64_t>(file.get(), path, "top_ids", dims);
+    const std::vector<std::int64_t> id_dims = dims;
+    const std::vector<double> lps = read_dataset<double>(file.get(), path, "top_logprobs", dims);
+    if (id_dims.size() != 2 || static_cast<std::size_t>(id_dims[0]) != n || dims != id_dims) {
       throw UsageError(path + ": /top_ids and /top_logprobs must both be [" + std::to_string(n) +
                        ", K]");
     }

@@ -6,13 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <new>
 #include <tuple>
 
 #include "inspect/dump_layout.h"
-#include "inspect/h5_support.h"
-#include "report/run_report.h"
+#include "io/h5_support.h"
 
 namespace cpd::inspect {
 
@@ -20,19 +18,23 @@ namespace {
 
 char being_read[4096] = "";
 
-// Names `path` as the file HDF5 reads while this lives (truncated to the buffer;
-// NUL-terminated), and clears it after: a fault outside an HDF5 read blames no file.
-class Reading {
- public:
-  explicit Reading(const std::string& path) {
-    const std::size_t n = std::min(path.size(), sizeof being_read - 1);
-    std::memcpy(being_read, path.data(), n);
-    being_read[n] = '\0';
+// Runs `f` with `file` named as the one HDF5 reads (truncated to the buffer), for the fault guard,
+// and clears the name after: a fault outside an HDF5 read blames no file. A refusal of the HDF5
+// support (io/h5_support.h) becomes this tool's InspectError.
+template <class F>
+auto reading(const std::string& file, F&& f) {
+  const std::size_t n = std::min(file.size(), sizeof being_read - 1);
+  std::memcpy(being_read, file.data(), n);
+  being_read[n] = '\0';
+  struct Clear {
+    ~Clear() { being_read[0] = '\0'; }
+  } clear;
+  try {
+    return f();
+  } catch (const h5::FileError& e) {
+    throw InspectError(e.what());
   }
-  ~Reading() { being_read[0] = '\0'; }
-  Reading(const Reading&) = delete;
-  Reading& operator=(const Reading&) = delete;
-};
+}
 
 }  // namespace
 
@@ -71,10 +73,25 @@ std::string TensorInfo::leg_path() const {
 }
 
 struct DumpFile::Impl {
+  // A dump opened by `open` (a path or a memory image) and validated, `name` in messages.
+  template <class Open>
+  static DumpFile opened(const std::string& name, Open&& open) {
+    auto impl = std::make_unique<Impl>();
+    impl->path = name;
+    reading(name, [&] {
+      try {
+        impl->file = open();
+        impl->load();
+      } catch (const std::bad_alloc&) {
+        throw InspectError(name + ": out of memory reading the file's metadata (corrupted?)");
+      }
+    });
+    return DumpFile(std::move(impl));
+  }
+
   // The file closes here, named: a fault in HDF5's close names it too.
   ~Impl() {
-    const Reading scope(path);
-    file.reset();
+    reading(path, [&] { file.close(); });
   }
 
   std::string path;
@@ -163,26 +180,17 @@ struct DumpFile::Impl {
   TensorInfo describe(const std::string& at) const {
     TensorInfo t;
     t.path = at;
-    const h5::Handle data(h5::checked(H5Dopen2(file.get(), at.c_str(), H5P_DEFAULT), path,
-                                      "cannot open dataset " + at),
-                          H5Dclose);
-    const h5::Handle type(h5::checked(H5Dget_type(data.get()), path, "cannot read " + at),
-                          H5Tclose);
-    if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4) {
-      throw InspectError(
-          path + ": " + at + " is not FP32 (a " + std::to_string(H5Tget_size(type.get())) +
-          "-byte " + (H5Tget_class(type.get()) == H5T_FLOAT ? "float" : "non-float") + " dataset)");
+    const h5::Dataset data(file.get(), at, path);
+    if (data.type_class() != H5T_FLOAT || data.type_size() != 4) {
+      throw InspectError(path + ": " + at + " is not FP32 (a " + std::to_string(data.type_size()) +
+                         "-byte " + (data.type_class() == H5T_FLOAT ? "float" : "non-float") +
+                         " dataset)");
     }
-    const h5::Handle space(h5::checked(H5Dget_space(data.get()), path, "cannot read " + at),
-                           H5Sclose);
-    const int rank = H5Sget_simple_extent_ndims(space.get());
-    if (rank != 3 && rank != 4) {
-      throw InspectError(path + ": " + at + " has rank " + std::to_string(rank) +
+    t.shape = data.shape();
+    if (t.shape.size() != 3 && t.shape.size() != 4) {
+      throw InspectError(path + ": " + at + " has rank " + std::to_string(t.shape.size()) +
                          " (a dump's tensors are [B, H, S] or [B, H, S, D])");
     }
-    hsize_t dims[4] = {};
-    h5::checked(H5Sget_simple_extent_dims(space.get(), dims, nullptr), path, "cannot read " + at);
-    for (int i = 0; i < rank; ++i) t.shape.push_back(static_cast<std::int64_t>(dims[i]));
     t.attributes = h5::read_attributes(file.get(), at, path);
     // The values must all be there: a dataset the writer never finished has less storage.
     const std::uint64_t want = layout::tensor_bytes(t, path);
@@ -209,30 +217,12 @@ DumpFile DumpFile::open(const std::string& path) {
   if (!std::ifstream(path, std::ios::binary)) throw InspectError(path + ": cannot be read");
   if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0)
     throw InspectError(path + ": empty file (0 bytes), not a dump");
-  auto impl = std::make_unique<Impl>();
-  impl->path = path;
-  const Reading scope(path);
-  try {
-    impl->file = h5::open_file(path);
-    impl->load();
-  } catch (const std::bad_alloc&) {
-    throw InspectError(path + ": out of memory reading the file's metadata (corrupted?)");
-  }
-  return DumpFile(std::move(impl));
+  return Impl::opened(path, [&] { return h5::open_file(path); });
 }
 
 DumpFile DumpFile::open_image(const void* data, std::size_t size, const std::string& name) {
   if (size == 0) throw InspectError(name + ": empty file (0 bytes), not a dump");
-  auto impl = std::make_unique<Impl>();
-  impl->path = name;
-  const Reading scope(name);
-  try {
-    impl->file = h5::open_image(data, size, name);
-    impl->load();
-  } catch (const std::bad_alloc&) {
-    throw InspectError(name + ": out of memory reading the file's metadata (corrupted?)");
-  }
-  return DumpFile(std::move(impl));
+  return Impl::opened(name, [&] { return h5::open_image(data, size, name); });
 }
 
 const std::string& DumpFile::path() const { return impl_->path; }
@@ -258,47 +248,26 @@ const TensorInfo* DumpFile::find(const std::string& path) const {
 
 std::vector<float> DumpFile::read(const TensorInfo& tensor) const {
   const std::string& file = impl_->path;
-  const Reading scope(file);
-  std::vector<float> values;
-  try {
-    values.resize(static_cast<std::size_t>(tensor.elements()));
-  } catch (const std::bad_alloc&) {
-    throw InspectError(file + ": " + tensor.path + " does not fit in memory (" +
-                       std::to_string(tensor.elements()) + " values)");
-  }
-  const h5::Handle data(h5::checked(H5Dopen2(impl_->file.get(), tensor.path.c_str(), H5P_DEFAULT),
-                                    file, "cannot open dataset " + tensor.path),
-                        H5Dclose);
-  h5::checked(H5Dread(data.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
-              file, "cannot read the values of " + tensor.path);
-  return values;
+  return reading(file, [&] {
+    const h5::Dataset data(impl_->file.get(), tensor.path, file);
+    try {
+      return data.read<float>();
+    } catch (const std::bad_alloc&) {
+      throw InspectError(file + ": " + tensor.path + " does not fit in memory (" +
+                         std::to_string(tensor.elements()) + " values)");
+    }
+  });
 }
 
 std::optional<std::string> DumpFile::report_json() const {
   if (!impl_->has_report) return std::nullopt;
   const std::string& file = impl_->path;
-  const Reading scope(file);
-  const h5::Handle data(h5::checked(H5Dopen2(impl_->file.get(), "/report_json", H5P_DEFAULT), file,
-                                    "cannot open /report_json"),
-                        H5Dclose);
-  const h5::Handle type(h5::checked(H5Dget_type(data.get()), file, "cannot read /report_json"),
-                        H5Tclose);
-  const std::size_t size = H5Tget_size(type.get());
-  if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0 || size == 0 ||
-      (impl_->file_bytes > 0 && size > impl_->file_bytes)) {
-    throw InspectError(file + ": /report_json is not the fixed-length text a dump stores");
-  }
-  const h5::Handle space(h5::checked(H5Dget_space(data.get()), file, "cannot read /report_json"),
-                         H5Sclose);
-  if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
-    throw InspectError(file + ": /report_json is not a scalar");
-  const h5::Handle mem(h5::checked(H5Tcopy(H5T_C_S1), file, "cannot read /report_json"), H5Tclose);
-  h5::checked(H5Tset_size(mem.get(), size + 1), file, "cannot read /report_json");
-  std::string text(size + 1, '\0');
-  h5::checked(H5Dread(data.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), file,
-              "cannot read /report_json");
-  text.resize(std::strlen(text.c_str()));
-  return text;
+  return reading(file, [&] {
+    const h5::Dataset data(impl_->file.get(), "/report_json", file);
+    if (impl_->file_bytes > 0 && data.type_size() > impl_->file_bytes)
+      throw InspectError(file + ": /report_json is larger than the file");
+    return std::optional<std::string>(data.read_text());
+  });
 }
 
 }  // namespace cpd::inspect

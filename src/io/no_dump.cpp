@@ -1,8 +1,11 @@
 // Built without HDF5: --dump is refused before any work starts.
 #include "core/errors.h"
+#include "io/hdf5_info.h"
 #include "io/tensor_dump.h"
 
 namespace cpd {
+
+std::string hdf5_library_version() { return ""; }
 
 bool dump_supported() { return false; }
 

@@ -49,12 +49,12 @@ def tensors(seed):
     return {"q": make(HQ), "k": make(HKV), "v": make(HKV)}, positions
 
 
-def write_h5(path, t, positions, rope_attr=True, q=None):
+def write_h5(path, t, positions, rope_attr=True, q=None, rope=0):
     with h5py.File(path, "w") as f:
         for name, x in t.items():
             f[name] = x if q is None or name != "q" else q
             if rope_attr and name != "v":
-                f[name].attrs["rope_applied"] = 0
+                f[name].attrs["rope_applied"] = rope
         f["positions"] = positions
 
 
@@ -155,11 +155,21 @@ def main():
         run(exe, ["--inputs", other, "--output", out] + common)
         if "hdf5" in reports and os.path.exists(out):
             check(digests(json.load(open(out))) != digests(reports["hdf5"]), "other values, other bits (control)")
+        # rope_applied as h5py stores a Python bool (an HDF5 enum): read as the integer 0.
+        boolean = os.path.join(tmp, "bool.h5")
+        write_h5(boolean, t, positions, rope=False)
+        out = os.path.join(tmp, "bool.json")
+        rc, _, err = run(exe, ["--inputs", boolean, "--output", out] + common)
+        check("hdf5" in reports and os.path.exists(out) and
+              digests(json.load(open(out))) == digests(reports["hdf5"]),
+              f"rope_applied a boolean: the same bits (rc {rc}: {err.strip()[:300]})")
 
         # Wrong files, written by h5py: status 2, one line naming the file.
         bad = {
             "16 query heads": (lambda p: write_h5(p, t, positions, q=t["q"][:, :16]), "q has shape [2, 16, 24, 128]"),
             "no rope_applied": (lambda p: write_h5(p, t, positions, rope_attr=False), "rope_applied"),
+            "rope_applied a string": (lambda p: write_h5(p, t, positions, rope="false"),
+                                      "need an integer attribute rope_applied"),
             "float64": (lambda p: write_h5(p, t, positions, q=t["q"].astype(np.float64)), "float64"),
             "positions [2, 23]": (lambda p: write_h5(p, t, positions[:, :23]), "positions has shape [2, 23]"),
         }
@@ -176,7 +186,7 @@ def main():
         open(cut, "wb").write(data[: len(data) // 3])
         rc, out, err = run(exe, ["--inputs", cut] + common)
         lines = [x for x in err.splitlines() if x.startswith("cpdrift:")]
-        check(rc == 2 and len(lines) == 1 and cut in lines[0],
+        check(rc == 2 and len(lines) == 1 and cut + ": truncated: the file has" in lines[0],
               f"truncated HDF5: status 2, one line (rc {rc}: {lines})")
     print(f"{len(FAILURES)} failed")
     return 1 if FAILURES else 0
