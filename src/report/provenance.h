@@ -1,4 +1,4 @@
-// Facts about this build and launch that every report carries (style habit 9).
+// Facts about this build and launch that every report carries (docs/style.md, "output is data").
 #pragma once
 
 #include <string>
