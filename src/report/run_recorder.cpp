@@ -1,8 +1,5 @@
 #include "report/run_recorder.h"
 
-#include <algorithm>
-#include <functional>
-
 #include "core/util/work_timers.h"
 #include "metrics/digest.h"
 
@@ -24,9 +21,9 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
     return t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32;
   };
   // A tensor that rank 0 holds whole (every tensor in one process) and that is not dumped is
-  // not streamed: such tensors hash at once on the pool, one a task, the largest first, as
-  // SHA-256 is sequential within a tensor. Every process sees the same owners, so they all
-  // agree on which tensors are left to stream below.
+  // not streamed: such tensors hash at once on the pool, one a task (SHA-256 is sequential
+  // within a tensor). Every process sees the same owners, so they all agree on which tensors
+  // are left to stream below.
   std::vector<std::size_t> local;
   std::vector<bool> streamed(tensors.size(), true);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -37,14 +34,9 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
     }
   }
   if (collectives_.root()) {
-    const auto floats = [&](std::size_t i) {
-      const GlobalTensor& g = tensors[i].layout;
-      return g.batch * g.heads * g.seq_len * g.width;
-    };
-    std::ranges::stable_sort(local, std::greater{}, floats);
     pool_.parallel_for(static_cast<std::int64_t>(local.size()), [&](std::int64_t k) {
-      const CaseTensor& t = tensors[local[static_cast<std::size_t>(k)]];
-      digests[local[static_cast<std::size_t>(k)]] = local_digest(t.layout, format(t));
+      const std::size_t i = local[static_cast<std::size_t>(k)];
+      digests[i] = local_digest(tensors[i].layout, format(tensors[i]));
     });
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
