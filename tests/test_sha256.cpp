@@ -1,19 +1,14 @@
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
-#include <limits>
 #include <random>
-#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/util/sha256.h"
-#include "core/util/sha256_lanes.h"
 #include "metrics/digest.h"
 #include "report/json.h"
 
@@ -36,27 +31,6 @@ std::string random_bytes(std::size_t n, std::uint32_t seed) {
   for (char& c : out) c = static_cast<char>(rng() & 0xFF);
   return out;
 }
-
-// A message for sha256_lanes: `data` in spans of the given lengths (the rest in one last span),
-// empty spans left out since an empty span ends a message.
-cpd::ByteSpans spans_of(const std::string& data, std::vector<std::size_t> lengths) {
-  return [&data, lengths = std::move(lengths), at = std::size_t{0},
-          next = std::size_t{0}]() mutable -> std::span<const std::uint8_t> {
-    while (next < lengths.size() && lengths[next] == 0) ++next;
-    const std::size_t n =
-        std::min(data.size() - at, next < lengths.size() ? lengths[next++] : data.size());
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(data.data()) + at;
-    at += n;
-    return {bytes, n};
-  };
-}
-
-std::string hex_of(const cpd::LaneDigest& d) {
-  if (d.error) std::rethrow_exception(d.error);
-  return cpd::Sha256::hex(d.digest);
-}
-
-const cpd::ShaPath kPaths[] = {cpd::ShaPath::best, cpd::ShaPath::nettle};
 
 }  // namespace
 
@@ -116,82 +90,6 @@ TEST_CASE("sha256: the digest does not depend on how the input is chunked") {
   }
 }
 
-TEST_CASE("sha256 lanes: each message's digest is nettle's, whatever its length and its spans") {
-  // Lengths around the padding's boundaries (55/56, 63/64/65, 119/120) and past a few blocks,
-  // more messages than lanes, so that lanes end at different blocks and take the next message;
-  // spans from 1 byte to a few blocks, so that blocks are gathered across spans. The oracle is
-  // Sha256 (nettle) over each message whole.
-  if (!cpd::sha_instructions_available())
-    MESSAGE("this CPU has no SHA instructions: ShaPath::best is nettle here too");
-  const std::size_t lengths[] = {0,   1,   55,  56,   63,   64,    65,     119,
-                                 120, 128, 999, 4113, 8192, 65536, 100003, 262144};
-  std::mt19937 rng(11);
-  std::vector<std::string> data;
-  std::vector<std::vector<std::size_t>> spans;
-  for (std::size_t i = 0; i < std::size(lengths); ++i) {
-    data.push_back(random_bytes(lengths[i], static_cast<std::uint32_t>(100 + i)));
-    std::vector<std::size_t> cuts;
-    for (std::size_t at = 0; at < lengths[i];) {  // even messages in one span
-      const std::size_t n = i % 2 == 0 ? lengths[i] : rng() % (i % 4 == 1 ? 200 : 5000);
-      cuts.push_back(n);
-      at += n;
-    }
-    spans.push_back(cuts);
-  }
-  for (const cpd::ShaPath path : kPaths) {
-    CAPTURE(static_cast<int>(path));
-    std::vector<cpd::ByteSpans> messages;
-    for (std::size_t i = 0; i < data.size(); ++i) messages.push_back(spans_of(data[i], spans[i]));
-    const std::vector<cpd::LaneDigest> got = cpd::sha256_lanes(messages, path);
-    REQUIRE(got.size() == data.size());
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      CAPTURE(lengths[i]);
-      CHECK(hex_of(got[i]) == cpd::sha256_hex(data[i]));
-    }
-  }
-}
-
-TEST_CASE("sha256 lanes: the long NIST vectors, a bit length past 2^32 among them") {
-  // One million 'a's in 1000-byte spans, beside the extremely long message (the 64-byte block
-  // 16,777,216 times: 2^33 bits) in 256 KiB spans, so their lanes end apart.
-  const std::string million(1000000, 'a');
-  const std::string block = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmno";
-  std::string piece;
-  for (int i = 0; i < 4096; ++i) piece += block;
-  for (const cpd::ShaPath path : kPaths) {
-    CAPTURE(static_cast<int>(path));
-    int pieces = 0;
-    std::vector<cpd::ByteSpans> messages{
-        spans_of(million, std::vector<std::size_t>(1000, 1000)),
-        [&]() -> std::span<const std::uint8_t> {
-          if (pieces++ == 4096) return {};
-          return {reinterpret_cast<const std::uint8_t*>(piece.data()), piece.size()};
-        }};
-    const std::vector<cpd::LaneDigest> got = cpd::sha256_lanes(messages, path);
-    CHECK(hex_of(got[0]) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-    CHECK(hex_of(got[1]) == "50e72a0e26442fe2552dc3938ac58658228c0cbfb1d2ca872ae435266fcd055e");
-  }
-}
-
-TEST_CASE("sha256 lanes: a message whose spans throw carries its error, the others their digests") {
-  const std::string a = random_bytes(5000, 1), b = random_bytes(7000, 2);
-  for (const cpd::ShaPath path : kPaths) {
-    CAPTURE(static_cast<int>(path));
-    int calls = 0;
-    std::vector<cpd::ByteSpans> messages{
-        spans_of(a, {100, 100, 100}),
-        [&]() -> std::span<const std::uint8_t> {
-          if (++calls == 3) throw std::runtime_error("source failed");
-          return {reinterpret_cast<const std::uint8_t*>(b.data()), 128};
-        },
-        spans_of(b, {64, 64, 1})};
-    const std::vector<cpd::LaneDigest> got = cpd::sha256_lanes(messages, path);
-    CHECK(hex_of(got[0]) == cpd::sha256_hex(a));
-    CHECK_THROWS_WITH_AS(hex_of(got[1]), "source failed", std::runtime_error);
-    CHECK(hex_of(got[2]) == cpd::sha256_hex(b));
-  }
-}
-
 TEST_CASE("sha256: finish() is single-use") {
   cpd::Sha256 hasher;
   hasher.update("abc", 3);
@@ -244,16 +142,17 @@ TEST_CASE("sha256: digests of compact JSON partition lists") {
 }
 
 TEST_CASE("tensor digests: hashed on rank 0 alone, the same as streamed, in both formats") {
-  // Three segments held by rank 0: local_digest (which run_recorder runs on several tensors at
-  // once) must equal stream_digest and the SHA-256 of the bytes written out by hand: the FP32
-  // values, or each value's BF16 pattern rounded to nearest even.
+  // Three segments held by rank 0, the middle one longer than the BF16 patterns' staging
+  // piece: local_digest (which run_recorder runs on several tensors at once, on the pool) must
+  // equal stream_digest and the SHA-256 of the bytes written out by hand: the FP32 values, or
+  // each value's BF16 pattern rounded to nearest even.
   std::mt19937 rng(4);
   std::normal_distribution<float> dist(0.0f, 3.0f);
-  std::vector<float> values(1000);
+  std::vector<float> values(40000);
   for (float& x : values) x = dist(rng);
   cpd::GlobalTensor t;
   for (const auto& [begin, end] :
-       {std::pair<std::size_t, std::size_t>{0, 1}, {1, 600}, {600, 1000}})
+       {std::pair<std::size_t, std::size_t>{0, 1}, {1, 30000}, {30000, 40000}})
     t.segments.push_back(cpd::StreamSegment{0, values.data() + begin, end - begin});
   std::vector<std::uint16_t> bf16;
   for (const float x : values) {
@@ -275,80 +174,4 @@ TEST_CASE("tensor digests: hashed on rank 0 alone, the same as streamed, in both
   CHECK(cpd::stream_digest(one, t, cpd::DigestFormat::bf16) == want_bf16);
   t.segments[1].owner = 1;
   CHECK_FALSE(cpd::held_by_root(t));
-}
-
-TEST_CASE("published digests: set now, hashed on a thread later, each read as it is known") {
-  // Tensors 0 and 3 hashed on the thread (3 first), 1 set at once, 2 neither: every one reads
-  // its own digest, whatever order they are read in, and one that cannot be hashed (a segment
-  // of more bytes than memory can address) rethrows at its reader only.
-  std::vector<float> a(700), b(300);
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f / static_cast<float>(i + 1);
-  cpd::GlobalTensor ta, tb, bad;
-  ta.segments.push_back(cpd::StreamSegment{0, a.data(), a.size()});
-  tb.segments.push_back(cpd::StreamSegment{0, b.data(), b.size()});
-  bad.segments.push_back(cpd::StreamSegment{0, a.data(), std::numeric_limits<std::size_t>::max()});
-  const std::string want_a = cpd::local_digest(ta, cpd::DigestFormat::fp32),
-                    want_b = cpd::local_digest(tb, cpd::DigestFormat::bf16);
-  REQUIRE(want_a != want_b);
-  {
-    cpd::PublishedDigests d(5);
-    d.set(1, "streamed");
-    d.hash_rest({{3, &tb, cpd::DigestFormat::bf16},
-                 {0, &ta, cpd::DigestFormat::fp32},
-                 {4, &bad, cpd::DigestFormat::bf16}});
-    CHECK(d.at(0) == want_a);
-    CHECK(d.at(1) == "streamed");
-    CHECK(d.at(2).empty());
-    CHECK(d.at(3) == want_b);
-    CHECK_THROWS_AS(static_cast<void>(d.at(4)), std::length_error);
-    CHECK_THROWS_AS(d.hash_rest({}), std::logic_error);
-    CHECK_THROWS_AS(d.set(2, "late"), std::logic_error);
-  }
-  // Many tensors read last first: the reader hashes those the thread has not reached while it
-  // waits, and every digest is still its own tensor's, whichever thread took it. The FP32
-  // tensors of 1 MiB are hashed in groups of four of one size, the others alone or in groups
-  // of their own size; the oracle is Sha256 over each tensor's bytes (BF16: the patterns of
-  // these BF16-exact values, their upper halves).
-  {
-    std::vector<std::vector<float>> data(17);
-    std::vector<cpd::GlobalTensor> tensors(data.size());
-    std::vector<cpd::LocalDigestJob> jobs;
-    std::vector<std::string> want;
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      data[i].assign(i % 5 == 0 ? (std::size_t{1} << 19) + 7 * i : std::size_t{1} << 18,
-                     static_cast<float>(i) - 7.5f);
-      tensors[i].segments.push_back(cpd::StreamSegment{0, data[i].data(), data[i].size()});
-      const bool fp32 = i % 2 == 0;
-      jobs.push_back({i, &tensors[i], fp32 ? cpd::DigestFormat::fp32 : cpd::DigestFormat::bf16});
-      cpd::Sha256 bytes;
-      if (fp32) {
-        bytes.update(data[i].data(), data[i].size() * sizeof(float));
-      } else {
-        for (const float x : data[i]) {
-          std::uint32_t u;
-          std::memcpy(&u, &x, sizeof u);
-          const auto upper = static_cast<std::uint16_t>(u >> 16);
-          bytes.update(&upper, sizeof upper);
-        }
-      }
-      want.push_back(cpd::Sha256::hex(bytes.finish()));
-    }
-    cpd::PublishedDigests d(data.size());
-    d.hash_rest(jobs);
-    for (std::size_t i = data.size(); i-- > 0;) {
-      CAPTURE(i);
-      CHECK(d.at(i) == want[i]);
-    }
-  }
-  // Destroyed while hashing: it waits for the thread before the tensor it reads is freed (the
-  // tensor, declared first, goes last). Were it not to wait, the thread would go on reading
-  // freed memory, which the sanitized suite (AddressSanitizer) reports as a failure.
-  {
-    const std::vector<float> big(std::size_t{1} << 24, 1.0f);  // 64 MB: still hashing below
-    cpd::GlobalTensor t;
-    t.segments.push_back(cpd::StreamSegment{0, big.data(), big.size()});
-    cpd::PublishedDigests d(1);
-    d.hash_rest({{0, &t, cpd::DigestFormat::fp32}});
-  }
 }

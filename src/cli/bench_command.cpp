@@ -172,8 +172,7 @@ void whole_case(const Problem& p, ThreadPool& pool) {
   std::printf(
       "# whole case %s (forward paths, backward, dlogp; %d logical ranks in this process), "
       "run twice:\n#   first: the process's first touch of its peak memory; again: the heap "
-      "reused\n#   digests: hashed on a thread of their own beside the statistics, which hash "
-      "the rest while they wait for one; that counts as statistics\n",
+      "reused\n",
       case_name(spec, p.dtype).c_str(), spec.num_logical_ranks());
   std::printf("  %-28s %10s %7s %10s\n", "", "first (s)", "", "again (s)");
   const auto row = [&](const char* name, double a, double b) {

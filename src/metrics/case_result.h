@@ -3,13 +3,13 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/case_outputs.h"
 #include "engine/paged/paged_case.h"
 #include "metrics/diff_stats.h"
-#include "metrics/digest.h"
 #include "metrics/rl_metrics.h"
 
 namespace cpd {
@@ -118,15 +118,15 @@ struct PagedCaseResult : PagedCaseFacts {
 
 /// The figures of what the engine computed: every comparison's statistics (collective: every
 /// process calls these alike), with at rank 0 the digest of each comparison's candidate
-/// (`digests.at(i)` belongs to the outputs' tensors[i]; "" elsewhere and for tensors not
-/// digested), taken as the statistics reach it.
+/// (`digests[i]` belongs to the outputs' tensors[i]; "" elsewhere and for tensors not digested).
 /// A prefill case is measured part by part into `into`, then finished with its record.
-void measure_case_part(const CasePart& part, const PublishedDigests& digests,
+void measure_case_part(const CasePart& part, std::span<const std::string> digests,
                        const Collectives& collectives, ThreadPool& pool, CaseResult& into);
 void finish_case(const CaseRecord& record, CaseResult& into);
-PagedCaseResult measure_paged_case(const PagedCaseOutputs& outputs, const PublishedDigests& digests,
+PagedCaseResult measure_paged_case(const PagedCaseOutputs& outputs,
+                                   std::span<const std::string> digests,
                                    const Collectives& collectives, ThreadPool& pool);
-RopeDrift measure_rope(const RopeOutputs& outputs, const PublishedDigests& digests,
+RopeDrift measure_rope(const RopeOutputs& outputs, std::span<const std::string> digests,
                        const Collectives& collectives, ThreadPool& pool);
 
 }  // namespace cpd

@@ -48,23 +48,31 @@ void RunRecorder::annotate(const std::string& group, const DumpAttributes& attri
   if (dump_ != nullptr) dump_->annotate(group, attributes);
 }
 
-void RunRecorder::publish(const std::vector<CaseTensor>& tensors, PublishedDigests& digests) {
+std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& tensors) {
   const WorkTimer timer(WorkKind::digests);
+  std::vector<std::string> digests(tensors.size());
   const auto dumped = [&](const CaseTensor& t) { return dumping_ && !t.path.empty(); };
   const auto format = [](const CaseTensor& t) {
     return t.bf16 ? DigestFormat::bf16 : DigestFormat::fp32;
   };
   // A tensor that rank 0 holds whole (every tensor in one process) and that is not dumped is
-  // not streamed: rank 0 hashes such tensors on a thread of its own while the statistics run.
-  // Every process sees the same owners, so they all agree on which tensors are streamed below.
-  std::vector<LocalDigestJob> local;
+  // not streamed: such tensors hash at once on the pool, one a task (SHA-256 is sequential
+  // within a tensor). Every process sees the same owners, so they all agree on which tensors
+  // are left to stream below.
+  std::vector<std::size_t> local;
   std::vector<bool> streamed(tensors.size(), true);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
     if (t.digest && !dumped(t) && held_by_root(t.layout)) {
-      if (collectives_.root()) local.push_back(LocalDigestJob{i, &t.layout, format(t)});
+      local.push_back(i);
       streamed[i] = false;
     }
+  }
+  if (collectives_.root()) {
+    pool_.parallel_for(static_cast<std::int64_t>(local.size()), [&](std::int64_t k) {
+      const std::size_t i = local[static_cast<std::size_t>(k)];
+      digests[i] = local_digest(tensors[i].layout, format(tensors[i]));
+    });
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
@@ -82,7 +90,7 @@ void RunRecorder::publish(const std::vector<CaseTensor>& tensors, PublishedDiges
       write = [this](const GlobalPiece& piece, const float* rows) { dump_->write(piece, rows); };
     }
     if (t.digest) {
-      digests.set(i, stream_digest(collectives_, t.layout, format(t), write));
+      digests[i] = stream_digest(collectives_, t.layout, format(t), write);
     } else {
       collectives_.stream_to_root(t.layout.segments, [&](std::size_t j, const float* rows) {
         if (write) write(t.layout.pieces[j], rows);
@@ -90,19 +98,17 @@ void RunRecorder::publish(const std::vector<CaseTensor>& tensors, PublishedDiges
     }
     if (dumped(t) && dump_ != nullptr) dump_->end();
   }
-  digests.hash_rest(std::move(local));
+  return digests;
 }
 
 void RunRecorder::rope(const RopeOutputs& o) {
-  PublishedDigests digests(o.tensors.size());
-  publish(o.tensors, digests);
+  const std::vector<std::string> digests = publish(o.tensors);
   const WorkTimer timer(WorkKind::statistics);
   report_.rope = measure_rope(o, digests, collectives_, pool_);
 }
 
 void RunRecorder::prefill_part(const CasePart& part) {
-  PublishedDigests digests(part.tensors.size());
-  publish(part.tensors, digests);
+  const std::vector<std::string> digests = publish(part.tensors);
   const WorkTimer timer(WorkKind::statistics);
   measure_case_part(part, digests, collectives_, pool_, pending_);
 }
@@ -129,8 +135,7 @@ void RunRecorder::paged_case(const PagedCaseOutputs& o) {
                                       {"q_len", w.q_len},
                                       {"page_size", std::int64_t{w.page_size}},
                                       {"shared_prefix_tokens", w.prefix_len}});
-  PublishedDigests digests(o.tensors.size());
-  publish(o.tensors, digests);
+  const std::vector<std::string> digests = publish(o.tensors);
   report_.paged_cases.push_back(measure_paged_case(o, digests, collectives_, pool_));
 }
 

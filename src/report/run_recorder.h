@@ -45,9 +45,8 @@ class RunRecorder final : public CaseSink {
   void rollout_pairs(const DecodedCapture& capture) override;
 
  private:
-  // Digests of `tensors` at rank 0 ("" elsewhere and where none is taken) into `digests`, those
-  // rank 0 holds whole still being hashed on return; dumped ones written.
-  void publish(const std::vector<CaseTensor>& tensors, PublishedDigests& digests);
+  // Digests of `tensors` at rank 0 ("" elsewhere and where none is taken); dumped ones written.
+  std::vector<std::string> publish(const std::vector<CaseTensor>& tensors);
   void annotate(const std::string& group, const DumpAttributes& attributes);
 
   RunReport& report_;

@@ -17,8 +17,7 @@ enum class WorkKind {
   logprobs,    // dlogp's fold of the heads' logits, log-softmax and KL at the token owner
   messages,    // supersteps: packing, moving, unpacking and validating messages
   statistics,  // drift statistics of published comparisons
-  digests,     // digests of published tensors (and the dump); in one process they hash
-               // beside the statistics, and a wait for one counts as statistics
+  digests,     // digests of published tensors (and the dump)
   count
 };
 inline constexpr std::array<const char*, static_cast<std::size_t>(WorkKind::count)> kWorkKindNames{
