@@ -220,14 +220,23 @@ std::string progress_of(const RunContext& local, const CaseSpec& spec, const Cas
   return buf;
 }
 
+// A case of 32 tokens with the backward and dlogp, run in one process, and its schedule.
+struct SmallCase {
+  explicit SmallCase(const CaseSpec& s) : spec(s) {}
+  Problem p = [] {
+    Problem q = testing::small_problem();
+    q.seq_len = 32;
+    return q;
+  }();
+  CaseSpec spec;
+  ThreadPool pool{2};
+  LocalRun local{p, pool, true, 17};
+  CaseSchedule schedule = schedule_case(CaseGrid(p, spec), schedule_options(local.ctx));
+};
+
 TEST_CASE("progress: a whole case names each phase once, in the order it runs them") {
-  Problem p = testing::small_problem();
-  p.seq_len = 32;
-  const CaseSpec spec{1, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
-  ThreadPool pool(2);
-  LocalRun local(p, pool, true, 17);
-  const std::string text =
-      progress_of(local.ctx, spec, schedule_case(CaseGrid(p, spec), schedule_options(local.ctx)));
+  const SmallCase c({1, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
+  const std::string text = progress_of(c.local.ctx, c.spec, c.schedule);
   std::size_t at = 0;
   for (const char* line :
        {"[1/1] c ...\n", "[1/1] c: CP=1 reference forward done; ", "[1/1] c: forward: fp32 done; ",
@@ -241,12 +250,9 @@ TEST_CASE("progress: a whole case names each phase once, in the order it runs th
 }
 
 TEST_CASE("schedule: a phase added in one place is executed, planned and counted") {
-  Problem p = testing::small_problem();
-  p.seq_len = 32;
-  const CaseSpec spec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs};
-  ThreadPool pool(2);
-  LocalRun local(p, pool, true, 17);
-  CaseSchedule s = schedule_case(CaseGrid(p, spec), schedule_options(local.ctx));
+  SmallCase c({2, 2, 4, CpLayout::contiguous, Protocol::ag_rs});
+  const Problem& p = c.p;
+  CaseSchedule& s = c.schedule;
   const double before = s.flops();
   std::uint64_t before_peak = 0;
   {
@@ -256,7 +262,7 @@ TEST_CASE("schedule: a phase added in one place is executed, planned and counted
   }
   // The new phase: 1000 pairs on every rank, a 1 GB buffer on every process, a flag when it runs.
   int ran = 0;
-  PhaseWork work(spec.num_logical_ranks());
+  PhaseWork work(c.spec.num_logical_ranks());
   for (std::uint64_t& n : work.pairs) n = 1000;
   s.phases.push_back(Phase{"extra", PhaseKind::forward, work, 4.0 * p.dims.head_dim,
                            KernelRate::fp32, false,
@@ -273,7 +279,7 @@ TEST_CASE("schedule: a phase added in one place is executed, planned and counted
     CHECK(m.peak().bytes() > before_peak);
   }
   // Executed, and counted by the progress line as the case's last share.
-  const std::string text = progress_of(local.ctx, spec, s);
+  const std::string text = progress_of(c.local.ctx, c.spec, s);
   CHECK(ran == 1);
   CHECK(text.find("[1/1] c: extra done; 100% of the run's work") != std::string::npos);
   CHECK(text.find("[1/1] c: backward done; 100%") == std::string::npos);  // its share came last

@@ -5,21 +5,12 @@
 #include "kernels/cpu/attention.h"
 
 namespace cpd {
-namespace {
 
-constexpr std::uint64_t kFloat = sizeof(float);
-
-std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
-
-std::uint64_t sum(const std::vector<MemoryTerm>& terms) {
+std::uint64_t PhaseMemory::bytes() const {
   std::uint64_t n = 0;
   for (const MemoryTerm& t : terms) n += t.bytes;
   return n;
 }
-
-}  // namespace
-
-std::uint64_t PhaseMemory::bytes() const { return sum(terms); }
 
 const PhaseMemory& ProcessMemory::peak() const {
   return *std::max_element(
@@ -55,16 +46,16 @@ void CaseMemory::add_phase(std::size_t proc, std::string name,
   const Problem& p = grid_.problem;
   const int dim = p.dims.head_dim;
   std::uint64_t lm_head = 0;
-  for (const auto& [vocab, head] : m.lm_head) lm_head += u64(vocab) * u64(dim) * kFloat;
+  for (const auto& [vocab, head] : m.lm_head) lm_head += tensor_bytes(1, 1, vocab, dim);
   std::vector<MemoryTerm> all{
-      {"input memo", u64(m.planes.size()) * u64(p.seq_len) * u64(dim) * kFloat},
+      {"input memo", m.planes.size() * tensor_bytes(1, 1, p.seq_len, dim)},
       {"CP=1 memos", m.cp1_memo + m.cp1_backward_memo},
       {"lm_head columns", lm_head},
       // Per kernel thread: the forward's scores [keys][64] (four lane tiles); the backward's dk,
       // dv [keys][D] (thread-local, so the longest key range any kernel has seen).
-      {"kernel scratch", u64(threads_) *
-                             (m.forward_keys * u64(kAttendRows) + m.scratch_keys * u64(2 * dim)) *
-                             kFloat}};
+      {"kernel scratch", tensor_bytes(threads_, 1, 1,
+                                      static_cast<std::int64_t>(m.forward_keys * kAttendRows +
+                                                                m.scratch_keys * 2 * dim))}};
   all.insert(all.end(), terms.begin(), terms.end());
   all.push_back({"process baseline", kProcessBaselineBytes});
   out_[proc].phases.push_back(PhaseMemory{std::move(name), std::move(all)});
@@ -86,8 +77,8 @@ std::uint64_t process_memory_floor(const RunRequest& request, const RunPlan& pla
   std::uint64_t floor = 0;
   for (const CaseSpec& spec : plan.cases) {
     if (spec.num_logical_ranks() < processes) continue;
-    floor = std::max(floor, u64(p.batch) * u64(p.dims.num_q_heads / spec.tp) * u64(p.seq_len) *
-                                u64(p.dims.head_dim) * kFloat);
+    floor = std::max(
+        floor, tensor_bytes(p.batch, p.dims.num_q_heads / spec.tp, p.seq_len, p.dims.head_dim));
   }
   return floor == 0 ? 0 : floor + kProcessBaselineBytes;
 }

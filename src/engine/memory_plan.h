@@ -24,6 +24,13 @@ namespace cpd {
 /// (docs/performance.md); the plan adds it to every process.
 inline constexpr std::uint64_t kProcessBaselineBytes = std::uint64_t{32} << 20;
 
+/// Bytes of [batch][heads][rows][width] floats.
+inline std::uint64_t tensor_bytes(std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                                  std::int64_t width) {
+  return static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(heads) *
+         static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(width) * sizeof(float);
+}
+
 struct MemoryTerm {
   std::string name;
   std::uint64_t bytes = 0;

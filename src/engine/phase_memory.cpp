@@ -21,12 +21,6 @@ std::int64_t rows_of(const std::vector<Range>& tokens) {
   return n;
 }
 
-// Bytes of [batch][heads][rows][width] floats.
-std::uint64_t tensor_bytes(std::int64_t batch, std::int64_t heads, std::int64_t rows,
-                           std::int64_t width) {
-  return u64(batch) * u64(heads) * u64(rows) * u64(width) * kFloat;
-}
-
 // A rank's query-side (q, out, dq: [B][Hq][T][D]), lse-side and KV-side (k, v, dk, dv) shards.
 struct RankSizes {
   std::uint64_t q = 0, lse = 0, kv = 0;
