@@ -48,32 +48,6 @@ std::uint64_t header_floats(const std::vector<MessageHeader>& headers) {
   return n;
 }
 
-// Per CP rank: how many of its blocks start before each grid block (blocks sorted by
-// position), and the number of grid blocks starting before position `end`.
-struct BlockCounts {
-  std::vector<std::vector<std::int64_t>> owned_before;
-  const CaseGrid& grid;
-
-  explicit BlockCounts(const CaseGrid& g) : grid(g) {
-    owned_before.assign(static_cast<std::size_t>(g.spec.cp),
-                        std::vector<std::int64_t>(g.blocks.size() + 1, 0));
-    for (std::size_t i = 0; i < g.blocks.size(); ++i) {
-      for (int r = 0; r < g.spec.cp; ++r) {
-        owned_before[static_cast<std::size_t>(r)][i + 1] =
-            owned_before[static_cast<std::size_t>(r)][i] + (g.blocks[i].owner_cp_rank == r ? 1 : 0);
-      }
-    }
-  }
-  // Blocks of CP rank `cp` that start before `end` (those a row before `end` can see).
-  std::int64_t seen_by(int cp, std::int64_t end) const {
-    const std::size_t seen = static_cast<std::size_t>(
-        std::lower_bound(grid.blocks.begin(), grid.blocks.end(), end,
-                         [](const KvBlock& b, std::int64_t e) { return b.range.begin < e; }) -
-        grid.blocks.begin());
-    return owned_before[static_cast<std::size_t>(cp)][seen];
-  }
-};
-
 // One exchange's buffers at one process: the payloads it produced for its own ranks (`local`)
 // and for other processes (`sent`, sent from where they are), and those that arrived (received
 // into buffers of their own: the MPI transport copies nothing).

@@ -66,20 +66,7 @@ void add_backward(const CaseGrid& grid, PhaseWork& w) {
   const std::int64_t dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const int cp = grid.spec.cp;
   const Range all{0, grid.problem.seq_len};
-  // Per CP rank: where its first block starts, and how many of its blocks start before each
-  // grid block (blocks are sorted by position).
-  std::vector<std::int64_t> first_begin(static_cast<std::size_t>(cp), grid.problem.seq_len);
-  std::vector<std::vector<std::int64_t>> owned_before(static_cast<std::size_t>(cp));
-  for (auto& v : owned_before) v.assign(grid.blocks.size() + 1, 0);
-  for (std::size_t i = 0; i < grid.blocks.size(); ++i) {
-    const KvBlock& b = grid.blocks[i];
-    auto& mine = first_begin[static_cast<std::size_t>(b.owner_cp_rank)];
-    mine = std::min(mine, b.range.begin);
-    for (int r = 0; r < cp; ++r) {
-      owned_before[static_cast<std::size_t>(r)][i + 1] =
-          owned_before[static_cast<std::size_t>(r)][i] + (b.owner_cp_rank == r ? 1 : 0);
-    }
-  }
+  const BlockCounts counts(grid);
   for (const KvBlock& b : grid.blocks) {
     for (int t = 0; t < grid.spec.tp; ++t) {
       const LogicalRank& owner = grid.at(t, b.owner_cp_rank);
@@ -94,17 +81,13 @@ void add_backward(const CaseGrid& grid, PhaseWork& w) {
         if (part.empty()) continue;
         // Rows to every other CP rank with a block that sees them.
         for (int r = 0; r < cp; ++r) {
-          if (r != q.cp_rank && first_begin[static_cast<std::size_t>(r)] < part.end)
+          if (r != q.cp_rank && counts.seen_by(r, part.end) > 0)
             w.add(q.id, grid.at(q.tp_rank, r).id, 1,
                   u64(batch * heads * part.size() * (2 * dim + 2)));
         }
         // A partial dq from each block that sees the part, sent by its owner.
-        const std::size_t seen = static_cast<std::size_t>(
-            std::lower_bound(grid.blocks.begin(), grid.blocks.end(), part.end,
-                             [](const KvBlock& b, std::int64_t e) { return b.range.begin < e; }) -
-            grid.blocks.begin());
         for (int r = 0; r < cp; ++r) {
-          const std::int64_t n = owned_before[static_cast<std::size_t>(r)][seen];
+          const std::int64_t n = counts.seen_by(r, part.end);
           if (n > 0) {
             w.add(grid.at(q.tp_rank, r).id, q.id, u64(n),
                   u64(n * batch * heads * part.size() * dim));
@@ -116,6 +99,25 @@ void add_backward(const CaseGrid& grid, PhaseWork& w) {
 }
 
 }  // namespace
+
+BlockCounts::BlockCounts(const CaseGrid& g) : grid(g) {
+  owned_before.assign(static_cast<std::size_t>(g.spec.cp),
+                      std::vector<std::int64_t>(g.blocks.size() + 1, 0));
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    for (int r = 0; r < g.spec.cp; ++r) {
+      owned_before[static_cast<std::size_t>(r)][i + 1] =
+          owned_before[static_cast<std::size_t>(r)][i] + (g.blocks[i].owner_cp_rank == r ? 1 : 0);
+    }
+  }
+}
+
+std::int64_t BlockCounts::seen_by(int cp, std::int64_t end) const {
+  const std::size_t seen = static_cast<std::size_t>(
+      std::lower_bound(grid.blocks.begin(), grid.blocks.end(), end,
+                       [](const KvBlock& b, std::int64_t e) { return b.range.begin < e; }) -
+      grid.blocks.begin());
+  return owned_before[static_cast<std::size_t>(cp)][seen];
+}
 
 PhaseWork::PhaseWork(int ranks)
     : pairs(static_cast<std::size_t>(ranks), 0),

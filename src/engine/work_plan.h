@@ -40,6 +40,16 @@ struct PhaseWork {
   Traffic total_sent() const;
 };
 
+/// Per CP rank, how many of its KV blocks start before each grid block (blocks sorted by
+/// position): the blocks of CP rank `cp` that a query row before `end` can see.
+struct BlockCounts {
+  explicit BlockCounts(const CaseGrid& grid);
+  std::int64_t seen_by(int cp, std::int64_t end) const;
+
+  const CaseGrid& grid;
+  std::vector<std::vector<std::int64_t>> owned_before;
+};
+
 /// The forward paths a case runs, in order, each one exchange of the protocol: the FP32 path,
 /// the dtype path under bf16, the BF16 kernel, with a GPU backend (`gpu`) the cuBLAS path, and
 /// with `cpu_check` (a GPU run's, by default) the FP32 path again on the host's CPU backend.
