@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "inspect/figures.h"
-#include "inspect/output_format.h"
 #include "report/json.h"
 
 namespace cpd::inspect {

@@ -50,12 +50,6 @@ E parse_name(const EnumName<E> (&table)[N], const std::string& name, const std::
   throw InspectError(file + ": " + what + " \"" + name + "\" is not one cpdrift writes");
 }
 
-std::string extents(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 DumpProblem read_problem(const Attributes& root, const std::string& file) {
@@ -153,8 +147,8 @@ void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_
   std::vector<std::int64_t> want{problem.batch, heads, paged ? q_len : problem.seq_len};
   if (four) want.push_back(problem.dims.head_dim);
   if (t.shape != want) {
-    throw InspectError(file + ": " + t.path + " is " + extents(t.shape) + "; the run's " + shape +
-                       " is " + extents(want));
+    throw InspectError(file + ": " + t.path + " is " + shape_text(t.shape) + "; the run's " +
+                       shape + " is " + shape_text(want));
   }
 }
 

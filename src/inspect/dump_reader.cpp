@@ -55,6 +55,24 @@ std::string attribute_text(const AttributeValue& value) {
   return buf;
 }
 
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string problem_text(const Problem& p) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B=%d S=%lld Hq=%d Hkv=%d D=%d, dtype %s, seed %llu%s", p.batch,
+                static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
+                p.dims.head_dim, to_string(p.dtype), static_cast<unsigned long long>(p.seed),
+                p.rope ? ", RoPE" : ", no RoPE");
+  std::string text = buf;
+  if (p.distribution != InputDistribution::gaussian)
+    text += std::string(", ") + to_string(p.distribution) + " inputs";
+  return text;
+}
+
 std::int64_t TensorInfo::elements() const {
   std::int64_t n = 1;
   for (const std::int64_t d : shape) n *= d;

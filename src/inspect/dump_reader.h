@@ -11,12 +11,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <variant>
 #include <vector>
 
 #include "core/model.h"
 #include "core/plan.h"
+#include "io/tensor_dump.h"
 
 namespace cpd::inspect {
 
@@ -28,18 +27,21 @@ class InspectError : public std::runtime_error {
 };
 
 /// The file the reader last handed to HDF5 ("" before any), for the fatal-signal handler
-/// (fault_guard.h): HDF5 1.10 does not checksum its metadata and can fault on a corrupted file.
+/// (inspect/main.cpp): HDF5 1.10 does not checksum its metadata and can fault on a corrupted file.
 const char* file_being_read();
 
-/// A scalar attribute as the dump writer stores them (io/tensor_dump.h: DumpValue).
-using AttributeValue = std::variant<std::string, std::int64_t, double>;
-/// Attributes in HDF5's name order.
-using Attributes = std::vector<std::pair<std::string, AttributeValue>>;
+/// A scalar attribute as the dump writer stores them; attributes in HDF5's name order.
+using AttributeValue = DumpValue;
+using Attributes = DumpAttributes;
 
 /// The value of `name` in `attributes`, or null.
 const AttributeValue* find_attribute(const Attributes& attributes, const std::string& name);
 /// "1", "0.5", "bf16": a value as `list` prints it.
 std::string attribute_text(const AttributeValue& value);
+/// "[1, 32, 16, 128]"
+std::string shape_text(const std::vector<std::int64_t>& shape);
+/// "B=1 S=16 Hq=32 Hkv=8 D=128, dtype bf16, seed 2355, RoPE"
+std::string problem_text(const Problem& p);
 
 /// One FP32 tensor dataset of the dump.
 struct TensorInfo {

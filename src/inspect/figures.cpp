@@ -7,7 +7,6 @@
 #include "core/util/sha256.h"
 #include "cpdrift/bf16.h"
 #include "cpdrift/production_lanes.h"
-#include "inspect/output_format.h"
 
 namespace cpd::inspect {
 namespace {

@@ -3,7 +3,6 @@
 
 #include "inspect/command_line.h"
 #include "inspect/dump_reader.h"
-#include "inspect/output_format.h"
 #include "report/json.h"
 
 namespace cpd::inspect {
@@ -13,15 +12,8 @@ using json::Value;
 
 Value attributes_json(const Attributes& attributes) {
   Value v = Value::object();
-  for (const auto& [name, value] : attributes) {
-    if (const auto* s = std::get_if<std::string>(&value)) {
-      v[name] = *s;
-    } else if (const auto* i = std::get_if<std::int64_t>(&value)) {
-      v[name] = *i;
-    } else {
-      v[name] = std::get<double>(value);
-    }
-  }
+  for (const auto& [name, value] : attributes)
+    std::visit([&](const auto& x) { v[name] = x; }, value);
   return v;
 }
 
@@ -29,9 +21,7 @@ Value tensor_json(const TensorInfo& t) {
   Value v = Value::object();
   v["path"] = t.path;
   v["name"] = t.leg_path();
-  Value shape = Value::array();
-  for (const std::int64_t d : t.shape) shape.push_back(d);
-  v["shape"] = std::move(shape);
+  v["shape"] = json::Array(t.shape.begin(), t.shape.end());
   v["original_dtype"] = t.bf16 ? "bfloat16" : "float32";
   v["stored_dtype"] = "float32";
   v["attributes"] = attributes_json(t.attributes);
