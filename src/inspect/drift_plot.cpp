@@ -110,7 +110,8 @@ DriftPlot gather_plot(const DumpFile& dump, const std::vector<std::string>& case
     const std::vector<FigureSpec> specs = report_figures(dump, *c);
     cp.whole = measure_grid(specs, meter, {Range{0, dump.problem().problem.seq_len}});
     for (int r = 0; r < c->spec.cp; ++r) {
-      cp.rank_tokens.push_back(rank_tokens(*c, dump.problem().problem, r));
+      cp.rank_tokens.push_back(
+          cp_owner_ranges(c->spec.layout, c->spec.cp, r, dump.problem().problem.seq_len));
       cp.per_rank.push_back(measure_grid(specs, meter, cp.rank_tokens.back()));
     }
     meter.forget();

@@ -17,12 +17,7 @@ struct CaseFigures {
 
 Value ranges_value(const std::vector<Range>& ranges) {
   Value a = Value::array();
-  for (const Range& r : ranges) {
-    Value pair = Value::array();
-    pair.push_back(r.begin);
-    pair.push_back(r.end);
-    a.push_back(std::move(pair));
-  }
+  for (const Range& r : ranges) a.push_back(json::Array{r.begin, r.end});
   return a;
 }
 
@@ -50,12 +45,8 @@ Value summary_json(const DumpFile& dump, const std::vector<CaseFigures>& cases) 
     }
     cv["figures"] = std::move(figures);
     Value missing = Value::array();
-    for (const MissingFigure& m : c.missing) {
-      Value mv = Value::object();
-      mv["figure"] = m.name;
-      mv["reason"] = m.reason;
-      missing.push_back(std::move(mv));
-    }
+    for (const MissingFigure& m : c.missing)
+      missing.push_back(json::Object{{"figure", m.name}, {"reason", m.reason}});
     cv["not_in_dump"] = std::move(missing);
     list.push_back(std::move(cv));
   }
