@@ -1,13 +1,6 @@
 // JSON Lines logprob records: one object per line, blank lines skipped.
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
 #include "compare/logprob_stream.h"
 #include "core/errors.h"
-#include "core/util/sha256.h"
 #include "report/json.h"
 
 namespace cpd::stream_io {
@@ -31,13 +24,7 @@ double number_member(const json::Value& v, const std::string& where, const char*
 }  // namespace
 
 void read_jsonl(const std::string& path, LogprobStream& s) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  if (in.bad()) throw UsageError(path + ": read error: " + std::strerror(errno));
-  s.files.push_back(SourceFile{path, text.size(), sha256_hex(text)});
+  const std::string text = read_source(path, s);
 
   std::int64_t line = 0;
   for (std::size_t begin = 0; begin < text.size();) {

@@ -51,12 +51,7 @@ std::optional<stream_io::Column> npy_column(const std::string& dir, const std::s
     if (required) throw UsageError(dir + ": no " + name + ".npy (a directory of .npy columns)");
     return std::nullopt;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  s.files.push_back(SourceFile{path, text.size(), sha256_hex(text)});
+  const std::string text = stream_io::read_source(path, s);
   NpyHeader h;
   try {
     h = parse_npy_header(text);
@@ -85,6 +80,17 @@ std::optional<stream_io::Column> npy_column(const std::string& dir, const std::s
 std::string LogprobStream::where(std::size_t i) const {
   if (format == "jsonl") return path + " line " + std::to_string(records[i].source_line);
   return path + " row " + std::to_string(i);
+}
+
+std::string stream_io::read_source(const std::string& path, LogprobStream& s) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(path + ": cannot read: " + std::strerror(errno));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw UsageError(path + ": read error: " + std::strerror(errno));
+  std::string text = std::move(buf).str();
+  s.files.push_back(SourceFile{path, text.size(), sha256_hex(text)});
+  return text;
 }
 
 void stream_io::take_columns(const ColumnReader& read, LogprobStream& s) {

@@ -59,6 +59,8 @@ namespace stream_io {
 // The readers read_logprob_stream dispatches to; each fills records, vocab, top-k lists, files.
 void read_jsonl(const std::string& path, LogprobStream& s);
 void read_hdf5_columns(const std::string& path, LogprobStream& s);
+/// The bytes of the file `path`, recorded (size, SHA-256) in s.files.
+std::string read_source(const std::string& path, LogprobStream& s);
 
 /// One column of a columnar stream (an HDF5 dataset, a .npy file): its extents and its values.
 struct Column {
