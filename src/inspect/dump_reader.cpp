@@ -40,14 +40,14 @@ auto reading(const std::string& file, F&& f) {
 
 const char* file_being_read() { return being_read; }
 
-const AttributeValue* find_attribute(const Attributes& attributes, const std::string& name) {
+const DumpValue* find_attribute(const DumpAttributes& attributes, const std::string& name) {
   for (const auto& [key, value] : attributes) {
     if (key == name) return &value;
   }
   return nullptr;
 }
 
-std::string attribute_text(const AttributeValue& value) {
+std::string attribute_text(const DumpValue& value) {
   if (const auto* s = std::get_if<std::string>(&value)) return *s;
   if (const auto* i = std::get_if<std::int64_t>(&value)) return std::to_string(*i);
   char buf[32];
@@ -115,7 +115,7 @@ struct DumpFile::Impl {
   std::string path;
   h5::Handle file;
   DumpProblem problem;
-  Attributes root;
+  DumpAttributes root;
   std::vector<CaseInfo> cases;
   std::vector<TensorInfo> tensors;
   bool has_report = false;
@@ -245,7 +245,7 @@ DumpFile DumpFile::open_image(const void* data, std::size_t size, const std::str
 
 const std::string& DumpFile::path() const { return impl_->path; }
 const DumpProblem& DumpFile::problem() const { return impl_->problem; }
-const Attributes& DumpFile::root_attributes() const { return impl_->root; }
+const DumpAttributes& DumpFile::root_attributes() const { return impl_->root; }
 const std::vector<CaseInfo>& DumpFile::cases() const { return impl_->cases; }
 const std::vector<TensorInfo>& DumpFile::tensors() const { return impl_->tensors; }
 

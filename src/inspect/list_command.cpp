@@ -10,7 +10,7 @@ namespace {
 
 using json::Value;
 
-Value attributes_json(const Attributes& attributes) {
+Value attributes_json(const DumpAttributes& attributes) {
   Value v = Value::object();
   for (const auto& [name, value] : attributes)
     std::visit([&](const auto& x) { v[name] = x; }, value);
@@ -29,7 +29,8 @@ Value tensor_json(const TensorInfo& t) {
 }
 
 // "name=value" for every attribute but those `skip` names.
-std::string attribute_line(const Attributes& attributes, std::initializer_list<const char*> skip) {
+std::string attribute_line(const DumpAttributes& attributes,
+                           std::initializer_list<const char*> skip) {
   std::string line;
   for (const auto& [name, value] : attributes) {
     if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
