@@ -111,10 +111,8 @@ void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in) {
     const h5::Dataset set(id, positions, path);
     if (set.type_class() != H5T_INTEGER)
       throw UsageError(path + ": " + positions + " must hold integers");
-    check_positions(path, set.shape(), {}, in.file);  // the shape, before anything is read
-    in.positions = set.read<std::int64_t>();
-    check_positions(path, set.shape(), in.positions, in.file);
-    in.file.positions = true;
+    use_positions(path, set.shape(), {}, in);  // the shape checked before anything is read
+    use_positions(path, set.shape(), set.read<std::int64_t>(), in);
   }
 }
 

@@ -38,8 +38,9 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
   file.seq_len = q[2];
 }
 
-void check_positions(const std::string& path, const std::vector<std::int64_t>& shape,
-                     const std::vector<std::int64_t>& values, const InputFileInfo& file) {
+void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
+                   std::vector<std::int64_t> values, FileInputs& in) {
+  const InputFileInfo& file = in.file;
   if (shape.size() != 2 || shape[0] != file.batch || shape[1] != file.seq_len) {
     throw UsageError(path + ": positions has shape " + shape_text(shape) + "; needs [" +
                      std::to_string(file.batch) + ", " + std::to_string(file.seq_len) + "]");
@@ -51,6 +52,8 @@ void check_positions(const std::string& path, const std::vector<std::int64_t>& s
                        " (must be in [0, 2^24))");
     }
   }
+  in.positions = std::move(values);
+  in.file.positions = true;
 }
 
 }  // namespace input_files

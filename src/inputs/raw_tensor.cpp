@@ -91,8 +91,10 @@ void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]) {
   in.v = std::bind_front(&RawTensor::read_rows, tensors[2]);
 }
 
-std::vector<std::int64_t> decode_integers(const unsigned char* raw, std::size_t count, int size,
-                                          bool is_signed) {
+std::vector<std::int64_t> read_integers(const RawFile& file, std::uint64_t offset,
+                                        std::size_t count, int size, bool is_signed) {
+  std::vector<unsigned char> raw(count * static_cast<std::size_t>(size));
+  if (!raw.empty()) file.read(offset, raw.data(), raw.size());
   std::vector<std::int64_t> values(count);
   const int bits = 8 * size;
   for (std::size_t i = 0; i < count; ++i) {

@@ -128,13 +128,8 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     const std::uint64_t count =
         shape.size() == 2 ? static_cast<std::uint64_t>(shape[0] * shape[1]) : 0;
     const int size = dtype == "I64" ? 8 : 4;
-    std::vector<unsigned char> raw(count * size);
-    const std::uint64_t at = span_of(t, base, raw.size(), *file, where).first;
-    if (!raw.empty()) file->read(at, raw.data(), raw.size());
-    std::vector<std::int64_t> values = decode_integers(raw.data(), count, size, true);
-    check_positions(path, shape, values, in.file);
-    in.positions = std::move(values);
-    in.file.positions = true;
+    const std::uint64_t at = span_of(t, base, count * size, *file, where).first;
+    use_positions(path, shape, read_integers(*file, at, count, size, true), in);
   }
 }
 
