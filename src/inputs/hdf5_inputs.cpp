@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "cpdrift/bf16.h"
 #include "inputs/file_inputs.h"
 #include "inputs/raw_tensor.h"
 #include "io/h5_support.h"
@@ -33,8 +34,7 @@ struct H5Tensor {
       if (type != StoredType::bf16) return set->read_block(start, count, out);
       std::vector<std::uint16_t> raw(count[2] * count[3]);
       set->read_block(start, count, raw.data());
-      for (std::size_t i = 0; i < raw.size(); ++i)
-        out[i] = widen(StoredType::bf16, reinterpret_cast<const unsigned char*>(&raw[i]));
+      for (std::size_t i = 0; i < raw.size(); ++i) out[i] = bf16_to_f32(raw[i]);
     } catch (const h5::FileError& e) {
       // Checked at open; a failure here is the file changing under the run: a runtime error.
       throw std::runtime_error(e.what());
@@ -42,9 +42,8 @@ struct H5Tensor {
   }
 };
 
-// Attribute `name` of a tensor as a T; nothing when it has none, one of another type or of a
-// kind not read (vectors, variable-length strings), which the caller refuses saying what it must
-// be.
+// Attribute `name` of a tensor as a T; nothing when it has none, or one of another type or of a
+// kind not read (vectors, variable-length strings): the caller refuses it, saying what it must be.
 template <class T>
 std::optional<T> attribute(const h5::Dataset& set, const std::string& name) {
   try {
