@@ -71,15 +71,14 @@ Value diff_json(const DumpFile& a, const DumpFile& b, std::optional<double> atol
   v["differ_count"] = differ;
   Value list = Value::array();
   for (const TensorDiff& d : diffs) {
-    Value t = Value::object();
-    t["path"] = d.path;
-    t["verdict"] = d.verdict;
-    t["shape_a"] = shape_value(d.a);
-    t["shape_b"] = shape_value(d.b);
-    t["stats"] = d.compared() ? stats_json(d.stats) : Value(nullptr);
-    t["digest_a"] = d.compared() ? Value(d.digest_a) : Value(nullptr);
-    t["digest_b"] = d.compared() ? Value(d.digest_b) : Value(nullptr);
-    list.push_back(std::move(t));
+    const bool compared = d.compared();
+    list.push_back(json::Object{{"path", d.path},
+                                {"verdict", d.verdict},
+                                {"shape_a", shape_value(d.a)},
+                                {"shape_b", shape_value(d.b)},
+                                {"stats", compared ? stats_json(d.stats) : Value(nullptr)},
+                                {"digest_a", compared ? Value(d.digest_a) : Value(nullptr)},
+                                {"digest_b", compared ? Value(d.digest_b) : Value(nullptr)}});
   }
   v["tensors"] = std::move(list);
   return v;

@@ -18,14 +18,12 @@ Value attributes_json(const DumpAttributes& attributes) {
 }
 
 Value tensor_json(const TensorInfo& t) {
-  Value v = Value::object();
-  v["path"] = t.path;
-  v["name"] = t.leg_path();
-  v["shape"] = json::Array(t.shape.begin(), t.shape.end());
-  v["original_dtype"] = t.bf16 ? "bfloat16" : "float32";
-  v["stored_dtype"] = "float32";
-  v["attributes"] = attributes_json(t.attributes);
-  return v;
+  return json::Object{{"path", t.path},
+                      {"name", t.leg_path()},
+                      {"shape", json::Array(t.shape.begin(), t.shape.end())},
+                      {"original_dtype", t.bf16 ? "bfloat16" : "float32"},
+                      {"stored_dtype", "float32"},
+                      {"attributes", attributes_json(t.attributes)}};
 }
 
 // "name=value" for every attribute but those `skip` names.
@@ -66,15 +64,13 @@ int list_command(const Arguments& a, std::FILE* out) {
     v["inputs"] = std::move(inputs);
     Value cases = Value::array();
     for (const CaseInfo& c : dump.cases()) {
-      Value cv = Value::object();
-      cv["case_name"] = c.name;
-      cv["kind"] = c.paged ? "paged" : "prefill";
-      cv["group"] = (c.paged ? "/paged_cases/" : "/cases/") + c.name;
-      cv["attributes"] = attributes_json(c.attributes);
       Value tensors = Value::array();
       for (const std::size_t i : c.tensors) tensors.push_back(tensor_json(dump.tensors()[i]));
-      cv["tensors"] = std::move(tensors);
-      cases.push_back(std::move(cv));
+      cases.push_back(json::Object{{"case_name", c.name},
+                                   {"kind", c.paged ? "paged" : "prefill"},
+                                   {"group", (c.paged ? "/paged_cases/" : "/cases/") + c.name},
+                                   {"attributes", attributes_json(c.attributes)},
+                                   {"tensors", std::move(tensors)}});
     }
     v["cases"] = std::move(cases);
     v["report_json_bytes"] = report ? Value(report->size()) : Value(nullptr);

@@ -34,14 +34,13 @@ Value summary_json(const DumpFile& dump, const std::vector<CaseFigures>& cases) 
     cv["kind"] = c.info->paged ? "paged" : "prefill";
     Value figures = Value::array();
     for (const Figure& f : c.figures) {
-      Value fv = Value::object();
-      fv["figure"] = f.spec.name;
-      fv["candidate"] = f.spec.candidate;
-      fv["reference"] = f.spec.reference;
-      fv["bf16_candidate"] = f.spec.bf16_candidate;
-      fv["tokens"] = f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr);
-      fv["stats"] = stats_json(f.stats);
-      figures.push_back(std::move(fv));
+      figures.push_back(
+          json::Object{{"figure", f.spec.name},
+                       {"candidate", f.spec.candidate},
+                       {"reference", f.spec.reference},
+                       {"bf16_candidate", f.spec.bf16_candidate},
+                       {"tokens", f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr)},
+                       {"stats", stats_json(f.stats)}});
     }
     cv["figures"] = std::move(figures);
     Value missing = Value::array();
