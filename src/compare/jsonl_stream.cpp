@@ -1,4 +1,6 @@
 // JSON Lines logprob records: one object per line, blank lines skipped.
+#include <charconv>
+
 #include "compare/logprob_stream.h"
 #include "core/errors.h"
 #include "report/json.h"
@@ -88,14 +90,9 @@ void read_jsonl(const std::string& path, LogprobStream& s) {
       if (s.top_begin.empty()) s.top_begin.assign(s.records.size() + 1, 0);
       if (t.is_object()) {
         for (const auto& [key, lp] : t.as_object()) {
-          std::size_t used = 0;
-          long long id = -1;
-          try {
-            id = std::stoll(key, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (used == 0 || used != key.size())
+          std::int64_t id = -1;
+          const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+          if (error != std::errc() || end != key.data() + key.size())
             throw UsageError(where + ": \"top_logprobs\" key \"" + key + "\" is not a token id");
           add(id, lp);
         }
