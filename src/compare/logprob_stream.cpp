@@ -165,12 +165,13 @@ LogprobStream read_logprob_stream(const std::string& path) {
     return s;
   }
   // HDF5's signature opens the file (a user block would move it; cpdrift's writers add none).
-  char magic[8] = {};
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-  const std::size_t n = std::fread(magic, 1, sizeof magic, f);
+  char magic[8] = {};
+  const bool hdf5 = std::fread(magic, 1, sizeof magic, f) == sizeof magic &&
+                    std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0;
   std::fclose(f);
-  if (n == sizeof magic && std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0) {
+  if (hdf5) {
     s.format = "hdf5";
     stream_io::read_hdf5_columns(path, s);
   } else {
