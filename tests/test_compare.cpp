@@ -251,6 +251,16 @@ TEST_CASE("top-k lists: overlap, top-1 agreement and shared entries against a ha
   CHECK(error_of(dir, twice + "\n", twice + "\n") ==
         "invalid comparison: " + dir.path.string() +
             "/train.jsonl line 1: top-k list names token 1 twice");
+  // A vLLM key must be a token id, whole: "7" is read, "x7", "7x", "" and " 7" are refused.
+  for (const char* key : {"x7", "7x", "", " 7"}) {
+    CAPTURE(key);
+    const std::string bad = R"({"sequence": 0, "position": 1, "token_id": 1, "logprob": -0.1, )"
+                            R"("top_logprobs": {")" +
+                            std::string(key) + R"(": -0.1}})";
+    CHECK(error_of(dir, bad + "\n", twice + "\n") ==
+          dir.path.string() + "/train.jsonl line 1: \"top_logprobs\" key \"" + key +
+              "\" is not a token id");
+  }
 }
 
 TEST_CASE(".npy columns: integer and float dtypes, and a truncated column refused") {
@@ -312,6 +322,6 @@ TEST_CASE(".npy columns: integer and float dtypes, and a truncated column refuse
     read_logprob_stream((dir.path / "cols").string());
     FAIL("columns of different lengths were read");
   } catch (const UsageError& e) {
-    CHECK(std::string(e.what()).find("shape must be [2] like logprob.npy") != std::string::npos);
+    CHECK(std::string(e.what()).find("shape must be [2] like logprob") != std::string::npos);
   }
 }

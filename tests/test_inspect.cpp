@@ -5,10 +5,9 @@
 #include <cstring>
 
 #include "core/util/sha256.h"
+#include "inspect/command_line.h"
 #include "inspect/drift_plot.h"
 #include "inspect/figures.h"
-#include "inspect/inspect_main.h"
-#include "inspect/npy.h"
 #include "inspect/tiny_dump.h"
 
 using namespace inspect_test;

@@ -16,13 +16,9 @@ Value stream_json(const LogprobStream& s) {
   v["records"] = s.records.size();
   v["vocab_size"] = s.vocab_size > 0 ? Value(s.vocab_size) : Value();
   Value files = Value::array();
-  for (const SourceFile& f : s.files) {
-    Value e = Value::object();
-    e["path"] = f.path;
-    e["size_bytes"] = f.size_bytes;
-    e["sha256"] = f.sha256;
-    files.push_back(std::move(e));
-  }
+  for (const SourceFile& f : s.files)
+    files.push_back(
+        json::Object{{"path", f.path}, {"size_bytes", f.size_bytes}, {"sha256", f.sha256}});
   v["files"] = std::move(files);
   return v;
 }
@@ -98,21 +94,16 @@ json::Value compare_json(const CompareRun& run) {
     top["reason"] = k.reason;
   } else {
     top["tokens"] = k.tokens;
-    top["overlap_jaccard"] = Value::object();
-    top["overlap_jaccard"]["mean"] = k.overlap_mean;
-    top["overlap_jaccard"]["min"] = k.overlap_min;
+    top["overlap_jaccard"] = json::Object{{"mean", k.overlap_mean}, {"min", k.overlap_min}};
     top["top1_agreement"] = k.top1_agreement;
     top["common_entries"] = k.common_entries;
-    top["common_abs_delta"] = Value::object();
-    top["common_abs_delta"]["mean"] = k.common_abs_mean;
-    top["common_abs_delta"]["max"] = k.common_abs_max;
+    top["common_abs_delta"] = json::Object{{"mean", k.common_abs_mean}, {"max", k.common_abs_max}};
   }
   v["top_logprobs"] = std::move(top);
 
-  Value verdict = Value::object();
-  verdict["max_abs_delta"] = run.max_abs_delta ? Value(*run.max_abs_delta) : Value();
-  verdict["passed"] = run.passed();
-  v["verdict"] = std::move(verdict);
+  v["verdict"] =
+      json::Object{{"max_abs_delta", run.max_abs_delta ? Value(*run.max_abs_delta) : Value()},
+                   {"passed", run.passed()}};
   return v;
 }
 

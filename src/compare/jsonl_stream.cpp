@@ -1,13 +1,8 @@
 // JSON Lines logprob records: one object per line, blank lines skipped.
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include <charconv>
 
 #include "compare/logprob_stream.h"
 #include "core/errors.h"
-#include "core/util/sha256.h"
 #include "report/json.h"
 
 namespace cpd::stream_io {
@@ -31,13 +26,7 @@ double number_member(const json::Value& v, const std::string& where, const char*
 }  // namespace
 
 void read_jsonl(const std::string& path, LogprobStream& s) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(path + ": cannot read: " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  if (in.bad()) throw UsageError(path + ": read error: " + std::strerror(errno));
-  s.files.push_back(SourceFile{path, text.size(), sha256_hex(text)});
+  const std::string text = read_source(path, s);
 
   std::int64_t line = 0;
   for (std::size_t begin = 0; begin < text.size();) {
@@ -101,14 +90,9 @@ void read_jsonl(const std::string& path, LogprobStream& s) {
       if (s.top_begin.empty()) s.top_begin.assign(s.records.size() + 1, 0);
       if (t.is_object()) {
         for (const auto& [key, lp] : t.as_object()) {
-          std::size_t used = 0;
-          long long id = -1;
-          try {
-            id = std::stoll(key, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (used == 0 || used != key.size())
+          std::int64_t id = -1;
+          const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+          if (error != std::errc() || end != key.data() + key.size())
             throw UsageError(where + ": \"top_logprobs\" key \"" + key + "\" is not a token id");
           add(id, lp);
         }

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,15 +56,27 @@ struct LogprobStream {
 LogprobStream read_logprob_stream(const std::string& path);
 
 namespace stream_io {
-// One reader per format (logprob_stream.cpp dispatches); each fills records, vocab and files.
+// The readers read_logprob_stream dispatches to; each fills records, vocab, top-k lists, files.
 void read_jsonl(const std::string& path, LogprobStream& s);
-void read_npy_columns(const std::string& dir, LogprobStream& s);
 void read_hdf5_columns(const std::string& path, LogprobStream& s);
-/// Size and SHA-256 of a file, streamed.
-SourceFile fingerprint(const std::string& path);
-/// Top-k columns [N, K] (ids padded with -1) into s.top_*; `where` names the source.
-void take_top_columns(const std::vector<std::int64_t>& ids, const std::vector<double>& logprobs,
-                      std::size_t rows, std::size_t k, const std::string& where, LogprobStream& s);
+/// The bytes of the file `path`, recorded (size, SHA-256) in s.files.
+std::string read_source(const std::string& path, LogprobStream& s);
+
+/// One column of a columnar stream (an HDF5 dataset, a .npy file): its extents and its values.
+struct Column {
+  std::string label;  // for messages: "train.h5: /sequence", "train/sequence.npy"
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> ints;  // read as integers
+  std::vector<double> reals;       // read as numbers
+};
+/// Column `name` ("sequence", "vocab_logprobs", …) read as integers (refused when it holds
+/// floats) or as numbers; nothing when the stream has none and it is not `required`.
+using ColumnReader =
+    std::function<std::optional<Column>(const std::string& name, bool integers, bool required)>;
+/// The records, vocabulary rows and top-k lists of a columnar stream, from its columns, checked:
+/// [N] each (sequence, position, token_id integers ≥ 0, logprob, optional active: non-zero),
+/// optional vocab_logprobs [N, V], optional top_ids (integers, -1 pads) with top_logprobs [N, K].
+void take_columns(const ColumnReader& read, LogprobStream& s);
 }  // namespace stream_io
 
 }  // namespace cpd

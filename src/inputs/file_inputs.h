@@ -36,9 +36,9 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
                   const ModelDims& dims, InputFileInfo& file);
 
 /// Checks positions' shape [B, S] and that every value is ≥ 0 and < 2^24 (exact as FP32, which
-/// RoPE's angle needs).
-void check_positions(const std::string& path, const std::vector<std::int64_t>& shape,
-                     const std::vector<std::int64_t>& values, const InputFileInfo& file);
+/// RoPE's angle needs), then makes them `in`'s RoPE positions.
+void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
+                   std::vector<std::int64_t> values, FileInputs& in);
 
 std::string shape_text(const std::vector<std::int64_t>& shape);
 

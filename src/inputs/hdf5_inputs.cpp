@@ -1,10 +1,12 @@
 // HDF5 inputs: q, k, v at / or under /inputs (what --dump-inputs writes), read a hyperslab of
 // rows at a time. HDF5 (serial) is not thread-safe: one lock around the library per file.
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 
+#include "cpdrift/bf16.h"
 #include "inputs/file_inputs.h"
 #include "inputs/raw_tensor.h"
 #include "io/h5_support.h"
@@ -32,8 +34,7 @@ struct H5Tensor {
       if (type != StoredType::bf16) return set->read_block(start, count, out);
       std::vector<std::uint16_t> raw(count[2] * count[3]);
       set->read_block(start, count, raw.data());
-      for (std::size_t i = 0; i < raw.size(); ++i)
-        out[i] = widen(StoredType::bf16, reinterpret_cast<const unsigned char*>(&raw[i]));
+      for (std::size_t i = 0; i < raw.size(); ++i) out[i] = bf16_to_f32(raw[i]);
     } catch (const h5::FileError& e) {
       // Checked at open; a failure here is the file changing under the run: a runtime error.
       throw std::runtime_error(e.what());
@@ -41,11 +42,14 @@ struct H5Tensor {
   }
 };
 
-// Attribute `name` of a tensor; nothing when it has none or one of a kind not read (vectors,
-// variable-length strings), which the caller then refuses saying what it must be.
-std::optional<DumpValue> attribute(const h5::Dataset& set, const std::string& name) {
+// Attribute `name` of a tensor as a T; nothing when it has none, or one of another type or of a
+// kind not read (vectors, variable-length strings): the caller refuses it, saying what it must be.
+template <class T>
+std::optional<T> attribute(const h5::Dataset& set, const std::string& name) {
   try {
-    return set.attribute(name);
+    const std::optional<DumpValue> v = set.attribute(name);
+    const T* value = v ? std::get_if<T>(&*v) : nullptr;
+    return value != nullptr ? std::optional<T>(*value) : std::nullopt;
   } catch (const h5::FileError&) {
     return std::nullopt;
   }
@@ -57,14 +61,10 @@ H5Tensor open_tensor(const std::shared_ptr<H5File>& file, const std::string& pat
   H5Tensor t{file, std::make_shared<const h5::Dataset>(file->id.get(), name, path)};
   const H5T_class_t cls = t.set->type_class();
   const std::size_t size = t.set->type_size();
-  const auto dtype = [&] {
-    const std::optional<DumpValue> v = attribute(*t.set, "dtype");
-    const auto* s = v ? std::get_if<std::string>(&*v) : nullptr;
-    return s != nullptr ? *s : "";
-  };
   if (cls == H5T_FLOAT && (size == 4 || size == 2)) {
     t.type = size == 4 ? StoredType::f32 : StoredType::f16;
-  } else if (cls == H5T_INTEGER && size == 2 && dtype() == "bfloat16") {
+  } else if (cls == H5T_INTEGER && size == 2 &&
+             attribute<std::string>(*t.set, "dtype") == "bfloat16") {
     t.type = StoredType::bf16;
   } else {
     throw UsageError(path + ": " + name +
@@ -94,31 +94,24 @@ void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in) {
   const H5Tensor q = open_tensor(file, path, base + "q"), k = open_tensor(file, path, base + "k"),
                  v = open_tensor(file, path, base + "v");
   check_shapes(path, q.set->shape(), k.set->shape(), v.set->shape(), dims, in.file);
-  const auto rope = [&](const H5Tensor& t) {
-    const std::optional<DumpValue> value = attribute(*t.set, "rope_applied");
-    const auto* i = value ? std::get_if<std::int64_t>(&*value) : nullptr;
-    return i != nullptr ? *i : -1;
-  };
-  const std::int64_t rope_q = rope(q);
-  if ((rope_q != 0 && rope_q != 1) || rope(k) != rope_q) {
+  const std::optional<std::int64_t> rope_q = attribute<std::int64_t>(*q.set, "rope_applied");
+  if ((rope_q != 0 && rope_q != 1) || attribute<std::int64_t>(*k.set, "rope_applied") != rope_q) {
     throw UsageError(path + ": " + base + "q and " + base +
                      "k need an integer attribute rope_applied, 1 or 0, the same on both (are "
                      "they stored after RoPE?)");
   }
   in.file.rope_applied = rope_q == 1;
   in.file.dtype = type_name(q.type);
-  in.q = [q](int b, std::int64_t h, Range r, float* out) { q.read_rows(b, h, r, out); };
-  in.k = [k](int b, std::int64_t h, Range r, float* out) { k.read_rows(b, h, r, out); };
-  in.v = [v](int b, std::int64_t h, Range r, float* out) { v.read_rows(b, h, r, out); };
+  in.q = std::bind_front(&H5Tensor::read_rows, q);
+  in.k = std::bind_front(&H5Tensor::read_rows, k);
+  in.v = std::bind_front(&H5Tensor::read_rows, v);
   const std::string positions = base + "positions";
   if (h5::exists(id, positions)) {
     const h5::Dataset set(id, positions, path);
     if (set.type_class() != H5T_INTEGER)
       throw UsageError(path + ": " + positions + " must hold integers");
-    check_positions(path, set.shape(), {}, in.file);  // the shape, before anything is read
-    in.positions = set.read<std::int64_t>();
-    check_positions(path, set.shape(), in.positions, in.file);
-    in.file.positions = true;
+    use_positions(path, set.shape(), {}, in);  // the shape checked before anything is read
+    use_positions(path, set.shape(), set.read<std::int64_t>(), in);
   }
 }
 

@@ -80,13 +80,9 @@ void open_npy_directory(const std::string& path, const ModelDims& dims, FileInpu
     const RawFile file(pos.string());
     const NpyHeader h = header_of(file);
     if (h.kind != 'i' && h.kind != 'u') throw UsageError(pos.string() + ": must hold integers");
-    std::vector<unsigned char> raw(h.data_bytes());
-    if (!raw.empty()) file.read(h.data_offset, raw.data(), raw.size());
-    std::vector<std::int64_t> values = decode_integers(
-        raw.data(), raw.size() / static_cast<std::size_t>(h.itemsize), h.itemsize, h.kind == 'i');
-    check_positions(pos.string(), h.shape, values, in.file);
-    in.positions = std::move(values);
-    in.file.positions = true;
+    const std::size_t count = h.data_bytes() / static_cast<std::size_t>(h.itemsize);
+    use_positions(pos.string(), h.shape,
+                  read_integers(file, h.data_offset, count, h.itemsize, h.kind == 'i'), in);
   }
 }
 

@@ -38,8 +38,9 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
   file.seq_len = q[2];
 }
 
-void check_positions(const std::string& path, const std::vector<std::int64_t>& shape,
-                     const std::vector<std::int64_t>& values, const InputFileInfo& file) {
+void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
+                   std::vector<std::int64_t> values, FileInputs& in) {
+  const InputFileInfo& file = in.file;
   if (shape.size() != 2 || shape[0] != file.batch || shape[1] != file.seq_len) {
     throw UsageError(path + ": positions has shape " + shape_text(shape) + "; needs [" +
                      std::to_string(file.batch) + ", " + std::to_string(file.seq_len) + "]");
@@ -51,6 +52,8 @@ void check_positions(const std::string& path, const std::vector<std::int64_t>& s
                        " (must be in [0, 2^24))");
     }
   }
+  in.positions = std::move(values);
+  in.file.positions = true;
 }
 
 }  // namespace input_files
@@ -75,20 +78,15 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
       if (fs::exists(f, ec)) files.push_back(f.string());
     }
   } else {
-    char magic[8] = {};
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      const std::size_t n = std::fread(magic, 1, sizeof magic, f);
-      std::fclose(f);
-      in->file.format =
-          n == 8 && std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0 ? "hdf5" : "safetensors";
-    } else {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr)
       throw UsageError("--inputs " + path + ": cannot read: " + std::strerror(errno));
-    }
-    if (in->file.format == "hdf5") {
-      open_hdf5(path, dims, *in);
-    } else {
-      open_safetensors(path, dims, *in);
-    }
+    char magic[8] = {};
+    const bool hdf5 = std::fread(magic, 1, sizeof magic, f) == sizeof magic &&
+                      std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0;
+    std::fclose(f);
+    in->file.format = hdf5 ? "hdf5" : "safetensors";
+    hdf5 ? open_hdf5(path, dims, *in) : open_safetensors(path, dims, *in);
   }
   for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
   if (fingerprint) in->file.sha256 = sha256_files(files).sha256;

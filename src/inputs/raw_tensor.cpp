@@ -4,8 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "core/errors.h"
@@ -13,35 +16,18 @@
 namespace cpd::input_files {
 
 float widen(StoredType type, const unsigned char* p) {
-  std::uint32_t bits = 0;
-  switch (type) {
-    case StoredType::f32:
-      std::memcpy(&bits, p, 4);
-      break;
-    case StoredType::bf16:
-      bits = (std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8) << 16;
-      break;
-    case StoredType::f16: {
-      const std::uint32_t h = std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8;
-      const std::uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-      if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | man << 13;  // inf, NaN
-      } else if (exp != 0) {
-        bits = sign | (exp + 112) << 23 | man << 13;  // normal: rebias 15 → 127
-      } else if (man == 0) {
-        bits = sign;  // ±0
-      } else {
-        // Subnormal: man · 2^-24, normalised (exact in FP32).
-        int shift = 0;
-        std::uint32_t m = man;
-        while ((m & 0x400u) == 0) {
-          m <<= 1;
-          ++shift;
-        }
-        bits = sign | static_cast<std::uint32_t>(113 - shift) << 23 | (m & 0x3ffu) << 13;
-      }
-      break;
+  const std::uint32_t half = std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8;
+  std::uint32_t bits = half << 16;  // BF16: the high half of an FP32
+  if (type == StoredType::f32) std::memcpy(&bits, p, 4);
+  if (type == StoredType::f16) {
+    const std::uint32_t exp = (half >> 10) & 0x1fu, man = half & 0x3ffu;
+    if (exp != 0x1f) {
+      // (1024 [exp > 0] + man) · 2^(max(exp, 1) − 25): a normal or subnormal, exact in FP32.
+      const float x = std::ldexp(static_cast<float>(exp > 0 ? man | 0x400u : man),
+                                 std::max<int>(static_cast<int>(exp), 1) - 25);
+      return (half & 0x8000u) != 0 ? -x : x;
     }
+    bits = (half & 0x8000u) << 16 | 0x7f800000u | man << 13;  // inf, NaN (its payload kept)
   }
   float x;
   std::memcpy(&x, &bits, 4);
@@ -100,16 +86,15 @@ void RawTensor::read_rows(int b, std::int64_t h, Range tokens, float* out) const
 
 void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]) {
   in.file.dtype = type_name(tensors[0].type);
-  const auto reader = [](const RawTensor& t) {
-    return [t](int b, std::int64_t h, Range r, float* out) { t.read_rows(b, h, r, out); };
-  };
-  in.q = reader(tensors[0]);
-  in.k = reader(tensors[1]);
-  in.v = reader(tensors[2]);
+  in.q = std::bind_front(&RawTensor::read_rows, tensors[0]);
+  in.k = std::bind_front(&RawTensor::read_rows, tensors[1]);
+  in.v = std::bind_front(&RawTensor::read_rows, tensors[2]);
 }
 
-std::vector<std::int64_t> decode_integers(const unsigned char* raw, std::size_t count, int size,
-                                          bool is_signed) {
+std::vector<std::int64_t> read_integers(const RawFile& file, std::uint64_t offset,
+                                        std::size_t count, int size, bool is_signed) {
+  std::vector<unsigned char> raw(count * static_cast<std::size_t>(size));
+  if (!raw.empty()) file.read(offset, raw.data(), raw.size());
   std::vector<std::int64_t> values(count);
   const int bits = 8 * size;
   for (std::size_t i = 0; i < count; ++i) {

@@ -50,8 +50,8 @@ struct RawTensor {
 /// Points `in`'s q, k and v readers at the three tensors and records their dtype (q's).
 void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]);
 
-/// `count` little-endian integers of `size` bytes (signed or not) at `raw`, as int64.
-std::vector<std::int64_t> decode_integers(const unsigned char* raw, std::size_t count, int size,
-                                          bool is_signed);
+/// `count` little-endian integers of `size` bytes (signed or not) at `offset` of `file`, as int64.
+std::vector<std::int64_t> read_integers(const RawFile& file, std::uint64_t offset,
+                                        std::size_t count, int size, bool is_signed);
 
 }  // namespace cpd::input_files

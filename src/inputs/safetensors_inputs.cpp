@@ -46,17 +46,12 @@ std::pair<std::uint64_t, std::uint64_t> span_of(const json::Value& t, std::uint6
 
 void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in) {
   const auto file = std::make_shared<RawFile>(path);
-  unsigned char len_bytes[8];
   if (file->size() < 8) throw UsageError(path + ": not HDF5, safetensors or a .npy directory");
-  file->read(0, len_bytes, 8);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | len_bytes[i];
+  const auto n = static_cast<std::uint64_t>(read_integers(*file, 0, 1, 8, false)[0]);
   if (n < 2 || n > kMaxHeader || 8 + n > file->size()) {
-    throw UsageError(path +
-                     ": not HDF5, safetensors or a .npy directory (a safetensors header "
-                     "of " +
-                     std::to_string(n) + " bytes in a file of " + std::to_string(file->size()) +
-                     ")");
+    throw UsageError(
+        path + ": not HDF5, safetensors or a .npy directory (a safetensors header of " +
+        std::to_string(n) + " bytes in a file of " + std::to_string(file->size()) + ")");
   }
   std::string text(n, '\0');
   file->read(8, text.data(), n);
@@ -82,7 +77,6 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     throw UsageError(path + ": __metadata__ rope_applied is \"" + rope + "\", not true or false");
   in.file.rope_applied = rope == "true" || rope == "1";
 
-  std::vector<std::int64_t> shapes[3];
   RawTensor tensors[3];
   const char* names[3] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i) {
@@ -92,20 +86,14 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     if (!t.is_object() || !t.contains("dtype") || !t.at("dtype").is_string())
       throw UsageError(where + ": no dtype");
     const std::string dtype = t.at("dtype").as_string();
-    RawTensor& r = tensors[i];
-    if (dtype == "F32") {
-      r.type = StoredType::f32;
-    } else if (dtype == "F16") {
-      r.type = StoredType::f16;
-    } else if (dtype == "BF16") {
-      r.type = StoredType::bf16;
-    } else {
+    if (dtype != "F32" && dtype != "F16" && dtype != "BF16")
       throw UsageError(where + ": dtype " + dtype + " (reads F32, F16 and BF16)");
-    }
-    shapes[i] = shape_of(t, where);
-    r.shape = shapes[i];
+    tensors[i].type = dtype == "F32"   ? StoredType::f32
+                      : dtype == "F16" ? StoredType::f16
+                                       : StoredType::bf16;
+    tensors[i].shape = shape_of(t, where);
   }
-  check_shapes(path, shapes[0], shapes[1], shapes[2], dims, in.file);
+  check_shapes(path, tensors[0].shape, tensors[1].shape, tensors[2].shape, dims, in.file);
   for (int i = 0; i < 3; ++i) {
     RawTensor& r = tensors[i];
     std::uint64_t count = 1;
@@ -128,13 +116,8 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     const std::uint64_t count =
         shape.size() == 2 ? static_cast<std::uint64_t>(shape[0] * shape[1]) : 0;
     const int size = dtype == "I64" ? 8 : 4;
-    std::vector<unsigned char> raw(count * size);
-    const std::uint64_t at = span_of(t, base, raw.size(), *file, where).first;
-    if (!raw.empty()) file->read(at, raw.data(), raw.size());
-    std::vector<std::int64_t> values = decode_integers(raw.data(), count, size, true);
-    check_positions(path, shape, values, in.file);
-    in.positions = std::move(values);
-    in.file.positions = true;
+    const std::uint64_t at = span_of(t, base, count * size, *file, where).first;
+    use_positions(path, shape, read_integers(*file, at, count, size, true), in);
   }
 }
 

@@ -3,13 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
-#include <thread>
+#include <string_view>
 
 #include "core/util/thread_pool.h"
 #include "inspect/command_line.h"
 #include "inspect/figures.h"
-#include "inspect/inspect_main.h"
-#include "inspect/output_format.h"
 #include "report/run_report.h"
 
 namespace cpd::inspect {
@@ -17,31 +15,15 @@ namespace {
 
 using json::Value;
 
-enum class Verdict { agree, differ, only_in_a, only_in_b, shape_mismatch };
-
-const char* verdict_name(Verdict v) {
-  switch (v) {
-    case Verdict::agree:
-      return "agree";
-    case Verdict::differ:
-      return "differ";
-    case Verdict::only_in_a:
-      return "only_in_a";
-    case Verdict::only_in_b:
-      return "only_in_b";
-    case Verdict::shape_mismatch:
-      return "shape_mismatch";
-  }
-  return "?";
-}
-
 struct TensorDiff {
   std::string path;
   const TensorInfo* a = nullptr;
   const TensorInfo* b = nullptr;
   DiffStats stats;  // A as the candidate, B as the reference
   std::string digest_a, digest_b;
-  Verdict verdict = Verdict::agree;
+  // "agree" or "differ" when compared; else "only_in_a", "only_in_b" or "shape_mismatch".
+  const char* verdict = "agree";
+  bool compared() const { return a != nullptr && b != nullptr && a->shape == b->shape; }
 };
 
 std::optional<double> parse_atol(const Arguments& a) {
@@ -60,12 +42,8 @@ TensorDiff compare(const DumpFile& a, const DumpFile& b, const std::string& path
   d.path = path;
   d.a = a.find(path);
   d.b = b.find(path);
-  if (d.a == nullptr || d.b == nullptr) {
-    d.verdict = d.a == nullptr ? Verdict::only_in_b : Verdict::only_in_a;
-    return d;
-  }
-  if (d.a->shape != d.b->shape) {
-    d.verdict = Verdict::shape_mismatch;
+  if (!d.compared()) {
+    d.verdict = d.a == nullptr ? "only_in_b" : d.b == nullptr ? "only_in_a" : "shape_mismatch";
     return d;
   }
   const std::vector<float> va = a.read(*d.a), vb = b.read(*d.b);
@@ -73,15 +51,12 @@ TensorDiff compare(const DumpFile& a, const DumpFile& b, const std::string& path
   d.digest_a = tensor_digest(va, d.a->bf16);
   d.digest_b = tensor_digest(vb, d.b->bf16);
   const bool agree = atol ? d.stats.finite() && d.stats.max_abs <= *atol : d.stats.bitwise_equal();
-  d.verdict = agree ? Verdict::agree : Verdict::differ;
+  d.verdict = agree ? "agree" : "differ";
   return d;
 }
 
 Value shape_value(const TensorInfo* t) {
-  if (t == nullptr) return nullptr;
-  Value v = Value::array();
-  for (const std::int64_t d : t->shape) v.push_back(d);
-  return v;
+  return t == nullptr ? Value() : Value(json::Array(t->shape.begin(), t->shape.end()));
 }
 
 Value diff_json(const DumpFile& a, const DumpFile& b, std::optional<double> atol,
@@ -96,16 +71,14 @@ Value diff_json(const DumpFile& a, const DumpFile& b, std::optional<double> atol
   v["differ_count"] = differ;
   Value list = Value::array();
   for (const TensorDiff& d : diffs) {
-    Value t = Value::object();
-    t["path"] = d.path;
-    t["verdict"] = verdict_name(d.verdict);
-    t["shape_a"] = shape_value(d.a);
-    t["shape_b"] = shape_value(d.b);
-    const bool compared = d.verdict == Verdict::agree || d.verdict == Verdict::differ;
-    t["stats"] = compared ? stats_json(d.stats) : Value(nullptr);
-    t["digest_a"] = compared ? Value(d.digest_a) : Value(nullptr);
-    t["digest_b"] = compared ? Value(d.digest_b) : Value(nullptr);
-    list.push_back(std::move(t));
+    const bool compared = d.compared();
+    list.push_back(json::Object{{"path", d.path},
+                                {"verdict", d.verdict},
+                                {"shape_a", shape_value(d.a)},
+                                {"shape_b", shape_value(d.b)},
+                                {"stats", compared ? stats_json(d.stats) : Value(nullptr)},
+                                {"digest_a", compared ? Value(d.digest_a) : Value(nullptr)},
+                                {"digest_b", compared ? Value(d.digest_b) : Value(nullptr)}});
   }
   v["tensors"] = std::move(list);
   return v;
@@ -124,12 +97,11 @@ void print_text(std::FILE* out, const DumpFile& a, const DumpFile& b, std::optio
   std::fprintf(out, "#   %-*s %-10s %-10s %10s %-7s %-16s %-16s %s\n", w, "tensor", "max_abs",
                "mean_abs", "mismatches", "bitwise", "digest A", "digest B", "verdict");
   for (const TensorDiff& d : diffs) {
-    if (d.verdict != Verdict::agree && d.verdict != Verdict::differ) {
+    if (!d.compared()) {
       const std::string why =
-          d.verdict == Verdict::shape_mismatch
-              ? "shapes " + shape_text(d.a->shape) + " vs " + shape_text(d.b->shape)
-          : d.verdict == Verdict::only_in_a ? std::string("only in A")
-                                            : std::string("only in B");
+          d.a == nullptr   ? "only in B"
+          : d.b == nullptr ? "only in A"
+                           : "shapes " + shape_text(d.a->shape) + " vs " + shape_text(d.b->shape);
       std::fprintf(out, "    %-*s %s\n", w, d.path.c_str(), why.c_str());
       continue;
     }
@@ -138,7 +110,7 @@ void print_text(std::FILE* out, const DumpFile& a, const DumpFile& b, std::optio
                  max_abs_text(s).c_str(), s.finite() ? sci(s.mean_abs).c_str() : "-",
                  static_cast<unsigned long long>(s.mismatch_count),
                  s.bitwise_equal() ? "yes" : "no", d.digest_a.substr(0, 16).c_str(),
-                 d.digest_b.substr(0, 16).c_str(), verdict_name(d.verdict));
+                 d.digest_b.substr(0, 16).c_str(), d.verdict);
   }
   std::fprintf(out, "# %zu tensors: %zu agree, %zu differ: %s\n", diffs.size(),
                diffs.size() - differ, differ, differ == 0 ? "SAME" : "DIFFERENT");
@@ -153,12 +125,12 @@ int diff_command(const Arguments& args, std::FILE* out) {
   std::set<std::string> paths;
   for (const TensorInfo& t : a.tensors()) paths.insert(t.path);
   for (const TensorInfo& t : b.tensors()) paths.insert(t.path);
-  ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)));
+  ThreadPool pool(measure_threads());
   std::vector<TensorDiff> diffs;
   std::size_t differ = 0;
   for (const std::string& path : paths) {
     diffs.push_back(compare(a, b, path, atol, pool));
-    differ += diffs.back().verdict == Verdict::agree ? 0 : 1;
+    differ += std::string_view(diffs.back().verdict) != "agree";
   }
   if (args.json) {
     std::fputs(json::to_string(diff_json(a, b, atol, diffs, differ)).c_str(), out);

@@ -5,58 +5,38 @@
 #include <stdexcept>
 
 #include "inspect/figures.h"
-#include "inspect/output_format.h"
 #include "report/json.h"
 
 namespace cpd::inspect {
 namespace {
 
-// The tensors behind (column, series) of a case, or nullopt where the run has none.
-std::optional<FigureSpec> plot_figure(const DumpFile& dump, const CaseInfo& c, std::size_t column,
-                                      int series) {
-  const std::string base = "/cases/" + c.name + "/";
-  const bool bf16 = dump.problem().problem.dtype == DType::bf16;
-  FigureSpec f;
-  if (column <= 1) {
-    const std::string t = column == 0 ? "out" : "lse";
-    const char* legs[] = {"candidate_fp32", bf16 ? "candidate_bf16" : "candidate_fp32",
-                          "bf16_kernel"};
-    f.candidate = base + legs[series] + "/" + t;
-    f.reference = base + "reference_fp32/" + t;
-  } else if (column == 2) {
-    if (series != 1) return std::nullopt;
-    f.candidate = base + "candidate/logp";
-    f.reference = base + "reference/logp";
-  } else {
-    if (series == 2) return std::nullopt;
-    const std::string g = kPlotColumns[column];
-    f.candidate = base + "candidate_fp32/" + g;
-    f.reference = base + "reference_fp32/" + g;
-    f.bf16_candidate = series == 1;  // the gradients' BF16 final write
-  }
-  if (dump.find(f.candidate) == nullptr || dump.find(f.reference) == nullptr) return std::nullopt;
-  f.name = std::string(kPlotColumns[column]) + "/" + std::to_string(series);
-  return f;
-}
+// The summary's figure (figures.h) behind each (column, series) of the plot; "" where none is.
+constexpr const char* kPlotFigures[kPlotColumns.size()][kPlotSeries] = {
+    {"drift.cp_merge_fp32.out", "drift.dtype_path_vs_fp32.out", "drift.bf16_kernel.out"},
+    {"drift.cp_merge_fp32.lse", "drift.dtype_path_vs_fp32.lse", "drift.bf16_kernel.lse"},
+    {"", "dlogp.drift", ""},
+    {"backward.report.drifts[0].dq", "backward.report.drifts[0].bf16_final_write.dq", ""},
+    {"backward.report.drifts[0].dk", "backward.report.drifts[0].bf16_final_write.dk", ""},
+    {"backward.report.drifts[0].dv", "backward.report.drifts[0].bf16_final_write.dv", ""},
+};
 
-// `ranks` ∩ the logprobs' active tokens [1, S) for dlogp; `ranks` otherwise.
-std::vector<Range> column_tokens(std::size_t column, std::vector<Range> ranks) {
-  if (column != 2) return ranks;
-  for (Range& r : ranks) r.begin = std::max<std::int64_t>(r.begin, 1);
-  return ranks;
-}
-
-PlotGrid measure_grid(const DumpFile& dump, const CaseInfo& c, FigureMeter& meter,
-                      const std::optional<std::vector<Range>>& rank) {
+// max |diff| of each of the case's figures `specs` over `tokens` (the logprobs' over those ≥ 1,
+// their active tokens); -1 where it is not finite.
+PlotGrid measure_grid(const std::vector<FigureSpec>& specs, FigureMeter& meter,
+                      const std::vector<Range>& tokens) {
   PlotGrid grid;
-  const std::int64_t seq = dump.problem().problem.seq_len;
   for (std::size_t col = 0; col < kPlotColumns.size(); ++col) {
-    for (int s = 0; s < kPlotSeries; ++s) {
-      std::optional<FigureSpec> f = plot_figure(dump, c, col, s);
-      if (!f) continue;
-      f->tokens = column_tokens(col, rank ? *rank : std::vector<Range>{Range{0, seq}});
-      const DiffStats stats = meter.measure(*f);
-      grid[col][static_cast<std::size_t>(s)] = stats.finite() ? stats.max_abs : -1.0;
+    for (std::size_t s = 0; s < kPlotSeries; ++s) {
+      const auto spec = std::find_if(specs.begin(), specs.end(), [&](const FigureSpec& f) {
+        return f.name == kPlotFigures[col][s];
+      });
+      if (spec == specs.end()) continue;
+      FigureSpec f = *spec;
+      f.digest = false;
+      f.tokens = tokens;
+      for (Range& r : *f.tokens) r.begin = std::max<std::int64_t>(r.begin, col == 2 ? 1 : 0);
+      const DiffStats stats = meter.measure(f);
+      grid[col][s] = stats.finite() ? stats.max_abs : -1.0;
     }
   }
   return grid;
@@ -99,14 +79,8 @@ std::optional<double> DriftPlot::threshold(std::size_t column, int series) const
 }
 
 std::string DriftPlot::series_name(int series) const {
-  switch (series) {
-    case 0:
-      return "FP32 CP merge / backward";
-    case 1:
-      return dtype == DType::bf16 ? "BF16 path as written" : "FP32 path as written";
-    default:
-      return "BF16 flash kernel";
-  }
+  if (series == 1) return dtype == DType::bf16 ? "BF16 path as written" : "FP32 path as written";
+  return series == 0 ? "FP32 CP merge / backward" : "BF16 flash kernel";
 }
 
 DriftPlot gather_plot(const DumpFile& dump, const std::vector<std::string>& cases,
@@ -133,10 +107,12 @@ DriftPlot gather_plot(const DumpFile& dump, const std::vector<std::string>& case
     CasePlot cp;
     cp.name = c->name;
     cp.spec = c->spec;
-    cp.whole = measure_grid(dump, *c, meter, std::nullopt);
+    const std::vector<FigureSpec> specs = report_figures(dump, *c);
+    cp.whole = measure_grid(specs, meter, {Range{0, dump.problem().problem.seq_len}});
     for (int r = 0; r < c->spec.cp; ++r) {
-      cp.rank_tokens.push_back(rank_tokens(*c, dump.problem().problem, r));
-      cp.per_rank.push_back(measure_grid(dump, *c, meter, cp.rank_tokens.back()));
+      cp.rank_tokens.push_back(
+          cp_owner_ranges(c->spec.layout, c->spec.cp, r, dump.problem().problem.seq_len));
+      cp.per_rank.push_back(measure_grid(specs, meter, cp.rank_tokens.back()));
     }
     meter.forget();
     plot.cases.push_back(std::move(cp));

@@ -10,14 +10,14 @@ namespace {
 constexpr std::int64_t kMaxExtent = std::int64_t{1} << 31;
 constexpr std::int64_t kMaxWorld = std::int64_t{1} << 16;  // TP or CP ranks of one case
 
-const AttributeValue& required(const Attributes& a, const std::string& name,
-                               const std::string& file, const std::string& object) {
-  const AttributeValue* v = find_attribute(a, name);
+const DumpValue& required(const DumpAttributes& a, const std::string& name, const std::string& file,
+                          const std::string& object) {
+  const DumpValue* v = find_attribute(a, name);
   if (v == nullptr) throw InspectError(file + ": " + object + " has no attribute " + name);
   return *v;
 }
 
-const std::string& text(const Attributes& a, const std::string& name, const std::string& file,
+const std::string& text(const DumpAttributes& a, const std::string& name, const std::string& file,
                         const std::string& object) {
   const auto* s = std::get_if<std::string>(&required(a, name, file, object));
   if (s == nullptr)
@@ -25,7 +25,7 @@ const std::string& text(const Attributes& a, const std::string& name, const std:
   return *s;
 }
 
-std::int64_t positive(const Attributes& a, const std::string& name, const std::string& file,
+std::int64_t positive(const DumpAttributes& a, const std::string& name, const std::string& file,
                       const std::string& object) {
   const auto* i = std::get_if<std::int64_t>(&required(a, name, file, object));
   if (i == nullptr || *i < 1 || *i > kMaxExtent) {
@@ -35,8 +35,8 @@ std::int64_t positive(const Attributes& a, const std::string& name, const std::s
   return *i;
 }
 
-std::string optional_text(const Attributes& a, const std::string& name) {
-  const AttributeValue* v = find_attribute(a, name);
+std::string optional_text(const DumpAttributes& a, const std::string& name) {
+  const DumpValue* v = find_attribute(a, name);
   const auto* s = v != nullptr ? std::get_if<std::string>(v) : nullptr;
   return s != nullptr ? *s : "";
 }
@@ -50,16 +50,10 @@ E parse_name(const EnumName<E> (&table)[N], const std::string& name, const std::
   throw InspectError(file + ": " + what + " \"" + name + "\" is not one cpdrift writes");
 }
 
-std::string extents(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
-DumpProblem read_problem(const Attributes& root, const std::string& file) {
-  const AttributeValue* schema = find_attribute(root, "schema_version");
+DumpProblem read_problem(const DumpAttributes& root, const std::string& file) {
+  const DumpValue* schema = find_attribute(root, "schema_version");
   const auto* version = schema != nullptr ? std::get_if<std::string>(schema) : nullptr;
   if (version == nullptr)
     throw InspectError(file + ": not a cpdrift dump (no schema_version attribute on /)");
@@ -91,7 +85,7 @@ DumpProblem read_problem(const Attributes& root, const std::string& file) {
   return d;
 }
 
-CaseSpec read_case_spec(const Attributes& a, const Problem& problem, const std::string& file,
+CaseSpec read_case_spec(const DumpAttributes& a, const Problem& problem, const std::string& file,
                         const std::string& group) {
   CaseSpec spec;
   const std::int64_t tp = positive(a, "tp_world_size", file, group);
@@ -102,7 +96,7 @@ CaseSpec read_case_spec(const Attributes& a, const Problem& problem, const std::
   }
   spec.tp = static_cast<int>(tp);
   spec.cp = static_cast<int>(cp);
-  const AttributeValue& split = required(a, "split", file, group);
+  const DumpValue& split = required(a, "split", file, group);
   if (const auto* size = std::get_if<std::int64_t>(&split)) {
     spec.split = *size;
   } else if (const auto* none = std::get_if<std::string>(&split);
@@ -116,13 +110,14 @@ CaseSpec read_case_spec(const Attributes& a, const Problem& problem, const std::
   return spec;
 }
 
-std::int64_t paged_q_len(const Attributes& a, const std::string& file, const std::string& group) {
+std::int64_t paged_q_len(const DumpAttributes& a, const std::string& file,
+                         const std::string& group) {
   return positive(a, "q_len", file, group);
 }
 
 void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_t q_len,
                   const std::string& file) {
-  const Attributes& a = t.attributes;
+  const DumpAttributes& a = t.attributes;
   const std::string& shape = text(a, "shape", file, t.path);
   const bool four = t.shape.size() == 4;
   // What the writers call each axis: S a sequence, Q a paged case's query rows, D the head dim.
@@ -153,8 +148,8 @@ void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_
   std::vector<std::int64_t> want{problem.batch, heads, paged ? q_len : problem.seq_len};
   if (four) want.push_back(problem.dims.head_dim);
   if (t.shape != want) {
-    throw InspectError(file + ": " + t.path + " is " + extents(t.shape) + "; the run's " + shape +
-                       " is " + extents(want));
+    throw InspectError(file + ": " + t.path + " is " + shape_text(t.shape) + "; the run's " +
+                       shape + " is " + shape_text(want));
   }
 }
 

@@ -12,15 +12,15 @@ namespace cpd::inspect::layout {
 
 /// The root's attributes: schema_version (this tool's schema), batch, seq_len, num_query_heads,
 /// num_kv_heads, head_dim, seed, dtype; producer, created_at_utc and command when present.
-DumpProblem read_problem(const Attributes& root, const std::string& file);
+DumpProblem read_problem(const DumpAttributes& root, const std::string& file);
 
 /// A prefill case group's attributes: tp_world_size, cp_world_size, split (an integer or
 /// "none"), layout, protocol — a case that can run on `problem` (core/plan.h validate_case).
-CaseSpec read_case_spec(const Attributes& attributes, const Problem& problem,
+CaseSpec read_case_spec(const DumpAttributes& attributes, const Problem& problem,
                         const std::string& file, const std::string& group);
 
 /// A paged case group's q_len (the query rows of each sequence in its tensors).
-std::int64_t paged_q_len(const Attributes& attributes, const std::string& file,
+std::int64_t paged_q_len(const DumpAttributes& attributes, const std::string& file,
                          const std::string& group);
 
 /// A tensor's attributes (shape, original_dtype, stored_dtype, heads) and extents against the

@@ -40,19 +40,37 @@ auto reading(const std::string& file, F&& f) {
 
 const char* file_being_read() { return being_read; }
 
-const AttributeValue* find_attribute(const Attributes& attributes, const std::string& name) {
+const DumpValue* find_attribute(const DumpAttributes& attributes, const std::string& name) {
   for (const auto& [key, value] : attributes) {
     if (key == name) return &value;
   }
   return nullptr;
 }
 
-std::string attribute_text(const AttributeValue& value) {
+std::string attribute_text(const DumpValue& value) {
   if (const auto* s = std::get_if<std::string>(&value)) return *s;
   if (const auto* i = std::get_if<std::int64_t>(&value)) return std::to_string(*i);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(value));
   return buf;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string problem_text(const Problem& p) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B=%d S=%lld Hq=%d Hkv=%d D=%d, dtype %s, seed %llu%s", p.batch,
+                static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
+                p.dims.head_dim, to_string(p.dtype), static_cast<unsigned long long>(p.seed),
+                p.rope ? ", RoPE" : ", no RoPE");
+  std::string text = buf;
+  if (p.distribution != InputDistribution::gaussian)
+    text += std::string(", ") + to_string(p.distribution) + " inputs";
+  return text;
 }
 
 std::int64_t TensorInfo::elements() const {
@@ -97,7 +115,7 @@ struct DumpFile::Impl {
   std::string path;
   h5::Handle file;
   DumpProblem problem;
-  Attributes root;
+  DumpAttributes root;
   std::vector<CaseInfo> cases;
   std::vector<TensorInfo> tensors;
   bool has_report = false;
@@ -227,7 +245,7 @@ DumpFile DumpFile::open_image(const void* data, std::size_t size, const std::str
 
 const std::string& DumpFile::path() const { return impl_->path; }
 const DumpProblem& DumpFile::problem() const { return impl_->problem; }
-const Attributes& DumpFile::root_attributes() const { return impl_->root; }
+const DumpAttributes& DumpFile::root_attributes() const { return impl_->root; }
 const std::vector<CaseInfo>& DumpFile::cases() const { return impl_->cases; }
 const std::vector<TensorInfo>& DumpFile::tensors() const { return impl_->tensors; }
 

@@ -11,12 +11,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <variant>
 #include <vector>
 
 #include "core/model.h"
 #include "core/plan.h"
+#include "io/tensor_dump.h"
 
 namespace cpd::inspect {
 
@@ -28,24 +27,23 @@ class InspectError : public std::runtime_error {
 };
 
 /// The file the reader last handed to HDF5 ("" before any), for the fatal-signal handler
-/// (fault_guard.h): HDF5 1.10 does not checksum its metadata and can fault on a corrupted file.
+/// (inspect/main.cpp): HDF5 1.10 does not checksum its metadata and can fault on a corrupted file.
 const char* file_being_read();
 
-/// A scalar attribute as the dump writer stores them (io/tensor_dump.h: DumpValue).
-using AttributeValue = std::variant<std::string, std::int64_t, double>;
-/// Attributes in HDF5's name order.
-using Attributes = std::vector<std::pair<std::string, AttributeValue>>;
-
 /// The value of `name` in `attributes`, or null.
-const AttributeValue* find_attribute(const Attributes& attributes, const std::string& name);
+const DumpValue* find_attribute(const DumpAttributes& attributes, const std::string& name);
 /// "1", "0.5", "bf16": a value as `list` prints it.
-std::string attribute_text(const AttributeValue& value);
+std::string attribute_text(const DumpValue& value);
+/// "[1, 32, 16, 128]"
+std::string shape_text(const std::vector<std::int64_t>& shape);
+/// "B=1 S=16 Hq=32 Hkv=8 D=128, dtype bf16, seed 2355, RoPE"
+std::string problem_text(const Problem& p);
 
 /// One FP32 tensor dataset of the dump.
 struct TensorInfo {
   std::string path;                 // "/cases/<case>/<leg>/<name>", "/inputs/q"
   std::vector<std::int64_t> shape;  // [B, H, S] or [B, H, S, D], every extent ≥ 1
-  Attributes attributes;            // shape, heads, original_dtype, stored_dtype, …
+  DumpAttributes attributes;        // in name order: shape, heads, original_dtype, …
   bool bf16 = false;                // original_dtype "bfloat16": BF16-exact values
 
   std::int64_t elements() const;
@@ -57,7 +55,7 @@ struct TensorInfo {
 struct CaseInfo {
   std::string name;
   bool paged = false;
-  Attributes attributes;
+  DumpAttributes attributes;
   CaseSpec spec;                     // prefill cases: read off the attributes
   std::vector<std::size_t> tensors;  // indices into DumpFile::tensors(), in path order
 };
@@ -84,7 +82,7 @@ class DumpFile {
 
   const std::string& path() const;
   const DumpProblem& problem() const;
-  const Attributes& root_attributes() const;
+  const DumpAttributes& root_attributes() const;
   /// Prefill cases first (the report's `cases` order is kept: HDF5 name order), then paged.
   const std::vector<CaseInfo>& cases() const;
   const CaseInfo* find_case(const std::string& name) const;

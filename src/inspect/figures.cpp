@@ -7,39 +7,9 @@
 #include "core/util/sha256.h"
 #include "cpdrift/bf16.h"
 #include "cpdrift/production_lanes.h"
-#include "inspect/output_format.h"
 
 namespace cpd::inspect {
 namespace {
-
-// Builds a case's figure list: each pair only when the dump holds both of its tensors.
-class FigureList {
- public:
-  FigureList(const DumpFile& dump, std::string base) : dump_(dump), base_(std::move(base)) {}
-
-  bool has(const std::string& leg_path) const { return dump_.find(base_ + leg_path) != nullptr; }
-
-  void add(std::string name, const std::string& candidate, const std::string& reference,
-           bool digest, std::optional<std::vector<Range>> tokens = std::nullopt,
-           bool bf16_candidate = false) {
-    if (!has(candidate) || dump_.find(reference) == nullptr) return;
-    specs_.push_back(FigureSpec{std::move(name), base_ + candidate, reference, bf16_candidate,
-                                std::move(tokens), digest});
-  }
-  // <prefix>.out and <prefix>.lse: <leg>/{out,lse} against <reference leg>/{out,lse}.
-  void out_lse(const std::string& prefix, const std::string& leg, const std::string& reference,
-               bool digest = true, const std::optional<std::vector<Range>>& tokens = std::nullopt) {
-    for (const char* t : {"out", "lse"})
-      add(prefix + "." + t, leg + "/" + t, base_ + reference + "/" + t, digest, tokens);
-  }
-  std::vector<FigureSpec> take() { return std::move(specs_); }
-  const std::string& base() const { return base_; }
-
- private:
-  const DumpFile& dump_;
-  std::string base_;
-  std::vector<FigureSpec> specs_;
-};
 
 std::string topology_counterpart(const DumpFile& dump, const CaseInfo& c) {
   return case_name(cp1_counterpart(c.spec), dump.problem().problem.dtype);
@@ -47,80 +17,84 @@ std::string topology_counterpart(const DumpFile& dump, const CaseInfo& c) {
 
 }  // namespace
 
-std::vector<Range> rank_tokens(const CaseInfo& c, const Problem& problem, int cp_rank) {
-  return cp_owner_ranges(c.spec.layout, c.spec.cp, cp_rank, problem.seq_len);
-}
-
 std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) {
   const Problem& p = dump.problem().problem;
+  const std::string base = (c.paged ? "/paged_cases/" : "/cases/") + c.name + "/";
+  std::vector<FigureSpec> specs;
+  // `name`: this case's `candidate` (a path within it) against the dataset `reference`, when the
+  // dump holds both.
+  const auto add = [&](const std::string& name, const std::string& candidate,
+                       const std::string& reference, bool digest,
+                       std::optional<std::vector<Range>> tokens = std::nullopt,
+                       bool bf16_candidate = false) {
+    if (dump.find(base + candidate) == nullptr || dump.find(reference) == nullptr) return;
+    specs.push_back(
+        FigureSpec{name, base + candidate, reference, bf16_candidate, std::move(tokens), digest});
+  };
+  // <prefix>.out and <prefix>.lse: <leg>/{out,lse} against <reference leg>/{out,lse}.
+  const auto out_lse = [&](const std::string& prefix, const std::string& leg,
+                           const std::string& reference, bool digest = true,
+                           const std::optional<std::vector<Range>>& tokens = std::nullopt) {
+    for (const std::string t : {"out", "lse"})
+      add(prefix + "." + t, leg + "/" + t, base + reference + "/" + t, digest, tokens);
+  };
   if (c.paged) {
-    FigureList f(dump, "/paged_cases/" + c.name + "/");
     // The candidate against the FP32-arithmetic reference before its BF16 write: dumped beside
     // the BF16 one under --dtype bf16; the same tensor under fp32.
-    const TensorInfo* reference_out = dump.find(f.base() + "reference/out");
-    if (reference_out != nullptr && !reference_out->bf16) {
-      f.add("paged.drift.candidate.out", "candidate/out", f.base() + "reference/out", true);
-    } else {
-      f.add("paged.drift.candidate.out", "candidate/out",
-            f.base() + "reference_fp32_arithmetic/out", true);
-    }
-    f.add("paged.drift.candidate.lse", "candidate/lse", f.base() + "reference/lse", true);
-    return f.take();
+    const TensorInfo* reference_out = dump.find(base + "reference/out");
+    const bool written_bf16 = reference_out == nullptr || reference_out->bf16;
+    add("paged.drift.candidate.out", "candidate/out",
+        base + (written_bf16 ? "reference_fp32_arithmetic/out" : "reference/out"), true);
+    add("paged.drift.candidate.lse", "candidate/lse", base + "reference/lse", true);
+    return specs;
   }
-  FigureList f(dump, "/cases/" + c.name + "/");
   const std::string dtype_leg = p.dtype == DType::bf16 ? "candidate_bf16" : "candidate_fp32";
-  f.out_lse("drift.cp_merge_fp32", "candidate_fp32", "reference_fp32");
-  f.out_lse("drift.dtype_path_vs_fp32", dtype_leg, "reference_fp32");
-  f.out_lse("drift.bf16_kernel", "bf16_kernel", "reference_fp32");
-  f.out_lse("drift.cublas_unfused", "cublas_unfused", "reference_fp32");
+  out_lse("drift.cp_merge_fp32", "candidate_fp32", "reference_fp32");
+  out_lse("drift.dtype_path_vs_fp32", dtype_leg, "reference_fp32");
+  out_lse("drift.bf16_kernel", "bf16_kernel", "reference_fp32");
+  out_lse("drift.cublas_unfused", "cublas_unfused", "reference_fp32");
   // vs the CP=1 case with the same split and layout, when the run had it.
   const std::string counterpart = "/cases/" + topology_counterpart(dump, c) + "/candidate_fp32/";
-  for (const char* t : {"out", "lse"}) {
-    f.add(std::string("drift.topology_invariance.") + t, std::string("candidate_fp32/") + t,
-          counterpart + t, true);
-  }
+  for (const std::string t : {"out", "lse"})
+    add("drift.topology_invariance." + t, "candidate_fp32/" + t, counterpart + t, true);
   for (const ProductionLane lane : kProductionLanes) {
     const std::string name = to_string(lane);
-    f.out_lse("drift.production_lanes." + name + ".vs_fp32_reference", name, "reference_fp32");
-    f.out_lse("drift.production_lanes." + name + ".vs_canonical_bf16_kernel", name, "bf16_kernel");
+    out_lse("drift.production_lanes." + name + ".vs_fp32_reference", name, "reference_fp32");
+    out_lse("drift.production_lanes." + name + ".vs_canonical_bf16_kernel", name, "bf16_kernel");
   }
-  f.out_lse("cuda_vs_cpu_fp32", "cpu_fp32", "candidate_fp32");
+  out_lse("cuda_vs_cpu_fp32", "cpu_fp32", "candidate_fp32");
+  const auto rank_tokens = [&](int r) {
+    return cp_owner_ranges(c.spec.layout, c.spec.cp, r, p.seq_len);
+  };
   for (int r = 0; r < c.spec.cp; ++r) {
     const std::string row = "per_rank[" + std::to_string(r) + "]";
-    f.out_lse(row, dtype_leg, "reference_fp32", false, rank_tokens(c, p, r));
-    f.out_lse(row + ".cp_merge_fp32", "candidate_fp32", "reference_fp32", false,
-              rank_tokens(c, p, r));
+    out_lse(row, dtype_leg, "reference_fp32", false, rank_tokens(r));
+    out_lse(row + ".cp_merge_fp32", "candidate_fp32", "reference_fp32", false, rank_tokens(r));
   }
+  // <prefix>{dq,dk,dv}: the case's gradients against the CP=1 reference's.
   const std::string backward = "backward.report.drifts[0].";
-  const auto gradient = [&](const std::string& name, const char* g, bool digest,
-                            std::optional<std::vector<Range>> tokens, bool bf16) {
-    f.add(name, std::string("candidate_fp32/") + g, f.base() + "reference_fp32/" + g, digest,
-          std::move(tokens), bf16);
+  const auto gradients = [&](const std::string& prefix, bool digest,
+                             const std::optional<std::vector<Range>>& tokens, bool bf16) {
+    for (const std::string g : {"dq", "dk", "dv"})
+      add(prefix + g, "candidate_fp32/" + g, base + "reference_fp32/" + g, digest, tokens, bf16);
   };
-  for (const char* g : {"dq", "dk", "dv"}) gradient(backward + g, g, true, std::nullopt, false);
-  if (f.has("candidate_fp32/dq")) {
-    for (int r = 0; r < c.spec.cp; ++r) {
-      for (const char* g : {"dq", "dk", "dv"}) {
-        gradient(backward + "per_rank[" + std::to_string(r) + "]." + g, g, false,
-                 rank_tokens(c, p, r), false);
-      }
-    }
-  }
-  for (const char* g : {"dq", "dk", "dv"})
-    gradient(backward + "bf16_final_write." + g, g, false, std::nullopt, true);
+  gradients(backward, true, std::nullopt, false);
+  for (int r = 0; r < c.spec.cp && dump.find(base + "candidate_fp32/dq") != nullptr; ++r)
+    gradients(backward + "per_rank[" + std::to_string(r) + "].", false, rank_tokens(r), false);
+  gradients(backward + "bf16_final_write.", false, std::nullopt, true);
   // The te_p2p lane's backward (--include-lane-backward): against the FP32 reference (with the
   // lane's digest), and the canonical gradients read as BF16 against it.
   const std::string lane = backward + "production_lanes.te_p2p.";
-  for (const char* g : {"dq", "dk", "dv"}) {
-    f.add(lane + "vs_fp32_reference." + g, std::string("te_p2p_backward/") + g,
-          f.base() + "reference_fp32/" + g, true);
-    f.add(lane + "vs_canonical_bf16." + g, std::string("candidate_fp32/") + g,
-          f.base() + "te_p2p_backward/" + g, false, std::nullopt, true);
+  for (const std::string g : {"dq", "dk", "dv"}) {
+    add(lane + "vs_fp32_reference." + g, "te_p2p_backward/" + g, base + "reference_fp32/" + g,
+        true);
+    add(lane + "vs_canonical_bf16." + g, "candidate_fp32/" + g, base + "te_p2p_backward/" + g,
+        false, std::nullopt, true);
   }
   // The logprobs' active tokens: every sequence's but its first.
-  f.add("dlogp.drift", "candidate/logp", f.base() + "reference/logp", true,
-        std::vector<Range>{Range{1, p.seq_len}});
-  return f.take();
+  add("dlogp.drift", "candidate/logp", base + "reference/logp", true,
+      std::vector<Range>{Range{1, p.seq_len}});
+  return specs;
 }
 
 std::vector<MissingFigure> missing_figures(const DumpFile& dump, const CaseInfo& c) {

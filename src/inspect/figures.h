@@ -43,9 +43,6 @@ struct MissingFigure {
   std::string name, reason;
 };
 
-/// Sequence positions of CP rank `cp_rank` in a prefill case (core/plan.h cp_owner_ranges).
-std::vector<Range> rank_tokens(const CaseInfo& c, const Problem& problem, int cp_rank);
-
 /// The report figures of case `c` whose tensors the dump holds, in the report's order.
 std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c);
 /// The report figures of `c` that the dump cannot reproduce.

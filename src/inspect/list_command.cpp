@@ -3,7 +3,6 @@
 
 #include "inspect/command_line.h"
 #include "inspect/dump_reader.h"
-#include "inspect/output_format.h"
 #include "report/json.h"
 
 namespace cpd::inspect {
@@ -11,35 +10,25 @@ namespace {
 
 using json::Value;
 
-Value attributes_json(const Attributes& attributes) {
+Value attributes_json(const DumpAttributes& attributes) {
   Value v = Value::object();
-  for (const auto& [name, value] : attributes) {
-    if (const auto* s = std::get_if<std::string>(&value)) {
-      v[name] = *s;
-    } else if (const auto* i = std::get_if<std::int64_t>(&value)) {
-      v[name] = *i;
-    } else {
-      v[name] = std::get<double>(value);
-    }
-  }
+  for (const auto& [name, value] : attributes)
+    std::visit([&](const auto& x) { v[name] = x; }, value);
   return v;
 }
 
 Value tensor_json(const TensorInfo& t) {
-  Value v = Value::object();
-  v["path"] = t.path;
-  v["name"] = t.leg_path();
-  Value shape = Value::array();
-  for (const std::int64_t d : t.shape) shape.push_back(d);
-  v["shape"] = std::move(shape);
-  v["original_dtype"] = t.bf16 ? "bfloat16" : "float32";
-  v["stored_dtype"] = "float32";
-  v["attributes"] = attributes_json(t.attributes);
-  return v;
+  return json::Object{{"path", t.path},
+                      {"name", t.leg_path()},
+                      {"shape", json::Array(t.shape.begin(), t.shape.end())},
+                      {"original_dtype", t.bf16 ? "bfloat16" : "float32"},
+                      {"stored_dtype", "float32"},
+                      {"attributes", attributes_json(t.attributes)}};
 }
 
 // "name=value" for every attribute but those `skip` names.
-std::string attribute_line(const Attributes& attributes, std::initializer_list<const char*> skip) {
+std::string attribute_line(const DumpAttributes& attributes,
+                           std::initializer_list<const char*> skip) {
   std::string line;
   for (const auto& [name, value] : attributes) {
     if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
@@ -75,15 +64,13 @@ int list_command(const Arguments& a, std::FILE* out) {
     v["inputs"] = std::move(inputs);
     Value cases = Value::array();
     for (const CaseInfo& c : dump.cases()) {
-      Value cv = Value::object();
-      cv["case_name"] = c.name;
-      cv["kind"] = c.paged ? "paged" : "prefill";
-      cv["group"] = (c.paged ? "/paged_cases/" : "/cases/") + c.name;
-      cv["attributes"] = attributes_json(c.attributes);
       Value tensors = Value::array();
       for (const std::size_t i : c.tensors) tensors.push_back(tensor_json(dump.tensors()[i]));
-      cv["tensors"] = std::move(tensors);
-      cases.push_back(std::move(cv));
+      cases.push_back(json::Object{{"case_name", c.name},
+                                   {"kind", c.paged ? "paged" : "prefill"},
+                                   {"group", (c.paged ? "/paged_cases/" : "/cases/") + c.name},
+                                   {"attributes", attributes_json(c.attributes)},
+                                   {"tensors", std::move(tensors)}});
     }
     v["cases"] = std::move(cases);
     v["report_json_bytes"] = report ? Value(report->size()) : Value(nullptr);

@@ -1,11 +1,7 @@
 // `cpdrift-inspect summary`: the report's drift figures, recomputed from the dumped tensors.
-#include <algorithm>
-#include <thread>
-
 #include "core/util/thread_pool.h"
 #include "inspect/command_line.h"
 #include "inspect/figures.h"
-#include "inspect/output_format.h"
 #include "report/run_report.h"
 
 namespace cpd::inspect {
@@ -21,12 +17,7 @@ struct CaseFigures {
 
 Value ranges_value(const std::vector<Range>& ranges) {
   Value a = Value::array();
-  for (const Range& r : ranges) {
-    Value pair = Value::array();
-    pair.push_back(r.begin);
-    pair.push_back(r.end);
-    a.push_back(std::move(pair));
-  }
+  for (const Range& r : ranges) a.push_back(json::Array{r.begin, r.end});
   return a;
 }
 
@@ -43,23 +34,18 @@ Value summary_json(const DumpFile& dump, const std::vector<CaseFigures>& cases) 
     cv["kind"] = c.info->paged ? "paged" : "prefill";
     Value figures = Value::array();
     for (const Figure& f : c.figures) {
-      Value fv = Value::object();
-      fv["figure"] = f.spec.name;
-      fv["candidate"] = f.spec.candidate;
-      fv["reference"] = f.spec.reference;
-      fv["bf16_candidate"] = f.spec.bf16_candidate;
-      fv["tokens"] = f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr);
-      fv["stats"] = stats_json(f.stats);
-      figures.push_back(std::move(fv));
+      figures.push_back(
+          json::Object{{"figure", f.spec.name},
+                       {"candidate", f.spec.candidate},
+                       {"reference", f.spec.reference},
+                       {"bf16_candidate", f.spec.bf16_candidate},
+                       {"tokens", f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr)},
+                       {"stats", stats_json(f.stats)}});
     }
     cv["figures"] = std::move(figures);
     Value missing = Value::array();
-    for (const MissingFigure& m : c.missing) {
-      Value mv = Value::object();
-      mv["figure"] = m.name;
-      mv["reason"] = m.reason;
-      missing.push_back(std::move(mv));
-    }
+    for (const MissingFigure& m : c.missing)
+      missing.push_back(json::Object{{"figure", m.name}, {"reason", m.reason}});
     cv["not_in_dump"] = std::move(missing);
     list.push_back(std::move(cv));
   }
@@ -98,7 +84,7 @@ void print_text(std::FILE* out, const DumpFile& dump, const std::vector<CaseFigu
                    static_cast<unsigned long long>(s.active_count),
                    static_cast<unsigned long long>(s.mismatch_count),
                    static_cast<unsigned long long>(s.max_ulp), s.bitwise_equal() ? "yes" : "no",
-                   short_digest(s.digest).c_str());
+                   s.digest ? s.digest->substr(0, 16).c_str() : "-");
     }
     for (const MissingFigure& m : c.missing)
       std::fprintf(out, "#   not in the dump: %s (%s)\n", m.name.c_str(), m.reason.c_str());
@@ -110,19 +96,15 @@ void print_text(std::FILE* out, const DumpFile& dump, const std::vector<CaseFigu
 int summary_command(const Arguments& a, std::FILE* out) {
   const DumpFile dump = DumpFile::open(a.operands[0]);
   std::vector<const CaseInfo*> selected;
-  const auto wanted = a.options.find("--case");
-  if (wanted == a.options.end()) {
-    for (const CaseInfo& c : dump.cases()) selected.push_back(&c);
-  } else {
-    for (const std::string& name : wanted->second) {
-      const CaseInfo* c = dump.find_case(name);
-      if (c == nullptr)
-        throw InspectError(dump.path() + ": no case " + name +
-                           " (cpdrift-inspect list names them)");
-      selected.push_back(c);
-    }
+  for (const std::string& name : a.values("--case")) {
+    selected.push_back(dump.find_case(name));
+    if (selected.back() == nullptr)
+      throw InspectError(dump.path() + ": no case " + name + " (cpdrift-inspect list names them)");
   }
-  ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)));
+  if (selected.empty()) {
+    for (const CaseInfo& c : dump.cases()) selected.push_back(&c);
+  }
+  ThreadPool pool(measure_threads());
   FigureMeter meter(dump, &pool);
   std::vector<CaseFigures> cases;
   for (const CaseInfo* c : selected) {

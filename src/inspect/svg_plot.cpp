@@ -26,16 +26,12 @@ std::string fmt(const char* format, double v) {
 std::string esc(const std::string& s) {
   std::string out;
   for (const char c : s) {
-    if (c == '&')
-      out += "&amp;";
-    else if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else if (c == '"')
-      out += "&quot;";
-    else
-      out += c;
+    const char* entity = c == '&'   ? "&amp;"
+                         : c == '<' ? "&lt;"
+                         : c == '>' ? "&gt;"
+                         : c == '"' ? "&quot;"
+                                    : nullptr;
+    out += entity != nullptr ? std::string(entity) : std::string(1, c);
   }
   return out;
 }
