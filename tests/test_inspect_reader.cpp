@@ -278,9 +278,10 @@ TEST_CASE("attributes: strings, integers (booleans too) and floats are read, oth
   H5Tset_size(variable, H5T_VARIABLE);
   const char* text = "bf16";
   const std::string with_vlen = with_extra("vlen", variable, scalar, &text);
-  CHECK(open_error(with_vlen) ==
-        with_vlen +
-            ": attribute extra of / is a variable-length string (store a fixed-length one)");
+  const DumpFile vlen_dump = DumpFile::open(with_vlen);  // h5py's str: read like a fixed one
+  extra = find_attribute(vlen_dump.root_attributes(), "extra");
+  REQUIRE(extra != nullptr);
+  CHECK(std::get<std::string>(*extra) == "bf16");
   const hsize_t two = 2;
   const hid_t pair = H5Screate_simple(1, &two, nullptr);
   const std::int64_t values[2] = {1, 2};

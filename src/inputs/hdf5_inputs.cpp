@@ -43,7 +43,7 @@ struct H5Tensor {
 };
 
 // Attribute `name` of a tensor as a T; nothing when it has none, or one of another type or of a
-// kind not read (vectors, variable-length strings): the caller refuses it, saying what it must be.
+// kind not read (vectors): the caller refuses it, saying what it must be.
 template <class T>
 std::optional<T> attribute(const h5::Dataset& set, const std::string& name) {
   try {

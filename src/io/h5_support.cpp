@@ -121,8 +121,16 @@ DumpValue read_scalar(hid_t object, const std::string& name, const std::string& 
   if (cls == H5T_INTEGER || cls == H5T_ENUM) return number(std::int64_t{0}, H5T_NATIVE_INT64);
   if (cls == H5T_FLOAT) return number(0.0, H5T_NATIVE_DOUBLE);
   if (cls != H5T_STRING) throw FileError(file + ": " + what + " is neither a string nor a number");
-  if (H5Tis_variable_str(type.get()) != 0)
-    throw FileError(file + ": " + what + " is a variable-length string (store a fixed-length one)");
+  if (H5Tis_variable_str(type.get()) > 0) {  // what h5py writes for a str
+    const Handle mem(checked(H5Tcopy(H5T_C_S1), file, what));
+    checked(H5Tset_size(mem.get(), H5T_VARIABLE), file, what);
+    checked(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), file, what);  // h5py's is UTF-8
+    char* text = nullptr;
+    checked(H5Aread(attr.get(), mem.get(), &text), file, "cannot read " + what);
+    const std::string value = text == nullptr ? "" : text;
+    H5free_memory(text);
+    return value;
+  }
   const std::size_t size = H5Tget_size(type.get());
   if (size == 0 || size > kMaxAttributeBytes)
     throw FileError(file + ": " + what + " has an implausible size (" + std::to_string(size) +

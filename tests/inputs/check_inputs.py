@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """cpdrift --inputs on files Python writes: the same q, k, v (values k/64, exact in float16,
-bfloat16 and float32) stored before RoPE as float32 HDF5 (h5py), a float16 .npy directory
-(NumPy) and a BF16 safetensors file (written here from its specification), with positions.
-The three runs must report the same bits (every case's output and LSE digests, under each of
+bfloat16 and float32) stored before RoPE as float32 and BF16 HDF5 (h5py), a float16 .npy
+directory (NumPy) and a BF16 safetensors file (written here from its specification), with
+positions. The four runs must report the same bits (every case's output and LSE digests, under each of
 the three protocols, which agree); a run on other values must not (the control); paged lanes
 and pairs on the file keep every invariance; and h5py-written files that are wrong in one way
 each end with status 2 and one line.
@@ -58,6 +58,18 @@ def write_h5(path, t, positions, rope_attr=True, q=None, rope=0):
         f["positions"] = positions
 
 
+def write_h5_bf16(path, t, positions):
+    """BF16 bits in uint16 with the attribute dtype = "bfloat16" as h5py writes a str by default:
+    a variable-length string."""
+    with h5py.File(path, "w") as f:
+        for name, x in t.items():
+            f[name] = (x.view(np.uint32) >> 16).astype(np.uint16)  # exact: 8 significant bits
+            f[name].attrs["dtype"] = "bfloat16"
+            if name != "v":
+                f[name].attrs["rope_applied"] = 0
+        f["positions"] = positions
+
+
 def write_npy(path, t, positions):
     os.mkdir(path)
     for name, x in t.items():
@@ -102,23 +114,25 @@ def main():
               "--protocols", "ag_rs,ring_kv,allgather_kv", "--quiet"]
     with tempfile.TemporaryDirectory(prefix="cpdrift_inputs_") as tmp:
         files = {"hdf5": os.path.join(tmp, "in.h5"), "npy": os.path.join(tmp, "in_npy"),
-                 "safetensors": os.path.join(tmp, "in.safetensors")}
+                 "safetensors": os.path.join(tmp, "in.safetensors"),
+                 "hdf5 bf16": os.path.join(tmp, "in_bf16.h5")}
         write_h5(files["hdf5"], t, positions)
+        write_h5_bf16(files["hdf5 bf16"], t, positions)
         write_npy(files["npy"], t, positions)
         write_safetensors(files["safetensors"], t, positions)
         reports = {}
         for fmt, path in files.items():
-            out = os.path.join(tmp, fmt + ".json")
+            out = os.path.join(tmp, fmt.replace(" ", "_") + ".json")
             rc, _, err = run(exe, ["--inputs", path, "--output", out] + common)
             # rc 1 is a drift check failing on these non-Gaussian values; the bits still count.
             check(rc in (0, 1) and os.path.exists(out), f"{fmt}: ran (rc {rc}: {err.strip()[:300]})")
             if os.path.exists(out):
                 reports[fmt] = json.load(open(out))
                 tgt = reports[fmt]["target"]
-                check(tgt["inputs"]["format"] == fmt and tgt["batch"] == B and tgt["seq_len"] == S
+                check(tgt["inputs"]["format"] == fmt.split()[0] and tgt["batch"] == B and tgt["seq_len"] == S
                       and tgt["inputs"]["rope_applied"] is False and tgt["inputs"]["positions"] == "from the file",
                       f"{fmt}: target.inputs says what was read")
-        if len(reports) == 3:
+        if len(reports) == len(files):
             d = {k: digests(v) for k, v in reports.items()}
             check(len(d["hdf5"]) >= 24, f"{len(d['hdf5'])} digests per run")
             # Every protocol moves the file's inputs to the same bits (names: "_ring_kv", …).
@@ -129,8 +143,9 @@ def main():
             check(all(len(v) == 1 for v in by_protocol.values()) and
                   len(by_protocol) * 3 == len(d["hdf5"]),
                   "ag_rs, ring_kv and allgather_kv: the same bits on the file's inputs")
-            check(d["hdf5"] == d["npy"] == d["safetensors"],
-                  "float32 HDF5, float16 .npy and BF16 safetensors of the same values: the same bits")
+            check(d["hdf5"] == d["npy"] == d["safetensors"] == d["hdf5 bf16"],
+                  "float32 HDF5, float16 .npy, BF16 safetensors and BF16 HDF5 (h5py's string "
+                  "attribute) of the same values: the same bits")
         # The rollout side on the same file: paged prefill and decode at rollout TP 1 and 2, and
         # the trainer-vs-rollout pairs; every required invariance holds bit for bit.
         out = os.path.join(tmp, "paged.json")
