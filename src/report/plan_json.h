@@ -1,13 +1,20 @@
-// JSON for a case's topology and provenance (split plans, plan set, RoPE), and the root
-// launch/runtime blocks.
+// The writers of the report's sections, shared by its files: a case's topology and provenance
+// (split plans, plan set, RoPE), its training and logprob legs, the production lanes, and the
+// small shapes they all use.
 #pragma once
 
 #include <vector>
 
 #include "core/plan.h"
+#include "report/rl_metrics_json.h"
 #include "report/run_report.h"
 
 namespace cpd {
+
+/// `figure` when every diff of `s` was finite, else null (JSON has no NaN).
+json::Value finite_or_null(const DiffStats& s, double figure);
+/// {status, reason}: a section that was not produced, and why.
+json::Value status_json(const char* status, const char* reason);
 
 /// The dtype as PyTorch names it ("bfloat16", "float32"): the reference's spelling in its
 /// dtype fields.
@@ -24,6 +31,10 @@ json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const C
 json::Value split_plan_json(const Problem& p, const CaseSpec& spec,
                             const std::string& split_kv_backend,
                             const std::vector<ExecutedBlock>& executed, int owner);
+/// split_plan_json of every CP owner of the case, in owner order.
+json::Value owner_plans_json(const Problem& p, const CaseSpec& spec,
+                             const std::string& split_kv_backend,
+                             const std::vector<ExecutedBlock>& executed);
 /// The split_kv_backend of the forward's and the backward's plans: cpdrift's block grid on the
 /// backend that ran.
 std::string forward_split_backend(const CaseExecution& e);
@@ -31,5 +42,18 @@ std::string backward_split_backend(const CaseExecution& e);
 /// The plan set: one entry per (batch_index, tp_rank, cp_rank, owner_cp_rank), each the plan of
 /// its TP rank as executed.
 json::Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e);
+
+/// The training and logprob legs: a case's `backward` and `dlogp`, the root `dlogp`, and the
+/// report's `trainer_vs_rollout` block (how the pairs are made, and one entry per pair).
+json::Value backward_json(const RunReport& r, const CaseResult& c);
+json::Value dlogp_case_json(const CaseResult& c, DType dtype);
+json::Value dlogp_root_json(const RunReport& r);
+json::Value rollout_pairs_json(const RunReport& r);
+
+/// A case's `drift.production_lanes`: each lane vs the FP32 reference and vs the canonical merge.
+json::Value lanes_case_json(const CaseResult& c);
+/// The report's `production_lanes`: what each lane emulates, its figure per case, and its
+/// distinct digests per (layout, split) group of cases beside the canonical merge's.
+json::Value production_lanes_json(const RunReport& r);
 
 }  // namespace cpd
