@@ -4,33 +4,21 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <memory>
 
 #include "core/util/thread_pool.h"
 #include "metrics/diff_passes.h"
 
 namespace cpd {
-namespace {
 
 using namespace diff_passes;
 
-// abs_diff and ulp_distance, inline for the statistics' loops.
-inline float abs_diff_of(float candidate, float reference) {
-  if (candidate == reference) return 0.0f;
-  return std::fabs(candidate - reference);
+std::uint64_t ulp_distance(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
+  const std::uint32_t ka = order_key(bits(a)), kb = order_key(bits(b));
+  return std::max(ka, kb) - std::min(ka, kb);
 }
 
-inline std::uint64_t ulp_distance_of(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
-  // Map the float ordering onto the integers: negative values mirror below zero.
-  const auto ordinal = [](float x) -> std::int64_t {
-    const std::uint32_t u = bits(x);
-    return (u & 0x80000000u) ? -static_cast<std::int64_t>(u & 0x7fffffffu)
-                             : static_cast<std::int64_t>(u);
-  };
-  const std::int64_t d = ordinal(a) - ordinal(b);
-  return static_cast<std::uint64_t>(d < 0 ? -d : d);
-}
+namespace {
 
 // Finds, for a wanted rank k (0-based, ascending order of values), the bin of `hist` holding
 // it and the rank within that bin.
@@ -47,24 +35,6 @@ Located locate(std::span<const std::uint64_t> hist, std::uint64_t k) {
   }
   return Located{static_cast<std::uint32_t>(hist.size() - 1), 0};
 }
-
-}  // namespace
-
-float abs_diff(float candidate, float reference) { return abs_diff_of(candidate, reference); }
-
-std::uint64_t ulp_distance(float a, float b) { return ulp_distance_of(a, b); }
-
-double sorted_quantile(std::span<const float> sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
-  const double frac = pos - static_cast<double>(lo);
-  const double a = sorted[lo], b = sorted[hi];
-  return a + (b - a) * frac;
-}
-
-namespace {
 
 // The chunks' size: at least 2^18 elements, and about four chunks a worker.
 std::size_t chunk_size(std::span<const DiffPart> parts, int workers) {
@@ -358,9 +328,11 @@ void locate_level(int level, std::vector<Target>& targets) {
 // bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
 // histogram), by one pass per later level over that target's chunks instead, so the memory
 // stays what the statistics always took. Every reduction combines all targets at once.
-std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
-                                       std::span<const int> group_of, int groups,
-                                       const CounterReducer& reduce, ThreadPool* pool) {
+}  // namespace
+
+std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
+                                                  std::span<const int> group_of, int groups,
+                                                  const CounterReducer& reduce, ThreadPool* pool) {
   std::vector<Target> targets(static_cast<std::size_t>(1 + groups));
   std::vector<std::size_t> group_target;
   const std::vector<Chunk> chunks =
@@ -386,17 +358,9 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
   return result;
 }
 
-}  // namespace
-
 DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce,
                              ThreadPool* pool) {
-  return compute_targets(parts, {}, 0, reduce, pool).front();
-}
-
-std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
-                                                  std::span<const int> group_of, int groups,
-                                                  const CounterReducer& reduce, ThreadPool* pool) {
-  return compute_targets(parts, group_of, groups, reduce, pool);
+  return compute_grouped_diff_stats(parts, {}, 0, reduce, pool).front();
 }
 
 }  // namespace cpd
