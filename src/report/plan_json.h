@@ -1,6 +1,5 @@
-// The writers of the report's sections, shared by its files: a case's topology and provenance
-// (split plans, plan set, RoPE), its training and logprob legs, the production lanes, and the
-// small shapes they all use.
+// The writers of the report's sections that its files share: a case's topology and provenance
+// (split plans, plan set, RoPE), its training and logprob legs, and the small common shapes.
 #pragma once
 
 #include <vector>
@@ -49,11 +48,5 @@ json::Value backward_json(const RunReport& r, const CaseResult& c);
 json::Value dlogp_case_json(const CaseResult& c, DType dtype);
 json::Value dlogp_root_json(const RunReport& r);
 json::Value rollout_pairs_json(const RunReport& r);
-
-/// A case's `drift.production_lanes`: each lane vs the FP32 reference and vs the canonical merge.
-json::Value lanes_case_json(const CaseResult& c);
-/// The report's `production_lanes`: what each lane emulates, its figure per case, and its
-/// distinct digests per (layout, split) group of cases beside the canonical merge's.
-json::Value production_lanes_json(const RunReport& r);
 
 }  // namespace cpd
