@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <vector>
 
@@ -14,17 +14,8 @@
 
 namespace cpd::diff_passes {
 
-inline std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-inline float from_bits(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+inline std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+inline float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
 
 // The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
 // ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,

@@ -1,9 +1,9 @@
 #include "metrics/diff_stats.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/util/thread_pool.h"
 #include "metrics/diff_passes.h"
@@ -185,9 +185,10 @@ std::vector<Chunk> cut_chunks(std::span<const DiffPart> parts, std::span<const i
   return chunks;
 }
 
-// The first pass of every chunk, counted toward its group's target and the whole, reduced, and
-// each target's radix select started. Returns each chunk's own first pass.
-std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks, int groups,
+// The first pass of every chunk, counted toward the whole and the chunk's group's target,
+// reduced, and each target's radix select started. Returns each chunk's own first pass.
+std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks,
+                                     const std::vector<std::size_t>& group_target,
                                      std::vector<Target>& targets, const CounterReducer& reduce,
                                      ThreadPool* pool) {
   std::vector<LocalFirst> locals(chunks.size());
@@ -195,25 +196,15 @@ std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks, int group
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
     locals[i].close();
   });
-  // Each group's counters from its chunks; the whole's from the groups' and the ungrouped
-  // chunks' (the groups' chunks come first).
-  const auto add = [](Target& t, const std::vector<std::uint64_t>& counters, std::uint64_t max_bits,
-                      std::uint64_t max_ulp) {
-    for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += counters[i];
-    t.max_bits = std::max(t.max_bits, max_bits);
-    t.max_ulp = std::max(t.max_ulp, max_ulp);
+  const auto add = [](Target& t, const LocalFirst& l) {
+    for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += l.counters.v[i];
+    t.max_bits = std::max(t.max_bits, l.max_bits);
+    t.max_ulp = std::max(t.max_ulp, l.max_ulp);
   };
-  const auto add_chunks = [&](Target& t, std::size_t begin, std::size_t end) {
-    for (std::size_t c = begin; c < end; ++c)
-      add(t, locals[c].counters.v, locals[c].max_bits, locals[c].max_ulp);
-  };
-  Target& whole = targets.front();
-  for (std::size_t g = 1; g < targets.size(); ++g) {
-    Target& t = targets[g];
-    add_chunks(t, t.begin, t.end);
-    add(whole, t.first.v, t.max_bits, t.max_ulp);
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    add(targets.front(), locals[c]);
+    if (group_target[c] != 0) add(targets[group_target[c]], locals[c]);
   }
-  add_chunks(whole, groups > 0 ? targets.back().end : 0, whole.end);
   reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.first.v); });
   std::vector<std::uint64_t> maxima;
   for (const Target& t : targets) maxima.insert(maxima.end(), {t.max_bits, t.max_ulp});
@@ -253,12 +244,13 @@ std::vector<std::vector<float>> collect_kept(const std::vector<Chunk>& chunks,
 }
 
 // A later level's histograms, before the reduction: per target, one per distinct prefix (the
-// four ranks often share bins), from the data's chunks, or from the kept diffs for a kept target.
+// four ranks often share bins), from its chunks of the data, or of the kept diffs for a kept
+// target; every (target, chunk) on the pool at once.
 void level_histograms(int level, const std::vector<Chunk>& chunks,
-                      const std::vector<std::size_t>& group_target,
                       const std::vector<std::vector<float>>& kept, std::vector<Target>& targets,
                       ThreadPool* pool) {
   const std::size_t bins = level_bins(level);
+  std::vector<std::pair<Target*, std::size_t>> work;  // (target, chunk)
   for (Target& t : targets) {
     t.prefixes.clear();
     for (int w = 0; w < 4; ++w) {
@@ -268,41 +260,24 @@ void level_histograms(int level, const std::vector<Chunk>& chunks,
       if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
     }
     t.hist.assign(t.prefixes.size() * bins, 0);
-    if (t.prefixes.empty() || t.keep) continue;  // kept: from the kept diffs, below
-    std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
-    for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
-      partial[i].assign(t.hist.size(), 0);
-      for (const Piece& piece : chunks[t.begin + i])
-        level_pass(piece, level, t.prefixes, partial[i].data());
-    });
-    for (const auto& h : partial) {
-      for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
-    }
+    for (std::size_t c = t.begin; c < t.end && !t.prefixes.empty(); ++c) work.emplace_back(&t, c);
   }
-  // The kept targets' histograms from the kept diffs: per chunk (on the pool), the whole's
-  // and its group's, then added up per target in chunk order.
-  const auto reads = [&](std::size_t t) { return targets[t].keep && !targets[t].prefixes.empty(); };
-  std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
-  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-    const std::size_t of[2] = {0, group_target[c]};
-    // The kept diffs (other targets' bins too) as a part of their own, nonzero values without
-    // a reference: the level pass counts them as it counts the data's diffs, without branches.
+  std::vector<std::vector<std::uint64_t>> partial(work.size());
+  for_each_chunk(work.size(), pool, [&](std::size_t i) {
+    const auto [t, c] = work[i];
+    partial[i].assign(t->hist.size(), 0);
+    if (!t->keep) {
+      for (const Piece& piece : chunks[c]) level_pass(piece, level, t->prefixes, partial[i].data());
+      return;
+    }
+    // The kept diffs (other targets' bins too) as a part of their own, nonzero values without a
+    // reference: the level pass counts them as it counts the data's diffs, without branches.
     const DiffPart kept_part{kept[c].data(), nullptr, kept[c].size(), false};
-    for (int k = 0; k < 2; ++k) {
-      if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
-      const Target& t = targets[of[k]];
-      std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
-      h.assign(t.hist.size(), 0);
-      level_pass(Piece{&kept_part, 0, kept_part.count}, level, t.prefixes, h.data());
-    }
+    level_pass(Piece{&kept_part, 0, kept_part.count}, level, t->prefixes, partial[i].data());
   });
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (!reads(i)) continue;
-    Target& t = targets[i];
-    for (std::size_t c = t.begin; c < t.end; ++c) {
-      const std::vector<std::uint64_t>& h = partial[c][i == 0 ? 0 : 1];
-      for (std::size_t j = 0; j < h.size(); ++j) t.hist[j] += h[j];
-    }
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    std::vector<std::uint64_t>& hist = work[i].first->hist;
+    for (std::size_t j = 0; j < hist.size(); ++j) hist[j] += partial[i][j];
   }
 }
 
@@ -338,12 +313,12 @@ std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> part
   const std::vector<Chunk> chunks =
       cut_chunks(parts, group_of, groups, chunk_size(parts, pool != nullptr ? pool->size() : 1),
                  targets, group_target);
-  std::vector<LocalFirst> locals = first_passes(chunks, groups, targets, reduce, pool);
+  std::vector<LocalFirst> locals = first_passes(chunks, group_target, targets, reduce, pool);
   const std::vector<std::vector<float>> kept =
       collect_kept(chunks, group_target, targets, locals, pool);
   locals.clear();
   for (int level = 1; level < kLevels; ++level) {
-    level_histograms(level, chunks, group_target, kept, targets, pool);
+    level_histograms(level, chunks, kept, targets, pool);
     if (std::all_of(targets.begin(), targets.end(),
                     [](const Target& t) { return t.prefixes.empty(); }))
       break;  // every rank found (alike on every holder): nothing to reduce

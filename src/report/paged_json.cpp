@@ -56,7 +56,7 @@ Value paged_drift_json(const RunReport& r, const PagedCaseResult& c) {
   Value dlogp = stats_json(c.dlogp);
   dlogp["projection"] = "synthetic_fp32_lm_head_projection";
   dlogp["vocab_size"] = c.vocab_size;
-  dlogp["reference_cast_dtype"] = bf16 ? "bfloat16" : "float32";
+  dlogp["reference_cast_dtype"] = torch_dtype_name(r.problem.dtype);
   dlogp["rl_metrics"] = rl_metrics_json(c.dlogp_rl);
   return Object{{"candidate", std::move(cand)},
                 {"fp32_split_merge", std::move(fp32)},

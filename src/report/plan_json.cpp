@@ -21,39 +21,10 @@ std::vector<Range> owner_blocks(const std::vector<ExecutedBlock>& executed, int 
   return blocks;
 }
 
-Value rope_json(const Problem& p) {
-  if (!p.rope) return Object{{"rope_state", "not_composed"}, {"fusion_boundary", "attention_only"}};
-  // Per sequence, the position of its first query and key row: the generator rotates row s of
-  // every sequence at position s (src/kernels/cpu/inputs.cpp), so each offset is 0.
-  const Value offsets = json::Array(static_cast<std::size_t>(p.batch), Value(0));
-  return Object{{"rope_state", "post_rope"},
-                {"rope_theta", p.dims.rope_theta},
-                {"rope_scaling", nullptr},
-                {"rotary_dim", p.dims.rotary_dim},
-                {"rope_style", "gpt_neox_rotate_half"},
-                {"position_ids", "arange(seq_len)"},
-                {"cache_position", "same_as_position_ids"},
-                {"query_position_offsets", offsets},
-                {"key_position_offsets", offsets},
-                {"k_cache_rope_state", "post_rope"},
-                {"rope_cast_at", "rope_output"},
-                {"rope_output_dtype", torch_dtype_name(p.dtype)},
-                {"fusion_boundary", "unfused_rope_attention_reference"}};
-}
-
-}  // namespace
-
-const char* torch_dtype_name(DType dtype) { return dtype == DType::bf16 ? "bfloat16" : "float32"; }
-
+// The split_kv_backend of the forward's plans.
 std::string forward_split_backend(const CaseExecution& e) {
   return "cpdrift_" + e.backend + "_deterministic_block_grid";
 }
-
-std::string backward_split_backend(const CaseExecution& e) {
-  return "cpdrift_" + e.backend + "_deterministic_cp_backward";
-}
-
-Value ranges_json(const std::vector<Range>& ranges) { return array_of(ranges, pair); }
 
 Value split_plan_json(const Problem& p, const CaseSpec& spec, const std::string& split_kv_backend,
                       const std::vector<ExecutedBlock>& executed, int owner) {
@@ -80,6 +51,36 @@ Value split_plan_json(const Problem& p, const CaseSpec& spec, const std::string&
       {"split_kv_fallback_reason",
        as_requested ? Value(nullptr) : Value("the blocks that ran are not the requested plan")}};
 }
+
+Value rope_json(const Problem& p) {
+  if (!p.rope) return Object{{"rope_state", "not_composed"}, {"fusion_boundary", "attention_only"}};
+  // Per sequence, the position of its first query and key row: the generator rotates row s of
+  // every sequence at position s (src/kernels/cpu/inputs.cpp), so each offset is 0.
+  const Value offsets = json::Array(static_cast<std::size_t>(p.batch), Value(0));
+  return Object{{"rope_state", "post_rope"},
+                {"rope_theta", p.dims.rope_theta},
+                {"rope_scaling", nullptr},
+                {"rotary_dim", p.dims.rotary_dim},
+                {"rope_style", "gpt_neox_rotate_half"},
+                {"position_ids", "arange(seq_len)"},
+                {"cache_position", "same_as_position_ids"},
+                {"query_position_offsets", offsets},
+                {"key_position_offsets", offsets},
+                {"k_cache_rope_state", "post_rope"},
+                {"rope_cast_at", "rope_output"},
+                {"rope_output_dtype", torch_dtype_name(p.dtype)},
+                {"fusion_boundary", "unfused_rope_attention_reference"}};
+}
+
+}  // namespace
+
+const char* torch_dtype_name(DType dtype) { return dtype == DType::bf16 ? "bfloat16" : "float32"; }
+
+std::string backward_split_backend(const CaseExecution& e) {
+  return "cpdrift_" + e.backend + "_deterministic_cp_backward";
+}
+
+Value ranges_json(const std::vector<Range>& ranges) { return array_of(ranges, pair); }
 
 Value owner_plans_json(const Problem& p, const CaseSpec& spec, const std::string& backend,
                        const std::vector<ExecutedBlock>& executed) {

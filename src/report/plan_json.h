@@ -25,18 +25,13 @@ json::Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExec
 json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
                                  const Provenance& pv);
 
-/// The split plan of CP owner `owner` (report contract, "A split plan") as `executed` (one TP
-/// rank's blocks, from the messages its query owners folded) ran it, named `split_kv_backend`.
-json::Value split_plan_json(const Problem& p, const CaseSpec& spec,
-                            const std::string& split_kv_backend,
-                            const std::vector<ExecutedBlock>& executed, int owner);
-/// split_plan_json of every CP owner of the case, in owner order.
+/// The split plan (report contract, "A split plan") of every CP owner, in owner order, as
+/// `executed` (one TP rank's blocks, from the messages its query owners folded) ran it, named
+/// `split_kv_backend`.
 json::Value owner_plans_json(const Problem& p, const CaseSpec& spec,
                              const std::string& split_kv_backend,
                              const std::vector<ExecutedBlock>& executed);
-/// The split_kv_backend of the forward's and the backward's plans: cpdrift's block grid on the
-/// backend that ran.
-std::string forward_split_backend(const CaseExecution& e);
+/// The split_kv_backend of the backward's plans: cpdrift's block grid on the backend that ran.
 std::string backward_split_backend(const CaseExecution& e);
 /// The plan set: one entry per (batch_index, tp_rank, cp_rank, owner_cp_rank), each the plan of
 /// its TP rank as executed.

@@ -198,7 +198,7 @@ Value dlogp_case_json(const CaseResult& c, DType dtype) {
   if (!c.dlogp.available) return status_json("not_requested", "run with --include-dlogp");
   return Object{{"status", "available"},
                 {"projection", "synthetic_fp32_lm_head_projection"},
-                {"reference_cast_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"},
+                {"reference_cast_dtype", torch_dtype_name(dtype)},
                 {"candidate", dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
                 {"vocab_size", c.dlogp.vocab_size},
                 {"active_token_count", c.dlogp.drift.active_count},
