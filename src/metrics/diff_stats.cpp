@@ -166,22 +166,19 @@ void reduce_all(std::vector<Target>& targets, const CounterReducer& reduce, Fiel
 std::vector<Chunk> cut_chunks(std::span<const DiffPart> parts, std::span<const int> group_of,
                               int groups, std::size_t size, std::vector<Target>& targets,
                               std::vector<std::size_t>& group_target) {
+  const auto target_of = [&](std::size_t i) {
+    const int g = group_of.empty() ? -1 : group_of[i];
+    return g >= 0 && g < groups ? static_cast<std::size_t>(1 + g) : 0;
+  };
   std::vector<Chunk> chunks;
-  const auto in_group = [&](std::size_t i, int g) { return !group_of.empty() && group_of[i] == g; };
-  for (int g = 0; g < groups; ++g) {
-    Target& t = targets[static_cast<std::size_t>(1 + g)];
-    t.begin = chunks.size();
+  for (std::size_t n = 1; n <= targets.size(); ++n) {
+    const std::size_t t = n % targets.size();  // the groups' targets, then the ungrouped parts
+    targets[t].begin = t == 0 ? 0 : chunks.size();
     append_chunks(
-        parts, size, [&](std::size_t i) { return in_group(i, g); }, chunks);
-    t.end = chunks.size();
-    group_target.resize(chunks.size(), static_cast<std::size_t>(1 + g));
+        parts, size, [&](std::size_t i) { return target_of(i) == t; }, chunks);
+    targets[t].end = chunks.size();
+    group_target.resize(chunks.size(), t);
   }
-  append_chunks(
-      parts, size,
-      [&](std::size_t i) { return group_of.empty() || group_of[i] < 0 || group_of[i] >= groups; },
-      chunks);
-  group_target.resize(chunks.size(), 0);
-  targets[0].end = chunks.size();
   return chunks;
 }
 
@@ -297,14 +294,14 @@ void locate_level(int level, std::vector<Target>& targets) {
   }
 }
 
+}  // namespace
+
 // The statistics of the whole tensor (targets[0]) and of each group (targets[1 + g]). The data
 // is read by one first pass per chunk, which counts toward the whole and the chunk's group;
 // by one collecting pass per chunk for both targets' wanted bins; and, where a target's wanted
 // bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
 // histogram), by one pass per later level over that target's chunks instead, so the memory
 // stays what the statistics always took. Every reduction combines all targets at once.
-}  // namespace
-
 std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
                                                   std::span<const int> group_of, int groups,
                                                   const CounterReducer& reduce, ThreadPool* pool) {

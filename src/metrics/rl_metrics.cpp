@@ -23,7 +23,6 @@ std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
   std::vector<DistanceBin> bins;
   for (std::size_t i = 0; i < edges.size(); ++i)
     bins.push_back(DistanceBin{edges[i], i + 1 < edges.size() ? edges[i + 1] - 1 : -1});
-  std::vector<double> sums(bins.size(), 0.0);
   for (const TokenPair& t : tokens) {
     const std::int64_t d = t.*field;
     if (d < 0 || bins.empty() || d < bins[0].min) continue;
@@ -31,11 +30,11 @@ std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
     while (d < bins[b].min) --b;
     const double a = std::fabs(t.train - t.rollout);
     ++bins[b].tokens;
-    sums[b] += a;
+    bins[b].abs_mean += a;  // the sum until it is divided below
     bins[b].abs_max = std::max(bins[b].abs_max, a);
   }
-  for (std::size_t b = 0; b < bins.size(); ++b) {
-    if (bins[b].tokens > 0) bins[b].abs_mean = sums[b] / static_cast<double>(bins[b].tokens);
+  for (DistanceBin& b : bins) {
+    if (b.tokens > 0) b.abs_mean /= static_cast<double>(b.tokens);
   }
   return bins;
 }
