@@ -89,7 +89,7 @@ struct Target {
   std::uint64_t rank[4] = {};
   bool found[4] = {true, true, true, true};
   std::vector<std::uint32_t> top_bins;  // the wanted ranks' distinct top-level bins
-  bool keep = false;                    // those bins' diffs are kept (see compute_targets)
+  bool keep = false;  // those bins' diffs are kept (see compute_grouped_diff_stats)
   // The current level's histograms: one per distinct prefix, [prefixes][level_bins(level)].
   std::vector<std::uint32_t> prefixes;
   int slot_of[4] = {};
