@@ -37,6 +37,10 @@ TEST_CASE("quantile definition: linear interpolation at q·(n-1), as torch.quant
   CHECK(sorted_quantile(ties, 0.95) == 7.0);
   const std::vector<float> step{0, 0, 0, 0, 0, 0, 0, 0, 0, 1};  // 0.95·9 = 8.55 → 0.55
   CHECK(sorted_quantile(step, 0.95) == doctest::Approx(0.55).epsilon(1e-15));
+  CHECK(sorted_quantile(std::vector<float>{}, 0.5) == 0.0);
+  // FP64 values (the RL metrics' |Δ|) take the same definition, without rounding to FP32.
+  const std::vector<double> fine{1.0, 1.0 + 1e-12};
+  CHECK(sorted_quantile(fine, 0.5) == 1.0 + 0.5 * ((1.0 + 1e-12) - 1.0));
 }
 
 TEST_CASE("stats: hand-computed small cases") {
@@ -152,6 +156,10 @@ TEST_CASE("stats: candidate vs reference semantics") {
   CHECK(ulp_distance(1.0f, std::nextafter(1.0f, 2.0f)) == 1);
   CHECK(ulp_distance(-0.0f, 0.0f) == 0);
   CHECK(ulp_distance(std::nextafter(0.0f, -1.0f), std::nextafter(0.0f, 1.0f)) == 2);
+  CHECK(ulp_distance(-2.0f, 2.0f) == 2 * std::uint64_t{0x40000000});  // 2.0f is 0x40000000
+  CHECK(ulp_distance(-inf, inf) == 2 * std::uint64_t{0x7f800000});
+  CHECK(ulp_distance(NAN, 1.0f) == std::numeric_limits<std::uint64_t>::max());
+  CHECK(ulp_distance(1.0f, NAN) == std::numeric_limits<std::uint64_t>::max());
 
   const std::vector<float> bad_c{1.0f, NAN, 3.0f}, bad_r{1.0f, 1.0f, inf};
   const DiffPart bad{bad_c.data(), bad_r.data(), bad_c.size()};

@@ -19,14 +19,6 @@ namespace {
 // scalar step branches per value: bins and flags are computed in the vectorised loop, and
 // spare slots take what is not counted.
 
-// The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
-// ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,
-// 2^31 - m for a negative one (m: the magnitude bits).
-inline std::uint32_t order_key(std::uint32_t u) {
-  const std::uint32_t sign = u >> 31, m = u & 0x7fffffffu;
-  return 0x80000000u + ((m ^ (0u - sign)) + sign);
-}
-
 // round_bf16's bits without branches (the same result: NaN quieted, otherwise to nearest even).
 inline std::uint32_t round_bf16_bits(std::uint32_t u) { return bf16_bits_rn_select(u) << 16; }
 
@@ -38,8 +30,8 @@ struct BlockDiffs {
 };
 
 // The diffs of kBlock values (candidates c, references r or null), branch-free so that it
-// vectorises: abs_diff_of is |c - r| masked to +0 where c == r, the ulp distance the distance
-// of the order keys.
+// vectorises: a diff is |c - r| masked to +0 where c == r, the ulp distance the distance of the
+// order keys.
 template <bool kReference, bool kBf16>
 [[gnu::always_inline]] inline void block_diffs(const float* c, const float* r, BlockDiffs& b) {
   std::uint32_t mismatches = 0, max_ulp = 0, max_bits = 0, nan = 0, nonzero = 0;
@@ -91,8 +83,6 @@ void for_each_block(const Piece& c, Block&& block) {
   block(b, n);
 }
 
-// The first pass over a piece: counts, maxima, the exact sum's bins and the top-level
-// histogram (exact matches, the common case of the invariance checks, are only counted).
 template <bool kReference, bool kBf16>
 void first_pass_of(const Piece& c, LocalFirst& acc) {
   constexpr std::size_t kWays = LocalFirst::kWays;
@@ -155,12 +145,10 @@ void first_pass_of(const Piece& c, LocalFirst& acc) {
   acc.max_ulp = max_ulp;
 }
 
-// The second pass over a piece: every nonzero diff whose top-level bin is one of `bins` (the
-// bins holding the wanted ranks of the whole tensor and of the piece's group: at most kBins,
-// 4 or 8), written at out[count++] (a non-negative float). A block is first tested as a whole
-// (vectorised, which also flags each diff), as few of its diffs are usually kept; a block with
-// some is compacted without branches, each value written and the count advanced by its flag,
-// so `out` holds kBlock slots past the last kept diff.
+// collect (`bins`: the wanted bins of the whole tensor and of the piece's group, at most kBins).
+// A block is first tested as a whole (vectorised, which also flags each diff), as few of its
+// diffs are usually kept; a block with some is compacted without branches, each value written
+// and the count advanced by its flag, so `out` holds kBlock slots past the last kept diff.
 template <bool kReference, bool kBf16, std::size_t kBins>
 void collect_of(const Piece& c, std::span<const std::uint32_t> bins, float* out,
                 std::size_t& count) {
@@ -199,12 +187,10 @@ void by_kind(const Piece& c, Fn&& fn) {
   }
 }
 
-// A later level's histogram filled from the data itself (when the wanted bins hold too many
-// diffs to keep): every nonzero diff whose bits above `level` are one of `prefixes` (at most 4,
-// distinct), counted at its bin of the level in h ([prefixes][level_bins(level)]). Per block,
-// each diff's histogram slot is found without branches (vectorised; `kNone` for a diff that is
-// not counted), the counted slots are compacted as in collect_of, then incremented: a share of
-// the diffs is counted, at no predictable places.
+// level_pass, used when the wanted bins hold too many diffs to keep. Per block, each diff's
+// histogram slot is found without branches (vectorised; `kNone` for a diff that is not counted),
+// the counted slots are compacted as in collect_of, then incremented: a share of the diffs is
+// counted, at no predictable places.
 template <bool kReference, bool kBf16>
 void level_pass_of(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
                    std::uint64_t* h) {

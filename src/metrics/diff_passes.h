@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <vector>
 
@@ -14,16 +14,15 @@
 
 namespace cpd::diff_passes {
 
-inline std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
+inline std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+inline float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
 
-inline float from_bits(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
+// The FP32 order as unsigned integers, -0 and +0 the same: the distance of two keys is the
+// ulp_distance of their floats (below 2^32). Without branches: m + 2^31 for a positive value,
+// 2^31 - m for a negative one (m: the magnitude bits).
+inline std::uint32_t order_key(std::uint32_t u) {
+  const std::uint32_t sign = u >> 31, m = u & 0x7fffffffu;
+  return 0x80000000u + ((m ^ (0u - sign)) + sign);
 }
 
 // The order statistics come from a three-level radix select over the bit patterns of the
@@ -104,7 +103,8 @@ void first_pass(const Piece& c, LocalFirst& acc);
 void collect(const Piece& c, std::span<const std::uint32_t> bins, float* out, std::size_t& count);
 
 /// A later level's histogram from the data itself: every nonzero diff whose bits above `level`
-/// are one of `prefixes`, counted at its bin of the level in h ([prefixes][level_bins(level)]).
+/// are one of `prefixes` (at most 4, distinct), counted at its bin of the level in h
+/// ([prefixes][level_bins(level)]).
 void level_pass(const Piece& c, int level, std::span<const std::uint32_t> prefixes,
                 std::uint64_t* h);
 

@@ -1,36 +1,24 @@
 #include "metrics/diff_stats.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
-#include <memory>
+#include <utility>
 
 #include "core/util/thread_pool.h"
 #include "metrics/diff_passes.h"
 
 namespace cpd {
-namespace {
 
 using namespace diff_passes;
 
-// abs_diff and ulp_distance, inline for the statistics' loops.
-inline float abs_diff_of(float candidate, float reference) {
-  if (candidate == reference) return 0.0f;
-  return std::fabs(candidate - reference);
+std::uint64_t ulp_distance(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
+  const std::uint32_t ka = order_key(bits(a)), kb = order_key(bits(b));
+  return std::max(ka, kb) - std::min(ka, kb);
 }
 
-inline std::uint64_t ulp_distance_of(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<std::uint64_t>::max();
-  // Map the float ordering onto the integers: negative values mirror below zero.
-  const auto ordinal = [](float x) -> std::int64_t {
-    const std::uint32_t u = bits(x);
-    return (u & 0x80000000u) ? -static_cast<std::int64_t>(u & 0x7fffffffu)
-                             : static_cast<std::int64_t>(u);
-  };
-  const std::int64_t d = ordinal(a) - ordinal(b);
-  return static_cast<std::uint64_t>(d < 0 ? -d : d);
-}
+namespace {
 
 // Finds, for a wanted rank k (0-based, ascending order of values), the bin of `hist` holding
 // it and the rank within that bin.
@@ -47,24 +35,6 @@ Located locate(std::span<const std::uint64_t> hist, std::uint64_t k) {
   }
   return Located{static_cast<std::uint32_t>(hist.size() - 1), 0};
 }
-
-}  // namespace
-
-float abs_diff(float candidate, float reference) { return abs_diff_of(candidate, reference); }
-
-std::uint64_t ulp_distance(float a, float b) { return ulp_distance_of(a, b); }
-
-double sorted_quantile(std::span<const float> sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
-  const double frac = pos - static_cast<double>(lo);
-  const double a = sorted[lo], b = sorted[hi];
-  return a + (b - a) * frac;
-}
-
-namespace {
 
 // The chunks' size: at least 2^18 elements, and about four chunks a worker.
 std::size_t chunk_size(std::span<const DiffPart> parts, int workers) {
@@ -119,7 +89,7 @@ struct Target {
   std::uint64_t rank[4] = {};
   bool found[4] = {true, true, true, true};
   std::vector<std::uint32_t> top_bins;  // the wanted ranks' distinct top-level bins
-  bool keep = false;                    // those bins' diffs are kept (see compute_targets)
+  bool keep = false;  // those bins' diffs are kept (see compute_grouped_diff_stats)
   // The current level's histograms: one per distinct prefix, [prefixes][level_bins(level)].
   std::vector<std::uint32_t> prefixes;
   int slot_of[4] = {};
@@ -196,28 +166,26 @@ void reduce_all(std::vector<Target>& targets, const CounterReducer& reduce, Fiel
 std::vector<Chunk> cut_chunks(std::span<const DiffPart> parts, std::span<const int> group_of,
                               int groups, std::size_t size, std::vector<Target>& targets,
                               std::vector<std::size_t>& group_target) {
+  const auto target_of = [&](std::size_t i) {
+    const int g = group_of.empty() ? -1 : group_of[i];
+    return g >= 0 && g < groups ? static_cast<std::size_t>(1 + g) : 0;
+  };
   std::vector<Chunk> chunks;
-  const auto in_group = [&](std::size_t i, int g) { return !group_of.empty() && group_of[i] == g; };
-  for (int g = 0; g < groups; ++g) {
-    Target& t = targets[static_cast<std::size_t>(1 + g)];
-    t.begin = chunks.size();
+  for (std::size_t n = 1; n <= targets.size(); ++n) {
+    const std::size_t t = n % targets.size();  // the groups' targets, then the ungrouped parts
+    targets[t].begin = t == 0 ? 0 : chunks.size();
     append_chunks(
-        parts, size, [&](std::size_t i) { return in_group(i, g); }, chunks);
-    t.end = chunks.size();
-    group_target.resize(chunks.size(), static_cast<std::size_t>(1 + g));
+        parts, size, [&](std::size_t i) { return target_of(i) == t; }, chunks);
+    targets[t].end = chunks.size();
+    group_target.resize(chunks.size(), t);
   }
-  append_chunks(
-      parts, size,
-      [&](std::size_t i) { return group_of.empty() || group_of[i] < 0 || group_of[i] >= groups; },
-      chunks);
-  group_target.resize(chunks.size(), 0);
-  targets[0].end = chunks.size();
   return chunks;
 }
 
-// The first pass of every chunk, counted toward its group's target and the whole, reduced, and
-// each target's radix select started. Returns each chunk's own first pass.
-std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks, int groups,
+// The first pass of every chunk, counted toward the whole and the chunk's group's target,
+// reduced, and each target's radix select started. Returns each chunk's own first pass.
+std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks,
+                                     const std::vector<std::size_t>& group_target,
                                      std::vector<Target>& targets, const CounterReducer& reduce,
                                      ThreadPool* pool) {
   std::vector<LocalFirst> locals(chunks.size());
@@ -225,25 +193,15 @@ std::vector<LocalFirst> first_passes(const std::vector<Chunk>& chunks, int group
     for (const Piece& piece : chunks[i]) first_pass(piece, locals[i]);
     locals[i].close();
   });
-  // Each group's counters from its chunks; the whole's from the groups' and the ungrouped
-  // chunks' (the groups' chunks come first).
-  const auto add = [](Target& t, const std::vector<std::uint64_t>& counters, std::uint64_t max_bits,
-                      std::uint64_t max_ulp) {
-    for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += counters[i];
-    t.max_bits = std::max(t.max_bits, max_bits);
-    t.max_ulp = std::max(t.max_ulp, max_ulp);
+  const auto add = [](Target& t, const LocalFirst& l) {
+    for (std::size_t i = 0; i < t.first.v.size(); ++i) t.first.v[i] += l.counters.v[i];
+    t.max_bits = std::max(t.max_bits, l.max_bits);
+    t.max_ulp = std::max(t.max_ulp, l.max_ulp);
   };
-  const auto add_chunks = [&](Target& t, std::size_t begin, std::size_t end) {
-    for (std::size_t c = begin; c < end; ++c)
-      add(t, locals[c].counters.v, locals[c].max_bits, locals[c].max_ulp);
-  };
-  Target& whole = targets.front();
-  for (std::size_t g = 1; g < targets.size(); ++g) {
-    Target& t = targets[g];
-    add_chunks(t, t.begin, t.end);
-    add(whole, t.first.v, t.max_bits, t.max_ulp);
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    add(targets.front(), locals[c]);
+    if (group_target[c] != 0) add(targets[group_target[c]], locals[c]);
   }
-  add_chunks(whole, groups > 0 ? targets.back().end : 0, whole.end);
   reduce_all(targets, reduce, [](Target& t) { return std::span<std::uint64_t>(t.first.v); });
   std::vector<std::uint64_t> maxima;
   for (const Target& t : targets) maxima.insert(maxima.end(), {t.max_bits, t.max_ulp});
@@ -283,12 +241,13 @@ std::vector<std::vector<float>> collect_kept(const std::vector<Chunk>& chunks,
 }
 
 // A later level's histograms, before the reduction: per target, one per distinct prefix (the
-// four ranks often share bins), from the data's chunks, or from the kept diffs for a kept target.
+// four ranks often share bins), from its chunks of the data, or of the kept diffs for a kept
+// target; every (target, chunk) on the pool at once.
 void level_histograms(int level, const std::vector<Chunk>& chunks,
-                      const std::vector<std::size_t>& group_target,
                       const std::vector<std::vector<float>>& kept, std::vector<Target>& targets,
                       ThreadPool* pool) {
   const std::size_t bins = level_bins(level);
+  std::vector<std::pair<Target*, std::size_t>> work;  // (target, chunk)
   for (Target& t : targets) {
     t.prefixes.clear();
     for (int w = 0; w < 4; ++w) {
@@ -298,41 +257,24 @@ void level_histograms(int level, const std::vector<Chunk>& chunks,
       if (at == t.prefixes.end()) t.prefixes.push_back(t.prefix[w]);
     }
     t.hist.assign(t.prefixes.size() * bins, 0);
-    if (t.prefixes.empty() || t.keep) continue;  // kept: from the kept diffs, below
-    std::vector<std::vector<std::uint64_t>> partial(t.end - t.begin);
-    for_each_chunk(t.end - t.begin, pool, [&](std::size_t i) {
-      partial[i].assign(t.hist.size(), 0);
-      for (const Piece& piece : chunks[t.begin + i])
-        level_pass(piece, level, t.prefixes, partial[i].data());
-    });
-    for (const auto& h : partial) {
-      for (std::size_t i = 0; i < t.hist.size(); ++i) t.hist[i] += h[i];
-    }
+    for (std::size_t c = t.begin; c < t.end && !t.prefixes.empty(); ++c) work.emplace_back(&t, c);
   }
-  // The kept targets' histograms from the kept diffs: per chunk (on the pool), the whole's
-  // and its group's, then added up per target in chunk order.
-  const auto reads = [&](std::size_t t) { return targets[t].keep && !targets[t].prefixes.empty(); };
-  std::vector<std::array<std::vector<std::uint64_t>, 2>> partial(chunks.size());
-  for_each_chunk(chunks.size(), pool, [&](std::size_t c) {
-    const std::size_t of[2] = {0, group_target[c]};
-    // The kept diffs (other targets' bins too) as a part of their own, nonzero values without
-    // a reference: the level pass counts them as it counts the data's diffs, without branches.
+  std::vector<std::vector<std::uint64_t>> partial(work.size());
+  for_each_chunk(work.size(), pool, [&](std::size_t i) {
+    const auto [t, c] = work[i];
+    partial[i].assign(t->hist.size(), 0);
+    if (!t->keep) {
+      for (const Piece& piece : chunks[c]) level_pass(piece, level, t->prefixes, partial[i].data());
+      return;
+    }
+    // The kept diffs (other targets' bins too) as a part of their own, nonzero values without a
+    // reference: the level pass counts them as it counts the data's diffs, without branches.
     const DiffPart kept_part{kept[c].data(), nullptr, kept[c].size(), false};
-    for (int k = 0; k < 2; ++k) {
-      if ((k == 1 && of[1] == 0) || !reads(of[k])) continue;
-      const Target& t = targets[of[k]];
-      std::vector<std::uint64_t>& h = partial[c][static_cast<std::size_t>(k)];
-      h.assign(t.hist.size(), 0);
-      level_pass(Piece{&kept_part, 0, kept_part.count}, level, t.prefixes, h.data());
-    }
+    level_pass(Piece{&kept_part, 0, kept_part.count}, level, t->prefixes, partial[i].data());
   });
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (!reads(i)) continue;
-    Target& t = targets[i];
-    for (std::size_t c = t.begin; c < t.end; ++c) {
-      const std::vector<std::uint64_t>& h = partial[c][i == 0 ? 0 : 1];
-      for (std::size_t j = 0; j < h.size(); ++j) t.hist[j] += h[j];
-    }
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    std::vector<std::uint64_t>& hist = work[i].first->hist;
+    for (std::size_t j = 0; j < hist.size(); ++j) hist[j] += partial[i][j];
   }
 }
 
@@ -352,26 +294,28 @@ void locate_level(int level, std::vector<Target>& targets) {
   }
 }
 
+}  // namespace
+
 // The statistics of the whole tensor (targets[0]) and of each group (targets[1 + g]). The data
 // is read by one first pass per chunk, which counts toward the whole and the chunk's group;
 // by one collecting pass per chunk for both targets' wanted bins; and, where a target's wanted
 // bins hold more than kKeepLimit diffs (known alike on every holder from the reduced
 // histogram), by one pass per later level over that target's chunks instead, so the memory
 // stays what the statistics always took. Every reduction combines all targets at once.
-std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
-                                       std::span<const int> group_of, int groups,
-                                       const CounterReducer& reduce, ThreadPool* pool) {
+std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
+                                                  std::span<const int> group_of, int groups,
+                                                  const CounterReducer& reduce, ThreadPool* pool) {
   std::vector<Target> targets(static_cast<std::size_t>(1 + groups));
   std::vector<std::size_t> group_target;
   const std::vector<Chunk> chunks =
       cut_chunks(parts, group_of, groups, chunk_size(parts, pool != nullptr ? pool->size() : 1),
                  targets, group_target);
-  std::vector<LocalFirst> locals = first_passes(chunks, groups, targets, reduce, pool);
+  std::vector<LocalFirst> locals = first_passes(chunks, group_target, targets, reduce, pool);
   const std::vector<std::vector<float>> kept =
       collect_kept(chunks, group_target, targets, locals, pool);
   locals.clear();
   for (int level = 1; level < kLevels; ++level) {
-    level_histograms(level, chunks, group_target, kept, targets, pool);
+    level_histograms(level, chunks, kept, targets, pool);
     if (std::all_of(targets.begin(), targets.end(),
                     [](const Target& t) { return t.prefixes.empty(); }))
       break;  // every rank found (alike on every holder): nothing to reduce
@@ -386,17 +330,9 @@ std::vector<DiffStats> compute_targets(std::span<const DiffPart> parts,
   return result;
 }
 
-}  // namespace
-
 DiffStats compute_diff_stats(std::span<const DiffPart> parts, const CounterReducer& reduce,
                              ThreadPool* pool) {
-  return compute_targets(parts, {}, 0, reduce, pool).front();
-}
-
-std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> parts,
-                                                  std::span<const int> group_of, int groups,
-                                                  const CounterReducer& reduce, ThreadPool* pool) {
-  return compute_targets(parts, group_of, groups, reduce, pool);
+  return compute_grouped_diff_stats(parts, {}, 0, reduce, pool).front();
 }
 
 }  // namespace cpd

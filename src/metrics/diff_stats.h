@@ -13,7 +13,8 @@
 // parts).
 #pragma once
 
-#include <array>
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -53,9 +54,6 @@ struct DiffStats {
   bool finite() const { return nonfinite_count == 0; }
 };
 
-/// The FP32 difference the statistics are taken over (see the header comment).
-float abs_diff(float candidate, float reference);
-
 /// Distance between two floats in units in the last place: how many representable FP32
 /// values lie between them (+0 and -0 are 0 apart; NaN anywhere gives UINT64_MAX).
 std::uint64_t ulp_distance(float a, float b);
@@ -81,7 +79,15 @@ std::vector<DiffStats> compute_grouped_diff_stats(std::span<const DiffPart> part
                                                   ThreadPool* pool = nullptr);
 
 /// Linear-interpolation quantile of already sorted values (the definition, for tests and
-/// small data): v[lo] + (v[hi] - v[lo])·frac at position q·(n-1), in FP64.
-double sorted_quantile(std::span<const float> sorted, double q);
+/// small data; torch.quantile's and numpy's default): v[lo] + (v[hi] - v[lo])·frac at position
+/// q·(n-1), in FP64; 0 for no values.
+template <typename Sorted>
+double sorted_quantile(const Sorted& sorted, double q) {
+  if (sorted.empty()) return 0.0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const double a = sorted[lo], b = sorted[std::min(lo + 1, sorted.size() - 1)];
+  return a + (b - a) * (pos - static_cast<double>(lo));
+}
 
 }  // namespace cpd

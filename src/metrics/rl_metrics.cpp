@@ -4,18 +4,10 @@
 #include <bit>
 #include <cmath>
 
-#include "cpdrift/hd.h"
+#include "metrics/diff_stats.h"
 
 namespace cpd {
 namespace {
-
-// numpy's default quantile of ascending `sorted`: linear between the ranks around q·(n − 1).
-double quantile(const std::vector<double>& sorted, double q) {
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
-}
 
 // Population standard deviation from the sums of x and x² over n values.
 double stddev(double sum, double sum_sq, double n) {
@@ -31,7 +23,6 @@ std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
   std::vector<DistanceBin> bins;
   for (std::size_t i = 0; i < edges.size(); ++i)
     bins.push_back(DistanceBin{edges[i], i + 1 < edges.size() ? edges[i + 1] - 1 : -1});
-  std::vector<double> sums(bins.size(), 0.0);
   for (const TokenPair& t : tokens) {
     const std::int64_t d = t.*field;
     if (d < 0 || bins.empty() || d < bins[0].min) continue;
@@ -39,11 +30,11 @@ std::vector<DistanceBin> abs_delta_bins(std::span<const TokenPair> tokens,
     while (d < bins[b].min) --b;
     const double a = std::fabs(t.train - t.rollout);
     ++bins[b].tokens;
-    sums[b] += a;
+    bins[b].abs_mean += a;  // the sum until it is divided below
     bins[b].abs_max = std::max(bins[b].abs_max, a);
   }
-  for (std::size_t b = 0; b < bins.size(); ++b) {
-    if (bins[b].tokens > 0) bins[b].abs_mean = sums[b] / static_cast<double>(bins[b].tokens);
+  for (DistanceBin& b : bins) {
+    if (b.tokens > 0) b.abs_mean /= static_cast<double>(b.tokens);
   }
   return bins;
 }
@@ -87,8 +78,8 @@ RlMetrics compute_rl_metrics(std::span<const TokenPair> tokens, const RlMetricOp
   m.abs_mean = abs_sum / n;
   m.abs_std = stddev(abs_sum, abs_sq, n);
   std::sort(abs_sorted.begin(), abs_sorted.end());
-  m.abs_p50 = quantile(abs_sorted, 0.50);
-  m.abs_p99 = quantile(abs_sorted, 0.99);
+  m.abs_p50 = sorted_quantile(abs_sorted, 0.50);
+  m.abs_p99 = sorted_quantile(abs_sorted, 0.99);
   m.ratio_mean = r_sum / n;
   m.ratio_std = stddev(r_sum, r_sq, n);
   m.effective_sample_size = r_sum * r_sum / r_sq;

@@ -30,44 +30,31 @@ namespace {
   throw std::runtime_error(std::string("json: expected ") + wanted + ", got " + type_name(got));
 }
 
-// Checks everything before writing anything, so a bad value never leaves half a document.
-void check_finite(const Value& v, std::string& path) {
-  if (v.type() == Type::floating && !std::isfinite(v.as_double())) {
-    throw std::invalid_argument("json: non-finite number (" + std::to_string(v.as_double()) +
-                                ") at " + (path.empty() ? std::string("<root>") : path));
-  }
+// Writes `v`. A NaN or infinity (which JSON cannot represent) throws, naming its path (`path`:
+// the members and indices from the root); the caller drops its buffer, so a bad value never
+// leaves half a document.
+template <typename Writer>
+void emit(const Value& v, Writer& w, std::string& path) {
+  using rapidjson::SizeType;
   const std::size_t mark = path.size();
   if (v.is_array()) {
-    for (std::size_t i = 0; i < v.as_array().size(); ++i) {
+    w.StartArray();
+    for (std::size_t i = 0; i < v.size(); ++i) {
       // Appended piecewise: `"[" + std::to_string(i)` trips GCC 12's bogus -Wrestrict at -O3.
       path.push_back('[');
       path += std::to_string(i);
       path.push_back(']');
-      check_finite(v.as_array()[i], path);
+      emit(v.as_array()[i], w, path);
       path.resize(mark);
     }
-  } else if (v.is_object()) {
-    for (const auto& [key, member] : v.as_object()) {
-      if (mark != 0) path.push_back('.');
-      path += key;
-      check_finite(member, path);
-      path.resize(mark);
-    }
-  }
-}
-
-template <typename Writer>
-void emit(const Value& v, Writer& w) {
-  using rapidjson::SizeType;
-  if (v.is_array()) {
-    w.StartArray();
-    for (const Value& element : v.as_array()) emit(element, w);
     w.EndArray();
   } else if (v.is_object()) {
     w.StartObject();
     for (const auto& [key, member] : v.as_object()) {
       w.Key(key.data(), static_cast<SizeType>(key.size()));
-      emit(member, w);
+      path.append(mark != 0 ? "." : "").append(key);
+      emit(member, w, path);
+      path.resize(mark);
     }
     w.EndObject();
   } else if (v.is_string()) {
@@ -76,8 +63,11 @@ void emit(const Value& v, Writer& w) {
     w.Int64(v.as_int64());
   } else if (v.type() == Type::uint64) {
     w.Uint64(v.as_uint64());
-  } else if (v.type() == Type::floating) {
+  } else if (v.type() == Type::floating && std::isfinite(v.as_double())) {
     w.Double(v.as_double());
+  } else if (v.type() == Type::floating) {
+    throw std::invalid_argument("json: non-finite number (" + std::to_string(v.as_double()) +
+                                ") at " + (path.empty() ? std::string("<root>") : path));
   } else if (v.is_bool()) {
     w.Bool(v.as_bool());
   } else {
@@ -260,15 +250,14 @@ std::size_t Value::size() const {
 
 std::string to_string(const Value& v, bool pretty) {
   std::string path;
-  check_finite(v, path);
   rapidjson::StringBuffer buffer;
   if (pretty) {
     rapidjson::PrettyWriter<rapidjson::StringBuffer> writer(buffer);
     writer.SetIndent(' ', 2);
-    emit(v, writer);
+    emit(v, writer, path);
   } else {
     rapidjson::Writer<rapidjson::StringBuffer> writer(buffer);
-    emit(v, writer);
+    emit(v, writer, path);
   }
   std::string out(buffer.GetString(), buffer.GetSize());
   if (pretty) out.push_back('\n');

@@ -7,7 +7,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -105,6 +107,20 @@ class Value {
 };
 
 const char* type_name(Type type);
+
+/// `o`'s value, or null when it is empty.
+template <typename T>
+Value nullable(const std::optional<T>& o) {
+  return o ? Value(*o) : Value(nullptr);
+}
+
+/// The array of `f(x)` for each x of `range`, in order (of x itself without `f`).
+template <typename Range, typename F = std::identity>
+Value array_of(const Range& range, F f = {}) {
+  Array a;
+  for (const auto& x : range) a.emplace_back(f(x));
+  return a;
+}
 
 /// Serialises `v`. pretty: two-space indent and a trailing newline; compact: no whitespace at
 /// all and no newline. Throws std::invalid_argument naming the path (e.g. `cases[3].out.max`)
