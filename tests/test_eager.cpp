@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cli/eager_baseline.h"
+#include "cli/bench_baselines.h"
 #include "fp64_attention.h"
 #include "kernels/cpu/inputs.h"
 #include "kernels/cpu/simd_info.h"
@@ -25,7 +25,7 @@ TEST_CASE("eager baseline: causal attention within FP32 rounding of the FP64 ora
   const Shard v = generate_shard(p, TensorId::v, {p.batch, {0, p.dims.num_kv_heads}, {all}, 128},
                                  InputPrecision::fp32, pool);
   const EagerAttention eager(2);
-  if (cpu_simd_isa() == std::string("avx512")) CHECK(eager.corename() == "SkylakeX");
+  if (cpu_simd_isa() == std::string("avx512")) CHECK(eager.corename == "SkylakeX");
   const AttnShard got = eager.forward(q, k, v, p.dims.softmax_scale(), pool);
   // FP32 products over D = 128 and sums over ≤ 96 keys, each rounding ≤ 2^-24 relative, on
   // values of magnitude ≲ 4: well inside 1e-5; a wrong mask or scale is off by ≳ 1e-2.

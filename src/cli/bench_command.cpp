@@ -10,10 +10,9 @@
 #include <string>
 #include <utility>
 
+#include "cli/bench_baselines.h"
 #include "cli/commands.h"
-#include "cli/eager_baseline.h"
 #include "cli/kernel_timing.h"
-#include "cli/torch_sdpa.h"
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "core/util/work_timers.h"
@@ -40,6 +39,7 @@ void print_row(const char* name, const std::vector<double>& times, double flops,
   const double rate = flops / times.front();
   std::printf("  %-26s %10.3f %10.3f %12.1f %8.0f%%%s\n", name, times.front(),
               times[times.size() / 2], rate * 1e-9, 100.0 * rate / peak, note);
+  std::fflush(stdout);
 }
 
 // The inputs' K and V in a paged cache of `page_size`, physical pages shuffled.
@@ -127,8 +127,8 @@ void eager_row(const Problem& p, const Inputs& in, const AttnShard& reference,
                 "   max |out - fp32_reference| %.1e; fp32_reference is %.2fx faster", worst,
                 times.front() / reference_seconds);
   print_row("eager_openblas (S*S scores)", times, flops, peak, note);
-  std::printf("  %-26s %s, %s; %s\n", "  (OpenBLAS)", eager->corename().c_str(),
-              eager->core_choice().c_str(), eager->config().c_str());
+  std::printf("  %-26s %s, %s; %s\n", "  (OpenBLAS)", eager->corename.c_str(),
+              eager->core_choice.c_str(), eager->config.c_str());
   std::fflush(stdout);
 }
 
@@ -270,13 +270,11 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   AttnShard reference;
   const std::vector<double> reference_times = timed_forward(fp32, ProbRounding::none, reference);
   print_row("fp32_reference", reference_times, flops, peak);
-  std::fflush(stdout);
   eager_row(p, fp32, reference, reference_times.front(), o.repeats, threads, flops, peak, pool);
   {
     const Inputs bf16 = generated(InputPrecision::bf16);
     AttnShard out;
     print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops, peak);
-    std::fflush(stdout);
   }
   {
     // The same FP32 forward reading K/V in place from a paged cache (pages of 16, shuffled):
@@ -290,12 +288,10 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     const bool equal = same(paged.out, reference.out) && same(paged.lse, reference.lse);
     print_row("fp32_reference_paged16", times, flops, peak,
               equal ? "   bits == contiguous" : "   bits != contiguous");
-    std::fflush(stdout);
   }
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
             2.5 * flops, peak);
-  std::fflush(stdout);
   whole_case(p, pool);
   return kExitOk;
 }

@@ -143,7 +143,14 @@ void FlagReader::path(const std::string& name, std::string& slot) {
   });
 }
 
-void FlagReader::read(const std::vector<std::string>& args, std::size_t first) const {
+std::string FlagReader::first_given(std::initializer_list<const char*> names) const {
+  for (const std::string& flag : given_) {
+    if (std::find(names.begin(), names.end(), flag) != names.end()) return flag;
+  }
+  return "";
+}
+
+void FlagReader::read(const std::vector<std::string>& args, std::size_t first) {
   for (std::size_t i = first; i < args.size(); ++i) {
     std::string flag = args[i], inline_value;
     bool has_inline = false;
@@ -156,9 +163,11 @@ void FlagReader::read(const std::vector<std::string>& args, std::size_t first) c
     if (const auto t = toggles_.find(flag); t != toggles_.end()) {
       if (has_inline) bad(flag + " takes no value");
       t->second();
+      given_.push_back(flag);
     } else if (const auto v = values_.find(flag); v != values_.end()) {
       if (!has_inline && i + 1 >= args.size()) bad(flag + ": missing value");
       v->second(flag, has_inline ? inline_value : args[++i]);
+      given_.push_back(flag);
     } else if (positional_ && !args[i].empty() && args[i][0] != '-') {
       positional_(args[i]);
     } else {

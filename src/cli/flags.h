@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <optional>
@@ -103,12 +104,16 @@ class FlagReader {
   void positional(std::function<void(const std::string&)> take) { positional_ = std::move(take); }
 
   /// Reads args[first..]; an unknown flag, a missing value or a stray argument is refused.
-  void read(const std::vector<std::string>& args, std::size_t first) const;
+  void read(const std::vector<std::string>& args, std::size_t first);
+  /// The first of `names` that the arguments read gave, in their order; "" when none.
+  std::string first_given(std::initializer_list<const char*> names) const;
+  bool given(const char* name) const { return !first_given({name}).empty(); }
 
  private:
   std::map<std::string, Setter> values_;
   std::map<std::string, std::function<void()>> toggles_;
   std::function<void(const std::string&)> positional_;
+  std::vector<std::string> given_;  // the flags read, in order
 };
 
 }  // namespace cpd

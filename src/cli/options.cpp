@@ -26,7 +26,7 @@ std::string per_machine_why() {
   return "4 per CPU; this machine has " + std::to_string(per_machine_limit() / 4);
 }
 
-void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
+void add_problem_flags(FlagReader& r, Problem& p) {
   r.value("--model", [](const std::string& f, const std::string& v) {
     if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
   });
@@ -35,7 +35,6 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
   });
   r.value("--seq-len", [&](const std::string& f, const std::string& v) {
     p.seq_len = parse_int<std::int64_t>(f, v, 1, kMaxSeqLen, kSeqLenWhy);
-    seq_len_given = true;
   });
   r.value("--seed", [&](const std::string& f, const std::string& v) {
     p.seed = parse_int<std::uint64_t>(f, v, 0);
@@ -50,8 +49,8 @@ void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
 }
 
 // The flags every command takes: the problem and the worker threads.
-void add_common_flags(FlagReader& r, Problem& p, bool& seq_len_given, int& threads) {
-  add_problem_flags(r, p, seq_len_given);
+void add_common_flags(FlagReader& r, Problem& p, int& threads) {
+  add_problem_flags(r, p);
   r.value("--threads", [&](const std::string& f, const std::string& v) {
     threads = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
   });
@@ -60,7 +59,7 @@ void add_common_flags(FlagReader& r, Problem& p, bool& seq_len_given, int& threa
 BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   BenchOptions b;
   b.problem.seq_len = 4096;
-  add_common_flags(r, b.problem, b.seq_len_given, b.threads);
+  add_common_flags(r, b.problem, b.threads);
   r.value("--repeats", [&](const std::string& f, const std::string& v) {
     b.repeats = parse_int<int>(f, v, 1, 100, "a benchmark, not a soak");
   });
@@ -68,6 +67,7 @@ BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, st
     b.device = parse_name(f, v, "device", kDeviceNames);
   });
   r.read(args, first);
+  b.seq_len_given = r.given("--seq-len");
   return b;
 }
 
@@ -90,8 +90,7 @@ void add_threshold_flags(FlagReader& r, Thresholds& t) {
 void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
                   const bool& help, AcceptOptions& a) {
   a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
-  bool seq_len_given = false;
-  add_common_flags(r, a.problem, seq_len_given, a.threads);
+  add_common_flags(r, a.problem, a.threads);
   r.value("--mode", [&](const std::string& f, const std::string& v) {
     if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
     a.mode = v;
@@ -105,18 +104,15 @@ void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
 }
 
 // The case matrix and the legs.
-void add_case_flags(FlagReader& r, RunOptions& o, bool& modes_given) {
-  RunRequest& q = o.request;
+void add_case_flags(FlagReader& r, RunRequest& q) {
   r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) {
     q.tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads (plan_run)
   });
   r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) {
     q.cp_sizes = parse_int_list(f, v, 1, 256, "GPUs sharing one sequence's context");
   });
-  r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
-    q.splits = parse_splits(f, v);
-    o.splits_given = true;
-  });
+  r.value("--kv-chunk-sizes",
+          [&](const std::string& f, const std::string& v) { q.splits = parse_splits(f, v); });
   r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
     q.layouts = parse_names(f, v, "layout", kCpLayoutNames);
   });
@@ -125,7 +121,6 @@ void add_case_flags(FlagReader& r, RunOptions& o, bool& modes_given) {
   });
   r.value("--modes", [&](const std::string& f, const std::string& v) {
     q.modes = parse_names(f, v, "mode", kRunModeNames);
-    modes_given = true;
   });
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
@@ -135,27 +130,22 @@ void add_case_flags(FlagReader& r, RunOptions& o, bool& modes_given) {
   });
 }
 
-// The paged modes' flags; each one given is remembered, as it needs a paged mode.
-void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& given) {
+// The paged modes' flags (each needs a paged mode).
+void add_paged_flags(FlagReader& r, RunRequest& q) {
   r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
     q.rollout_tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads
-    given.push_back(f);
   });
   r.value("--page-size", [&](const std::string& f, const std::string& v) {
     q.page_size = parse_int<int>(f, v, 1);  // at most --seq-len (plan_run)
-    given.push_back(f);
   });
   r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
     q.split_policies = parse_names(f, v, "split-KV policy", kSplitPolicyNames);
-    given.push_back(f);
   });
   r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
     q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);  // shorter than --seq-len
-    given.push_back(f);
   });
   r.value("--q-len", [&](const std::string& f, const std::string& v) {
     q.q_len = parse_int<std::int64_t>(f, v, 1);  // at most the room left (plan_run)
-    given.push_back(f);
   });
 }
 
@@ -198,8 +188,7 @@ void add_output_flags(FlagReader& r, RunOptions& o) {
 }
 
 // Combinations that no single flag can refuse.
-void check_run_options(const RunOptions& o, const std::vector<std::string>& paged_flags,
-                       bool modes_given) {
+void check_run_options(const RunOptions& o, const FlagReader& r) {
   const RunRequest& q = o.request;
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
   if (o.request.include_lane_backward && !o.request.include_backward)
@@ -209,9 +198,11 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
     if (q.fault->rank != 0)
       bad("--inject-fault dump-write-error@RANK: only rank 0 writes the dump");
   }
-  if (!paged_flags.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode)) {
-    bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
-  }
+  const std::string paged = r.first_given({"--rollout-tp-sizes", "--page-size",
+                                           "--split-kv-policies", "--fixed-split-size", "--q-len"});
+  if (!paged.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode))
+    bad(paged + " applies to the paged modes: add --modes ...,paged_prefill,decode");
+  const bool modes_given = r.given("--modes");
   const auto lists_split = [&](bool sized) {
     return std::any_of(q.splits.begin(), q.splits.end(),
                        [&](const auto& s) { return s.has_value() == sized; });
@@ -257,23 +248,18 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
                      const std::function<void(FlagReader&)>& extra = {}) {
   RunOptions o;
   RunRequest& q = o.request;
-  bool seq_len_given = false, modes_given = false, batch_given = false;
-  std::vector<std::string> paged_flags;
-  add_common_flags(r, q.problem, seq_len_given, q.threads);
-  r.value("--batch", [&](const std::string& f, const std::string& v) {
-    q.problem.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
-    batch_given = true;
-  });
-  add_case_flags(r, o, modes_given);
-  add_paged_flags(r, q, paged_flags);
+  add_common_flags(r, q.problem, q.threads);
+  add_case_flags(r, q);
+  add_paged_flags(r, q);
   add_execution_flags(r, q);
   add_output_flags(r, o);
   if (extra) extra(r);
   r.read(args, first);
-  check_run_options(o, paged_flags, modes_given);
+  o.splits_given = r.given("--kv-chunk-sizes");
+  check_run_options(o, r);
   if (!o.inputs.empty()) {
     // The file says B and S; its q, k, v replace the generator's (use_input_file).
-    if (seq_len_given || batch_given)
+    if (r.given("--seq-len") || r.given("--batch"))
       bad("--inputs: B and S come from the file; drop --seq-len and --batch");
     if (o.smoke) bad("--inputs: --smoke sets its own sequence; drop one of them");
     if (q.problem.distribution != InputDistribution::gaussian)
@@ -281,7 +267,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
     return o;
   }
   if (o.smoke) {
-    if (!seq_len_given) q.problem.seq_len = 4;
+    if (!r.given("--seq-len")) q.problem.seq_len = 4;
     if (!o.splits_given) q.splits = {std::nullopt, 1};
   }
   settle_sequence(o);
@@ -293,11 +279,9 @@ constexpr NumberRange kFigureRange{.min = 1e-3, .max = 1e6, .why = "in its unit"
 
 PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   PlanOptions plan;
-  bool figures_given = false;
   const auto figure = [&](const char* flag, double& slot) {
     r.value(flag, [&](const std::string& f, const std::string& v) {
       slot = parse_number(f, v, kFigureRange);
-      figures_given = true;
     });
   };
   plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
@@ -318,20 +302,21 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
     });
   });
   // The run's execution flags say how a run moves and reports; a plan runs nothing.
-  const RunRequest& q = plan.run.request;
-  const RunRequest defaults;
-  if (!plan.run.dump.empty()) bad("plan: --dump does not apply (a plan runs nothing)");
-  if (plan.run.overwrite) bad("plan: --overwrite does not apply (a plan writes no dump)");
-  if (plan.run.progress) bad("plan: --progress does not apply (a plan runs nothing)");
-  if (q.threads != 0) {
-    bad("plan: --threads does not apply (--profile cpu uses every core, shared by --processes)");
+  constexpr std::pair<const char*, const char*> kRunOnly[] = {
+      {"--dump", "a plan runs nothing"},
+      {"--overwrite", "a plan writes no dump"},
+      {"--progress", "a plan runs nothing"},
+      {"--threads", "--profile cpu uses every core, shared by --processes"},
+      {"--transport", "a plan moves nothing"},
+      {"--comm-timeout", "a plan moves nothing"},
+      {"--staging-mib", "a plan moves nothing"},
+      {"--inject-fault", "a plan moves nothing"}};
+  for (const auto& [flag, why] : kRunOnly) {
+    if (r.given(flag)) bad(std::string("plan: ") + flag + " does not apply (" + why + ")");
   }
-  if (q.transport != defaults.transport ||
-      q.comm_timeout_seconds != defaults.comm_timeout_seconds ||
-      q.staging_mib != defaults.staging_mib) {
-    bad("plan: --transport, --comm-timeout and --staging-mib do not apply (a plan moves nothing)");
-  }
-  if (q.fault) bad("plan: --inject-fault does not apply (a plan moves nothing)");
+  const bool figures_given = !r.first_given({"--bf16-tflops", "--fp32-tflops", "--hbm-tbs",
+                                             "--nvlink-gbs", "--network-gbs"})
+                                  .empty();
   if (figures_given && plan.profile == "cpu") {
     bad("plan: --profile cpu measures this machine; the device figures apply to h200");
   }
