@@ -62,7 +62,7 @@ for name in names:
 
 }  // namespace
 
-EagerAttention::EagerAttention(int threads) {
+EagerAttention::EagerAttention(int threads) : library_(nullptr, ::dlclose) {
   // OpenBLAS reads OPENBLAS_CORETYPE when it loads: choose before opening it.
   const std::string isa = cpu_simd_isa();
   const char* core = isa == "avx512" ? "SkylakeX" : isa == "avx2" ? "Haswell" : nullptr;
@@ -76,14 +76,14 @@ EagerAttention::EagerAttention(int threads) {
       core_choice += std::string(" (the environment's ") + given + " overridden)";
     ::setenv("OPENBLAS_CORETYPE", core, 1);
   }
-  handle_ = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-  if (handle_ == nullptr) {
+  library_.reset(::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL));
+  if (library_ == nullptr) {
     throw std::runtime_error(std::string("cannot open libopenblas.so.0 (Debian: apt-get install "
                                          "libopenblas0-pthread): ") +
                              ::dlerror());
   }
   const auto symbol = [&](const char* name) {
-    void* s = ::dlsym(handle_, name);
+    void* s = ::dlsym(library_.get(), name);
     if (s == nullptr) throw std::runtime_error(std::string("libopenblas.so.0 lacks ") + name);
     return s;
   };
@@ -91,10 +91,6 @@ EagerAttention::EagerAttention(int threads) {
   reinterpret_cast<SetThreads>(symbol("openblas_set_num_threads"))(threads);
   corename = reinterpret_cast<GetText>(symbol("openblas_get_corename"))();
   config = reinterpret_cast<GetText>(symbol("openblas_get_config"))();
-}
-
-EagerAttention::~EagerAttention() {
-  if (handle_ != nullptr) ::dlclose(handle_);
 }
 
 AttnShard EagerAttention::forward(const Shard& q, const Shard& k, const Shard& v, float scale,

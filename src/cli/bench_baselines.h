@@ -5,6 +5,7 @@
 // (--device cuda), PyTorch's scaled_dot_product_attention, timed in a python3 subprocess.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -22,9 +23,6 @@ class EagerAttention {
   /// fall back to narrower kernels, and a baseline on them would flatter cpdrift.
   /// Throws std::runtime_error naming the library when it cannot be opened.
   explicit EagerAttention(int threads);
-  ~EagerAttention();
-  EagerAttention(const EagerAttention&) = delete;
-  EagerAttention& operator=(const EagerAttention&) = delete;
 
   /// openblas_get_corename(), how the core type was chosen, and openblas_get_config().
   std::string corename, core_choice, config;
@@ -35,8 +33,8 @@ class EagerAttention {
                     ThreadPool& pool) const;
 
  private:
-  void* handle_ = nullptr;  // dlopen's
-  void* sgemm_ = nullptr;   // cblas_sgemm
+  std::unique_ptr<void, int (*)(void*)> library_;  // dlopen's handle, dlclose'd
+  void* sgemm_ = nullptr;                          // cblas_sgemm
 };
 
 struct TorchSdpaFigure {

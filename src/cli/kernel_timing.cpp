@@ -17,8 +17,6 @@ Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool)
                 generate_shard(p, TensorId::v, kvs, precision, pool)};
 }
 
-// One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
-// gets its time. With `cache`, K and V are read in place from its (shuffled) pages.
 AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
                   double& seconds, const PagedKvCache* cache) {
   const int group = p.dims.group_size();
@@ -41,8 +39,7 @@ AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, Thr
   return out;
 }
 
-// Times of the CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out
-// and lse, the reference backward's work; dO and Δ are prepared once.
+// dO and Δ are prepared once, outside the times.
 std::vector<double> time_backward(const Problem& p, const Inputs& in, const AttnShard& fwd,
                                   int repeats, ThreadPool& pool) {
   const int dim = p.dims.head_dim, group = p.dims.group_size();
