@@ -1,7 +1,5 @@
 // The command line, parsed, agreed on and dispatched; every way a command can fail ends here
 // as one line and an exit status (docs/reliability.md).
-#include "cli/cli_main.h"
-
 #include <cstdio>
 #include <exception>
 #include <new>

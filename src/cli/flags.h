@@ -100,6 +100,35 @@ class FlagReader {
   void toggle(const std::string& name, std::function<void()> s) { toggles_[name] = std::move(s); }
   /// A file's path, into `slot`; an empty one is refused.
   void path(const std::string& name, std::string& slot);
+  /// An integer of `Int` within [min, max] (parse_int), into `slot`.
+  template <class Int, class Slot>
+  void integer(const std::string& name, Slot& slot, Int min,
+               Int max = std::numeric_limits<Int>::max(), const std::string& why = "") {
+    value(name, [&slot, min, max, why](const std::string& f, const std::string& v) {
+      slot = parse_int<Int>(f, v, min, max, why);
+    });
+  }
+  /// A finite number within `range` (parse_number), into `slot`.
+  template <class Slot>
+  void number(const std::string& name, Slot& slot, const NumberRange& range) {
+    value(name, [&slot, range](const std::string& f, const std::string& v) {
+      slot = parse_number(f, v, range);
+    });
+  }
+  /// One name of `table` (parse_name), or a comma list of them (parse_names).
+  template <class T, std::size_t N>
+  void name(const std::string& flag, T& slot, const char* what, const EnumName<T> (&table)[N]) {
+    value(flag, [&slot, what, &table](const std::string& f, const std::string& v) {
+      slot = parse_name(f, v, what, table);
+    });
+  }
+  template <class T, std::size_t N>
+  void names(const std::string& flag, std::vector<T>& slot, const char* what,
+             const EnumName<T> (&table)[N]) {
+    value(flag, [&slot, what, &table](const std::string& f, const std::string& v) {
+      slot = parse_names(f, v, what, table);
+    });
+  }
   /// Where arguments that are not flags go (a command's files); without it they are refused.
   void positional(std::function<void(const std::string&)> take) { positional_ = std::move(take); }
 

@@ -1,6 +1,7 @@
-#include "cli/human_output.h"
-
+// Rank 0's human-readable table of a run (design §6).
 #include <algorithm>
+
+#include "cli/commands.h"
 
 namespace cpd {
 namespace {
@@ -146,23 +147,21 @@ void print_lane_backward_rows(std::FILE* out, const RunReport& r) {
                "#\n# te_p2p backward, emulated: max |Δ| vs FP32 CP=1 of the canonical BF16 write "
                "and the lane (its gradients written\n# and summed in BF16 across ring steps; the "
                "share of bits that differ from the canonical write)\n");
-  std::fprintf(out, "%s\n",
-               trimmed("# " + padded("case", 46) + " " + padded("dq canon  te_p2p", 28) + " " +
-                       padded("dk canon  te_p2p", 28) + " dv canon  te_p2p")
-                   .c_str());
+  std::fprintf(out, "# %-46s %-28s %-28s %s\n", "case", "dq canon  te_p2p", "dk canon  te_p2p",
+               "dv canon  te_p2p");
   for (const CaseResult& c : r.cases) {
     if (!c.backward.te_p2p) continue;
     const BackwardDrift& b = c.backward;
     const BackwardDrift::Lane& l = *b.te_p2p;
     std::string row = "  " + padded(c.name, 46);
-    const std::pair<const DiffStats*, std::pair<const DiffStats*, const DiffStats*>> grads[] = {
-        {&b.bf16_dq, {&l.dq, &l.canonical_dq}},
-        {&b.bf16_dk, {&l.dk, &l.canonical_dk}},
-        {&b.bf16_dv, {&l.dv, &l.canonical_dv}}};
-    for (const auto& [canon, lane] : grads) {
+    // Per gradient: the canonical BF16 write, the lane's, and the lane against canonical.
+    const DiffStats* grads[][3] = {{&b.bf16_dq, &l.dq, &l.canonical_dq},
+                                   {&b.bf16_dk, &l.dk, &l.canonical_dk},
+                                   {&b.bf16_dv, &l.dv, &l.canonical_dv}};
+    for (const auto& g : grads) {
       char cell[64];
-      std::snprintf(cell, sizeof cell, " %-9.3e %-9.3e %-7s", canon->max_abs, lane.first->max_abs,
-                    differing(*lane.second).c_str());
+      std::snprintf(cell, sizeof cell, " %-9.3e %-9.3e %-7s", g[0]->max_abs, g[1]->max_abs,
+                    differing(*g[2]).c_str());
       row += cell;
     }
     std::fprintf(out, "%s\n", trimmed(row).c_str());

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli_main.h"
+#include "cli/commands.h"
 #include "comm/comm_context.h"
 #include "core/errors.h"
 #include "core/util/temp_file_guard.h"

@@ -30,42 +30,26 @@ void add_problem_flags(FlagReader& r, Problem& p) {
   r.value("--model", [](const std::string& f, const std::string& v) {
     if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
   });
-  r.value("--batch", [&](const std::string& f, const std::string& v) {
-    p.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
-  });
-  r.value("--seq-len", [&](const std::string& f, const std::string& v) {
-    p.seq_len = parse_int<std::int64_t>(f, v, 1, kMaxSeqLen, kSeqLenWhy);
-  });
-  r.value("--seed", [&](const std::string& f, const std::string& v) {
-    p.seed = parse_int<std::uint64_t>(f, v, 0);
-  });
-  r.value("--dtype", [&](const std::string& f, const std::string& v) {
-    p.dtype = parse_name(f, v, "dtype", kDTypeNames);
-  });
+  r.integer("--batch", p.batch, 1, kMaxBatch, kBatchWhy);
+  r.integer<std::int64_t>("--seq-len", p.seq_len, 1, kMaxSeqLen, kSeqLenWhy);
+  r.integer<std::uint64_t>("--seed", p.seed, 0);
+  r.name("--dtype", p.dtype, "dtype", kDTypeNames);
   r.toggle("--no-rope", [&] { p.rope = false; });
-  r.value("--input-distribution", [&](const std::string& f, const std::string& v) {
-    p.distribution = parse_name(f, v, "input distribution", kInputDistributionNames);
-  });
+  r.name("--input-distribution", p.distribution, "input distribution", kInputDistributionNames);
 }
 
 // The flags every command takes: the problem and the worker threads.
 void add_common_flags(FlagReader& r, Problem& p, int& threads) {
   add_problem_flags(r, p);
-  r.value("--threads", [&](const std::string& f, const std::string& v) {
-    threads = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
-  });
+  r.integer("--threads", threads, 1, per_machine_limit(), per_machine_why());
 }
 
 BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   BenchOptions b;
   b.problem.seq_len = 4096;
   add_common_flags(r, b.problem, b.threads);
-  r.value("--repeats", [&](const std::string& f, const std::string& v) {
-    b.repeats = parse_int<int>(f, v, 1, 100, "a benchmark, not a soak");
-  });
-  r.value("--device", [&](const std::string& f, const std::string& v) {
-    b.device = parse_name(f, v, "device", kDeviceNames);
-  });
+  r.integer("--repeats", b.repeats, 1, 100, "a benchmark, not a soak");
+  r.name("--device", b.device, "device", kDeviceNames);
   r.read(args, first);
   b.seq_len_given = r.given("--seq-len");
   return b;
@@ -73,9 +57,7 @@ BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, st
 
 void add_threshold_flags(FlagReader& r, Thresholds& t) {
   const auto threshold = [&](const char* flag, double& slot) {
-    r.value(flag, [&slot](const std::string& f, const std::string& v) {
-      slot = parse_number(f, v, {.min = 0, .above_min = true});
-    });
+    r.number(flag, slot, {.min = 0, .above_min = true});
   };
   threshold("--out-threshold", t.out_max_abs);
   threshold("--lse-threshold", t.lse_max_abs);
@@ -113,21 +95,13 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
   });
   r.value("--kv-chunk-sizes",
           [&](const std::string& f, const std::string& v) { q.splits = parse_splits(f, v); });
-  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
-    q.layouts = parse_names(f, v, "layout", kCpLayoutNames);
-  });
-  r.value("--protocols", [&](const std::string& f, const std::string& v) {
-    q.protocols = parse_names(f, v, "protocol", kProtocolNames);
-  });
-  r.value("--modes", [&](const std::string& f, const std::string& v) {
-    q.modes = parse_names(f, v, "mode", kRunModeNames);
-  });
+  r.names("--cp-layouts", q.layouts, "layout", kCpLayoutNames);
+  r.names("--protocols", q.protocols, "protocol", kProtocolNames);
+  r.names("--modes", q.modes, "mode", kRunModeNames);
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
-  r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
-    q.vocab_size = parse_int<int>(f, v, 2, 1 << 20, "2^20; Qwen3's is 151936");
-  });
+  r.integer("--vocab-size", q.vocab_size, 2, 1 << 20, "2^20; Qwen3's is 151936");
 }
 
 // The paged modes' flags (each needs a paged mode).
@@ -135,43 +109,24 @@ void add_paged_flags(FlagReader& r, RunRequest& q) {
   r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
     q.rollout_tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads
   });
-  r.value("--page-size", [&](const std::string& f, const std::string& v) {
-    q.page_size = parse_int<int>(f, v, 1);  // at most --seq-len (plan_run)
-  });
-  r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
-    q.split_policies = parse_names(f, v, "split-KV policy", kSplitPolicyNames);
-  });
-  r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
-    q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);  // shorter than --seq-len
-  });
-  r.value("--q-len", [&](const std::string& f, const std::string& v) {
-    q.q_len = parse_int<std::int64_t>(f, v, 1);  // at most the room left (plan_run)
-  });
+  r.integer("--page-size", q.page_size, 1);  // at most --seq-len (plan_run)
+  r.names("--split-kv-policies", q.split_policies, "split-KV policy", kSplitPolicyNames);
+  r.integer<std::int64_t>("--fixed-split-size", q.fixed_split_size, 1);  // shorter than S
+  r.integer<std::int64_t>("--q-len", q.q_len, 1);  // at most the room left (plan_run)
 }
 
 // Where the run executes.
 void add_execution_flags(FlagReader& r, RunRequest& q) {
-  r.value("--device", [&](const std::string& f, const std::string& v) {
-    q.device = parse_name(f, v, "device", kDeviceNames);
-  });
-  r.value("--transport", [&](const std::string& f, const std::string& v) {
-    q.transport = parse_name(f, v, "transport", kTransportNames);
-  });
-  r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
-    // Under a second is a busy machine's jitter, not a lost process; a week outlasts any job.
-    q.comm_timeout_seconds =
-        parse_number(f, v, {.min = 1, .max = 7 * 24 * 3600, .why = "seconds: a second to a week"});
-    q.comm_timeout_given = true;
-  });
-  r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
-    q.staging_mib = parse_int<int>(f, v, 1, 65536, "64 GiB of GPU memory");
-  });
+  r.name("--device", q.device, "device", kDeviceNames);
+  r.name("--transport", q.transport, "transport", kTransportNames);
+  // Under a second is a busy machine's jitter, not a lost process; a week outlasts any job.
+  r.number("--comm-timeout", q.comm_timeout_seconds,
+           {.min = 1, .max = 7 * 24 * 3600, .why = "seconds: a second to a week"});
+  r.integer("--staging-mib", q.staging_mib, 1, 65536, "64 GiB of GPU memory");
   r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
   r.value("--inject-fault",
           [&](const std::string& f, const std::string& v) { q.fault = parse_fault(f, v); });
-  r.value("--round-rows", [&](const std::string& f, const std::string& v) {
-    q.round_rows = parse_int<std::int64_t>(f, v, 1);  // at most --seq-len (settle_sequence)
-  });
+  r.integer<std::int64_t>("--round-rows", q.round_rows, 1);  // at most S (settle_sequence)
 }
 
 // What the CLI does with the run's results.
@@ -256,6 +211,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   if (extra) extra(r);
   r.read(args, first);
   o.splits_given = r.given("--kv-chunk-sizes");
+  q.comm_timeout_given = r.given("--comm-timeout");
   check_run_options(o, r);
   if (!o.inputs.empty()) {
     // The file says B and S; its q, k, v replace the generator's (use_input_file).
@@ -279,11 +235,7 @@ constexpr NumberRange kFigureRange{.min = 1e-3, .max = 1e6, .why = "in its unit"
 
 PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   PlanOptions plan;
-  const auto figure = [&](const char* flag, double& slot) {
-    r.value(flag, [&](const std::string& f, const std::string& v) {
-      slot = parse_number(f, v, kFigureRange);
-    });
-  };
+  const auto figure = [&](const char* flag, double& slot) { r.number(flag, slot, kFigureRange); };
   plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
     fr.value("--profile", [&](const std::string& f, const std::string& v) {
       if (v != "h200" && v != "cpu") bad(f + ": unknown profile '" + v + "' (h200, cpu)");
@@ -294,12 +246,8 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
     figure("--hbm-tbs", plan.hbm_tbs);
     figure("--nvlink-gbs", plan.nvlink_gbs);
     figure("--network-gbs", plan.network_gbs);
-    fr.value("--gpus-per-node", [&](const std::string& f, const std::string& v) {
-      plan.gpus_per_node = parse_int<int>(f, v, 1, 1024, "GPUs sharing NVLink");
-    });
-    fr.value("--processes", [&](const std::string& f, const std::string& v) {
-      plan.processes = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
-    });
+    fr.integer("--gpus-per-node", plan.gpus_per_node, 1, 1024, "GPUs sharing NVLink");
+    fr.integer("--processes", plan.processes, 1, per_machine_limit(), per_machine_why());
   });
   // The run's execution flags say how a run moves and reports; a plan runs nothing.
   constexpr std::pair<const char*, const char*> kRunOnly[] = {
@@ -335,22 +283,12 @@ CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args
   r.path("--output", c.output);
   r.toggle("--json", [&] { c.json = true; });
   r.toggle("--quiet", [&] { c.quiet = true; });
-  r.value("--max-abs-delta", [&](const std::string& f, const std::string& v) {
-    c.max_abs_delta = parse_number(f, v, {.min = 0});
-  });
-  r.value("--ratio-band", [&](const std::string& f, const std::string& v) {
-    c.metrics.ratio_band = parse_number(
-        f, v,
-        {.min = 0, .max = 1, .below_max = true, .why = "ratios outside [1 - X, 1 + X] count"});
-  });
-  r.value("--tis-clip", [&](const std::string& f, const std::string& v) {
-    c.metrics.tis_clip = parse_number(
-        f, v,
-        {.min = 1, .why = "ratios above it are clipped; below 1 it would clip equal logprobs"});
-  });
-  r.value("--worst", [&](const std::string& f, const std::string& v) {
-    c.metrics.worst = parse_int<int>(f, v, 0, 1000, "a list to read");
-  });
+  r.number("--max-abs-delta", c.max_abs_delta, {.min = 0});
+  r.number("--ratio-band", c.metrics.ratio_band,
+           {.min = 0, .max = 1, .below_max = true, .why = "ratios outside [1 - X, 1 + X] count"});
+  r.number("--tis-clip", c.metrics.tis_clip,
+           {.min = 1, .why = "ratios above it are clipped; below 1 it would clip equal logprobs"});
+  r.integer("--worst", c.metrics.worst, 0, 1000, "a list to read");
   r.read(args, first);
   if (help) return c;
   if (files.size() != 2) {

@@ -9,7 +9,6 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "cli/human_output.h"
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "core/util/partial_files.h"
