@@ -2,7 +2,6 @@
 // paths against PyTorch's SDPA) on the causal Qwen3 problem.
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,15 +15,11 @@
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "core/util/work_timers.h"
-#include "cpdrift/attention_backward_math.h"
 #include "engine/case_runner.h"
 #include "engine/local_run.h"
 #include "engine/paged/paged_cache.h"
 #include "engine/run_session.h"
 #include "kernels/attention_backend.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/attention_backward.h"
-#include "kernels/cpu/inputs.h"
 #include "kernels/cpu/simd_info.h"
 #include "report/run_recorder.h"
 

@@ -99,28 +99,14 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
   return items;
 }
 
-std::vector<int> parse_int_list(const std::string& flag, const std::string& text, int min, int max,
-                                const std::string& why) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<int> values;
-  for (const std::string& item : items) values.push_back(parse_int<int>(flag, item, min, max, why));
-  refuse_repeats(flag, values, items);
-  return values;
-}
-
 std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
                                                       const std::string& text) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<std::optional<std::int64_t>> values;
-  for (const std::string& item : items) {
-    if (item == "none" || item == "full" || item == "no_split") {
-      values.emplace_back(std::nullopt);
-    } else {
-      values.emplace_back(parse_int<std::int64_t>(flag + " (split size)", item, 1));
-    }
-  }
-  refuse_repeats(flag, values, items);  // none, full and no_split are one item
-  return values;
+  // none, full and no_split are one item
+  return parse_list<std::optional<std::int64_t>>(flag, text, [&](const std::string& item) {
+    if (item == "none" || item == "full" || item == "no_split")
+      return std::optional<std::int64_t>();
+    return std::optional(parse_int<std::int64_t>(flag + " (split size)", item, 1));
+  });
 }
 
 FaultSpec parse_fault(const std::string& flag, const std::string& text) {

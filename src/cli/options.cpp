@@ -87,12 +87,8 @@ void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
 
 // The case matrix and the legs.
 void add_case_flags(FlagReader& r, RunRequest& q) {
-  r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) {
-    q.tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads (plan_run)
-  });
-  r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) {
-    q.cp_sizes = parse_int_list(f, v, 1, 256, "GPUs sharing one sequence's context");
-  });
+  r.integers("--tp-world-sizes", q.tp_sizes, 1);  // each a divisor of the heads (plan_run)
+  r.integers("--cp-world-sizes", q.cp_sizes, 1, 256, "GPUs sharing one sequence's context");
   r.value("--kv-chunk-sizes",
           [&](const std::string& f, const std::string& v) { q.splits = parse_splits(f, v); });
   r.names("--cp-layouts", q.layouts, "layout", kCpLayoutNames);
@@ -106,10 +102,8 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
 
 // The paged modes' flags (each needs a paged mode).
 void add_paged_flags(FlagReader& r, RunRequest& q) {
-  r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
-    q.rollout_tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads
-  });
-  r.integer("--page-size", q.page_size, 1);  // at most --seq-len (plan_run)
+  r.integers("--rollout-tp-sizes", q.rollout_tp_sizes, 1);  // each a divisor of the heads
+  r.integer("--page-size", q.page_size, 1);                 // at most --seq-len (plan_run)
   r.names("--split-kv-policies", q.split_policies, "split-KV policy", kSplitPolicyNames);
   r.integer<std::int64_t>("--fixed-split-size", q.fixed_split_size, 1);  // shorter than S
   r.integer<std::int64_t>("--q-len", q.q_len, 1);  // at most the room left (plan_run)
