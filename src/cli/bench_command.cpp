@@ -253,30 +253,25 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     std::printf("  %-26s %10.3f\n", "  (input generation)", seconds_since(t));
     return in;
   };
-  const auto timed_forward = [&](const Inputs& in, ProbRounding rounding, AttnShard& out,
-                                 const PagedKvCache* cache = nullptr) {
-    return times_of(o.repeats, [&] {
-      double seconds = 0;
-      out = forward(p, in, rounding, pool, seconds, cache);
-      return seconds;
-    });
-  };
   const Inputs fp32 = generated(InputPrecision::fp32);
   AttnShard reference;
-  const std::vector<double> reference_times = timed_forward(fp32, ProbRounding::none, reference);
+  const std::vector<double> reference_times =
+      time_forward(p, fp32, ProbRounding::none, o.repeats, pool, reference);
   print_row("fp32_reference", reference_times, flops, peak);
   eager_row(p, fp32, reference, reference_times.front(), o.repeats, threads, flops, peak, pool);
   {
     const Inputs bf16 = generated(InputPrecision::bf16);
     AttnShard out;
-    print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops, peak);
+    print_row("bf16_kernel_emulated",
+              time_forward(p, bf16, ProbRounding::bf16, o.repeats, pool, out), flops, peak);
   }
   {
     // The same FP32 forward reading K/V in place from a paged cache (pages of 16, shuffled):
     // what paging costs the kernel, and whether the bits moved (they must not).
     const PagedKvCache cache = paged_copy(p, fp32, 16);
     AttnShard paged;
-    const std::vector<double> times = timed_forward(fp32, ProbRounding::none, paged, &cache);
+    const std::vector<double> times =
+        time_forward(p, fp32, ProbRounding::none, o.repeats, pool, paged, &cache);
     const auto same = [](const Shard& a, const Shard& b) {
       return std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
     };

@@ -41,11 +41,7 @@ Profile measure_cpu(int processes) {
   p.seq_len = 2048;
   const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
   AttnShard out;
-  const std::vector<double> fwd = times_of(3, [&] {
-    double s = 0;
-    out = forward(p, in, ProbRounding::none, pool, s);
-    return s;
-  });
+  const std::vector<double> fwd = time_forward(p, in, ProbRounding::none, 3, pool, out);
   const std::vector<double> bwd = time_backward(p, in, out, 2, pool);
   std::vector<char> a(std::size_t{256} << 20, 1), b(a.size(), 0);
   const std::vector<double> copy = times_of(3, [&] {
