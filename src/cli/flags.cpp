@@ -86,15 +86,10 @@ double parse_number(const std::string& flag, const std::string& text, const Numb
 
 std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
   std::vector<std::string> items;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
-    items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+    comma = text.find(',', start);
+    items.push_back(text.substr(start, comma - start));  // to the end when there is no comma
+    if (items.back().empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
   }
   return items;
 }

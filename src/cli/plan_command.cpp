@@ -226,7 +226,7 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   check_countable(q, run);
   if (o.profile == "cpu" && comm.size() > 1) {
     // The other processes would idle in MPI while rank 0 times the kernels, and a busy-waiting
-    // MPI halves what it measures.
+    // MPI takes cores from what it measures.
     throw UsageError(
         "plan --profile cpu measures this machine: run it as one process "
         "(--processes N says how many the planned run has)");
