@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -132,11 +133,7 @@ struct CaseCost {
   double total = 0;
   std::array<double, kWorkKindNames.size()> work{};
   double seconds(WorkKind k) const { return work[static_cast<std::size_t>(k)]; }
-  double outside_timers() const {
-    double timed = 0;
-    for (const double s : work) timed += s;
-    return total - timed;
-  }
+  double outside_timers() const { return total - std::accumulate(work.begin(), work.end(), 0.0); }
 };
 
 // A fresh LocalRun each time: no CP=1 result or input is served from an earlier run's memo.
