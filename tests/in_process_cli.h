@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli_main.h"
+#include "cli/commands.h"
 #include "mpi_support.h"
 
 namespace cpd::testing {

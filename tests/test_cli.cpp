@@ -392,7 +392,10 @@ TEST_CASE("plan: the table, the protocol pick and bad input") {
   expect_usage_error("plan --processes 4", "--processes applies to --profile cpu");
   expect_usage_error("plan --progress", "--progress does not apply");
   expect_usage_error("plan --threads 2", "--threads does not apply");
-  expect_usage_error("plan --transport mpi", "--transport, --comm-timeout and --staging-mib");
+  expect_usage_error("plan --transport mpi", "plan: --transport does not apply (a plan moves");
+  // Given at all, even at its default, a flag of how a run executes is refused.
+  expect_usage_error("plan --transport auto", "plan: --transport does not apply");
+  expect_usage_error("plan --staging-mib 64", "plan: --staging-mib does not apply");
   expect_usage_error("plan --output /nonexistent-dir/plan.json", "--output: cannot write");
   expect_usage_error("plan --seq-len 1073741824 --tp-world-sizes 8 --cp-world-sizes 32",
                      "more (row, key) pairs than the plan counts");

@@ -117,60 +117,45 @@ std::vector<AcceptanceRow> required_matrix() {
 }
 
 RowVerdict row_verdict(const AcceptanceRow& row) {
-  RowVerdict v;
-  v.name = row.name;
-  v.required = row.required;
-  Value cases = Value::array();
-  for (const std::string& c : row.cases) cases.push_back(c);
-  v.evidence["cases"] = std::move(cases);
+  RowVerdict v{row.name, row.required};
+  v.evidence["cases"] = json::Array(row.cases.begin(), row.cases.end());
   return v;
 }
 
 RowVerdict manifest_row(const AcceptanceRow& row) {
   RowVerdict v = row_verdict(row);
-  v.status = row.kind == AcceptanceRow::Kind::not_yet_available ? "unavailable" : "not_run";
-  v.errors.push_back(row.kind == AcceptanceRow::Kind::not_yet_available
-                         ? row.unavailable_reason
-                         : "manifest mode executes nothing");
+  const bool unavailable = row.kind == AcceptanceRow::Kind::not_yet_available;
+  v.status = unavailable ? "unavailable" : "not_run";
+  v.errors.push_back(unavailable ? row.unavailable_reason : "manifest mode executes nothing");
   return v;
 }
 
 Value acceptance_json(const std::string& mode, const std::vector<RowVerdict>& rows,
                       const Thresholds& t, const Value& runtime, const std::string& created_at) {
-  Value v = Value::object();
-  v["schema_version"] = kAcceptanceSchema;
-  v["issue"] = 235;
-  v["created_at_utc"] = created_at;
-  v["mode"] = mode;
-  v["runtime"] = runtime;
-  v["thresholds"] = thresholds_json(t);
-  Value matrix = Value::array(), cases = Value::array(), failed = Value::array();
-  bool all = true;
+  json::Array matrix, cases, failed;
   for (const RowVerdict& r : rows) {
     if (r.required) matrix.push_back(r.name);
-    Value c = Value::object();
-    c["name"] = r.name;
-    c["required"] = r.required;
-    c["status"] = r.status;
-    c["passed"] = r.passed();
-    Value errors = Value::array();
-    for (const std::string& e : r.errors) errors.push_back(e);
-    c["errors"] = std::move(errors);
-    c["evidence"] = r.evidence;
-    cases.push_back(std::move(c));
-    if (r.required && !r.passed()) {
-      failed.push_back(r.name);
-      all = false;
-    }
+    if (r.required && !r.passed()) failed.push_back(r.name);
+    cases.push_back(json::Object{{"name", r.name},
+                                 {"required", r.required},
+                                 {"status", r.status},
+                                 {"passed", r.passed()},
+                                 {"errors", json::Array(r.errors.begin(), r.errors.end())},
+                                 {"evidence", r.evidence}});
   }
   // Manifest mode executes nothing, so it can never pass.
-  all = all && mode == "run";
-  v["required_matrix"] = std::move(matrix);
-  v["cases"] = std::move(cases);
-  v["failed_required_cases"] = std::move(failed);
-  v["passed"] = all;
-  v["status"] = all ? "passed" : "failed";
-  return v;
+  const bool passed = failed.empty() && mode == "run";
+  return json::Object{{"schema_version", kAcceptanceSchema},
+                      {"issue", 235},
+                      {"created_at_utc", created_at},
+                      {"mode", mode},
+                      {"runtime", runtime},
+                      {"thresholds", thresholds_json(t)},
+                      {"required_matrix", std::move(matrix)},
+                      {"cases", std::move(cases)},
+                      {"failed_required_cases", std::move(failed)},
+                      {"passed", passed},
+                      {"status", passed ? "passed" : "failed"}};
 }
 
 }  // namespace cpd

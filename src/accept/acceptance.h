@@ -55,8 +55,8 @@ std::vector<AcceptanceRow> required_matrix();
 struct RowVerdict {
   std::string name;
   bool required = true;
-  std::string status;  // passed, failed, not_run, unavailable, execution_error, invalid_report
-  std::vector<std::string> errors;
+  std::string status{};  // passed, failed, not_run, unavailable, execution_error, invalid_report
+  std::vector<std::string> errors{};
   json::Value evidence = json::Value::object();
 
   bool passed() const { return status == "passed"; }

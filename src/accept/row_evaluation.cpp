@@ -145,15 +145,13 @@ void check_plan_set(const Value& c, RowVerdict& v) {
 }
 
 void check_transport(const Value& c, int processes, RowVerdict& v) {
-  const Value* p2p = at_path(c, "distributed_p2p_reference");
-  const Value* status = p2p ? at_path(*p2p, "status") : nullptr;
-  if (!is(status, "available")) {
+  if (!is(at_path(c, "distributed_p2p_reference.status"), "available")) {
     v.errors.push_back(
         "emulated transport: no real distributed run (distributed_p2p_reference not available)");
     return;
   }
-  const Value* transport = at_path(*p2p, "transport");
-  const Value* used = at_path(*p2p, "processes_used");
+  const Value* transport = at_path(c, "distributed_p2p_reference.transport");
+  const Value* used = at_path(c, "distributed_p2p_reference.processes_used");
   if (!is(transport, "mpi") && !is(transport, "nccl") && !is(transport, "cuda_ipc"))
     v.errors.push_back("emulated transport: " +
                        (transport ? json::to_string(*transport, false) : "none"));
@@ -295,23 +293,19 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thr
   RowVerdict v = row_verdict(row);
   v.evidence["report"] = report_path.empty() ? Value(nullptr) : Value(report_path);
   v.evidence["metrics"] = Value::object();
-  if (row.kind == AcceptanceRow::Kind::not_yet_available) {
-    v.status = "unavailable";
-    v.errors.push_back(row.unavailable_reason);
+  const auto concluded = [&](const char* status, const std::string& why) {
+    v.status = status;
+    v.errors.push_back(why);
     return v;
-  }
+  };
+  if (row.kind == AcceptanceRow::Kind::not_yet_available)
+    return concluded("unavailable", row.unavailable_reason);
   if (world_size < row.processes) {
-    v.status = "unavailable";
-    v.errors.push_back("needs " + std::to_string(row.processes) +
-                       " processes (one per logical rank); the job has " +
-                       std::to_string(world_size));
-    return v;
+    return concluded("unavailable", "needs " + std::to_string(row.processes) +
+                                        " processes (one per logical rank); the job has " +
+                                        std::to_string(world_size));
   }
-  if (report.is_null()) {
-    v.status = "not_run";
-    v.errors.push_back("nothing was executed");
-    return v;
-  }
+  if (report.is_null()) return concluded("not_run", "nothing was executed");
   if (row.kind == AcceptanceRow::Kind::rollout_pair) {
     evaluate_pair(report, row.cases.at(0), row.cases.at(1), v);
     v.status = v.errors.empty() ? "passed" : "failed";
@@ -322,11 +316,7 @@ RowVerdict evaluate_row(const AcceptanceRow& row, const Value& report, const Thr
   std::vector<const Value*> found;
   for (const std::string& name : row.cases) {
     const Value* c = find_case(report, paged ? "paged_cases" : "cases", name);
-    if (c == nullptr) {
-      v.status = "not_run";
-      v.errors.push_back("case " + name + " is not in the report");
-      return v;
-    }
+    if (c == nullptr) return concluded("not_run", "case " + name + " is not in the report");
     found.push_back(c);
   }
   for (std::size_t i = 0; i < found.size(); ++i) {

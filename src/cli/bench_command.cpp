@@ -2,30 +2,25 @@
 // paths against PyTorch's SDPA) on the causal Qwen3 problem.
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 
+#include "cli/bench_baselines.h"
 #include "cli/commands.h"
-#include "cli/eager_baseline.h"
 #include "cli/kernel_timing.h"
-#include "cli/torch_sdpa.h"
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "core/util/work_timers.h"
-#include "cpdrift/attention_backward_math.h"
 #include "engine/case_runner.h"
 #include "engine/local_run.h"
 #include "engine/paged/paged_cache.h"
 #include "engine/run_session.h"
 #include "kernels/attention_backend.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/attention_backward.h"
-#include "kernels/cpu/inputs.h"
 #include "kernels/cpu/simd_info.h"
 #include "report/run_recorder.h"
 
@@ -40,6 +35,7 @@ void print_row(const char* name, const std::vector<double>& times, double flops,
   const double rate = flops / times.front();
   std::printf("  %-26s %10.3f %10.3f %12.1f %8.0f%%%s\n", name, times.front(),
               times[times.size() / 2], rate * 1e-9, 100.0 * rate / peak, note);
+  std::fflush(stdout);
 }
 
 // The inputs' K and V in a paged cache of `page_size`, physical pages shuffled.
@@ -127,8 +123,8 @@ void eager_row(const Problem& p, const Inputs& in, const AttnShard& reference,
                 "   max |out - fp32_reference| %.1e; fp32_reference is %.2fx faster", worst,
                 times.front() / reference_seconds);
   print_row("eager_openblas (S*S scores)", times, flops, peak, note);
-  std::printf("  %-26s %s, %s; %s\n", "  (OpenBLAS)", eager->corename().c_str(),
-              eager->core_choice().c_str(), eager->config().c_str());
+  std::printf("  %-26s %s, %s; %s\n", "  (OpenBLAS)", eager->corename.c_str(),
+              eager->core_choice.c_str(), eager->config.c_str());
   std::fflush(stdout);
 }
 
@@ -137,11 +133,7 @@ struct CaseCost {
   double total = 0;
   std::array<double, kWorkKindNames.size()> work{};
   double seconds(WorkKind k) const { return work[static_cast<std::size_t>(k)]; }
-  double outside_timers() const {
-    double timed = 0;
-    for (const double s : work) timed += s;
-    return total - timed;
-  }
+  double outside_timers() const { return total - std::accumulate(work.begin(), work.end(), 0.0); }
 };
 
 // A fresh LocalRun each time: no CP=1 result or input is served from an earlier run's memo.
@@ -257,44 +249,35 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
     std::printf("  %-26s %10.3f\n", "  (input generation)", seconds_since(t));
     return in;
   };
-  const auto timed_forward = [&](const Inputs& in, ProbRounding rounding, AttnShard& out,
-                                 const PagedKvCache* cache = nullptr) {
-    return times_of(o.repeats, [&] {
-      double seconds = 0;
-      out = forward(p, in, rounding, pool, seconds, cache);
-      return seconds;
-    });
-  };
   const Inputs fp32 = generated(InputPrecision::fp32);
   AttnShard reference;
-  const std::vector<double> reference_times = timed_forward(fp32, ProbRounding::none, reference);
+  const std::vector<double> reference_times =
+      time_forward(p, fp32, ProbRounding::none, o.repeats, pool, reference);
   print_row("fp32_reference", reference_times, flops, peak);
-  std::fflush(stdout);
   eager_row(p, fp32, reference, reference_times.front(), o.repeats, threads, flops, peak, pool);
   {
     const Inputs bf16 = generated(InputPrecision::bf16);
     AttnShard out;
-    print_row("bf16_kernel_emulated", timed_forward(bf16, ProbRounding::bf16, out), flops, peak);
-    std::fflush(stdout);
+    print_row("bf16_kernel_emulated",
+              time_forward(p, bf16, ProbRounding::bf16, o.repeats, pool, out), flops, peak);
   }
   {
     // The same FP32 forward reading K/V in place from a paged cache (pages of 16, shuffled):
     // what paging costs the kernel, and whether the bits moved (they must not).
     const PagedKvCache cache = paged_copy(p, fp32, 16);
     AttnShard paged;
-    const std::vector<double> times = timed_forward(fp32, ProbRounding::none, paged, &cache);
+    const std::vector<double> times =
+        time_forward(p, fp32, ProbRounding::none, o.repeats, pool, paged, &cache);
     const auto same = [](const Shard& a, const Shard& b) {
       return std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
     };
     const bool equal = same(paged.out, reference.out) && same(paged.lse, reference.lse);
     print_row("fp32_reference_paged16", times, flops, peak,
               equal ? "   bits == contiguous" : "   bits != contiguous");
-    std::fflush(stdout);
   }
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
             2.5 * flops, peak);
-  std::fflush(stdout);
   whole_case(p, pool);
   return kExitOk;
 }

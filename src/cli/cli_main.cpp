@@ -1,7 +1,5 @@
 // The command line, parsed, agreed on and dispatched; every way a command can fail ends here
 // as one line and an exit status (docs/reliability.md).
-#include "cli/cli_main.h"
-
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -18,6 +16,15 @@ namespace cpd {
 int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
   const std::vector<std::string> args(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
   const bool root = comm.rank() == 0;
+  // A failure on this process alone: it says so (`who` names it, or the message does) and takes
+  // the whole job down with it. Nothing allocates on the way: it may be out of memory.
+  char rank[32];
+  std::snprintf(rank, sizeof rank, "rank %d: ", comm.rank());
+  const auto failed_alone = [&](const char* who, const char* what) {
+    std::fprintf(stderr, "cpdrift: error: %s%s\n", who, what);
+    if (comm.size() > 1) comm.abort(kExitRuntime);
+    return kExitRuntime;
+  };
   try {
     // Every process must reach the same verdict on the same arguments, or none can proceed.
     CommandLine cl;
@@ -57,23 +64,14 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
     if (root) std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
     return kExitRuntime;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "cpdrift: error: rank %d: out of memory: this problem does not fit the process's "
-                 "memory; spread it over more processes (mpirun -np N), or lower --seq-len, "
-                 "--batch or the case list\n",
-                 comm.rank());
-    if (comm.size() > 1) comm.abort(kExitRuntime);
-    return kExitRuntime;
+    return failed_alone(rank,
+                        "out of memory: this problem does not fit the process's memory; spread it "
+                        "over more processes (mpirun -np N), or lower --seq-len, --batch or the "
+                        "case list");
   } catch (const LibraryError& e) {
-    // A library call failed here: the message names the host, rank and call already.
-    std::fprintf(stderr, "cpdrift: error: %s\n", e.what());
-    if (comm.size() > 1) comm.abort(kExitRuntime);
-    return kExitRuntime;
+    return failed_alone("", e.what());  // it names the host, rank and call already
   } catch (const std::exception& e) {
-    // A failure on this process alone: say so and take the whole job down with it.
-    std::fprintf(stderr, "cpdrift: error: rank %d: %s\n", comm.rank(), e.what());
-    if (comm.size() > 1) comm.abort(kExitRuntime);
-    return kExitRuntime;
+    return failed_alone(rank, e.what());
   }
   return kExitOk;
 }

@@ -1,5 +1,10 @@
-// The subcommands main() dispatches to. Each returns the process's exit status.
+// The command line's entry (what main() calls once MPI is up), the subcommands it dispatches
+// to, each returning the process's exit status, and the run's table.
 #pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli/options.h"
 #include "comm/comm_context.h"
@@ -7,6 +12,12 @@
 #include "report/run_report.h"
 
 namespace cpd {
+
+/// Runs `argv` (the program's name first) on this process of `comm` and returns its exit
+/// status: a usage error is one line from rank 0 and status 2 on every process; a failure on
+/// one process alone is its own line and, in a job of several, MPI_Abort. Collective. Tests
+/// call it in-process to run many invocations in one job.
+int cli_main(const std::vector<std::string>& argv, const CommContext& comm);
 
 /// `cpdrift [run]`: runs every case, writes the report (and dump), prints the table; returns
 /// the report (its statistics on every process, its digests on rank 0; passed() alike on all).
@@ -40,5 +51,14 @@ int compare_command(const CompareOptions& options, const CommContext& comm,
 
 /// `cpdrift bench`: the kernels' throughput (CPU FP32 and BF16-emulated, or the GPU paths).
 int bench_command(const BenchOptions& options, const CommContext& comm);
+
+/// Rank 0's table of a run (design §6): a `#` header, one row per case as it completes, then
+/// the sections after the case rows (the dlogp leg's RL metrics, the production lanes, the
+/// paged cases, the trainer-vs-rollout pairs; each only when it ran), the legend, the failed
+/// checks, wall time and peak memory, and `# Drift check : OK` or `FAILED`.
+void print_header(std::FILE* out, const RunReport& report, std::size_t case_count,
+                  std::size_t paged_count);
+void print_case_row(std::FILE* out, const CaseResult& c);
+void print_footer(std::FILE* out, const RunReport& report);
 
 }  // namespace cpd

@@ -86,41 +86,22 @@ double parse_number(const std::string& flag, const std::string& text, const Numb
 
 std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
   std::vector<std::string> items;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
-    items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+    comma = text.find(',', start);
+    items.push_back(text.substr(start, comma - start));  // to the end when there is no comma
+    if (items.back().empty()) bad(flag + ": malformed list '" + text + "' (empty item)");
   }
   return items;
 }
 
-std::vector<int> parse_int_list(const std::string& flag, const std::string& text, int min, int max,
-                                const std::string& why) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<int> values;
-  for (const std::string& item : items) values.push_back(parse_int<int>(flag, item, min, max, why));
-  refuse_repeats(flag, values, items);
-  return values;
-}
-
 std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
                                                       const std::string& text) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<std::optional<std::int64_t>> values;
-  for (const std::string& item : items) {
-    if (item == "none" || item == "full" || item == "no_split") {
-      values.emplace_back(std::nullopt);
-    } else {
-      values.emplace_back(parse_int<std::int64_t>(flag + " (split size)", item, 1));
-    }
-  }
-  refuse_repeats(flag, values, items);  // none, full and no_split are one item
-  return values;
+  // none, full and no_split are one item
+  return parse_list<std::optional<std::int64_t>>(flag, text, [&](const std::string& item) {
+    if (item == "none" || item == "full" || item == "no_split")
+      return std::optional<std::int64_t>();
+    return std::optional(parse_int<std::int64_t>(flag + " (split size)", item, 1));
+  });
 }
 
 FaultSpec parse_fault(const std::string& flag, const std::string& text) {
@@ -143,7 +124,14 @@ void FlagReader::path(const std::string& name, std::string& slot) {
   });
 }
 
-void FlagReader::read(const std::vector<std::string>& args, std::size_t first) const {
+std::string FlagReader::first_given(std::initializer_list<const char*> names) const {
+  for (const std::string& flag : given_) {
+    if (std::find(names.begin(), names.end(), flag) != names.end()) return flag;
+  }
+  return "";
+}
+
+void FlagReader::read(const std::vector<std::string>& args, std::size_t first) {
   for (std::size_t i = first; i < args.size(); ++i) {
     std::string flag = args[i], inline_value;
     bool has_inline = false;
@@ -156,9 +144,11 @@ void FlagReader::read(const std::vector<std::string>& args, std::size_t first) c
     if (const auto t = toggles_.find(flag); t != toggles_.end()) {
       if (has_inline) bad(flag + " takes no value");
       t->second();
+      given_.push_back(flag);
     } else if (const auto v = values_.find(flag); v != values_.end()) {
       if (!has_inline && i + 1 >= args.size()) bad(flag + ": missing value");
       v->second(flag, has_inline ? inline_value : args[++i]);
+      given_.push_back(flag);
     } else if (positional_ && !args[i].empty() && args[i][0] != '-') {
       positional_(args[i]);
     } else {

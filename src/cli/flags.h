@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <optional>
@@ -42,11 +43,6 @@ double parse_number(const std::string& flag, const std::string& text, const Numb
 /// The items of a comma list; an empty item is refused.
 std::vector<std::string> split_list(const std::string& flag, const std::string& text);
 
-/// A comma list of integers within [min, max], each once.
-std::vector<int> parse_int_list(const std::string& flag, const std::string& text, int min,
-                                int max = std::numeric_limits<int>::max(),
-                                const std::string& why = "");
-
 /// --kv-chunk-sizes: split sizes of at least 1, or none/full/no_split (disabled), each once.
 std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
                                                       const std::string& text);
@@ -54,16 +50,20 @@ std::vector<std::optional<std::int64_t>> parse_splits(const std::string& flag,
 /// --inject-fault KIND@RANK[:WHEN].
 FaultSpec parse_fault(const std::string& flag, const std::string& text);
 
-/// A list item given twice would run (or name) the same thing twice: refused, with the item.
-template <class T>
-void refuse_repeats(const std::string& flag, const std::vector<T>& values,
-                    const std::vector<std::string>& items) {
+/// A comma list, each item read by `parse`. An item given twice would run (or name) the same
+/// thing twice: refused, with the item, once every item has been read.
+template <class T, class Parse>
+std::vector<T> parse_list(const std::string& flag, const std::string& text, Parse parse) {
+  const std::vector<std::string> items = split_list(flag, text);
+  std::vector<T> values;
+  for (const std::string& item : items) values.push_back(parse(item));
   for (std::size_t i = 0; i < values.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
       if (values[i] == values[j])
         bad(flag + ": '" + items[i] + "' repeats '" + items[j] + "' (each item once)");
     }
   }
+  return values;
 }
 
 /// One name from an enum's table (the spellings to_string prints); an unknown name is refused
@@ -79,17 +79,6 @@ T parse_name(const std::string& flag, const std::string& item, const char* what,
   bad(flag + ": unknown " + what + " '" + item + "' (" + known + ")");
 }
 
-/// A comma list of names, each once.
-template <class T, std::size_t N>
-std::vector<T> parse_names(const std::string& flag, const std::string& text, const char* what,
-                           const EnumName<T> (&table)[N]) {
-  const std::vector<std::string> items = split_list(flag, text);
-  std::vector<T> out;
-  for (const std::string& item : items) out.push_back(parse_name(flag, item, what, table));
-  refuse_repeats(flag, out, items);
-  return out;
-}
-
 /// Walks argv, handing each flag's value (from `--flag value` or `--flag=value`) to its setter.
 class FlagReader {
  public:
@@ -99,16 +88,58 @@ class FlagReader {
   void toggle(const std::string& name, std::function<void()> s) { toggles_[name] = std::move(s); }
   /// A file's path, into `slot`; an empty one is refused.
   void path(const std::string& name, std::string& slot);
+  /// An integer of `Int` within [min, max] (parse_int), into `slot`; with `integers`, a comma
+  /// list of them (parse_list).
+  template <class Int, class Slot>
+  void integer(const std::string& name, Slot& slot, Int min,
+               Int max = std::numeric_limits<Int>::max(), const std::string& why = "") {
+    value(name, [&slot, min, max, why](const std::string& f, const std::string& v) {
+      slot = parse_int<Int>(f, v, min, max, why);
+    });
+  }
+  void integers(const std::string& name, std::vector<int>& slot, int min,
+                int max = std::numeric_limits<int>::max(), const std::string& why = "") {
+    value(name, [&slot, min, max, why](const std::string& f, const std::string& v) {
+      slot = parse_list<int>(
+          f, v, [&](const std::string& item) { return parse_int<int>(f, item, min, max, why); });
+    });
+  }
+  /// A finite number within `range` (parse_number), into `slot`.
+  template <class Slot>
+  void number(const std::string& name, Slot& slot, const NumberRange& range) {
+    value(name, [&slot, range](const std::string& f, const std::string& v) {
+      slot = parse_number(f, v, range);
+    });
+  }
+  /// One name of `table` (parse_name), or a comma list of them (parse_list).
+  template <class T, std::size_t N>
+  void name(const std::string& flag, T& slot, const char* what, const EnumName<T> (&table)[N]) {
+    value(flag, [&slot, what, &table](const std::string& f, const std::string& v) {
+      slot = parse_name(f, v, what, table);
+    });
+  }
+  template <class T, std::size_t N>
+  void names(const std::string& flag, std::vector<T>& slot, const char* what,
+             const EnumName<T> (&table)[N]) {
+    value(flag, [&slot, what, &table](const std::string& f, const std::string& v) {
+      slot = parse_list<T>(
+          f, v, [&](const std::string& item) { return parse_name(f, item, what, table); });
+    });
+  }
   /// Where arguments that are not flags go (a command's files); without it they are refused.
   void positional(std::function<void(const std::string&)> take) { positional_ = std::move(take); }
 
   /// Reads args[first..]; an unknown flag, a missing value or a stray argument is refused.
-  void read(const std::vector<std::string>& args, std::size_t first) const;
+  void read(const std::vector<std::string>& args, std::size_t first);
+  /// The first of `names` that the arguments read gave, in their order; "" when none.
+  std::string first_given(std::initializer_list<const char*> names) const;
+  bool given(const char* name) const { return !first_given({name}).empty(); }
 
  private:
   std::map<std::string, Setter> values_;
   std::map<std::string, std::function<void()>> toggles_;
   std::function<void(const std::string&)> positional_;
+  std::vector<std::string> given_;  // the flags read, in order
 };
 
 }  // namespace cpd

@@ -1,6 +1,7 @@
-#include "cli/human_output.h"
-
+// Rank 0's human-readable table of a run (design §6).
 #include <algorithm>
+
+#include "cli/commands.h"
 
 namespace cpd {
 namespace {
@@ -41,6 +42,155 @@ std::string padded(std::string s, std::size_t width) {
 std::string trimmed(std::string s) {
   s.erase(s.find_last_not_of(' ') + 1);
   return s;
+}
+
+// "17.4%": the share of the compared elements whose bits differ.
+std::string differing(const DiffStats& s) {
+  const double share = static_cast<double>(s.mismatch_count) /
+                       static_cast<double>(std::max<std::uint64_t>(s.active_count, 1));
+  char text[16];
+  std::snprintf(text, sizeof text, "%.1f%%", share * 100.0);
+  return text;
+}
+
+// The paged cases' section: a header, then one row per case.
+void print_paged_rows(std::FILE* out, const RunReport& r) {
+  if (r.paged_cases.empty()) return;
+  const PagedWorkload& w = r.paged_cases.front().workload;
+  std::fprintf(
+      out,
+      "#\n# paged (rollout side, TP=1): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
+      "shared prompt %lld tokens (%d page%s cached once)\n",
+      w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
+      static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
+      static_cast<long long>(shared_prompt_len(r.problem)), w.prefix_pages(),
+      w.prefix_pages() == 1 ? "" : "s");
+  std::fprintf(out, "# %-52s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
+               "fp32 split/merge", "", "time");
+  std::fprintf(out, "# %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
+               "out", "lse", "invariances", "(s)");
+  for (const PagedCaseResult& c : r.paged_cases) {
+    int applicable = 0, equal = 0;
+    std::string failed;  // the first applicable invariance whose bits differ
+    for (const Invariance& inv : c.invariances) {
+      applicable += inv.applicable ? 1 : 0;
+      equal += inv.applicable && inv.bitwise_equal() ? 1 : 0;
+      if (inv.applicable && !inv.bitwise_equal() && failed.empty()) failed = inv.name;
+    }
+    const std::string counts = std::to_string(equal) + "/" + std::to_string(applicable);
+    const std::string cell = !invariances_required(c.spec) ? "diagnostic " + counts
+                             : failed.empty()              ? counts + " bitwise"
+                                                           : "FAILED " + failed;
+    std::fprintf(out, "  %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8.2f\n", c.name.c_str(),
+                 sci(c.candidate.out).c_str(), sci(c.candidate.lse).c_str(), sci(c.dlogp).c_str(),
+                 sci(c.fp32.out).c_str(), sci(c.fp32.lse).c_str(), cell.c_str(), c.seconds);
+  }
+}
+
+// The dlogp leg's RL metrics, one row per case that ran it (nothing when none did).
+void print_rl_rows(std::FILE* out, const RunReport& r) {
+  bool any = false;
+  for (const CaseResult& c : r.cases) any = any || (c.dlogp.available && c.dlogp.rl.tokens > 0);
+  if (!any) return;
+  std::fprintf(out,
+               "#\n# each case's selected-token logprobs against its reference, the figures RL "
+               "frameworks log (Δ = train - rollout:\n# the case's output as written vs the FP32 "
+               "CP=1 reference cast alike; ρ = exp Δ; KL(rollout ‖ train))\n");
+  // Δ and ρ take two bytes each, and printf pads bytes: their columns get one more.
+  std::fprintf(out, "# %-46s %-10s %-10s %-10s %-9s %-9s %-9s %-9s %s\n", "case", "|Δ| mean",
+               "|Δ| p99", "|Δ| max", "ρ min", "ρ max", "k3 KL", "exact KL", "first divergent");
+  for (const CaseResult& c : r.cases) {
+    if (!c.dlogp.available) continue;
+    const RlMetrics& m = c.dlogp.rl;
+    char first[64] = "none (bitwise)";
+    if (m.diverged) {
+      std::snprintf(first, sizeof first, "seq %d pos %lld", m.first_divergent.sequence,
+                    static_cast<long long>(m.first_divergent.position));
+    }
+    std::fprintf(out, "  %-46s %-9.2e %-9.2e %-9.2e %-8.5f %-8.5f %-9.2e %-9.2e %s\n",
+                 c.name.c_str(), m.abs_mean, m.abs_p99, m.abs_max, m.ratio_min, m.ratio_max,
+                 m.k3_mean, m.kl_exact_mean, first);
+  }
+}
+
+// The trainer-vs-rollout block: one line per (prefill case, paged case) pair.
+void print_pair_rows(std::FILE* out, const RunReport& r) {
+  if (r.rollout_pairs.empty()) return;
+  std::fprintf(out,
+               "#\n# trainer vs rollout: each prefill case against each paged case at the %llu "
+               "decoded tokens (Δ = train - rollout)\n",
+               static_cast<unsigned long long>(r.rollout_pairs.front().tokens));
+  std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge", "rollout",
+               "out", "lse", "|Δ| max", "exact KL", "bits");
+  for (const RolloutPair& p : r.rollout_pairs) {
+    std::string bits;
+    if (p.diagnostic) {
+      bits = "diagnostic (split-KV auto)";
+    } else if (p.trainer_merge != "canonical") {
+      bits = p.bitwise_equal() ? "equal (the stack's merge)" : "drift (the stack's merge)";
+    } else if (p.aligned) {
+      bits = p.bitwise_equal() ? "bitwise (aligned)" : "FAILED: aligned, bits differ";
+    } else {
+      bits = p.bitwise_equal() ? "equal (not aligned)" : "drift (blocks differ)";
+    }
+    std::fprintf(out, "  %-40s %-10s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
+                 p.trainer_merge.c_str(), p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(),
+                 p.rl.abs_max, p.rl.kl_exact_mean, bits.c_str());
+  }
+}
+
+// The te_p2p lane's backward (--include-lane-backward), beside the canonical gradients' BF16
+// write: max |Δ| vs the FP32 CP=1 reference and the share of bits that differ from canonical.
+void print_lane_backward_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || !r.cases.front().backward.te_p2p) return;
+  std::fprintf(out,
+               "#\n# te_p2p backward, emulated: max |Δ| vs FP32 CP=1 of the canonical BF16 write "
+               "and the lane (its gradients written\n# and summed in BF16 across ring steps; the "
+               "share of bits that differ from the canonical write)\n");
+  std::fprintf(out, "# %-46s %-28s %-28s %s\n", "case", "dq canon  te_p2p", "dk canon  te_p2p",
+               "dv canon  te_p2p");
+  for (const CaseResult& c : r.cases) {
+    if (!c.backward.te_p2p) continue;
+    const BackwardDrift& b = c.backward;
+    const BackwardDrift::Lane& l = *b.te_p2p;
+    std::string row = "  " + padded(c.name, 46);
+    // Per gradient: the canonical BF16 write, the lane's, and the lane against canonical.
+    const DiffStats* grads[][3] = {{&b.bf16_dq, &l.dq, &l.canonical_dq},
+                                   {&b.bf16_dk, &l.dk, &l.canonical_dk},
+                                   {&b.bf16_dv, &l.dv, &l.canonical_dv}};
+    for (const auto& g : grads) {
+      char cell[64];
+      std::snprintf(cell, sizeof cell, " %-9.3e %-9.3e %-7s", g[0]->max_abs, g[1]->max_abs,
+                    differing(*g[2]).c_str());
+      row += cell;
+    }
+    std::fprintf(out, "%s\n", trimmed(row).c_str());
+  }
+}
+
+// The production lanes' block: per prefill case, each lane's drift and its bits vs canonical.
+void print_lane_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || r.cases.front().lanes.empty()) return;
+  std::fprintf(out,
+               "#\n# production stacks, emulated: the BF16-kernel states merged as each stack "
+               "does (mean |Δout| vs FP32 CP=1;\n# the share of output bits that differ from "
+               "the canonical grid's merge of the same states)\n");
+  std::string head = "# " + padded("case", 46) + " " + padded("canonical", 10);
+  for (const LaneDrift& l : r.cases.front().lanes) head += " " + padded(to_string(l.lane), 19);
+  std::fprintf(out, "%s\n", trimmed(head).c_str());
+  for (const CaseResult& c : r.cases) {
+    char cell[64];
+    std::snprintf(cell, sizeof cell, "%-10.3e", c.bf16_kernel.out.mean_abs);
+    std::string row = "  " + padded(c.name, 46) + " " + cell;
+    for (const LaneDrift& l : c.lanes) {
+      const bool same = l.vs_canonical.bitwise_equal();
+      std::snprintf(cell, sizeof cell, " %-9.3e %-9s", l.vs_reference.out.mean_abs,
+                    same ? "= canon" : differing(l.vs_canonical.out).c_str());
+      row += cell;
+    }
+    std::fprintf(out, "%s\n", trimmed(row).c_str());
+  }
+  print_lane_backward_rows(out, r);
 }
 
 }  // namespace
@@ -107,172 +257,6 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
                c.seconds);
   std::fflush(out);
 }
-
-namespace {
-
-// The paged cases' section: a header, then one row per case.
-void print_paged_rows(std::FILE* out, const RunReport& r) {
-  if (r.paged_cases.empty()) return;
-  const PagedWorkload& w = r.paged_cases.front().workload;
-  std::fprintf(
-      out,
-      "#\n# paged (rollout side, TP=1): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
-      "shared prompt %lld tokens (%d page%s cached once)\n",
-      w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
-      static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
-      static_cast<long long>(shared_prompt_len(r.problem)), w.prefix_pages(),
-      w.prefix_pages() == 1 ? "" : "s");
-  std::fprintf(out, "# %-52s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",
-               "fp32 split/merge", "", "time");
-  std::fprintf(out, "# %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8s\n", "case", "out", "lse", "dlogp",
-               "out", "lse", "invariances", "(s)");
-  for (const PagedCaseResult& c : r.paged_cases) {
-    int applicable = 0, equal = 0;
-    std::string first_failure;
-    for (const Invariance& inv : c.invariances) {
-      if (!inv.applicable) continue;
-      ++applicable;
-      if (inv.bitwise_equal()) {
-        ++equal;
-      } else if (first_failure.empty()) {
-        first_failure = inv.name;
-      }
-    }
-    std::string cell = std::to_string(equal) + "/" + std::to_string(applicable) + " bitwise";
-    if (!invariances_required(c.spec))
-      cell = "diagnostic " + std::to_string(equal) + "/" + std::to_string(applicable);
-    else if (!first_failure.empty())
-      cell = "FAILED " + first_failure;
-    std::fprintf(out, "  %-52s %-9s %-9s %-9s %-9s %-9s %-22s %8.2f\n", c.name.c_str(),
-                 sci(c.candidate.out).c_str(), sci(c.candidate.lse).c_str(), sci(c.dlogp).c_str(),
-                 sci(c.fp32.out).c_str(), sci(c.fp32.lse).c_str(), cell.c_str(), c.seconds);
-  }
-  std::fflush(out);
-}
-
-// The dlogp leg's RL metrics, one row per case that ran it (nothing when none did).
-void print_rl_rows(std::FILE* out, const RunReport& r) {
-  bool any = false;
-  for (const CaseResult& c : r.cases) any = any || (c.dlogp.available && c.dlogp.rl.tokens > 0);
-  if (!any) return;
-  std::fprintf(out,
-               "#\n# each case's selected-token logprobs against its reference, the figures RL "
-               "frameworks log (Δ = train - rollout:\n# the case's output as written vs the FP32 "
-               "CP=1 reference cast alike; ρ = exp Δ; KL(rollout ‖ train))\n");
-  // Δ and ρ take two bytes each, and printf pads bytes: their columns get one more.
-  std::fprintf(out, "# %-46s %-10s %-10s %-10s %-9s %-9s %-9s %-9s %s\n", "case", "|Δ| mean",
-               "|Δ| p99", "|Δ| max", "ρ min", "ρ max", "k3 KL", "exact KL", "first divergent");
-  for (const CaseResult& c : r.cases) {
-    if (!c.dlogp.available) continue;
-    const RlMetrics& m = c.dlogp.rl;
-    char first[64] = "none (bitwise)";
-    if (m.diverged) {
-      std::snprintf(first, sizeof first, "seq %d pos %lld", m.first_divergent.sequence,
-                    static_cast<long long>(m.first_divergent.position));
-    }
-    std::fprintf(out, "  %-46s %-9.2e %-9.2e %-9.2e %-8.5f %-8.5f %-9.2e %-9.2e %s\n",
-                 c.name.c_str(), m.abs_mean, m.abs_p99, m.abs_max, m.ratio_min, m.ratio_max,
-                 m.k3_mean, m.kl_exact_mean, first);
-  }
-  std::fflush(out);
-}
-
-// The trainer-vs-rollout block: one line per (prefill case, paged case) pair.
-void print_pair_rows(std::FILE* out, const RunReport& r) {
-  if (r.rollout_pairs.empty()) return;
-  std::fprintf(out,
-               "#\n# trainer vs rollout: each prefill case against each paged case at the %llu "
-               "decoded tokens (Δ = train - rollout)\n",
-               static_cast<unsigned long long>(r.rollout_pairs.front().tokens));
-  std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge", "rollout",
-               "out", "lse", "|Δ| max", "exact KL", "bits");
-  for (const RolloutPair& p : r.rollout_pairs) {
-    std::string bits;
-    if (p.diagnostic) {
-      bits = "diagnostic (split-KV auto)";
-    } else if (p.trainer_merge != "canonical") {
-      bits = p.bitwise_equal() ? "equal (the stack's merge)" : "drift (the stack's merge)";
-    } else if (p.aligned) {
-      bits = p.bitwise_equal() ? "bitwise (aligned)" : "FAILED: aligned, bits differ";
-    } else {
-      bits = p.bitwise_equal() ? "equal (not aligned)" : "drift (blocks differ)";
-    }
-    std::fprintf(out, "  %-40s %-10s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
-                 p.trainer_merge.c_str(), p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(),
-                 p.rl.abs_max, p.rl.kl_exact_mean, bits.c_str());
-  }
-  std::fflush(out);
-}
-
-// The te_p2p lane's backward (--include-lane-backward), beside the canonical gradients' BF16
-// write: max |Δ| vs the FP32 CP=1 reference and the share of bits that differ from canonical.
-void print_lane_backward_rows(std::FILE* out, const RunReport& r) {
-  if (r.cases.empty() || !r.cases.front().backward.te_p2p) return;
-  std::fprintf(out,
-               "#\n# te_p2p backward, emulated: max |Δ| vs FP32 CP=1 of the canonical BF16 write "
-               "and the lane (its gradients written\n# and summed in BF16 across ring steps; the "
-               "share of bits that differ from the canonical write)\n");
-  std::fprintf(out, "%s\n",
-               trimmed("# " + padded("case", 46) + " " + padded("dq canon  te_p2p", 28) + " " +
-                       padded("dk canon  te_p2p", 28) + " dv canon  te_p2p")
-                   .c_str());
-  for (const CaseResult& c : r.cases) {
-    if (!c.backward.te_p2p) continue;
-    const BackwardDrift& b = c.backward;
-    const BackwardDrift::Lane& l = *b.te_p2p;
-    std::string row = "  " + padded(c.name, 46);
-    const std::pair<const DiffStats*, std::pair<const DiffStats*, const DiffStats*>> grads[] = {
-        {&b.bf16_dq, {&l.dq, &l.canonical_dq}},
-        {&b.bf16_dk, {&l.dk, &l.canonical_dk}},
-        {&b.bf16_dv, {&l.dv, &l.canonical_dv}}};
-    for (const auto& [canon, lane] : grads) {
-      const double share =
-          static_cast<double>(lane.second->mismatch_count) /
-          static_cast<double>(std::max<std::uint64_t>(lane.second->active_count, 1));
-      char percent[16], cell[64];
-      std::snprintf(percent, sizeof percent, "%.1f%%", share * 100.0);
-      std::snprintf(cell, sizeof cell, " %-9.3e %-9.3e %-7s", canon->max_abs, lane.first->max_abs,
-                    percent);
-      row += cell;
-    }
-    std::fprintf(out, "%s\n", trimmed(row).c_str());
-  }
-}
-
-// The production lanes' block: per prefill case, each lane's drift and its bits vs canonical.
-void print_lane_rows(std::FILE* out, const RunReport& r) {
-  if (r.cases.empty() || r.cases.front().lanes.empty()) return;
-  std::fprintf(out,
-               "#\n# production stacks, emulated: the BF16-kernel states merged as each stack "
-               "does (mean |Δout| vs FP32 CP=1;\n# the share of output bits that differ from "
-               "the canonical grid's merge of the same states)\n");
-  std::string head = "# " + padded("case", 46) + " " + padded("canonical", 10);
-  for (const LaneDrift& l : r.cases.front().lanes) head += " " + padded(to_string(l.lane), 19);
-  std::fprintf(out, "%s\n", trimmed(head).c_str());
-  for (const CaseResult& c : r.cases) {
-    char cell[64];
-    std::snprintf(cell, sizeof cell, "%-10.3e", c.bf16_kernel.out.mean_abs);
-    std::string row = "  " + padded(c.name, 46) + " " + cell;
-    for (const LaneDrift& l : c.lanes) {
-      const DiffStats& canon = l.vs_canonical.out;
-      const double share = static_cast<double>(canon.mismatch_count) /
-                           static_cast<double>(std::max<std::uint64_t>(canon.active_count, 1));
-      if (l.vs_canonical.bitwise_equal()) {
-        std::snprintf(cell, sizeof cell, " %-9.3e = canon  ", l.vs_reference.out.mean_abs);
-      } else {
-        char percent[16];
-        std::snprintf(percent, sizeof percent, "%.1f%%", share * 100.0);
-        std::snprintf(cell, sizeof cell, " %-9.3e %-9s", l.vs_reference.out.mean_abs, percent);
-      }
-      row += cell;
-    }
-    std::fprintf(out, "%s\n", trimmed(row).c_str());
-  }
-  print_lane_backward_rows(out, r);
-  std::fflush(out);
-}
-
-}  // namespace
 
 void print_footer(std::FILE* out, const RunReport& r) {
   print_rl_rows(out, r);

@@ -17,32 +17,31 @@ Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool)
                 generate_shard(p, TensorId::v, kvs, precision, pool)};
 }
 
-// One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
-// gets its time. With `cache`, K and V are read in place from its (shuffled) pages.
-AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
-                  double& seconds, const PagedKvCache* cache) {
+std::vector<double> time_forward(const Problem& p, const Inputs& in, ProbRounding rounding,
+                                 int repeats, ThreadPool& pool, AttnShard& out,
+                                 const PagedKvCache* cache) {
   const int group = p.dims.group_size();
-  AttnShard out{Shard(in.q.shape),
-                Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
   const std::vector<Range> grid{Range{0, p.seq_len}};
-  std::vector<FoldJob> jobs;
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.dims.num_q_heads; ++h) {
-      const auto [k, v] = cache != nullptr ? cache->rows(b, h / group)
-                                           : std::pair<KvRows, KvRows>{in.k.at(b, h / group, 0),
-                                                                       in.v.at(b, h / group, 0)};
-      jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, k, v, 0, grid, out.out.at(b, h, 0),
-                             out.lse.at(b, h, 0)});
+  return times_of(repeats, [&] {
+    out = AttnShard{Shard(in.q.shape),
+                    Shard(ShardShape{p.batch, in.q.shape.heads, in.q.shape.tokens, 1})};
+    std::vector<FoldJob> jobs;
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h = 0; h < p.dims.num_q_heads; ++h) {
+        const auto [k, v] = cache != nullptr ? cache->rows(b, h / group)
+                                             : std::pair<KvRows, KvRows>{in.k.at(b, h / group, 0),
+                                                                         in.v.at(b, h / group, 0)};
+        jobs.push_back(FoldJob{in.q.at(b, h, 0), 0, p.seq_len, k, v, 0, grid, out.out.at(b, h, 0),
+                               out.lse.at(b, h, 0)});
+      }
     }
-  }
-  const auto t = Clock::now();
-  run_fold_jobs(jobs, p.dims.head_dim, p.dims.softmax_scale(), rounding, pool);
-  seconds = seconds_since(t);
-  return out;
+    const auto t = Clock::now();
+    run_fold_jobs(jobs, p.dims.head_dim, p.dims.softmax_scale(), rounding, pool);
+    return seconds_since(t);
+  });
 }
 
-// Times of the CP=1 backward (one block pair [0, S) × [0, S) per head) from the forward's out
-// and lse, the reference backward's work; dO and Δ are prepared once.
+// dO and Δ are prepared once, outside the times.
 std::vector<double> time_backward(const Problem& p, const Inputs& in, const AttnShard& fwd,
                                   int repeats, ThreadPool& pool) {
   const int dim = p.dims.head_dim, group = p.dims.group_size();

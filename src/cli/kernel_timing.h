@@ -27,10 +27,12 @@ struct Inputs {
 /// The whole problem's q, k and v under `precision`.
 Inputs make_inputs(const Problem& p, InputPrecision precision, ThreadPool& pool);
 
-/// One CP=1 prefill forward (a single KV block [0, S)), the FP32 reference's work; `seconds`
-/// gets its time. With `cache`, K and V are read in place from its pages.
-AttnShard forward(const Problem& p, const Inputs& in, ProbRounding rounding, ThreadPool& pool,
-                  double& seconds, const PagedKvCache* cache = nullptr);
+/// Sorted seconds of `repeats` CP=1 prefill forwards (a single KV block [0, S)), the FP32
+/// reference's work, each into a fresh `out`. With `cache`, K and V are read in place from its
+/// pages.
+std::vector<double> time_forward(const Problem& p, const Inputs& in, ProbRounding rounding,
+                                 int repeats, ThreadPool& pool, AttnShard& out,
+                                 const PagedKvCache* cache = nullptr);
 
 /// Seconds of `repeats` runs of `run` (sorted); `run` returns its own time.
 template <class Run>

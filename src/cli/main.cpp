@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli_main.h"
+#include "cli/commands.h"
 #include "comm/comm_context.h"
 #include "core/errors.h"
 #include "core/util/temp_file_guard.h"
@@ -17,8 +17,7 @@
 int main(int argc, char** argv) {
   using namespace cpd;
   // Shards and partial states are large, short-lived buffers. glibc would hand each back to
-  // the kernel and take fresh zeroed pages next time (10% of a run went to page clearing);
-  // keeping them in the heap makes reuse free.
+  // the kernel and take fresh zeroed pages next time; keeping them in the heap makes reuse free.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // A file past `ulimit -f` fails its write with EFBIG and the writer says so, with the path,

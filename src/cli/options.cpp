@@ -26,56 +26,38 @@ std::string per_machine_why() {
   return "4 per CPU; this machine has " + std::to_string(per_machine_limit() / 4);
 }
 
-void add_problem_flags(FlagReader& r, Problem& p, bool& seq_len_given) {
+void add_problem_flags(FlagReader& r, Problem& p) {
   r.value("--model", [](const std::string& f, const std::string& v) {
     if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
   });
-  r.value("--batch", [&](const std::string& f, const std::string& v) {
-    p.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
-  });
-  r.value("--seq-len", [&](const std::string& f, const std::string& v) {
-    p.seq_len = parse_int<std::int64_t>(f, v, 1, kMaxSeqLen, kSeqLenWhy);
-    seq_len_given = true;
-  });
-  r.value("--seed", [&](const std::string& f, const std::string& v) {
-    p.seed = parse_int<std::uint64_t>(f, v, 0);
-  });
-  r.value("--dtype", [&](const std::string& f, const std::string& v) {
-    p.dtype = parse_name(f, v, "dtype", kDTypeNames);
-  });
+  r.integer("--batch", p.batch, 1, kMaxBatch, kBatchWhy);
+  r.integer<std::int64_t>("--seq-len", p.seq_len, 1, kMaxSeqLen, kSeqLenWhy);
+  r.integer<std::uint64_t>("--seed", p.seed, 0);
+  r.name("--dtype", p.dtype, "dtype", kDTypeNames);
   r.toggle("--no-rope", [&] { p.rope = false; });
-  r.value("--input-distribution", [&](const std::string& f, const std::string& v) {
-    p.distribution = parse_name(f, v, "input distribution", kInputDistributionNames);
-  });
+  r.name("--input-distribution", p.distribution, "input distribution", kInputDistributionNames);
 }
 
 // The flags every command takes: the problem and the worker threads.
-void add_common_flags(FlagReader& r, Problem& p, bool& seq_len_given, int& threads) {
-  add_problem_flags(r, p, seq_len_given);
-  r.value("--threads", [&](const std::string& f, const std::string& v) {
-    threads = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
-  });
+void add_common_flags(FlagReader& r, Problem& p, int& threads) {
+  add_problem_flags(r, p);
+  r.integer("--threads", threads, 1, per_machine_limit(), per_machine_why());
 }
 
 BenchOptions parse_bench(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   BenchOptions b;
   b.problem.seq_len = 4096;
-  add_common_flags(r, b.problem, b.seq_len_given, b.threads);
-  r.value("--repeats", [&](const std::string& f, const std::string& v) {
-    b.repeats = parse_int<int>(f, v, 1, 100, "a benchmark, not a soak");
-  });
-  r.value("--device", [&](const std::string& f, const std::string& v) {
-    b.device = parse_name(f, v, "device", kDeviceNames);
-  });
+  add_common_flags(r, b.problem, b.threads);
+  r.integer("--repeats", b.repeats, 1, 100, "a benchmark, not a soak");
+  r.name("--device", b.device, "device", kDeviceNames);
   r.read(args, first);
+  b.seq_len_given = r.given("--seq-len");
   return b;
 }
 
 void add_threshold_flags(FlagReader& r, Thresholds& t) {
   const auto threshold = [&](const char* flag, double& slot) {
-    r.value(flag, [&slot](const std::string& f, const std::string& v) {
-      slot = parse_number(f, v, {.min = 0, .above_min = true});
-    });
+    r.number(flag, slot, {.min = 0, .above_min = true});
   };
   threshold("--out-threshold", t.out_max_abs);
   threshold("--lse-threshold", t.lse_max_abs);
@@ -90,8 +72,7 @@ void add_threshold_flags(FlagReader& r, Thresholds& t) {
 void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size_t first,
                   const bool& help, AcceptOptions& a) {
   a.problem.batch = 2;  // two sequences: the paged rows' batch composition needs a batch
-  bool seq_len_given = false;
-  add_common_flags(r, a.problem, seq_len_given, a.threads);
+  add_common_flags(r, a.problem, a.threads);
   r.value("--mode", [&](const std::string& f, const std::string& v) {
     if (v != "manifest" && v != "run") bad(f + ": unknown mode '" + v + "' (manifest, run)");
     a.mode = v;
@@ -105,83 +86,41 @@ void parse_accept(FlagReader& r, const std::vector<std::string>& args, std::size
 }
 
 // The case matrix and the legs.
-void add_case_flags(FlagReader& r, RunOptions& o, bool& modes_given) {
-  RunRequest& q = o.request;
-  r.value("--tp-world-sizes", [&](const std::string& f, const std::string& v) {
-    q.tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads (plan_run)
-  });
-  r.value("--cp-world-sizes", [&](const std::string& f, const std::string& v) {
-    q.cp_sizes = parse_int_list(f, v, 1, 256, "GPUs sharing one sequence's context");
-  });
-  r.value("--kv-chunk-sizes", [&](const std::string& f, const std::string& v) {
-    q.splits = parse_splits(f, v);
-    o.splits_given = true;
-  });
-  r.value("--cp-layouts", [&](const std::string& f, const std::string& v) {
-    q.layouts = parse_names(f, v, "layout", kCpLayoutNames);
-  });
-  r.value("--protocols", [&](const std::string& f, const std::string& v) {
-    q.protocols = parse_names(f, v, "protocol", kProtocolNames);
-  });
-  r.value("--modes", [&](const std::string& f, const std::string& v) {
-    q.modes = parse_names(f, v, "mode", kRunModeNames);
-    modes_given = true;
-  });
+void add_case_flags(FlagReader& r, RunRequest& q) {
+  r.integers("--tp-world-sizes", q.tp_sizes, 1);  // each a divisor of the heads (plan_run)
+  r.integers("--cp-world-sizes", q.cp_sizes, 1, 256, "GPUs sharing one sequence's context");
+  r.value("--kv-chunk-sizes",
+          [&](const std::string& f, const std::string& v) { q.splits = parse_splits(f, v); });
+  r.names("--cp-layouts", q.layouts, "layout", kCpLayoutNames);
+  r.names("--protocols", q.protocols, "protocol", kProtocolNames);
+  r.names("--modes", q.modes, "mode", kRunModeNames);
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
-  r.value("--vocab-size", [&](const std::string& f, const std::string& v) {
-    q.vocab_size = parse_int<int>(f, v, 2, 1 << 20, "2^20; Qwen3's is 151936");
-  });
+  r.integer("--vocab-size", q.vocab_size, 2, 1 << 20, "2^20; Qwen3's is 151936");
 }
 
-// The paged modes' flags; each one given is remembered, as it needs a paged mode.
-void add_paged_flags(FlagReader& r, RunRequest& q, std::vector<std::string>& given) {
-  r.value("--rollout-tp-sizes", [&](const std::string& f, const std::string& v) {
-    q.rollout_tp_sizes = parse_int_list(f, v, 1);  // each a divisor of the heads
-    given.push_back(f);
-  });
-  r.value("--page-size", [&](const std::string& f, const std::string& v) {
-    q.page_size = parse_int<int>(f, v, 1);  // at most --seq-len (plan_run)
-    given.push_back(f);
-  });
-  r.value("--split-kv-policies", [&](const std::string& f, const std::string& v) {
-    q.split_policies = parse_names(f, v, "split-KV policy", kSplitPolicyNames);
-    given.push_back(f);
-  });
-  r.value("--fixed-split-size", [&](const std::string& f, const std::string& v) {
-    q.fixed_split_size = parse_int<std::int64_t>(f, v, 1);  // shorter than --seq-len
-    given.push_back(f);
-  });
-  r.value("--q-len", [&](const std::string& f, const std::string& v) {
-    q.q_len = parse_int<std::int64_t>(f, v, 1);  // at most the room left (plan_run)
-    given.push_back(f);
-  });
+// The paged modes' flags (each needs a paged mode).
+void add_paged_flags(FlagReader& r, RunRequest& q) {
+  r.integers("--rollout-tp-sizes", q.rollout_tp_sizes, 1);  // each a divisor of the heads
+  r.integer("--page-size", q.page_size, 1);                 // at most --seq-len (plan_run)
+  r.names("--split-kv-policies", q.split_policies, "split-KV policy", kSplitPolicyNames);
+  r.integer<std::int64_t>("--fixed-split-size", q.fixed_split_size, 1);  // shorter than S
+  r.integer<std::int64_t>("--q-len", q.q_len, 1);  // at most the room left (plan_run)
 }
 
 // Where the run executes.
 void add_execution_flags(FlagReader& r, RunRequest& q) {
-  r.value("--device", [&](const std::string& f, const std::string& v) {
-    q.device = parse_name(f, v, "device", kDeviceNames);
-  });
-  r.value("--transport", [&](const std::string& f, const std::string& v) {
-    q.transport = parse_name(f, v, "transport", kTransportNames);
-  });
-  r.value("--comm-timeout", [&](const std::string& f, const std::string& v) {
-    // Under a second is a busy machine's jitter, not a lost process; a week outlasts any job.
-    q.comm_timeout_seconds =
-        parse_number(f, v, {.min = 1, .max = 7 * 24 * 3600, .why = "seconds: a second to a week"});
-    q.comm_timeout_given = true;
-  });
-  r.value("--staging-mib", [&](const std::string& f, const std::string& v) {
-    q.staging_mib = parse_int<int>(f, v, 1, 65536, "64 GiB of GPU memory");
-  });
+  r.name("--device", q.device, "device", kDeviceNames);
+  r.name("--transport", q.transport, "transport", kTransportNames);
+  // Under a second is a busy machine's jitter, not a lost process; a week outlasts any job.
+  r.number("--comm-timeout", q.comm_timeout_seconds,
+           {.min = 1, .max = 7 * 24 * 3600, .why = "seconds: a second to a week"});
+  r.integer("--staging-mib", q.staging_mib, 1, 65536, "64 GiB of GPU memory");
   r.toggle("--no-cpu-check", [&] { q.cpu_check = false; });
   r.value("--inject-fault",
           [&](const std::string& f, const std::string& v) { q.fault = parse_fault(f, v); });
-  r.value("--round-rows", [&](const std::string& f, const std::string& v) {
-    q.round_rows = parse_int<std::int64_t>(f, v, 1);  // at most --seq-len (settle_sequence)
-  });
+  r.integer<std::int64_t>("--round-rows", q.round_rows, 1);  // at most S (settle_sequence)
 }
 
 // What the CLI does with the run's results.
@@ -198,8 +137,7 @@ void add_output_flags(FlagReader& r, RunOptions& o) {
 }
 
 // Combinations that no single flag can refuse.
-void check_run_options(const RunOptions& o, const std::vector<std::string>& paged_flags,
-                       bool modes_given) {
+void check_run_options(const RunOptions& o, const FlagReader& r) {
   const RunRequest& q = o.request;
   if (o.dump_inputs && o.dump.empty()) bad("--dump-inputs needs --dump PATH");
   if (o.request.include_lane_backward && !o.request.include_backward)
@@ -209,9 +147,11 @@ void check_run_options(const RunOptions& o, const std::vector<std::string>& page
     if (q.fault->rank != 0)
       bad("--inject-fault dump-write-error@RANK: only rank 0 writes the dump");
   }
-  if (!paged_flags.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode)) {
-    bad(paged_flags.front() + " applies to the paged modes: add --modes ...,paged_prefill,decode");
-  }
+  const std::string paged = r.first_given({"--rollout-tp-sizes", "--page-size",
+                                           "--split-kv-policies", "--fixed-split-size", "--q-len"});
+  if (!paged.empty() && !q.runs(RunMode::paged_prefill) && !q.runs(RunMode::decode))
+    bad(paged + " applies to the paged modes: add --modes ...,paged_prefill,decode");
+  const bool modes_given = r.given("--modes");
   const auto lists_split = [&](bool sized) {
     return std::any_of(q.splits.begin(), q.splits.end(),
                        [&](const auto& s) { return s.has_value() == sized; });
@@ -257,23 +197,19 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
                      const std::function<void(FlagReader&)>& extra = {}) {
   RunOptions o;
   RunRequest& q = o.request;
-  bool seq_len_given = false, modes_given = false, batch_given = false;
-  std::vector<std::string> paged_flags;
-  add_common_flags(r, q.problem, seq_len_given, q.threads);
-  r.value("--batch", [&](const std::string& f, const std::string& v) {
-    q.problem.batch = parse_int<int>(f, v, 1, kMaxBatch, kBatchWhy);
-    batch_given = true;
-  });
-  add_case_flags(r, o, modes_given);
-  add_paged_flags(r, q, paged_flags);
+  add_common_flags(r, q.problem, q.threads);
+  add_case_flags(r, q);
+  add_paged_flags(r, q);
   add_execution_flags(r, q);
   add_output_flags(r, o);
   if (extra) extra(r);
   r.read(args, first);
-  check_run_options(o, paged_flags, modes_given);
+  o.splits_given = r.given("--kv-chunk-sizes");
+  q.comm_timeout_given = r.given("--comm-timeout");
+  check_run_options(o, r);
   if (!o.inputs.empty()) {
     // The file says B and S; its q, k, v replace the generator's (use_input_file).
-    if (seq_len_given || batch_given)
+    if (r.given("--seq-len") || r.given("--batch"))
       bad("--inputs: B and S come from the file; drop --seq-len and --batch");
     if (o.smoke) bad("--inputs: --smoke sets its own sequence; drop one of them");
     if (q.problem.distribution != InputDistribution::gaussian)
@@ -281,7 +217,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
     return o;
   }
   if (o.smoke) {
-    if (!seq_len_given) q.problem.seq_len = 4;
+    if (!r.given("--seq-len")) q.problem.seq_len = 4;
     if (!o.splits_given) q.splits = {std::nullopt, 1};
   }
   settle_sequence(o);
@@ -293,13 +229,7 @@ constexpr NumberRange kFigureRange{.min = 1e-3, .max = 1e6, .why = "in its unit"
 
 PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std::size_t first) {
   PlanOptions plan;
-  bool figures_given = false;
-  const auto figure = [&](const char* flag, double& slot) {
-    r.value(flag, [&](const std::string& f, const std::string& v) {
-      slot = parse_number(f, v, kFigureRange);
-      figures_given = true;
-    });
-  };
+  const auto figure = [&](const char* flag, double& slot) { r.number(flag, slot, kFigureRange); };
   plan.run = parse_run(r, args, first, [&](FlagReader& fr) {
     fr.value("--profile", [&](const std::string& f, const std::string& v) {
       if (v != "h200" && v != "cpu") bad(f + ": unknown profile '" + v + "' (h200, cpu)");
@@ -310,28 +240,25 @@ PlanOptions parse_plan(FlagReader& r, const std::vector<std::string>& args, std:
     figure("--hbm-tbs", plan.hbm_tbs);
     figure("--nvlink-gbs", plan.nvlink_gbs);
     figure("--network-gbs", plan.network_gbs);
-    fr.value("--gpus-per-node", [&](const std::string& f, const std::string& v) {
-      plan.gpus_per_node = parse_int<int>(f, v, 1, 1024, "GPUs sharing NVLink");
-    });
-    fr.value("--processes", [&](const std::string& f, const std::string& v) {
-      plan.processes = parse_int<int>(f, v, 1, per_machine_limit(), per_machine_why());
-    });
+    fr.integer("--gpus-per-node", plan.gpus_per_node, 1, 1024, "GPUs sharing NVLink");
+    fr.integer("--processes", plan.processes, 1, per_machine_limit(), per_machine_why());
   });
   // The run's execution flags say how a run moves and reports; a plan runs nothing.
-  const RunRequest& q = plan.run.request;
-  const RunRequest defaults;
-  if (!plan.run.dump.empty()) bad("plan: --dump does not apply (a plan runs nothing)");
-  if (plan.run.overwrite) bad("plan: --overwrite does not apply (a plan writes no dump)");
-  if (plan.run.progress) bad("plan: --progress does not apply (a plan runs nothing)");
-  if (q.threads != 0) {
-    bad("plan: --threads does not apply (--profile cpu uses every core, shared by --processes)");
+  constexpr std::pair<const char*, const char*> kRunOnly[] = {
+      {"--dump", "a plan runs nothing"},
+      {"--overwrite", "a plan writes no dump"},
+      {"--progress", "a plan runs nothing"},
+      {"--threads", "--profile cpu uses every core, shared by --processes"},
+      {"--transport", "a plan moves nothing"},
+      {"--comm-timeout", "a plan moves nothing"},
+      {"--staging-mib", "a plan moves nothing"},
+      {"--inject-fault", "a plan moves nothing"}};
+  for (const auto& [flag, why] : kRunOnly) {
+    if (r.given(flag)) bad(std::string("plan: ") + flag + " does not apply (" + why + ")");
   }
-  if (q.transport != defaults.transport ||
-      q.comm_timeout_seconds != defaults.comm_timeout_seconds ||
-      q.staging_mib != defaults.staging_mib) {
-    bad("plan: --transport, --comm-timeout and --staging-mib do not apply (a plan moves nothing)");
-  }
-  if (q.fault) bad("plan: --inject-fault does not apply (a plan moves nothing)");
+  const bool figures_given = !r.first_given({"--bf16-tflops", "--fp32-tflops", "--hbm-tbs",
+                                             "--nvlink-gbs", "--network-gbs"})
+                                  .empty();
   if (figures_given && plan.profile == "cpu") {
     bad("plan: --profile cpu measures this machine; the device figures apply to h200");
   }
@@ -350,22 +277,12 @@ CompareOptions parse_compare(FlagReader& r, const std::vector<std::string>& args
   r.path("--output", c.output);
   r.toggle("--json", [&] { c.json = true; });
   r.toggle("--quiet", [&] { c.quiet = true; });
-  r.value("--max-abs-delta", [&](const std::string& f, const std::string& v) {
-    c.max_abs_delta = parse_number(f, v, {.min = 0});
-  });
-  r.value("--ratio-band", [&](const std::string& f, const std::string& v) {
-    c.metrics.ratio_band = parse_number(
-        f, v,
-        {.min = 0, .max = 1, .below_max = true, .why = "ratios outside [1 - X, 1 + X] count"});
-  });
-  r.value("--tis-clip", [&](const std::string& f, const std::string& v) {
-    c.metrics.tis_clip = parse_number(
-        f, v,
-        {.min = 1, .why = "ratios above it are clipped; below 1 it would clip equal logprobs"});
-  });
-  r.value("--worst", [&](const std::string& f, const std::string& v) {
-    c.metrics.worst = parse_int<int>(f, v, 0, 1000, "a list to read");
-  });
+  r.number("--max-abs-delta", c.max_abs_delta, {.min = 0});
+  r.number("--ratio-band", c.metrics.ratio_band,
+           {.min = 0, .max = 1, .below_max = true, .why = "ratios outside [1 - X, 1 + X] count"});
+  r.number("--tis-clip", c.metrics.tis_clip,
+           {.min = 1, .why = "ratios above it are clipped; below 1 it would clip equal logprobs"});
+  r.integer("--worst", c.metrics.worst, 0, 1000, "a list to read");
   r.read(args, first);
   if (help) return c;
   if (files.size() != 2) {

@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "cli/kernel_timing.h"
 #include "cli/plan_estimate.h"
-#include "cli/plan_profile.h"
 #include "core/errors.h"
 #include "engine/memory_plan.h"
 #include "report/json.h"
@@ -20,20 +20,90 @@
 namespace cpd {
 namespace {
 
-// Per logical rank, its kernels' seconds: `pairs` at `flops_per_pair` and `rate`.
-std::vector<double> kernel_seconds(const std::vector<std::uint64_t>& pairs, double flops_per_pair,
-                                   double rate) {
-  std::vector<double> s;
-  for (const std::uint64_t n : pairs) s.push_back(static_cast<double>(n) * flops_per_pair / rate);
-  return s;
+// The machine the estimates are for: a device's figures (the h200 defaults or the user's), or
+// this machine's CPU kernels and memcpy, measured now. Link figures are per direction and per
+// GPU (process).
+struct Profile {
+  std::string name;
+  double bf16_flops = 0, fp32_flops = 0, fp32_backward_flops = 0;  // FLOP/s of one process
+  double hbm = 0, nvlink = 0, network = 0;                         // bytes/s
+  int processes_per_node = 8;
+  std::string source;  // where the figures come from
+};
+
+// The CPU profile: this machine's forward and backward kernels and its memcpy, measured now
+// over every core, shared evenly by `processes` processes on the node.
+Profile measure_cpu(int processes) {
+  using namespace kernel_timing;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(cores);
+  Problem p;
+  p.seq_len = 2048;
+  const Inputs in = make_inputs(p, InputPrecision::fp32, pool);
+  AttnShard out;
+  const std::vector<double> fwd = time_forward(p, in, ProbRounding::none, 3, pool, out);
+  const std::vector<double> bwd = time_backward(p, in, out, 2, pool);
+  std::vector<char> a(std::size_t{256} << 20, 1), b(a.size(), 0);
+  const std::vector<double> copy = times_of(3, [&] {
+    const auto t = Clock::now();
+    std::memcpy(b.data(), a.data(), a.size());
+    return seconds_since(t);
+  });
+  Profile cpu;
+  cpu.name = "cpu";
+  const double share = 1.0 / processes;
+  cpu.fp32_flops = forward_flops(p) / fwd.front() * share;
+  cpu.bf16_flops = cpu.fp32_flops;  // emulated BF16 runs the FP32 kernels
+  cpu.fp32_backward_flops = 2.5 * forward_flops(p) / bwd.front() * share;
+  // A message between processes is copied into shared memory and out again.
+  cpu.hbm = static_cast<double>(a.size()) / copy.front();
+  cpu.nvlink = cpu.network = cpu.hbm / 2;
+  cpu.processes_per_node = processes;
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "measured now: forward %.0f GFLOP/s, backward %.0f GFLOP/s, memcpy %.1f GB/s on "
+                "%d core%s, shared by %d process%s",
+                forward_flops(p) / fwd.front() * 1e-9, 2.5 * forward_flops(p) / bwd.front() * 1e-9,
+                cpu.hbm * 1e-9, cores, cores == 1 ? "" : "s", processes,
+                processes == 1 ? "" : "es");
+  cpu.source = text;
+  return cpu;
 }
 
-// The slowest process of a phase: its kernels (`kernels`, per logical rank) and its messages
-// through memory, then its messages over the links (no overlap: the exchanges are supersteps),
-// the larger of what it sends and what it receives. A message to a logical rank on the same
-// process is a move.
-PhaseEstimate estimate(const PhaseWork& w, const std::vector<double>& kernels, const Profile& pf,
-                       int processes) {
+// The device profile the plan options describe.
+Profile device_profile(const PlanOptions& o) {
+  Profile d;
+  d.name = o.profile;
+  d.bf16_flops = o.bf16_tflops * 1e12;
+  d.fp32_flops = d.fp32_backward_flops = o.fp32_tflops * 1e12;
+  d.hbm = o.hbm_tbs * 1e12;
+  d.nvlink = o.nvlink_gbs * 1e9;
+  d.network = o.network_gbs * 1e9;
+  d.processes_per_node = o.gpus_per_node;
+  d.source =
+      "device figures (override with --bf16-tflops, --fp32-tflops, --hbm-tbs, "
+      "--nvlink-gbs, --network-gbs, --gpus-per-node)";
+  return d;
+}
+
+double rate_of(const Phase& phase, const Profile& pf) {
+  switch (phase.rate) {
+    case KernelRate::bf16:
+      return pf.bf16_flops;
+    case KernelRate::fp32_backward:
+      return pf.fp32_backward_flops;
+    case KernelRate::fp32:
+      break;
+  }
+  return pf.fp32_flops;
+}
+
+// The slowest process of a phase: its kernels (each logical rank's pairs at the phase's rate)
+// and its messages through memory, then its messages over the links (no overlap: the exchanges
+// are supersteps), the larger of what it sends and what it receives. A message to a logical
+// rank on the same process is a move.
+PhaseEstimate estimate(const Phase& phase, const Profile& pf, int processes) {
+  const PhaseWork& w = phase.work;
   const std::size_t ranks = w.pairs.size();
   std::vector<double> compute(static_cast<std::size_t>(processes), 0.0), send(compute),
       recv(compute);
@@ -43,7 +113,9 @@ PhaseEstimate estimate(const PhaseWork& w, const std::vector<double>& kernels, c
   // Its kernels, and every message it receives written and read once through memory (the
   // partial states a merge reads back, the rows a kernel reads).
   for (std::size_t r = 0; r < ranks; ++r) {
-    compute[proc(r)] += kernels[r] + 2.0 * static_cast<double>(w.received[r].bytes) / pf.hbm;
+    compute[proc(r)] +=
+        static_cast<double>(w.pairs[r]) * phase.flops_per_pair / rate_of(phase, pf) +
+        2.0 * static_cast<double>(w.received[r].bytes) / pf.hbm;
   }
   for (std::size_t s = 0; s < ranks; ++s) {
     for (std::size_t d = 0; d < ranks; ++d) {
@@ -70,57 +142,20 @@ bool gpu_run(const RunRequest& q, const Profile& pf) {
   return q.device == Device::cuda || (q.device == Device::auto_select && pf.name != "cpu");
 }
 
-double rate_of(const Phase& phase, const Profile& pf) {
-  switch (phase.rate) {
-    case KernelRate::bf16:
-      return pf.bf16_flops;
-    case KernelRate::fp32_backward:
-      return pf.fp32_backward_flops;
-    case KernelRate::fp32:
-      break;
-  }
-  return pf.fp32_flops;
-}
-
 // Every phase of the case's schedule estimated on the profile: a phase on the host's CPU (this
 // tool's CP=1 checks, the host's re-run) only when the profile is the CPU's.
 CasePlan plan_case(const RunRequest& q, const CaseSpec& spec, const Profile& pf, int processes) {
   CasePlan c{
-      schedule_case(CaseGrid(q.problem, spec, q.round_rows), schedule_options(q, gpu_run(q, pf))),
-      {},
-      0,
-      {}};
+      schedule_case(CaseGrid(q.problem, spec, q.round_rows), schedule_options(q, gpu_run(q, pf)))};
   const int world = std::min(processes, spec.num_logical_ranks());
   for (const Phase& phase : c.schedule.phases) {
-    PhaseEstimate e;
-    if (!phase.host || pf.name == "cpu") {
-      e = estimate(phase.work,
-                   kernel_seconds(phase.work.pairs, phase.flops_per_pair, rate_of(phase, pf)), pf,
-                   world);
-    }
+    const PhaseEstimate e =
+        !phase.host || pf.name == "cpu" ? estimate(phase, pf, world) : PhaseEstimate{};
     c.estimates.push_back(e);
     c.seconds += e.total();
   }
   return c;
 }
-
-}  // namespace
-
-std::string duration(double s) {
-  char text[32];
-  if (s >= 1) {
-    std::snprintf(text, sizeof text, "%.2f s", s);
-  } else if (s >= 1e-3) {
-    std::snprintf(text, sizeof text, "%.2f ms", s * 1e3);
-  } else {
-    std::snprintf(text, sizeof text, "%.0f us", s * 1e6);
-  }
-  return text;
-}
-
-// The protocol with the lowest estimated forward, and one line saying why.
-
-namespace {
 
 Pick pick_protocol(const RunRequest& q, const CasePlan& planned, const Profile& pf, int processes) {
   // The others' forward only (the backward and dlogp do not depend on the protocol).
@@ -172,6 +207,18 @@ void check_countable(const RunRequest& q, const RunPlan& run) {
 
 }  // namespace
 
+std::string duration(double s) {
+  char text[32];
+  if (s >= 1) {
+    std::snprintf(text, sizeof text, "%.2f s", s);
+  } else if (s >= 1e-3) {
+    std::snprintf(text, sizeof text, "%.2f ms", s * 1e3);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f us", s * 1e6);
+  }
+  return text;
+}
+
 int plan_command(const PlanOptions& o, const CommContext& comm) {
   const RunRequest& q = o.run.request;
   const RunPlan run = plan_run(q);
@@ -179,7 +226,7 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   check_countable(q, run);
   if (o.profile == "cpu" && comm.size() > 1) {
     // The other processes would idle in MPI while rank 0 times the kernels, and a busy-waiting
-    // MPI halves what it measures.
+    // MPI takes cores from what it measures.
     throw UsageError(
         "plan --profile cpu measures this machine: run it as one process "
         "(--processes N says how many the planned run has)");

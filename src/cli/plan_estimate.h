@@ -21,9 +21,9 @@ struct PhaseEstimate {
 /// A case's schedule with each phase's estimate and each process's memory.
 struct CasePlan {
   CaseSchedule schedule;
-  std::vector<PhaseEstimate> estimates;  // per phase of the schedule
+  std::vector<PhaseEstimate> estimates{};  // per phase of the schedule
   double seconds = 0;
-  std::vector<ProcessMemory> memory;  // per process of the run
+  std::vector<ProcessMemory> memory{};  // per process of the run
 
   const PhaseEstimate& estimate_of(const Phase* phase) const {
     return estimates[static_cast<std::size_t>(phase - schedule.phases.data())];

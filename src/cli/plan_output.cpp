@@ -7,6 +7,9 @@
 namespace cpd {
 namespace {
 
+// A forward phase's path: its name without the prefix all forward phases share.
+std::string path_name(const Phase& ph) { return ph.name.substr(std::strlen(kForwardPhasePrefix)); }
+
 double gflop(std::uint64_t pairs, double per_pair) {
   return static_cast<double>(pairs) * per_pair * 1e-9;
 }
@@ -107,8 +110,7 @@ void print_estimate(std::FILE* out, const CasePlan& c) {
   for (const Phase& ph : c.schedule.phases) {
     const PhaseEstimate& e = c.estimate_of(&ph);
     if (ph.kind == PhaseKind::forward) {
-      forward += std::string(forward.empty() ? "" : ", ") +
-                 ph.name.substr(std::strlen(kForwardPhasePrefix)) + " " +
+      forward += std::string(forward.empty() ? "" : ", ") + path_name(ph) + " " +
                  (ph.host ? std::string("(host CPU, not costed)") : duration(e.total()));
     } else if (ph.kind == PhaseKind::reference_forward ||
                ph.kind == PhaseKind::reference_backward) {
@@ -127,15 +129,53 @@ void print_estimate(std::FILE* out, const CasePlan& c) {
   std::fprintf(out, "; case %s\n", duration(c.seconds).c_str());
 }
 
+json::Value traffic_json(const Traffic& t) {
+  return json::Object{{"messages", t.messages}, {"bytes", t.bytes}};
+}
+
+json::Value phase_json(const Phase& phase, const PhaseEstimate& e) {
+  const PhaseWork& w = phase.work;
+  json::Array ranks;
+  for (std::size_t r = 0; r < w.pairs.size(); ++r) {
+    ranks.push_back(json::Object{{"rank", r},
+                                 {"pairs", w.pairs[r]},
+                                 {"flops", static_cast<double>(w.pairs[r]) * phase.flops_per_pair},
+                                 {"sent", traffic_json(w.sent[r])},
+                                 {"received", traffic_json(w.received[r])}});
+  }
+  return json::Object{{"ranks", std::move(ranks)},
+                      {"total_pairs", w.total_pairs()},
+                      {"total_sent", traffic_json(w.total_sent())},
+                      {"estimated_seconds", e.total()},
+                      {"estimated_compute_seconds", e.compute},
+                      {"estimated_message_seconds", e.comm}};
+}
+
+json::Value memory_json(const std::vector<ProcessMemory>& memory) {
+  json::Array all;
+  for (std::size_t i = 0; i < memory.size(); ++i) {
+    json::Array phases;
+    for (const PhaseMemory& ph : memory[i].phases) {
+      json::Object terms;
+      for (const MemoryTerm& t : ph.terms) terms[t.name] = t.bytes;
+      phases.push_back(
+          json::Object{{"phase", ph.phase}, {"bytes", ph.bytes()}, {"terms", std::move(terms)}});
+    }
+    all.push_back(json::Object{{"process", i},
+                               {"peak_bytes", memory[i].peak().bytes()},
+                               {"peak_phase", memory[i].peak().phase},
+                               {"phases", std::move(phases)}});
+  }
+  return all;
+}
+
 }  // namespace
 
 void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick& pick) {
   const CaseGrid& g = c.schedule.grid;
   std::string paths;
   for (const Phase& ph : c.schedule.phases) {
-    if (ph.kind == PhaseKind::forward)
-      paths +=
-          std::string(paths.empty() ? "" : ", ") + ph.name.substr(std::strlen(kForwardPhasePrefix));
+    if (ph.kind == PhaseKind::forward) paths += (paths.empty() ? "" : ", ") + path_name(ph);
   }
   std::fprintf(out,
                "\n# case %s: %d rank%s, %zu KV blocks, %d forward round%s, %zu backward round%s; "
@@ -150,109 +190,47 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
   std::fprintf(out, "  protocol: %s — %s\n", to_string(pick.protocol), pick.why.c_str());
 }
 
-namespace {
-
-json::Value traffic_json(const Traffic& t) {
-  json::Value v = json::Value::object();
-  v["messages"] = t.messages;
-  v["bytes"] = t.bytes;
-  return v;
-}
-
-json::Value phase_json(const Phase& phase, const PhaseEstimate& e) {
-  const PhaseWork& w = phase.work;
-  const double flops_per_pair = phase.flops_per_pair;
-  json::Value v = json::Value::object();
-  json::Value ranks = json::Value::array();
-  for (std::size_t r = 0; r < w.pairs.size(); ++r) {
-    json::Value x = json::Value::object();
-    x["rank"] = r;
-    x["pairs"] = w.pairs[r];
-    x["flops"] = static_cast<double>(w.pairs[r]) * flops_per_pair;
-    x["sent"] = traffic_json(w.sent[r]);
-    x["received"] = traffic_json(w.received[r]);
-    ranks.push_back(std::move(x));
-  }
-  v["ranks"] = std::move(ranks);
-  v["total_pairs"] = w.total_pairs();
-  v["total_sent"] = traffic_json(w.total_sent());
-  v["estimated_seconds"] = e.total();
-  v["estimated_compute_seconds"] = e.compute;
-  v["estimated_message_seconds"] = e.comm;
-  return v;
-}
-
-json::Value memory_json(const std::vector<ProcessMemory>& memory) {
-  json::Value all = json::Value::array();
-  for (std::size_t i = 0; i < memory.size(); ++i) {
-    json::Value x = json::Value::object();
-    x["process"] = i;
-    x["peak_bytes"] = memory[i].peak().bytes();
-    x["peak_phase"] = memory[i].peak().phase;
-    json::Value phases = json::Value::array();
-    for (const PhaseMemory& ph : memory[i].phases) {
-      json::Value y = json::Value::object();
-      y["phase"] = ph.phase;
-      y["bytes"] = ph.bytes();
-      json::Value terms = json::Value::object();
-      for (const MemoryTerm& t : ph.terms) terms[t.name] = t.bytes;
-      y["terms"] = std::move(terms);
-      phases.push_back(std::move(y));
-    }
-    x["phases"] = std::move(phases);
-    all.push_back(std::move(x));
-  }
-  return all;
-}
-
-}  // namespace
-
 json::Value case_json(const Problem& p, const CasePlan& c, const Pick& pick) {
   const CaseSchedule& s = c.schedule;
-  json::Value v = json::Value::object();
-  v["name"] = case_name(c.spec(), p.dtype);
-  v["tp"] = c.spec().tp;
-  v["cp"] = c.spec().cp;
-  v["protocol"] = to_string(c.spec().protocol);
-  v["layout"] = to_string(c.spec().layout);
-  v["kv_blocks"] = s.grid.blocks.size();
-  v["forward_rounds"] = s.grid.rounds();
-  v["backward_rounds"] = s.grid.backward_rounds().size();
-  json::Value paths = json::Value::array();
+  json::Array paths;
   for (const Phase& ph : s.phases) {
-    if (ph.kind != PhaseKind::forward) continue;
-    json::Value x = json::Value::object();
-    x["name"] = ph.name.substr(std::strlen(kForwardPhasePrefix));
-    x["estimated_seconds"] = c.estimate_of(&ph).total();
-    paths.push_back(std::move(x));
+    if (ph.kind == PhaseKind::forward)
+      paths.push_back(
+          json::Object{{"name", path_name(ph)}, {"estimated_seconds", c.estimate_of(&ph).total()}});
   }
-  v["forward_paths"] = std::move(paths);
-  v["forward_pass"] = phase_json(c.forward(), c.estimate_of(&c.forward()));
+  // The CP=1 checks' pairs per logical rank, at most: the reference forward's and backward's.
+  const Phase* ref_forward = s.find(PhaseKind::reference_forward);
+  const Phase* ref_backward = s.find(PhaseKind::reference_backward);
+  json::Array reference;
+  for (std::size_t r = 0; r < ref_forward->work.pairs.size(); ++r) {
+    reference.push_back(
+        json::Object{{"rank", r},
+                     {"forward_pairs_at_most", ref_forward->work.pairs[r]},
+                     {"backward_pairs_at_most", ref_backward ? ref_backward->work.pairs[r] : 0}});
+  }
+  // Every phase of the case as a run counts it (the report's bytes_moved).
+  const Traffic all = s.traffic();
+  json::Value v = json::Object{
+      {"name", case_name(c.spec(), p.dtype)},
+      {"tp", c.spec().tp},
+      {"cp", c.spec().cp},
+      {"protocol", to_string(c.spec().protocol)},
+      {"layout", to_string(c.spec().layout)},
+      {"kv_blocks", s.grid.blocks.size()},
+      {"forward_rounds", s.grid.rounds()},
+      {"backward_rounds", s.grid.backward_rounds().size()},
+      {"forward_paths", std::move(paths)},
+      {"forward_pass", phase_json(c.forward(), c.estimate_of(&c.forward()))},
+      {"messages", all.messages},
+      {"bytes_moved", all.bytes},
+      {"estimated_seconds", c.seconds},
+      {"cp1_checks", std::move(reference)},
+      {"memory", memory_json(c.memory)},
+      {"protocol_pick", json::Object{{"protocol", to_string(pick.protocol)}, {"why", pick.why}}}};
   for (const auto& [kind, key] :
        {std::pair{PhaseKind::backward, "backward"}, std::pair{PhaseKind::dlogp, "dlogp"}}) {
     if (const Phase* ph = s.find(kind)) v[key] = phase_json(*ph, c.estimate_of(ph));
   }
-  // Every phase of the case as a run counts it (the report's bytes_moved).
-  const Traffic all = s.traffic();
-  v["messages"] = all.messages;
-  v["bytes_moved"] = all.bytes;
-  v["estimated_seconds"] = c.seconds;
-  const Phase* ref_forward = s.find(PhaseKind::reference_forward);
-  const Phase* ref_backward = s.find(PhaseKind::reference_backward);
-  json::Value reference = json::Value::array();
-  for (std::size_t r = 0; r < ref_forward->work.pairs.size(); ++r) {
-    json::Value x = json::Value::object();
-    x["rank"] = r;
-    x["forward_pairs_at_most"] = ref_forward->work.pairs[r];
-    x["backward_pairs_at_most"] = ref_backward ? ref_backward->work.pairs[r] : 0;
-    reference.push_back(std::move(x));
-  }
-  v["cp1_checks"] = std::move(reference);
-  v["memory"] = memory_json(c.memory);
-  json::Value best = json::Value::object();
-  best["protocol"] = to_string(pick.protocol);
-  best["why"] = pick.why;
-  v["protocol_pick"] = std::move(best);
   return v;
 }
 

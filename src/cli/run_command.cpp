@@ -9,7 +9,6 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "cli/human_output.h"
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "core/util/partial_files.h"
@@ -136,11 +135,10 @@ void check_writable(const char* flag, const std::string& path) {
 // the dump replacing an existing file only with --overwrite.
 void check_outputs(const RunOptions& o, const CommContext& comm) {
   namespace fs = std::filesystem;
-  const auto check = check_writable;
   agree_or_throw(comm, comm.rank() == 0, "", [&] {
-    if (!o.output.empty()) check("--output", o.output);
+    if (!o.output.empty()) check_writable("--output", o.output);
     if (o.dump.empty()) return;
-    check("--dump", o.dump);
+    check_writable("--dump", o.dump);
     std::error_code ec;
     if (!o.output.empty() &&
         fs::weakly_canonical(o.output, ec) == fs::weakly_canonical(o.dump, ec)) {

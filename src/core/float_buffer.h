@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <utility>
 #include <vector>
 
 namespace cpd {
@@ -43,13 +42,10 @@ struct DefaultInitAllocator : std::allocator<T> {
     advise_huge_pages(p, n * sizeof(T));
     return p;
   }
+  /// Without a value: default-initialised. With one, allocator_traits constructs as usual.
   template <class U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
 };
 

@@ -1,5 +1,7 @@
 #include "core/util/npy_format.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <stdexcept>
 
@@ -77,15 +79,12 @@ NpyHeader parse_npy_header(std::string_view bytes) {
   for (std::size_t i = 1; i < shape.size();) {
     const std::size_t j = shape.find_first_of(",)", i);
     const std::string item = shape.substr(i, j - i);
-    if (item.find_first_not_of(' ') != std::string::npos) {
-      std::size_t used = 0;
-      long long d = -1;
-      try {
-        d = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (d < 0 || item.find_first_not_of(' ', used) != std::string::npos)
+    if (const std::size_t digits = item.find_first_not_of(' '); digits != std::string::npos) {
+      std::int64_t d = -1;
+      const char* end = item.data() + item.size();
+      const auto [stop, ec] = std::from_chars(item.data() + digits, end, d);
+      if (ec != std::errc() || d < 0 ||
+          std::find_if(stop, end, [](char c) { return c != ' '; }) != end)
         bad("malformed .npy shape " + shape);
       h.shape.push_back(d);
     }

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace cpd {
 namespace {
@@ -39,48 +40,38 @@ std::string partial_path(const std::string& path) {
          "@" + host_name();
 }
 
-std::vector<PartialFile> partial_files_of(const std::string& path) {
+std::string stale_partials_warning(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string prefix = target.filename().string() + kMarker;
   const std::string here = host_name();
-  std::vector<PartialFile> found;
+  std::vector<std::string> stale;  // this host's, whose process is gone
+  std::string elsewhere;           // other hosts', maybe still being written
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
-    // PID.N@HOST
-    const std::string rest = name.substr(prefix.size());
+    const std::string rest = name.substr(prefix.size());  // PID.N@HOST
     const std::size_t at = rest.find('@');
-    PartialFile f;
-    const auto [end_of_pid, err] = std::from_chars(rest.data(), rest.data() + rest.size(), f.pid);
-    if (at == std::string::npos || err != std::errc() || f.pid <= 0) continue;
-    (void)end_of_pid;
-    f.path = it->path().string();
-    f.host = rest.substr(at + 1);
-    f.stale = f.host == here && !process_runs(f.pid);
-    found.push_back(std::move(f));
-  }
-  return found;
-}
-
-std::string stale_partials_warning(const std::string& path) {
-  const std::string here = host_name();
-  std::string stale, elsewhere;
-  int n_stale = 0;
-  for (const PartialFile& f : partial_files_of(path)) {
-    if (f.stale) {
-      stale += std::string(n_stale++ == 0 ? "" : ", ") + "\"" + f.path + "\"";
-    } else if (f.host != here) {
-      elsewhere += std::string(elsewhere.empty() ? "" : ", ") + "\"" + f.path + "\"";
+    int pid = 0;
+    if (at == std::string::npos ||
+        std::from_chars(rest.data(), rest.data() + rest.size(), pid).ec != std::errc() || pid <= 0)
+      continue;
+    const std::string quoted = "\"" + it->path().string() + "\"";
+    if (rest.substr(at + 1) != here) {
+      elsewhere += (elsewhere.empty() ? "" : ", ") + quoted;
+    } else if (!process_runs(pid)) {
+      stale.push_back(quoted);
     }
   }
   std::string line;
-  if (n_stale > 0) {
-    line = std::string(n_stale == 1 ? "a partial file" : "partial files") + " of \"" + path +
-           "\" left by a run that was killed while writing it: " + stale +
-           " (its process is gone; remove " + (n_stale == 1 ? "it" : "them") + ")";
+  if (!stale.empty()) {
+    const bool one = stale.size() == 1;
+    line = std::string(one ? "a partial file" : "partial files") + " of \"" + path +
+           "\" left by a run that was killed while writing it: " + stale[0];
+    for (std::size_t i = 1; i < stale.size(); ++i) line += ", " + stale[i];
+    line += std::string(" (its process is gone; remove ") + (one ? "it" : "them") + ")";
   }
   if (!elsewhere.empty()) {
     line += std::string(line.empty() ? "" : "; ") + "partial files of \"" + path +

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 namespace cpd {
 
@@ -14,17 +13,6 @@ std::string host_name();
 
 /// The name to write `path` under, unique to this process (and to this call in it).
 std::string partial_path(const std::string& path);
-
-/// A partial of some path, found next to it.
-struct PartialFile {
-  std::string path;
-  int pid = 0;
-  std::string host;
-  bool stale = false;  // its process is gone (it was on this host and no longer runs)
-};
-
-/// The partial files of `path` in its directory, of any process (this one's included).
-std::vector<PartialFile> partial_files_of(const std::string& path);
 
 /// One line about a partial `path` left behind ("" when none was): what they are, whose, and
 /// that they can go. For rank 0 to print before it writes `path`.

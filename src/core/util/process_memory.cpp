@@ -45,14 +45,6 @@ bool read_field(const char* path, const std::string& key, std::uint64_t& out) {
   return false;
 }
 
-// MemAvailable from /proc/meminfo, in bytes; false when absent.
-bool mem_available(std::uint64_t& out) {
-  std::uint64_t kib = 0;
-  if (!read_field("/proc/meminfo", "MemAvailable:", kib)) return false;
-  out = kib * 1024;
-  return true;
-}
-
 }  // namespace
 
 std::uint64_t peak_rss_bytes() {
@@ -68,8 +60,8 @@ MemoryBudget memory_budget(int processes_on_node) {
   const auto consider = [&](std::uint64_t bytes, const std::string& source) {
     if (best.bytes == 0 || bytes < best.bytes) best = MemoryBudget{bytes, source};
   };
-  std::uint64_t avail = 0;
-  if (mem_available(avail)) consider(avail / share, "MemAvailable " + gigabytes(avail) + shared);
+  if (std::uint64_t kib = 0; read_field("/proc/meminfo", "MemAvailable:", kib))
+    consider(kib * 1024 / share, "MemAvailable " + gigabytes(kib * 1024) + shared);
   // cgroup v2, then v1 (a v1 "unlimited" is a huge number, which never binds). What it uses
   // less its inactive file pages (the kernel reclaims those before it refuses memory).
   std::uint64_t limit = 0, used = 0, reclaimable = 0;

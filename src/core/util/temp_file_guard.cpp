@@ -48,18 +48,11 @@ void install() {
   }
 }
 
-void install_once() {
-  static const bool installed = [] {
-    install();
-    return true;
-  }();
-  (void)installed;
-}
-
 }  // namespace
 
 TempFileGuard::TempFileGuard(const std::string& path) {
-  install_once();
+  static const bool installed = (install(), true);  // once: a later guard keeps what is there
+  (void)installed;
   g_armed = 0;
   if (path.size() >= sizeof g_path) return;  // too long to keep: left to the normal cleanup
   std::memcpy(g_path, path.c_str(), path.size() + 1);

@@ -14,8 +14,7 @@ class TempFileGuard {
   explicit TempFileGuard(const std::string& path);
   /// Unregisters it: the file was renamed into place or removed.
   ~TempFileGuard();
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  TempFileGuard(TempFileGuard&&) = delete;  // one registration: neither copied nor moved
 };
 
 /// Installs the same handlers for the whole run: a SIGINT, SIGTERM or SIGHUP ends the process
