@@ -48,22 +48,21 @@ HostedAttention merged_of(const std::vector<RankOutput>& runs) {
 
 // Publishes <case>/<leg>/{out,lse} in `part`; `candidate_of`: the comparisons whose candidate
 // is the published tensor (null: one this run does not make).
-void publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::string& case_name,
-                       CasePart& part, const std::string& leg, const HostedAttention& hosted,
-                       bool bf16_out, bool digest,
+void publish_attention(const CaseRun& r, CasePart& part, const std::string& leg,
+                       const HostedAttention& hosted, bool bf16_out, bool digest,
                        std::initializer_list<OutLseComparison*> candidate_of = {}) {
   std::vector<const Shard*> outs, lses;
   for (const AttnShard* a : hosted) {
     outs.push_back(&a->out);
     lses.push_back(&a->lse);
   }
-  const std::string base = case_group(case_name) + "/" + leg + "/";
-  const int dim = grid.problem.dims.head_dim;
+  const std::string base = case_group(r.record.name) + "/" + leg + "/";
+  const int dim = r.grid.problem.dims.head_dim;
   const int first = static_cast<int>(part.tensors.size());
+  part.tensors.push_back(case_tensor(r.grid, r.ctx.transport, base + "out", outs, dim,
+                                     HeadKind::query, bf16_out, digest));
   part.tensors.push_back(
-      case_tensor(grid, ctx.transport, base + "out", outs, dim, HeadKind::query, bf16_out, digest));
-  part.tensors.push_back(
-      case_tensor(grid, ctx.transport, base + "lse", lses, 1, HeadKind::query, false, digest));
+      case_tensor(r.grid, r.ctx.transport, base + "lse", lses, 1, HeadKind::query, false, digest));
   for (OutLseComparison* c : candidate_of) {
     if (c == nullptr) continue;  // a comparison this run does not make
     c->out.candidate_tensor = first;
@@ -73,13 +72,13 @@ void publish_attention(const RunContext& ctx, const CaseGrid& grid, const std::s
 
 // The FP32 path's part: vs the reference, vs the CP=1 counterpart (topology), and the merge
 // checks on its states (probe, FP64 oracle). Under --dtype fp32 it is the dtype path too.
-void fp32_part(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-               const std::vector<RankOutput>& fp32, const HostedAttention& reference,
-               CaseSink& sink) {
+void fp32_part(const CaseRun& r) {
+  const RunContext& ctx = r.ctx;
+  const std::vector<RankOutput>& fp32 = r.fp32;
   const bool dtype_is_fp32 = ctx.problem.dtype == DType::fp32;
   const std::vector<Range> counterpart_grid =
-      kv_block_bounds(cp1_counterpart(grid.spec), ctx.problem.seq_len);
-  CasePart part(grid.spec.cp);
+      kv_block_bounds(cp1_counterpart(r.grid.spec), ctx.problem.seq_len);
+  CasePart part(r.grid.spec.cp);
   OutLseComparison& cp_merge = part.cp_merge_fp32.emplace();
   OutLseComparison& topology = part.topology.emplace();
   OutLseComparison& probe = part.merge_probe.emplace();
@@ -87,68 +86,66 @@ void fp32_part(const RunContext& ctx, const CaseGrid& grid, const std::string& n
   if (dtype_is_fp32) part.dtype_path.emplace();
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     const RankOutput& run = fp32[i];
-    const int r = run.rank.cp_rank;
+    const int cp = run.rank.cp_rank;
     const AttnShard& counterpart = part.held.keep(
         ctx.cp1_results.get(ctx.inputs, kFp32Path, counterpart_grid, run.merged.out.shape));
     const MergeChecks& checks = *run.checks;  // the FP32 path runs with them
-    cp_merge.add(r, run.merged, *reference[i]);
-    topology.add(r, run.merged, counterpart);
-    probe.add(r, checks.probe, run.merged);
-    oracle.out.add_diffs(r, checks.oracle_out);
-    oracle.lse.add_diffs(r, checks.oracle_lse);
-    if (dtype_is_fp32) part.dtype_path->add(r, run.merged, *reference[i]);
+    cp_merge.add(cp, run.merged, *r.reference[i]);
+    topology.add(cp, run.merged, counterpart);
+    probe.add(cp, checks.probe, run.merged);
+    oracle.out.add_diffs(cp, checks.oracle_out);
+    oracle.lse.add_diffs(cp, checks.oracle_lse);
+    if (dtype_is_fp32) part.dtype_path->add(cp, run.merged, *r.reference[i]);
   }
-  publish_attention(ctx, grid, name, part, "reference_fp32", reference, false, false);
-  publish_attention(ctx, grid, name, part, "candidate_fp32", merged_of(fp32), false, true,
+  publish_attention(r, part, "reference_fp32", r.reference, false, false);
+  publish_attention(r, part, "candidate_fp32", merged_of(fp32), false, true,
                     {&cp_merge, &topology, part.dtype_path ? &*part.dtype_path : nullptr});
-  sink.prefill_part(part);
+  r.sink.prefill_part(part);
 }
 
 // Another path's part: its outputs as written (BF16 in place when `bf16_out`) vs `against`
 // per hosted rank, published as <case>/<leg>, measured into `slot`.
-void path_part(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-               std::vector<RankOutput>& runs, const HostedAttention& against, const char* leg,
-               bool bf16_out, std::optional<OutLseComparison> CasePart::*slot, CaseSink& sink) {
-  CasePart part(grid.spec.cp);
+void path_part(const CaseRun& r, std::vector<RankOutput>& runs, const HostedAttention& against,
+               const char* leg, bool bf16_out, std::optional<OutLseComparison> CasePart::*slot) {
+  CasePart part(r.grid.spec.cp);
   OutLseComparison& c = (part.*slot).emplace();
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    if (bf16_out) write_bf16_in_place(runs[i].merged, ctx.pool);
+    if (bf16_out) write_bf16_in_place(runs[i].merged, r.ctx.pool);
     c.add(runs[i].rank.cp_rank, runs[i].merged, *against[i]);
   }
-  publish_attention(ctx, grid, name, part, leg, merged_of(runs), bf16_out, true, {&c});
-  sink.prefill_part(part);
+  publish_attention(r, part, leg, merged_of(runs), bf16_out, true, {&c});
+  r.sink.prefill_part(part);
 }
 
 // The production lanes of the BF16-kernel path's states (numerics.md §10), each vs the FP32
 // reference and vs the canonical merge of the same states (`kernel`, written as BF16),
 // published as <case>/<lane>.
-void lanes_part(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                const std::vector<RankOutput>& kernel, const HostedAttention& reference,
-                CaseSink& sink) {
-  CasePart part(grid.spec.cp);
+void lanes_part(const CaseRun& r, const std::vector<RankOutput>& kernel) {
+  CasePart part(r.grid.spec.cp);
   for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
     LaneComparisons& c = part.lanes.emplace_back(LaneComparisons{kProductionLanes[k], {}, {}});
     HostedAttention lane;
     for (std::size_t i = 0; i < kernel.size(); ++i) {
       const RankOutput& run = kernel[i];
-      c.vs_reference.add(run.rank.cp_rank, run.lanes[k], *reference[i]);
+      c.vs_reference.add(run.rank.cp_rank, run.lanes[k], *r.reference[i]);
       c.vs_canonical.add(run.rank.cp_rank, run.lanes[k], run.merged);
       lane.push_back(&run.lanes[k]);
     }
-    publish_attention(ctx, grid, name, part, to_string(kProductionLanes[k]), lane, true, true,
+    publish_attention(r, part, to_string(kProductionLanes[k]), lane, true, true,
                       {&c.vs_reference, &c.vs_canonical});
   }
-  sink.prefill_part(part);
+  r.sink.prefill_part(part);
 }
 
 // The trainer's side of the trainer-vs-rollout pairs: what its production kernel wrote (the
 // BF16-kernel path, or the FP32 path under --dtype fp32) at the rollout's decoded positions.
-void capture_decoded(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-                     const HostedAttention& written, const char* merge = "canonical") {
-  if (ctx.decoded == nullptr) return;
-  DecodedRows rows = gather_trainer_rows(ctx, grid, name, written, ctx.decoded->workload);
+void capture_decoded(const CaseRun& r, const HostedAttention& written,
+                     const char* merge = "canonical") {
+  if (r.ctx.decoded == nullptr) return;
+  DecodedRows rows =
+      gather_trainer_rows(r.ctx, r.grid, r.record.name, written, r.ctx.decoded->workload);
   rows.merge = merge;
-  ctx.decoded->trainer.push_back(std::move(rows));
+  r.ctx.decoded->trainer.push_back(std::move(rows));
 }
 
 }  // namespace
@@ -179,49 +176,44 @@ void reference_forward(CaseRun& r) {
 // path under --dtype bf16, else the FP32 path).
 void forward_path(CaseRun& r, const ForwardPath& path) {
   const RunContext& ctx = r.ctx;
-  const std::string& name = r.record.name;
+  const auto run = [&](const PathSpec& spec, MergeExtras extras, InputStore& inputs) {
+    return run_protocol(r.grid, spec, ctx.transport, inputs, extras);
+  };
   switch (path.kind) {
     case ForwardPathKind::fp32:
-      r.fp32 = run_protocol(r.grid, kFp32Path, ctx.transport, ctx.inputs, {.checks = true});
-      fp32_part(ctx, r.grid, name, r.fp32, r.reference, r.sink);
-      if (ctx.problem.dtype == DType::fp32) capture_decoded(ctx, r.grid, name, merged_of(r.fp32));
-      for (RankOutput& run : r.fp32) run.checks.reset();  // the probe and oracle are measured
+      r.fp32 = run(kFp32Path, {.checks = true}, ctx.inputs);
+      fp32_part(r);
+      if (ctx.problem.dtype == DType::fp32) capture_decoded(r, merged_of(r.fp32));
+      for (RankOutput& o : r.fp32) o.checks.reset();  // the probe and oracle are measured
       r.dtype_written = merged_of(r.fp32);
       break;
     case ForwardPathKind::bf16_inputs:
-      r.dtype_runs = run_protocol(r.grid, kBf16InputsPath, ctx.transport, ctx.inputs, {});
-      path_part(ctx, r.grid, name, r.dtype_runs, r.reference, "candidate_bf16", true,
-                &CasePart::dtype_path, r.sink);
+      r.dtype_runs = run(kBf16InputsPath, {}, ctx.inputs);
+      path_part(r, r.dtype_runs, r.reference, "candidate_bf16", true, &CasePart::dtype_path);
       r.dtype_written = merged_of(r.dtype_runs);
       break;
     case ForwardPathKind::bf16_kernel: {
-      std::vector<RankOutput> kernel =
-          run_protocol(r.grid, kBf16KernelPath, ctx.transport, ctx.inputs, {.lanes = true});
-      path_part(ctx, r.grid, name, kernel, r.reference, "bf16_kernel", true, &CasePart::bf16_kernel,
-                r.sink);
-      lanes_part(ctx, r.grid, name, kernel, r.reference, r.sink);
+      std::vector<RankOutput> kernel = run(kBf16KernelPath, {.lanes = true}, ctx.inputs);
+      path_part(r, kernel, r.reference, "bf16_kernel", true, &CasePart::bf16_kernel);
+      lanes_part(r, kernel);
       if (ctx.problem.dtype == DType::bf16) {
-        capture_decoded(ctx, r.grid, name, merged_of(kernel));
+        capture_decoded(r, merged_of(kernel));
         for (std::size_t k = 0; k < kProductionLanes.size(); ++k) {
           HostedAttention lane;
-          for (const RankOutput& run : kernel) lane.push_back(&run.lanes[k]);
-          capture_decoded(ctx, r.grid, name, lane, to_string(kProductionLanes[k]));
+          for (const RankOutput& o : kernel) lane.push_back(&o.lanes[k]);
+          capture_decoded(r, lane, to_string(kProductionLanes[k]));
         }
       }
       break;
     }
     case ForwardPathKind::cublas_unfused: {
-      std::vector<RankOutput> unfused =
-          run_protocol(r.grid, kUnfusedPath, ctx.transport, ctx.inputs, {});
-      path_part(ctx, r.grid, name, unfused, r.reference, "cublas_unfused", true,
-                &CasePart::cublas_unfused, r.sink);
+      std::vector<RankOutput> unfused = run(kUnfusedPath, {}, ctx.inputs);
+      path_part(r, unfused, r.reference, "cublas_unfused", true, &CasePart::cublas_unfused);
       break;
     }
     case ForwardPathKind::cpu_fp32: {
-      std::vector<RankOutput> cpu =
-          run_protocol(r.grid, kFp32Path, ctx.transport, *ctx.cpu_rerun_inputs, {});
-      path_part(ctx, r.grid, name, cpu, merged_of(r.fp32), "cpu_fp32", false,
-                &CasePart::cuda_vs_cpu_fp32, r.sink);
+      std::vector<RankOutput> cpu = run(kFp32Path, {}, *ctx.cpu_rerun_inputs);
+      path_part(r, cpu, merged_of(r.fp32), "cpu_fp32", false, &CasePart::cuda_vs_cpu_fp32);
       break;
     }
   }
