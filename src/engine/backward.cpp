@@ -108,20 +108,15 @@ ExchangedRows exchange_rows(const CaseGrid& grid, const Range& span,
           part.empty() ? FloatBuffer{} : pack_rows(inputs, r, forward.at(r.id)->merged, part, dim));
     }
   }
-  std::vector<Message> outgoing;
-  for (const LogicalRank& dst : grid.ranks) {
-    for (const MessageHeader& h : expected_backward_rows(grid, dst, span)) {
-      if (rows.own.count(h.src) == 0) continue;
-      const LogicalRank& src = grid.ranks[static_cast<std::size_t>(h.src)];
-      const auto at = std::find_if(src.tokens.begin(), src.tokens.end(),
-                                   [&](const Range& t) { return t.contains(h.tokens()); }) -
-                      src.tokens.begin();
-      outgoing.push_back(Message{h, rows.own.at(h.src)[static_cast<std::size_t>(at)]});
-    }
-  }
-  rows.inboxes = protocol::superstep(
-      transport, hosted, std::move(outgoing),
-      [&](const LogicalRank& r) { return expected_backward_rows(grid, r, span); });
+  rows.inboxes = protocol::exchange(
+      grid, transport, hosted,
+      [&](const LogicalRank& r) { return expected_backward_rows(grid, r, span); },
+      [&](const MessageHeader& h) {
+        const std::vector<Range>& tokens = grid.ranks[static_cast<std::size_t>(h.src)].tokens;
+        const auto at = std::find_if(tokens.begin(), tokens.end(),
+                                     [&](const Range& t) { return t.contains(h.tokens()); });
+        return rows.own.at(h.src)[static_cast<std::size_t>(at - tokens.begin())];
+      });
   return rows;
 }
 

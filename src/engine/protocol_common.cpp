@@ -28,9 +28,8 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
     case Protocol::ag_rs:
       return protocol::run_ag_rs(grid, path, transport, inputs, extras);
     case Protocol::ring_kv:
-      return protocol::run_ring_kv(grid, path, transport, inputs, extras);
     case Protocol::allgather_kv:
-      return protocol::run_allgather_kv(grid, path, transport, inputs, extras);
+      return protocol::run_kv_protocol(grid, path, transport, inputs, extras);
   }
   throw std::logic_error("unknown protocol");
 }
@@ -137,6 +136,9 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
   return m;
 }
 
+namespace {
+
+// Partial states of `jobs` with the path's kernel.
 void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
                     AttentionBackend& backend) {
   const int dim = grid.problem.dims.head_dim;
@@ -148,29 +150,15 @@ void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const 
   }
 }
 
-void own_states(const CaseGrid& grid, const LogicalRank& owner, const FloatBuffer* own_rows,
-                const Shard& k, const Shard& v, int round, std::vector<Message>& states,
-                std::vector<BlockJob>& jobs, PayloadPool& pool) {
-  for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
-    const Range group = grid.round_group(owner.tokens[i], round);
-    if (group.empty()) continue;
-    const QueryPiece q = QueryPiece::range(&owner, owner.tokens[i], own_rows[i].data())
-                             .group(group, grid.problem.dims.head_dim);
-    for (const KvBlock& block : grid.blocks) {
-      const bool held = std::any_of(k.shape.tokens.begin(), k.shape.tokens.end(),
-                                    [&](const Range& t) { return t.contains(block.range); });
-      if (held && causally_visible(block.range, q.tokens))
-        states.push_back(state_message(grid, q, block, k, v, jobs, pool));
-    }
-  }
-}
-
-namespace {
-
-// Validation and agreement shared by deliver and check_local. `arrivals` may throw (a
-// malformed buffer) and is called inside the guard, so every process reaches agree().
+// Checks what `arrivals` returns into the inboxes and every inbox complete, then agrees.
+// `arrivals` may throw (a malformed buffer) and is called inside the guard, so every process
+// reaches agree().
 template <class Arrivals>
-void accept_all(Transport& transport, Arrivals&& arrivals, std::map<int, Inbox>& inboxes) {
+std::map<int, Inbox> receive(Transport& transport, const std::vector<LogicalRank>& hosted,
+                             const Manifest& expected, Arrivals&& arrivals) {
+  const WorkTimer t(WorkKind::messages);
+  std::map<int, Inbox> inboxes;
+  for (const LogicalRank& r : hosted) inboxes.emplace(r.id, Inbox(expected(r)));
   std::string error;
   try {
     for (Message& m : arrivals()) {
@@ -184,19 +172,30 @@ void accept_all(Transport& transport, Arrivals&& arrivals, std::map<int, Inbox>&
   }
   error = transport.agree(error);
   if (!error.empty()) throw ProtocolError(error);
+  return inboxes;
 }
 
 }  // namespace
 
-void deliver(Transport& transport, std::map<int, Inbox>& inboxes) {
-  accept_all(
-      transport, [&] { return transport.finish(); }, inboxes);
+std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
+                               std::vector<Message> outgoing, const Manifest& expected) {
+  return receive(transport, hosted, expected, [&] {
+    transport.start(std::move(outgoing));
+    return transport.finish();
+  });
 }
 
-void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes) {
-  const WorkTimer t(WorkKind::messages);
-  accept_all(
-      transport, [&] { return std::move(states); }, inboxes);
+std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
+                              const std::vector<LogicalRank>& hosted, const Manifest& expected,
+                              const std::function<FloatBuffer(const MessageHeader&)>& payload) {
+  std::vector<Message> outgoing;
+  for (const LogicalRank& dst : grid.ranks) {
+    for (const MessageHeader& h : expected(dst)) {
+      if (process_of(h.src, transport.world_size()) == transport.process_index())
+        outgoing.push_back(Message{h, payload(h)});
+    }
+  }
+  return superstep(transport, hosted, std::move(outgoing), expected);
 }
 
 std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
@@ -232,6 +231,10 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
   return jobs;
 }
 
+namespace {
+
+// The hosted ranks' outputs before the first round: rows unwritten, which the rounds' merges
+// write (and checks and lanes when asked).
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
                                       MergeExtras extras) {
   const int dim = grid.problem.dims.head_dim;
@@ -271,45 +274,57 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     }
     std::vector<std::size_t> manifest_order(states.size());
     for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
-    backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
-                         dim);
+    const std::vector<MergeJob> jobs =
+        state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim);
+    backend.merge_states(jobs, dim);
     if (!o.lanes.empty())
       merge_production_lanes(grid, r, groups, states, backend, store.pool(), o.lanes);
     if (!o.checks) continue;
-    merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
-                            o.checks->probe);
+    // The merge-order probe: the same states merged from the reverse of their arrival order.
+    const std::vector<std::size_t>& arrival = inbox.arrival_order();
+    backend.merge_states(state_merge_jobs(o.checks->probe, r, groups, states,
+                                          {arrival.rbegin(), arrival.rend()}, batch, dim),
+                         dim);
     {
       const WorkTimer t(WorkKind::checks);
-      merge_oracle_diffs(r, groups, states, o.merged, dim, store.pool(), *o.checks);
+      merge_oracle_diffs(jobs, o.merged, dim, store.pool(), *o.checks);
     }
     for (const Message& m : states) o.merged_states.push_back(m.header);
   }
 }
 
-std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
+}  // namespace
+
+std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
-                                     const std::map<int, std::vector<KvView>>& kv,
-                                     const std::map<int, std::vector<FloatBuffer>>& own_rows,
-                                     MergeExtras extras) {
+                                     const std::vector<StateWork>& work, MergeExtras extras) {
+  const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
-  const int rounds = grid.rounds();
   PayloadPool pool;
-  for (int round = 0; round < rounds; ++round) {
+  for (int round = 0; round < grid.rounds(); ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
-    for (const LogicalRank& r : hosted) {
-      for (const KvView& piece : kv.at(r.id)) {
-        own_states(grid, r, own_rows.at(r.id).data(), *piece.k, *piece.v, round, states, jobs,
-                   pool);
+    for (const StateWork& w : work) {
+      const Range group = grid.round_group(w.query.tokens, round);
+      if (group.empty()) continue;
+      const QueryPiece q = w.query.group(group, dim);
+      for (const KvBlock& block : grid.blocks) {
+        const bool held = std::any_of(w.k->shape.tokens.begin(), w.k->shape.tokens.end(),
+                                      [&](const Range& t) { return t.contains(block.range); });
+        if (held && causally_visible(block.range, q.tokens))
+          states.push_back(state_message(grid, q, block, *w.k, *w.v, jobs, pool));
       }
     }
     const std::size_t made = states.size();
     run_state_jobs(grid, path, jobs, store.backend());
-    // The states were computed here, but they are checked against the same manifest.
+    const Manifest expected = [&](const LogicalRank& r) { return expected_states(grid, r, round); };
+    // Under ring_kv and allgather_kv the states were computed here, but they are checked
+    // against the same manifest.
     std::map<int, Inbox> inboxes =
-        inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
-    check_local(transport, std::move(states), inboxes);
+        grid.spec.protocol == Protocol::ag_rs
+            ? superstep(transport, hosted, std::move(states), expected)
+            : receive(transport, hosted, expected, [&] { return std::move(states); });
     merge_round(grid, round, hosted, inboxes, store, outputs);
     pool.give_back(inboxes, made);
   }

@@ -2,6 +2,7 @@
 // messages, partial-state computation, validated delivery, and the ordered merge.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -58,11 +59,6 @@ struct KvPiece {
 /// A K/V message's payload as a piece (K rows, then V rows).
 KvPiece kv_piece_of(const Message& m, const CaseGrid& grid);
 
-/// K and V rows a rank reads, held elsewhere (its own shards, or a piece that arrived).
-struct KvView {
-  const Shard* k;
-  const Shard* v;
-};
 /// The K then V rows of `tokens`, as a message payload.
 FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool);
 
@@ -91,67 +87,38 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
                       const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
                       PayloadPool& pool);
 
-/// States of round `round`'s group of a query owner's own ranges (`own_rows[i]`: range i's rows)
-/// against every block of `k`/`v` they can see (ring_kv, allgather_kv: the owner computes them).
-void own_states(const CaseGrid& grid, const LogicalRank& owner, const FloatBuffer* own_rows,
-                const Shard& k, const Shard& v, int round, std::vector<Message>& states,
-                std::vector<BlockJob>& jobs, PayloadPool& pool);
-
-/// Partial states of `jobs` with the path's kernel.
-void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
-                    AttentionBackend& backend);
-
-/// Completes the superstep in flight, routes what arrived into the inboxes of their
-/// destinations and checks every inbox is complete; then all processes agree, so a bad
-/// message fails every rank with the same ProtocolError (never a hang, never a partial merge).
-void deliver(Transport& transport, std::map<int, Inbox>& inboxes);
-
-/// The same checks for states this process computed itself (ring_kv, allgather_kv).
-void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes);
-
-/// Inboxes for the given hosted ranks, from a manifest function.
-template <class ExpectedFn>
-std::map<int, Inbox> inboxes_for(const std::vector<LogicalRank>& hosted, ExpectedFn&& expected) {
-  std::map<int, Inbox> boxes;
-  for (const LogicalRank& r : hosted) boxes.emplace(r.id, Inbox(expected(r)));
-  return boxes;
-}
+/// What a hosted rank's manifest lists for one superstep (expected_states, …).
+using Manifest = std::function<std::vector<MessageHeader>(const LogicalRank&)>;
 
 /// One superstep: `outgoing` leaves, and what reaches each hosted rank is checked into its
-/// inbox against `expected` (the manifest; built before the messages move).
-template <class ExpectedFn>
+/// inbox against `expected` (the manifest); then all processes agree, so a bad message fails
+/// every rank with the same ProtocolError (never a hang, never a partial merge).
 std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
-                               std::vector<Message> outgoing, ExpectedFn&& expected) {
-  const WorkTimer t(WorkKind::messages);
-  std::map<int, Inbox> inboxes = inboxes_for(hosted, expected);
-  transport.start(std::move(outgoing));
-  deliver(transport, inboxes);
-  return inboxes;
-}
+                               std::vector<Message> outgoing, const Manifest& expected);
 
-/// The hosted ranks' outputs before the first round: rows unwritten, which the rounds' merges
-/// write (and checks and lanes when asked).
-std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
-                                      MergeExtras extras);
+/// The superstep of every message `expected` lists for any rank whose source is hosted here,
+/// each with the payload `payload(header)`.
+std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
+                              const std::vector<LogicalRank>& hosted, const Manifest& expected,
+                              const std::function<FloatBuffer(const MessageHeader&)>& payload);
 
-/// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged
-/// in global block order into its rows of the round; when the outputs carry checks, the merge
-/// checks of those rows and the states' headers. The store's backend merges; its pool runs the
-/// host-side work.
-void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
-                 std::map<int, Inbox>& inboxes, InputStore& store,
-                 std::vector<RankOutput>& outputs);
+/// Query rows whose states are computed here, and the K/V (one or more of a rank's token
+/// ranges) whose blocks they are computed against.
+struct StateWork {
+  QueryPiece query;
+  const Shard* k;
+  const Shard* v;
+};
 
-/// The rounds of a protocol whose query owners compute their own states (ring_kv,
-/// allgather_kv): each round, every hosted rank's group rows (`own_rows[id][i]`: its range i)
-/// against the blocks of every K/V piece it holds (`kv[id]`), checked against the manifest and
-/// merged. Collective.
-std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
+/// The rounds of a protocol: round i computes the states of the i-th row group of every
+/// `work` query against every block its K/V hold that the group sees, moves them to the query
+/// owners (ag_rs: over the transport; the other protocols compute them where they merge, and
+/// check them alike), checks them against the manifest and merges them in global block order.
+/// Collective.
+std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
-                                     const std::map<int, std::vector<KvView>>& kv,
-                                     const std::map<int, std::vector<FloatBuffer>>& own_rows,
-                                     MergeExtras extras);
+                                     const std::vector<StateWork>& work, MergeExtras extras);
 
 /// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
 /// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
@@ -176,10 +143,9 @@ void merge_production_lanes(const CaseGrid& grid, const LogicalRank& r,
 
 std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Transport& transport,
                                   InputStore& store, MergeExtras extras);
-std::vector<RankOutput> run_ring_kv(const CaseGrid& grid, const PathSpec& path,
-                                    Transport& transport, InputStore& store, MergeExtras extras);
-std::vector<RankOutput> run_allgather_kv(const CaseGrid& grid, const PathSpec& path,
-                                         Transport& transport, InputStore& store,
-                                         MergeExtras extras);
+/// ring_kv and allgather_kv.
+std::vector<RankOutput> run_kv_protocol(const CaseGrid& grid, const PathSpec& path,
+                                        Transport& transport, InputStore& store,
+                                        MergeExtras extras);
 
 }  // namespace cpd::protocol
