@@ -17,7 +17,6 @@ namespace {
 using backward_folds::blocks_in;
 using backward_folds::fold_dq;
 using backward_folds::fold_kv_gradients;
-using backward_folds::fold_lane_kv_gradients;
 using backward_folds::KvTotals;
 
 // A query range's backward inputs packed as one payload: q, dO ([B][H][R][D] each), lse, Δ
@@ -312,7 +311,6 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     fold_dq(grid, span, std::move(round.partials), hosted, transport, inputs.pool(), grads);
   }
   fold_kv_gradients(grid, totals, inputs.pool(), grads);
-  if (te_p2p_lane) fold_lane_kv_gradients(grid, totals, inputs.pool(), grads);
   return grads;
 }
 

@@ -59,18 +59,6 @@ std::vector<KvBlock> CaseGrid::blocks_of(int cp_rank) const {
   return owned;
 }
 
-namespace {
-
-bool same_header(const MessageHeader& a, const MessageHeader& b) {
-  return a.kind == b.kind && a.src == b.src && a.dst == b.dst && a.block_index == b.block_index &&
-         a.token_begin == b.token_begin && a.token_end == b.token_end &&
-         a.block_begin == b.block_begin && a.block_end == b.block_end &&
-         a.head_begin == b.head_begin && a.head_end == b.head_end && a.batch == b.batch &&
-         a.width == b.width && a.floats == b.floats;
-}
-
-}  // namespace
-
 Inbox::SlotKey Inbox::key_of(const MessageHeader& h) {
   return SlotKey{
       static_cast<int>(h.kind), h.dst, h.block_index, h.token_begin, h.token_end, h.head_begin};
@@ -88,7 +76,7 @@ void Inbox::accept(Message message) {
   const std::size_t slot = found->second;
   const MessageHeader* it = &expected_[slot];
   if (filled_[slot]) throw ProtocolError("duplicated " + describe(h));
-  if (!same_header(*it, h) || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
+  if (*it != h || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
     throw ProtocolError("mis-shaped " + describe(h) + ": expected " + describe(*it) + " with " +
                         std::to_string(it->floats) + " floats, got " +
                         std::to_string(message.payload.size()));
@@ -162,18 +150,31 @@ MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, cons
                      2LL * grid.problem.dims.head_dim);
 }
 
-std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
-                                           int round) {
+namespace {
+
+// The per-block messages `kind` (`floats` per row) `dst` receives: for the part `part(range)`
+// of each of its token ranges (none when empty), one per causally visible block.
+template <class Part>
+std::vector<MessageHeader> per_block(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                                     std::int64_t floats, Part&& part) {
   std::vector<MessageHeader> out;
   for (const Range& range : dst.tokens) {
-    const Range group = grid.round_group(range, round);
-    if (group.empty()) continue;
+    const Range rows = part(range);
+    if (rows.empty()) continue;
     for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, group))
-        out.push_back(state_header(grid, dst, group, block));
+      if (causally_visible(block.range, rows))
+        out.push_back(block_header(grid, kind, dst, rows, block, floats));
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
+                                           int round) {
+  return per_block(grid, MessageKind::partial_state, dst, grid.problem.dims.head_dim + 1,
+                   [&](const Range& range) { return grid.round_group(range, round); });
 }
 
 namespace {
@@ -227,16 +228,8 @@ MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, co
 
 std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst,
                                                 const Range& span) {
-  std::vector<MessageHeader> out;
-  for (const Range& tokens : dst.tokens) {
-    const Range part = intersection(tokens, span);
-    if (part.empty()) continue;
-    for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, part))
-        out.push_back(dq_partial_header(grid, dst, part, block));
-    }
-  }
-  return out;
+  return per_block(grid, MessageKind::dq_partial, dst, grid.problem.dims.head_dim,
+                   [&](const Range& tokens) { return intersection(tokens, span); });
 }
 
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab) {

@@ -32,17 +32,12 @@ CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int 
   t.path = std::move(path);
   t.digest = digest;
   t.bf16 = bf16;
-  GlobalTensor& g = t.layout;
-  g.batch = p.batch;
-  g.heads = p.dims.num_q_heads;
-  g.seq_len = w.q_len;
-  g.width = width;
+  t.layout = GlobalTensor{p.batch, p.dims.num_q_heads, w.q_len, width, {}, {}};
   for (int b = 0; b < p.batch; ++b) {
     for (std::int64_t h = 0; h < p.dims.num_q_heads; ++h) {
       const int proc = owner[static_cast<std::size_t>(h)];
-      g.pieces.push_back(GlobalPiece{b, h, Range{0, w.q_len}, proc});
-      g.segments.push_back(StreamSegment{proc, proc == me ? local->at(b, h, 0) : nullptr,
-                                         static_cast<std::size_t>(w.q_len * width)});
+      t.layout.add(GlobalPiece{b, h, Range{0, w.q_len}, proc},
+                   proc == me ? local->at(b, h, 0) : nullptr);
     }
   }
   t.attributes = {{"shape", width > 1 ? "[B, H, Q, D]" : "[B, H, Q]"},
