@@ -12,10 +12,6 @@
 namespace cpd {
 namespace {
 
-std::size_t floats_of(const LocalCp1Backward::Result& r) {
-  return r.dq.data.size() + r.dk.data.size() + r.dv.data.size();
-}
-
 // The gradients of `q_rows` and `kv_rows` for the KV heads `kv_heads` (a chunk of the rows'
 // KV heads): the reference's rows [first, S) against keys [0, S) (the dq of those rows is
 // complete, rows being independent, and so are the dk, dv of keys from `first` on, which
@@ -154,7 +150,8 @@ std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore
     backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
                    forward, totals, r);
   }
-  const std::size_t bytes = floats_of(r) * sizeof(float);
+  const std::size_t bytes =
+      (r.dq.data.size() + r.dk.data.size() + r.dv.data.size()) * sizeof(float);
   if (held_bytes_ + bytes <= budget_bytes_) {
     held_bytes_ += bytes;
     entries_.push_back(Entry{q_rows, kv_rows, result});
@@ -218,35 +215,19 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
   const std::int64_t group = p.dims.group_size();
-  const auto block_of = [&](const LogicalRank& r) {
-    return reference_kv_heads(grid, r, round, per_round);
-  };
-  std::vector<Message> outgoing;
-  std::vector<const AttnShard*> rows_of;  // per message, the rows it packs
-  for (std::size_t i = 0; i < hosted.size(); ++i) {
-    const LogicalRank& src = hosted[i];
-    for (int c = 0; c < grid.spec.cp; ++c) {
-      const LogicalRank& dst = grid.at(src.tp_rank, c);
-      const Range heads = block_of(dst);
-      for (std::int64_t g = heads.begin; g < heads.end; ++g) {
-        for (const Range& t : src.tokens) {
-          const MessageHeader h = reference_forward_header(grid, src, dst, t, g);
-          outgoing.push_back(Message{h, unwritten_floats(static_cast<std::size_t>(h.floats))});
-          rows_of.push_back(reference[i]);
-        }
-      }
-    }
-  }
-  // Packed and unpacked a message a task: each writes its own payload, or its own rows.
-  pool.parallel_for(static_cast<std::int64_t>(outgoing.size()), [&](std::int64_t k) {
-    Message& m = outgoing[static_cast<std::size_t>(k)];
-    const AttnShard& rows = *rows_of[static_cast<std::size_t>(k)];
-    const Range heads = group_heads(m.header.head_begin, group), t = m.header.tokens();
-    put_rows(rows.lse, heads, t, put_rows(rows.out, heads, t, m.payload.data()));
-  });
-  std::map<int, Inbox> inboxes =
-      protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
+  std::map<int, const AttnShard*> rows_of;  // the hosted ranks' forward rows
+  for (std::size_t i = 0; i < hosted.size(); ++i) rows_of[hosted[i].id] = reference[i];
+  std::map<int, Inbox> inboxes = protocol::exchange(
+      grid, transport, hosted,
+      [&](const LogicalRank& dst) {
         return expected_reference_forward(grid, dst, round, per_round);
+      },
+      [&](const MessageHeader& h) {
+        FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(h.floats));  // all written
+        const AttnShard& rows = *rows_of.at(h.src);
+        const Range heads = group_heads(h.head_begin, group), t = h.tokens();
+        put_rows(rows.lse, heads, t, put_rows(rows.out, heads, t, payload.data()));
+        return payload;
       });
   // Every row of a rank's round heads comes from one message: the TP group's ranks hold the
   // whole sequence between them.
@@ -254,13 +235,14 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
   std::vector<std::pair<const Message*, AttnShard*>> unpack;
   out.reserve(hosted.size());
   for (const LogicalRank& r : hosted) {
-    const Range block = block_of(r);
+    const Range block = reference_kv_heads(grid, r, round, per_round);
     const Range heads{block.begin * group, block.end * group}, all{0, p.seq_len};
     AttnShard& f =
         out.emplace_back(AttnShard{Shard(ShardShape{batch, heads, {all}, dim}, Uninitialized{}),
                                    Shard(ShardShape{batch, heads, {all}, 1}, Uninitialized{})});
     for (const Message& m : inboxes.at(r.id).messages()) unpack.emplace_back(&m, &f);
   }
+  // Unpacked a message a task: each writes its own rows.
   pool.parallel_for(static_cast<std::int64_t>(unpack.size()), [&](std::int64_t k) {
     const auto [m, f] = unpack[static_cast<std::size_t>(k)];
     const Range heads = group_heads(m->header.head_begin, group), t = m->header.tokens();

@@ -22,8 +22,7 @@ inline bool causally_visible(const Range& block, const Range& tokens) {
 }
 
 /// The budget of one round's partial states per query range (design §4). Rounds are at least 16
-/// rows, so past about a hundred KV blocks a round holds more (a row's states against every
-/// block); cutting rounds along the blocks too is a later step.
+/// rows, so past about a hundred KV blocks a round holds more (a row's states against every block).
 inline constexpr std::int64_t kRoundStateBytes = std::int64_t{32} << 20;
 
 /// The topology of one case as every rank sees it.
@@ -143,9 +142,8 @@ inline Range intersection(const Range& a, const Range& b) {
 /// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
 /// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
 /// order), the largest of them, and how many steps the case takes (the most chunks any rank
-/// has). At V = 4096 the
-/// budget gives 64 rows at TP = 1 and 128 at TP = 2, B = 1: the CPU tile streams each head's
-/// lm_head once per chunk, so fewer, longer chunks wait less on that stream.
+/// has). The CPU tile streams each head's lm_head once per chunk, so fewer, longer chunks wait
+/// less on that stream.
 inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{64} << 20;
 inline constexpr std::int64_t kLogitChunkMinRows = 16;
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);

@@ -83,43 +83,18 @@ FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, Thre
   return payload;
 }
 
-KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
-  const ShardShape shape{grid.problem.batch, m.header.heads(), {m.header.tokens()}, m.header.width};
-  KvPiece piece{Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};  // copied whole
-  const std::size_t half = shape.size();
-  std::memcpy(piece.k.data.data(), m.payload.data(), half * sizeof(float));
-  std::memcpy(piece.v.data.data(), m.payload.data() + half, half * sizeof(float));
-  return piece;
-}
+namespace {
 
-FloatBuffer PayloadPool::take(std::size_t floats) {
-  if (spare_.empty()) return unwritten_floats(floats);
-  auto it = spare_.lower_bound(floats);
-  if (it == spare_.end()) --it;  // the largest, grown
-  FloatBuffer buffer = std::move(it->second);
-  spare_.erase(it);
-  buffer.resize(floats);
-  mark_unwritten(buffer);  // last round's values, which the kernels overwrite
-  return buffer;
-}
-
-void PayloadPool::give_back(std::map<int, Inbox>& inboxes, std::size_t made) {
-  for (auto& [id, inbox] : inboxes) {
-    for (Message& m : inbox.take_messages()) {
-      const std::size_t size = m.payload.size();
-      spare_.emplace(size, std::move(m.payload));
-    }
-  }
-  while (spare_.size() > made) spare_.erase(spare_.begin());
-}
-
+// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
+// the query's owner; the jobs that fill its payload (every float) are appended to `jobs` (run
+// them before the payload is read). Messages can be moved freely: jobs point into the payload
+// buffer.
 Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
-                      PayloadPool& pool) {
+                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
   const int group = grid.problem.dims.group_size();
   const MessageHeader h = state_header(grid, *query.owner, query.tokens, block);
-  Message m{h, pool.take(static_cast<std::size_t>(h.floats))};
+  Message m{h, unwritten_floats(static_cast<std::size_t>(h.floats))};
   float* out = m.payload.data();
   const std::int64_t rows = query.tokens.size(), heads = query.owner->q_heads.size();
   float* lse = out + batch * heads * rows * dim;
@@ -135,8 +110,6 @@ Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlo
   }
   return m;
 }
-
-namespace {
 
 // Partial states of `jobs` with the path's kernel.
 void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
@@ -301,7 +274,6 @@ std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      const std::vector<StateWork>& work, MergeExtras extras) {
   const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
-  PayloadPool pool;
   for (int round = 0; round < grid.rounds(); ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
@@ -313,10 +285,9 @@ std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
         const bool held = std::any_of(w.k->shape.tokens.begin(), w.k->shape.tokens.end(),
                                       [&](const Range& t) { return t.contains(block.range); });
         if (held && causally_visible(block.range, q.tokens))
-          states.push_back(state_message(grid, q, block, *w.k, *w.v, jobs, pool));
+          states.push_back(state_message(grid, q, block, *w.k, *w.v, jobs));
       }
     }
-    const std::size_t made = states.size();
     run_state_jobs(grid, path, jobs, store.backend());
     const Manifest expected = [&](const LogicalRank& r) { return expected_states(grid, r, round); };
     // Under ring_kv and allgather_kv the states were computed here, but they are checked
@@ -326,7 +297,6 @@ std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
             ? superstep(transport, hosted, std::move(states), expected)
             : receive(transport, hosted, expected, [&] { return std::move(states); });
     merge_round(grid, round, hosted, inboxes, store, outputs);
-    pool.give_back(inboxes, made);
   }
   return outputs;
 }

@@ -52,40 +52,8 @@ struct QueryPiece {
   }
 };
 
-/// K and V rows of one or more token ranges of the owner's KV heads.
-struct KvPiece {
-  Shard k, v;
-};
-/// A K/V message's payload as a piece (K rows, then V rows).
-KvPiece kv_piece_of(const Message& m, const CaseGrid& grid);
-
 /// The K then V rows of `tokens`, as a message payload.
 FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool);
-
-/// The payload buffers of one round's merged states, handed to the next round's states (whose
-/// shapes repeat round after round), so a state's pages are written by its kernel, not cleared
-/// before it. Lives as long as one path's rounds and keeps no more buffers than the last round
-/// made here, so a round holds no more memory than without it.
-class PayloadPool {
- public:
-  /// A buffer of `floats` floats, contents unspecified (the smallest spare that is large
-  /// enough; else the largest, grown).
-  FloatBuffer take(std::size_t floats);
-  /// The payloads of the inboxes' messages (the inboxes are empty after), keeping the largest
-  /// `made` of the spares: the number of buffers this process took for the round.
-  void give_back(std::map<int, Inbox>& inboxes, std::size_t made);
-
- private:
-  std::multimap<std::size_t, FloatBuffer> spare_;  // by size
-};
-
-/// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
-/// the query's owner, its payload from `pool`; the jobs that fill it (every float) are appended
-/// to `jobs` (run them before the payload is read). Messages can be moved freely: jobs point
-/// into the payload buffer.
-Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
-                      PayloadPool& pool);
 
 /// What a hosted rank's manifest lists for one superstep (expected_states, …).
 using Manifest = std::function<std::vector<MessageHeader>(const LogicalRank&)>;

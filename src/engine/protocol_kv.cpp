@@ -5,11 +5,30 @@
 // pattern), each rank keeping every shard it has held; the transfers no longer overlap the
 // compute. allgather_kv: every rank gathers the K/V its queries can see in one step (Llama-3
 // style).
+#include <cstring>
 #include <stdexcept>
 
 #include "engine/protocol_common.h"
 
 namespace cpd::protocol {
+namespace {
+
+// K and V rows of one or more token ranges of the owner's KV heads.
+struct KvPiece {
+  Shard k, v;
+};
+
+// A K/V message's payload as a piece (K rows, then V rows).
+KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
+  const ShardShape shape{grid.problem.batch, m.header.heads(), {m.header.tokens()}, m.header.width};
+  KvPiece piece{Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};  // copied whole
+  const std::size_t half = shape.size();
+  std::memcpy(piece.k.data.data(), m.payload.data(), half * sizeof(float));
+  std::memcpy(piece.v.data.data(), m.payload.data() + half, half * sizeof(float));
+  return piece;
+}
+
+}  // namespace
 
 std::vector<RankOutput> run_kv_protocol(const CaseGrid& grid, const PathSpec& path,
                                         Transport& transport, InputStore& store,

@@ -49,6 +49,18 @@ Range kv_heads_of(const Problem& p, int tp, int world, int rank) {
   return Range{0, 0};
 }
 
+std::vector<int> head_owners(const Problem& p, int tp, int world) {
+  std::vector<int> owner(static_cast<std::size_t>(p.dims.num_q_heads), 0);
+  for (int r = 0; r < world; ++r) {
+    const Range heads = kv_heads_of(p, tp, world, r);
+    for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+      for (int x = 0; x < p.dims.group_size(); ++x)
+        owner[static_cast<std::size_t>(g * p.dims.group_size() + x)] = r;
+    }
+  }
+  return owner;
+}
+
 PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, int tp) {
   const Problem& p = ctx.problem;
   const int group = p.dims.group_size();
