@@ -20,31 +20,25 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 
 namespace {
 
-class MpiCollectives final : public Collectives {
- public:
-  explicit MpiCollectives(const CommContext& comm) : comm_(comm) {}
-  int rank() const override { return comm_.rank(); }
-  int size() const override { return comm_.size(); }
-  void sum(std::span<std::uint64_t> v) const override { comm_.allreduce_sum(v); }
-  void max(std::span<std::uint64_t> v) const override { comm_.allreduce_max(v); }
-  void stream_to_root(std::span<const StreamSegment> segments,
-                      const std::function<void(std::size_t, const float*)>& sink) const override;
-
- private:
-  const CommContext& comm_;
-};
-
 // Point-to-point messages carry at most this many floats (MPI counts are int).
 constexpr std::size_t kMaxFloatsPerMessage = std::size_t{1} << 28;
 constexpr int kStreamTag = 7001;
 
+// An in-place reduction of `n` values over every process of `comm`.
+void allreduce(MPI_Comm comm, void* values, int n, MPI_Datatype type, MPI_Op op) {
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, type, op, comm, &r));
+  wait_one(r);
+}
+
+}  // namespace
+
 // Every owner sends its segments to rank 0 in list order; rank 0 receives them in list order.
 // MPI keeps the order of messages between a pair on one tag, so rank 0 always gets the
 // segment it asks for next, and holds one segment at a time.
-void MpiCollectives::stream_to_root(
-    std::span<const StreamSegment> segments,
-    const std::function<void(std::size_t, const float*)>& sink) const {
-  const MPI_Comm world = comm_.impl().world;
+void CommContext::stream_to_root(std::span<const StreamSegment> segments,
+                                 const std::function<void(std::size_t, const float*)>& sink) const {
+  const MPI_Comm world = impl_->world;
   // Segment s sent to rank 0 from its owner (`into` null), or received there into `into`, in
   // pieces MPI can count.
   const auto move = [&](const StreamSegment& s, float* into) {
@@ -62,26 +56,17 @@ void MpiCollectives::stream_to_root(
   std::vector<float> buffer;
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const StreamSegment& s = segments[i];
-    if (comm_.rank() == 0 && s.owner == 0) {
+    if (rank_ == 0 && s.owner == 0) {
       sink(i, s.data);
-    } else if (comm_.rank() == 0) {
+    } else if (rank_ == 0) {
       buffer.resize(s.floats);
       move(s, buffer.data());
       sink(i, buffer.data());
-    } else if (s.owner == comm_.rank()) {
+    } else if (s.owner == rank_) {
       move(s, nullptr);
     }
   }
 }
-
-// An in-place reduction of `n` values over every process of `comm`.
-void allreduce(MPI_Comm comm, void* values, int n, MPI_Datatype type, MPI_Op op) {
-  MPI_Request r;
-  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, type, op, comm, &r));
-  wait_one(r);
-}
-
-}  // namespace
 
 CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>()) {
   int provided = 0;
@@ -96,7 +81,6 @@ CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>
       MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->node, &local_rank_));
   CPD_MPI_CHECK(MPI_Comm_size(impl_->node, &local_size_));
-  collectives_ = std::make_unique<MpiCollectives>(*this);
 }
 
 CommContext::~CommContext() {

@@ -29,12 +29,11 @@ std::vector<RankOutput> run_ag_rs(const CaseGrid& grid, const PathSpec& path, Tr
         own_rows.push_back(rows_of(in.q, t, store.pool()));
         rows = own_rows.back().data();
       }
-      work.push_back(StateWork{QueryPiece::range(&owner, t, rows), &in.k, &in.v});
+      work.push_back(StateWork{&owner, t, rows, &in.k, &in.v});
     }
     for (const Message& m : q_inboxes.at(owner.id).messages()) {
       const LogicalRank* src = &grid.ranks[static_cast<std::size_t>(m.header.src)];
-      work.push_back(
-          StateWork{QueryPiece::range(src, m.header.tokens(), m.payload.data()), &in.k, &in.v});
+      work.push_back(StateWork{src, m.header.tokens(), m.payload.data(), &in.k, &in.v});
     }
   }
   return state_rounds(grid, path, transport, store, hosted, work, extras);

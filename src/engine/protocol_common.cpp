@@ -85,27 +85,27 @@ FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, Thre
 
 namespace {
 
-// The partial state of `query` against `block` (whose K/V rows `k`, `v` hold) as a message to
-// the query's owner; the jobs that fill its payload (every float) are appended to `jobs` (run
-// them before the payload is read). Messages can be moved freely: jobs point into the payload
-// buffer.
-Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs) {
+// The partial state of the rows `group` of `w`'s query range against `block` (whose K/V rows
+// w.k, w.v hold) as a message to the query's owner; the jobs that fill its payload (every float)
+// are appended to `jobs` (run them before the payload is read). Messages can be moved freely:
+// jobs point into the payload buffer.
+Message state_message(const CaseGrid& grid, const StateWork& w, const Range& group,
+                      const KvBlock& block, std::vector<BlockJob>& jobs) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
-  const int group = grid.problem.dims.group_size();
-  const MessageHeader h = state_header(grid, *query.owner, query.tokens, block);
+  const int gqa = grid.problem.dims.group_size();
+  const MessageHeader h = state_header(grid, *w.owner, group, block);
   Message m{h, unwritten_floats(static_cast<std::size_t>(h.floats))};
   float* out = m.payload.data();
-  const std::int64_t rows = query.tokens.size(), heads = query.owner->q_heads.size();
+  const std::int64_t rows = group.size(), heads = w.owner->q_heads.size();
   float* lse = out + batch * heads * rows * dim;
-  const std::int64_t kv_row = k.shape.local_row(block.range.begin);
+  const std::int64_t kv_row = w.k->shape.local_row(block.range.begin);
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t hl = 0; hl < heads; ++hl) {
-      const std::int64_t g = (query.owner->q_heads.begin + hl) / group;
+      const std::int64_t g = (w.owner->q_heads.begin + hl) / gqa;
       const std::int64_t slot = b * heads + hl;
-      jobs.push_back(BlockJob{query.rows + slot * query.row_stride * dim, query.tokens.begin, rows,
-                              k.at(b, g, kv_row), v.at(b, g, kv_row), block.range,
-                              out + slot * rows * dim, lse + slot * rows});
+      const float* q = w.rows + (slot * w.tokens.size() + group.begin - w.tokens.begin) * dim;
+      jobs.push_back(BlockJob{q, group.begin, rows, w.k->at(b, g, kv_row), w.v->at(b, g, kv_row),
+                              block.range, out + slot * rows * dim, lse + slot * rows});
     }
   }
   return m;
@@ -272,20 +272,18 @@ std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::vector<StateWork>& work, MergeExtras extras) {
-  const int dim = grid.problem.dims.head_dim;
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
   for (int round = 0; round < grid.rounds(); ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
     for (const StateWork& w : work) {
-      const Range group = grid.round_group(w.query.tokens, round);
+      const Range group = grid.round_group(w.tokens, round);
       if (group.empty()) continue;
-      const QueryPiece q = w.query.group(group, dim);
       for (const KvBlock& block : grid.blocks) {
         const bool held = std::any_of(w.k->shape.tokens.begin(), w.k->shape.tokens.end(),
                                       [&](const Range& t) { return t.contains(block.range); });
-        if (held && causally_visible(block.range, q.tokens))
-          states.push_back(state_message(grid, q, block, *w.k, *w.v, jobs));
+        if (held && causally_visible(block.range, group))
+          states.push_back(state_message(grid, w, group, block, jobs));
       }
     }
     run_state_jobs(grid, path, jobs, store.backend());

@@ -32,26 +32,6 @@ inline bool serves_own_rows_in_place(Protocol protocol, const LogicalRank& rank)
   return protocol == Protocol::ag_rs && rank.tokens.size() == 1;
 }
 
-/// Query rows somebody computes states for: their owner, their tokens, and where their rows
-/// are: the row of (batch b, owner's head h, token tokens.begin + i) at
-/// rows + ((b·heads + h)·row_stride + i)·D — a whole range ([B][heads][tokens][D], row_stride =
-/// tokens.size()) or one round's group of it.
-struct QueryPiece {
-  const LogicalRank* owner;
-  Range tokens;
-  const float* rows;
-  std::int64_t row_stride;
-
-  /// A whole range's rows.
-  static QueryPiece range(const LogicalRank* owner, Range tokens, const float* rows) {
-    return QueryPiece{owner, tokens, rows, tokens.size()};
-  }
-  /// The rows of `group` (within tokens) of this piece.
-  QueryPiece group(Range g, int dim) const {
-    return QueryPiece{owner, g, rows + (g.begin - tokens.begin) * dim, row_stride};
-  }
-};
-
 /// The K then V rows of `tokens`, as a message payload.
 FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool);
 
@@ -70,10 +50,13 @@ std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
                               const std::vector<LogicalRank>& hosted, const Manifest& expected,
                               const std::function<FloatBuffer(const MessageHeader&)>& payload);
 
-/// Query rows whose states are computed here, and the K/V (one or more of a rank's token
-/// ranges) whose blocks they are computed against.
+/// Query rows whose states are computed here — one of the owner's token ranges, the row of
+/// (batch b, owner's head h, token tokens.begin + i) at rows + ((b·heads + h)·tokens.size() + i)·D
+/// — and the K/V (one or more of a rank's token ranges) whose blocks they are computed against.
 struct StateWork {
-  QueryPiece query;
+  const LogicalRank* owner;
+  Range tokens;
+  const float* rows;
   const Shard* k;
   const Shard* v;
 };

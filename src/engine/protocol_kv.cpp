@@ -69,8 +69,7 @@ std::vector<RankOutput> run_kv_protocol(const CaseGrid& grid, const PathSpec& pa
     for (const Range& t : r.tokens) rows.push_back(rows_of(inputs.at(r.id).q, t, store.pool()));
     for (const KvPiece& piece : held.at(r.id)) {
       for (std::size_t i = 0; i < r.tokens.size(); ++i) {
-        work.push_back(
-            StateWork{QueryPiece::range(&r, r.tokens[i], rows[i].data()), &piece.k, &piece.v});
+        work.push_back(StateWork{&r, r.tokens[i], rows[i].data(), &piece.k, &piece.v});
       }
     }
   }
