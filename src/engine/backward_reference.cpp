@@ -111,56 +111,6 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
   });
 }
 
-}  // namespace
-
-std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore& inputs,
-                                                                      const ShardShape& q_rows,
-                                                                      const ShardShape& kv_rows,
-                                                                      const AttnShard* forward) {
-  for (const Entry& e : entries_) {
-    if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
-  }
-  const Problem& p = inputs.problem();
-  const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
-  const std::int64_t seq = p.seq_len;
-  std::int64_t first = seq;
-  for (const Range& t : q_rows.tokens) first = std::min(first, t.begin);
-  for (const Range& t : kv_rows.tokens) first = std::min(first, t.begin);
-  const Range kv_heads{q_rows.heads.begin / group, q_rows.heads.end / group};
-  inputs.prepare(TensorId::q, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
-  inputs.prepare(TensorId::d_out, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
-  inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
-  inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
-
-  // Written whole by backward_chunk: dq of every query head, dk and dv of every KV head.
-  const auto result = std::make_shared<Result>(Result{
-      Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}, Uninitialized{}),
-      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{}),
-      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{})});
-  Result& r = *result;
-  // A few KV heads at a time, enough units for every thread: only their forward, dq and key
-  // totals are alive at once.
-  const std::int64_t per_chunk =
-      std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
-  // Each unit's key totals over [0, S), written whole by the unit (accumulate false).
-  std::vector<FloatBuffer> totals;
-  for (std::int64_t i = 0; i < 2 * batch * group * std::min(per_chunk, kv_heads.size()); ++i)
-    totals.push_back(unwritten_floats(static_cast<std::size_t>(seq) * dim));
-  for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
-    backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
-                   forward, totals, r);
-  }
-  const std::size_t bytes =
-      (r.dq.data.size() + r.dk.data.size() + r.dv.data.size()) * sizeof(float);
-  if (held_bytes_ + bytes <= budget_bytes_) {
-    held_bytes_ += bytes;
-    entries_.push_back(Entry{q_rows, kv_rows, result});
-  }
-  return result;
-}
-
-namespace {
-
 // Copies rows `tokens` of heads `heads` of `s` to `at`, [B][heads][rows][width]: a payload
 // piece; returns what follows it.
 float* put_rows(const Shard& s, const Range& heads, const Range& tokens, float* at) {
@@ -252,6 +202,52 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
 }
 
 }  // namespace
+
+std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore& inputs,
+                                                                      const ShardShape& q_rows,
+                                                                      const ShardShape& kv_rows,
+                                                                      const AttnShard* forward) {
+  for (const Entry& e : entries_) {
+    if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
+  }
+  const Problem& p = inputs.problem();
+  const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
+  const std::int64_t seq = p.seq_len;
+  std::int64_t first = seq;
+  for (const Range& t : q_rows.tokens) first = std::min(first, t.begin);
+  for (const Range& t : kv_rows.tokens) first = std::min(first, t.begin);
+  const Range kv_heads{q_rows.heads.begin / group, q_rows.heads.end / group};
+  inputs.prepare(TensorId::q, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
+  inputs.prepare(TensorId::d_out, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
+  inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
+  inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
+
+  // Written whole by backward_chunk: dq of every query head, dk and dv of every KV head.
+  const auto result = std::make_shared<Result>(Result{
+      Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{})});
+  Result& r = *result;
+  // A few KV heads at a time, enough units for every thread: only their forward, dq and key
+  // totals are alive at once.
+  const std::int64_t per_chunk =
+      std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
+  // Each unit's key totals over [0, S), written whole by the unit (accumulate false).
+  std::vector<FloatBuffer> totals;
+  for (std::int64_t i = 0; i < 2 * batch * group * std::min(per_chunk, kv_heads.size()); ++i)
+    totals.push_back(unwritten_floats(static_cast<std::size_t>(seq) * dim));
+  for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
+    backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
+                   forward, totals, r);
+  }
+  const std::size_t bytes =
+      (r.dq.data.size() + r.dk.data.size() + r.dv.data.size()) * sizeof(float);
+  if (held_bytes_ + bytes <= budget_bytes_) {
+    held_bytes_ += bytes;
+    entries_.push_back(Entry{q_rows, kv_rows, result});
+  }
+  return result;
+}
 
 std::vector<LocalCp1Backward::Result> shared_cp1_backward(
     const CaseGrid& grid, Transport& transport, const Collectives& collectives, InputStore& inputs,

@@ -7,6 +7,84 @@
 #include "core/errors.h"
 
 namespace cpd {
+namespace {
+
+// The fields every message has: who, to whom, which rows of which heads, and a payload of
+// `floats_per_row` floats per (batch, head, token).
+MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
+                          const LogicalRank& dst, const Range& tokens, const Range& heads,
+                          std::int64_t floats_per_row) {
+  MessageHeader h;
+  h.kind = kind;
+  h.src = src.id;
+  h.dst = dst.id;
+  h.token_begin = tokens.begin;
+  h.token_end = tokens.end;
+  h.head_begin = static_cast<std::int32_t>(heads.begin);
+  h.head_end = static_cast<std::int32_t>(heads.end);
+  h.batch = grid.problem.batch;
+  h.width = grid.problem.dims.head_dim;
+  h.floats = static_cast<std::int64_t>(h.batch) * heads.size() * tokens.size() * floats_per_row;
+  return h;
+}
+
+// A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
+MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                           const Range& tokens, const KvBlock& block, std::int64_t floats) {
+  MessageHeader h = rows_header(grid, kind, grid.at(dst.tp_rank, block.owner_cp_rank), dst, tokens,
+                                dst.q_heads, floats);
+  h.block_index = block.index;
+  h.block_begin = block.range.begin;
+  h.block_end = block.range.end;
+  return h;
+}
+
+// The per-block messages `kind` (`floats` per row) `dst` receives: for the part `part(range)`
+// of each of its token ranges (none when empty), one per causally visible block.
+template <class Part>
+std::vector<MessageHeader> per_block(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                                     std::int64_t floats, Part&& part) {
+  std::vector<MessageHeader> out;
+  for (const Range& range : dst.tokens) {
+    const Range rows = part(range);
+    if (rows.empty()) continue;
+    for (const KvBlock& block : grid.blocks) {
+      if (causally_visible(block.range, rows))
+        out.push_back(block_header(grid, kind, dst, rows, block, floats));
+    }
+  }
+  return out;
+}
+
+// The query rows of the other CP ranks (same TP rank as dst) inside `span` that one of dst's
+// KV blocks sees: (their owner, the rows), one per owner's range.
+std::vector<std::pair<const LogicalRank*, Range>> rows_seen_by(const CaseGrid& grid,
+                                                               const LogicalRank& dst,
+                                                               const Range& span) {
+  std::vector<std::pair<const LogicalRank*, Range>> out;
+  const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
+  for (int r = 0; r < grid.spec.cp; ++r) {
+    if (r == dst.cp_rank) continue;
+    const LogicalRank& src = grid.at(dst.tp_rank, r);
+    for (const Range& tokens : src.tokens) {
+      const Range part = intersection(tokens, span);
+      const bool seen =
+          !part.empty() && std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
+            return causally_visible(b.range, part);
+          });
+      if (seen) out.emplace_back(&src, part);
+    }
+  }
+  return out;
+}
+
+// KV heads of a TP group per CP rank in the shared reference.
+std::int64_t reference_block(const CaseGrid& grid) {
+  const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
+  return (kv + grid.spec.cp - 1) / grid.spec.cp;
+}
+
+}  // namespace
 
 CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
     : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)), round_rows(rows) {
@@ -92,49 +170,11 @@ void Inbox::require_complete() const {
   }
 }
 
-namespace {
-
-// The fields every message has: who, to whom, which rows of which heads, and a payload of
-// `floats_per_row` floats per (batch, head, token).
-MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
-                          const LogicalRank& dst, const Range& tokens, const Range& heads,
-                          std::int64_t floats_per_row) {
-  MessageHeader h;
-  h.kind = kind;
-  h.src = src.id;
-  h.dst = dst.id;
-  h.token_begin = tokens.begin;
-  h.token_end = tokens.end;
-  h.head_begin = static_cast<std::int32_t>(heads.begin);
-  h.head_end = static_cast<std::int32_t>(heads.end);
-  h.batch = grid.problem.batch;
-  h.width = grid.problem.dims.head_dim;
-  h.floats = static_cast<std::int64_t>(h.batch) * heads.size() * tokens.size() * floats_per_row;
-  return h;
-}
-
-}  // namespace
-
 MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
                              const Range& tokens) {
   return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
                      grid.problem.dims.head_dim);
 }
-
-namespace {
-
-// A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
-MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
-                           const Range& tokens, const KvBlock& block, std::int64_t floats) {
-  MessageHeader h = rows_header(grid, kind, grid.at(dst.tp_rank, block.owner_cp_rank), dst, tokens,
-                                dst.q_heads, floats);
-  h.block_index = block.index;
-  h.block_begin = block.range.begin;
-  h.block_end = block.range.end;
-  return h;
-}
-
-}  // namespace
 
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                            const KvBlock& block) {
@@ -150,58 +190,11 @@ MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, cons
                      2LL * grid.problem.dims.head_dim);
 }
 
-namespace {
-
-// The per-block messages `kind` (`floats` per row) `dst` receives: for the part `part(range)`
-// of each of its token ranges (none when empty), one per causally visible block.
-template <class Part>
-std::vector<MessageHeader> per_block(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
-                                     std::int64_t floats, Part&& part) {
-  std::vector<MessageHeader> out;
-  for (const Range& range : dst.tokens) {
-    const Range rows = part(range);
-    if (rows.empty()) continue;
-    for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, rows))
-        out.push_back(block_header(grid, kind, dst, rows, block, floats));
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
                                            int round) {
   return per_block(grid, MessageKind::partial_state, dst, grid.problem.dims.head_dim + 1,
                    [&](const Range& range) { return grid.round_group(range, round); });
 }
-
-namespace {
-
-// The query rows of the other CP ranks (same TP rank as dst) inside `span` that one of dst's
-// KV blocks sees: (their owner, the rows), one per owner's range.
-std::vector<std::pair<const LogicalRank*, Range>> rows_seen_by(const CaseGrid& grid,
-                                                               const LogicalRank& dst,
-                                                               const Range& span) {
-  std::vector<std::pair<const LogicalRank*, Range>> out;
-  const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
-  for (int r = 0; r < grid.spec.cp; ++r) {
-    if (r == dst.cp_rank) continue;
-    const LogicalRank& src = grid.at(dst.tp_rank, r);
-    for (const Range& tokens : src.tokens) {
-      const Range part = intersection(tokens, span);
-      const bool seen =
-          !part.empty() && std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
-            return causally_visible(b.range, part);
-          });
-      if (seen) out.emplace_back(&src, part);
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst) {
   std::vector<MessageHeader> out;
@@ -315,16 +308,6 @@ std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalR
   for (const Range& kv : origin.tokens) out.push_back(kv_shard_header(grid, previous, dst, kv));
   return out;
 }
-
-namespace {
-
-// KV heads of a TP group per CP rank in the shared reference.
-std::int64_t reference_block(const CaseGrid& grid) {
-  const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
-  return (kv + grid.spec.cp - 1) / grid.spec.cp;
-}
-
-}  // namespace
 
 int reference_rounds(const CaseGrid& grid, int per_round) {
   return static_cast<int>((reference_block(grid) + per_round - 1) / per_round);

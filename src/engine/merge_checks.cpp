@@ -5,7 +5,6 @@
 #include <span>
 #include <string>
 
-#include "engine/protocol_common.h"
 #include "kernels/cpu/attention.h"
 
 namespace cpd {

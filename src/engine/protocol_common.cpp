@@ -36,20 +36,6 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
 
 namespace protocol {
 
-std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
-                                          const std::vector<LogicalRank>& hosted,
-                                          const PathSpec& path, InputStore& store) {
-  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
-  std::map<int, RankInputs> inputs;
-  for (const LogicalRank& r : hosted) {
-    const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
-    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
-                              store.shard(TensorId::k, kvs, path.inputs),
-                              store.shard(TensorId::v, kvs, path.inputs)};
-  }
-  return inputs;
-}
-
 namespace {
 
 // Copies rows `tokens` of every (batch, head) of `shard` to `to`, [B][heads][rows][width].
@@ -63,27 +49,6 @@ void copy_rows_to(const Shard& shard, const Range& tokens, float* to, ThreadPool
                 n * sizeof(float));
   });
 }
-
-}  // namespace
-
-FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool) {
-  const ShardShape& s = shard.shape;
-  FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(s.batch) * s.heads.size() *
-                                         tokens.size() * s.width);
-  copy_rows_to(shard, tokens, payload.data(), pool);  // every element
-  return payload;
-}
-
-FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool) {
-  const std::size_t half = static_cast<std::size_t>(k.shape.batch) * k.shape.heads.size() *
-                           tokens.size() * k.shape.width;
-  FloatBuffer payload = unwritten_floats(2 * half);
-  copy_rows_to(k, tokens, payload.data(), pool);  // every element, K then V
-  copy_rows_to(v, tokens, payload.data() + half, pool);
-  return payload;
-}
-
-namespace {
 
 // The partial state of the rows `group` of `w`'s query range against `block` (whose K/V rows
 // w.k, w.v hold) as a message to the query's owner; the jobs that fill its payload (every float)
@@ -148,29 +113,9 @@ std::map<int, Inbox> receive(Transport& transport, const std::vector<LogicalRank
   return inboxes;
 }
 
-}  // namespace
-
-std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
-                               std::vector<Message> outgoing, const Manifest& expected) {
-  return receive(transport, hosted, expected, [&] {
-    transport.start(std::move(outgoing));
-    return transport.finish();
-  });
-}
-
-std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
-                              const std::vector<LogicalRank>& hosted, const Manifest& expected,
-                              const std::function<FloatBuffer(const MessageHeader&)>& payload) {
-  std::vector<Message> outgoing;
-  for (const LogicalRank& dst : grid.ranks) {
-    for (const MessageHeader& h : expected(dst)) {
-      if (process_of(h.src, transport.world_size()) == transport.process_index())
-        outgoing.push_back(Message{h, payload(h)});
-    }
-  }
-  return superstep(transport, hosted, std::move(outgoing), expected);
-}
-
+// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
+// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
+// block index anyway).
 std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
                                        const std::vector<Range>& groups,
                                        const std::vector<Message>& states,
@@ -204,8 +149,6 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
   return jobs;
 }
 
-namespace {
-
 // The hosted ranks' outputs before the first round: rows unwritten, which the rounds' merges
 // write (and checks and lanes when asked).
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
@@ -231,6 +174,9 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
   return outputs;
 }
 
+// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged in
+// global block order into its rows of the round; the production lanes and the merge checks of
+// the same states when the outputs carry them, and the states' headers with the checks.
 void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
                  std::map<int, Inbox>& inboxes, InputStore& store,
                  std::vector<RankOutput>& outputs) {
@@ -267,6 +213,58 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
 }
 
 }  // namespace
+
+std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
+                                          const std::vector<LogicalRank>& hosted,
+                                          const PathSpec& path, InputStore& store) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  std::map<int, RankInputs> inputs;
+  for (const LogicalRank& r : hosted) {
+    const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
+    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
+                              store.shard(TensorId::k, kvs, path.inputs),
+                              store.shard(TensorId::v, kvs, path.inputs)};
+  }
+  return inputs;
+}
+
+FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool) {
+  const ShardShape& s = shard.shape;
+  FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(s.batch) * s.heads.size() *
+                                         tokens.size() * s.width);
+  copy_rows_to(shard, tokens, payload.data(), pool);  // every element
+  return payload;
+}
+
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool) {
+  const std::size_t half = static_cast<std::size_t>(k.shape.batch) * k.shape.heads.size() *
+                           tokens.size() * k.shape.width;
+  FloatBuffer payload = unwritten_floats(2 * half);
+  copy_rows_to(k, tokens, payload.data(), pool);  // every element, K then V
+  copy_rows_to(v, tokens, payload.data() + half, pool);
+  return payload;
+}
+
+std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
+                               std::vector<Message> outgoing, const Manifest& expected) {
+  return receive(transport, hosted, expected, [&] {
+    transport.start(std::move(outgoing));
+    return transport.finish();
+  });
+}
+
+std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
+                              const std::vector<LogicalRank>& hosted, const Manifest& expected,
+                              const std::function<FloatBuffer(const MessageHeader&)>& payload) {
+  std::vector<Message> outgoing;
+  for (const LogicalRank& dst : grid.ranks) {
+    for (const MessageHeader& h : expected(dst)) {
+      if (process_of(h.src, transport.world_size()) == transport.process_index())
+        outgoing.push_back(Message{h, payload(h)});
+    }
+  }
+  return superstep(transport, hosted, std::move(outgoing), expected);
+}
 
 std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, InputStore& store,

@@ -71,14 +71,6 @@ std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      const std::vector<LogicalRank>& hosted,
                                      const std::vector<StateWork>& work, MergeExtras extras);
 
-/// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
-/// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
-/// block index anyway).
-std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
-                                       const std::vector<Range>& groups,
-                                       const std::vector<Message>& states,
-                                       const std::vector<std::size_t>& order, int batch, int dim);
-
 /// Rows of a group the production lanes fold at a time (their scratch: CP × B × heads × this
 /// many rows of out and lse).
 inline constexpr std::int64_t kLaneRows = 64;
