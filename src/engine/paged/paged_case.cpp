@@ -40,9 +40,9 @@ CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int 
 
 // What one case of the plan whose lanes are `l` computed, handed to `sink`.
 void run_paged_case(const RunContext& ctx, const PagedOptions& options, const PagedWorkload& w,
-                    const paged::PagedInputs& in, const AttnShard& reference_cast,
-                    const paged::PlanLanes& l, const PagedCaseSpec& spec,
-                    std::chrono::steady_clock::time_point started, CaseSink& sink) {
+                    const paged::PagedInputs& in, const paged::PlanLanes& l,
+                    const PagedCaseSpec& spec, std::chrono::steady_clock::time_point started,
+                    CaseSink& sink) {
   const bool bf16 = ctx.problem.dtype == DType::bf16;
   const bool local = !in.heads.empty();
   PagedCaseOutputs o;
@@ -70,8 +70,8 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   };
   o.candidate.out.candidate_tensor = publish("candidate/out", candidate.out, dim, bf16, true);
   o.candidate.lse.candidate_tensor = publish("candidate/lse", candidate.lse, 1, false, true);
-  publish("reference/out", reference_cast.out, dim, bf16, false);
-  publish("reference/lse", reference_cast.lse, 1, false, false);
+  publish("reference/out", in.reference_cast.out, dim, bf16, false);
+  publish("reference/lse", in.reference_cast.lse, 1, false, false);
   // Under BF16 the candidate's figure is against the reference before its BF16 write: that too,
   // so that a dump reproduces the figure (cpdrift-inspect summary).
   if (bf16) publish("reference_fp32_arithmetic/out", in.reference.out, dim, false, false);
@@ -84,7 +84,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   DecodedRows cand = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
                                          local ? &candidate : nullptr, o.vocab_size);
   const DecodedRows ref = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
-                                              local ? &reference_cast : nullptr, o.vocab_size);
+                                              local ? &in.reference_cast : nullptr, o.vocab_size);
   const std::vector<float>& c = o.held.keep(cand.logprob);
   const std::vector<float>& r = o.held.keep(ref.logprob);
   o.dlogp.add(0, c.data(), r.data(), c.size());
@@ -130,21 +130,16 @@ void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
   // The specs come TP-major, then plan-major: the inputs follow each rollout TP's placement,
   // and each plan's lanes run once for its modes.
   std::optional<paged::PagedInputs> in;
-  std::optional<AttnShard> reference_cast;
   std::optional<paged::PlanLanes> lanes;
-  std::optional<SplitKv> lanes_split;
   const bool say = o.progress && ctx.collectives.root();
   for (const PagedCaseSpec& spec : specs) {
     const auto started = std::chrono::steady_clock::now();
     if (!in || in->tp != spec.tp) {
       lanes.reset();
-      lanes_split.reset();
-      reference_cast.reset();
       in.reset();
       in = paged::prepare_paged_inputs(ctx, w, spec.tp);
-      reference_cast = final_write(in->reference, ctx.problem.dtype == DType::bf16, ctx.pool);
     }
-    if (!lanes_split || !(*lanes_split == spec.split)) {
+    if (!lanes || !(lanes->split == spec.split)) {
       lanes.reset();
       std::vector<PagedMode> modes;  // the modes this plan's cases ask for
       for (const PagedCaseSpec& other : specs) {
@@ -156,14 +151,13 @@ void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
                      policy);
       }
       lanes = paged::compute_plan_lanes(ctx, w, *in, spec.split, modes);
-      lanes_split = spec.split;
       if (say) {
         std::fprintf(
             stderr, "cpdrift: paged lanes, rollout TP=%d, split-KV %s: %.1f s\n", spec.tp, policy,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       }
     }
-    run_paged_case(ctx, o, w, *in, *reference_cast, *lanes, spec, started, sink);
+    run_paged_case(ctx, o, w, *in, *lanes, spec, started, sink);
   }
 }
 

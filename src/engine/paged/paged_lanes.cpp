@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/case_runner.h"
 #include "kernels/input_store.h"
 
 namespace cpd::paged {
@@ -88,6 +89,7 @@ PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, 
       run_contiguous_lane(reference, w, in.kv.k, in.kv.v, in.q, in.heads, group, scale, backend);
   in.reference_fp32 = run_contiguous_lane(reference, w, in.kv32.k, in.kv32.v, in.q32, in.heads,
                                           group, scale, backend);
+  in.reference_cast = final_write(in.reference, p.dtype == DType::bf16, ctx.pool);
   return in;
 }
 
@@ -101,6 +103,7 @@ PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, cons
   const Range heads = in.heads;
 
   PlanLanes l;
+  l.split = split;
   for (const PagedMode m : modes) {  // present, if empty
     l.permuted[m];
     l.private_prefix[m];

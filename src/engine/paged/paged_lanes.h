@@ -31,11 +31,13 @@ struct PagedInputs {
   Shard q, q32;              // the case dtype's queries, and FP32 ones
   LogicalKv kv, kv32;        // likewise K and V
   AttnShard reference;       // FP32 arithmetic on the candidate's inputs
+  AttnShard reference_cast;  // `reference` as the case dtype's final write casts it
   AttnShard reference_fp32;  // FP32 arithmetic on FP32 inputs
 };
 
 /// The lanes of one split plan, shared by its decode and paged-prefill cases.
 struct PlanLanes {
+  SplitKv split;
   // The case dtype's arithmetic (BF16 inputs and P under --dtype bf16) on the main cache.
   AttnShard decode, paged_prefill, full_prefill;
   // Per sequence, the split plan the decode and paged-prefill lanes ran at its full context
