@@ -19,15 +19,13 @@ namespace cpd {
 void merge_oracle_diffs(std::span<const MergeJob> jobs, const AttnShard& merged, int dim,
                         ThreadPool& pool, MergeChecks& checks);
 
-/// The oracle on explicit states, for the start-up self-test and the unit tests: states are
-/// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.
+/// The oracle on explicit states (the per-row loop of merge_oracle_diffs, the start-up self-test
+/// and the unit tests): states are (out[dim], lse) pairs in ascending block order; `row`
+/// receives (out, lse) in FP64, its buffer reused.
 struct OracleRow {
   std::vector<double> out;
   double lse = 0.0;
 };
-OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
-                           int dim);
-/// The same into `row`, whose buffer is reused (the per-row loop of merge_oracle_diffs).
 void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
                       OracleRow& row);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/util/work_timers.h"
 #include "cpdrift/production_lanes.h"
 #include "engine/merge_checks.h"
 #include "kernels/attention_backend.h"

@@ -6,7 +6,6 @@
 #include <map>
 #include <vector>
 
-#include "core/util/work_timers.h"
 #include "engine/protocol.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/attention.h"
