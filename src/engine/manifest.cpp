@@ -9,6 +9,15 @@
 namespace cpd {
 namespace {
 
+// The longest of the ranks' query ranges.
+std::int64_t longest_range(const std::vector<LogicalRank>& ranks) {
+  std::int64_t longest = 0;
+  for (const LogicalRank& r : ranks) {
+    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
+  }
+  return longest;
+}
+
 // The fields every message has: who, to whom, which rows of which heads, and a payload of
 // `floats_per_row` floats per (batch, head, token).
 MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
@@ -89,10 +98,6 @@ std::int64_t reference_block(const CaseGrid& grid) {
 CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
     : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)), round_rows(rows) {
   for (int id = 0; id < s.num_logical_ranks(); ++id) ranks.push_back(logical_rank(s, p, id));
-  std::int64_t longest = 0;
-  for (const LogicalRank& r : ranks) {
-    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
-  }
   if (round_rows <= 0) {
     // A row's states against every block: out and lse of each of the rank's query heads.
     const std::int64_t heads = p.dims.num_q_heads / s.tp;
@@ -100,15 +105,11 @@ CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
                                    (p.dims.head_dim + 1) * std::int64_t{sizeof(float)};
     round_rows = std::max<std::int64_t>(16, kRoundStateBytes / row_bytes / 16 * 16);
   }
-  round_rows = std::min(round_rows, std::max<std::int64_t>(1, longest));
+  round_rows = std::min(round_rows, std::max<std::int64_t>(1, longest_range(ranks)));
 }
 
 int CaseGrid::rounds() const {
-  std::int64_t longest = 0;
-  for (const LogicalRank& r : ranks) {
-    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
-  }
-  return static_cast<int>((longest + round_rows - 1) / round_rows);
+  return static_cast<int>((longest_range(ranks) + round_rows - 1) / round_rows);
 }
 
 std::vector<Range> CaseGrid::backward_rounds() const {
@@ -247,9 +248,7 @@ std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int 
 }
 
 std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab) {
-  std::int64_t longest = 0;  // the rank's longest token range
-  for (const Range& t : r.tokens) longest = std::max(longest, t.size());
-  return std::min(logit_chunk_rows(grid, vocab), longest);
+  return std::min(logit_chunk_rows(grid, vocab), longest_range({r}));
 }
 
 int logit_steps(const CaseGrid& grid, int vocab) {
