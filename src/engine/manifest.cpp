@@ -37,6 +37,32 @@ MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalR
   return h;
 }
 
+// Header of the query rows `tokens` of rank `src` sent to rank `dst`.
+MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                             const Range& tokens) {
+  return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
+                     grid.problem.dims.head_dim);
+}
+
+// Header of the K and V rows of `tokens` (one of `src`'s ranges) sent by `src` to `dst`.
+MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                              const Range& tokens) {
+  // K then V rows.
+  return rows_header(grid, MessageKind::kv_shard, src, dst, tokens, src.kv_heads,
+                     2LL * grid.problem.dims.head_dim);
+}
+
+// Header of the CP=1 reference forward rows `tokens` of KV head `g`'s group, from their owner
+// `src` to `dst`, the CP rank that computes the group's reference backward.
+MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
+                                       const LogicalRank& dst, const Range& tokens,
+                                       std::int64_t g) {
+  // out of the group's query heads, then their lse: group · (D + 1) floats per (batch, token).
+  const std::int64_t group = grid.problem.dims.group_size();
+  return rows_header(grid, MessageKind::reference_forward, src, dst, tokens, Range{g, g + 1},
+                     group * (grid.problem.dims.head_dim + 1));
+}
+
 // A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
 MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
                            const Range& tokens, const KvBlock& block, std::int64_t floats) {
@@ -171,24 +197,11 @@ void Inbox::require_complete() const {
   }
 }
 
-MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                             const Range& tokens) {
-  return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
-                     grid.problem.dims.head_dim);
-}
-
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                            const KvBlock& block) {
   // out (head_dim floats) and lse (one) per row.
   return block_header(grid, MessageKind::partial_state, dst, tokens, block,
                       grid.problem.dims.head_dim + 1);
-}
-
-MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                              const Range& tokens) {
-  // K then V rows.
-  return rows_header(grid, MessageKind::kv_shard, src, dst, tokens, src.kv_heads,
-                     2LL * grid.problem.dims.head_dim);
 }
 
 std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
@@ -326,15 +339,6 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
   const std::int64_t group = grid.problem.dims.group_size();
   return rows_header(grid, MessageKind::reference_grads, src, dst, tokens, Range{g, g + 1},
                      (group + 2) * grid.problem.dims.head_dim);
-}
-
-MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
-                                       const LogicalRank& dst, const Range& tokens,
-                                       std::int64_t g) {
-  // out of the group's query heads, then their lse: group · (D + 1) floats per (batch, token).
-  const std::int64_t group = grid.problem.dims.group_size();
-  return rows_header(grid, MessageKind::reference_forward, src, dst, tokens, Range{g, g + 1},
-                     group * (grid.problem.dims.head_dim + 1));
 }
 
 std::vector<MessageHeader> expected_reference_forward(const CaseGrid& grid, const LogicalRank& dst,

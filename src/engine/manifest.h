@@ -90,10 +90,6 @@ class Inbox {
   std::vector<std::size_t> arrival_;
 };
 
-/// Header of the query rows `tokens` of rank `src` sent to rank `dst`.
-MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                             const Range& tokens);
-
 /// Header of the partial state of `dst`'s query rows `tokens` against `block`, computed by the
 /// block's owner.
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
@@ -106,10 +102,6 @@ std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRa
 /// Every query range `dst` must receive to serve its blocks under ag_rs: the token ranges of
 /// the other CP ranks (same TP rank) that see at least one of dst's blocks.
 std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst);
-
-/// Header of the K and V rows of `tokens` (one of `owner`'s ranges) sent by `src` to `dst`.
-MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                              const Range& tokens);
 
 /// allgather_kv: the K/V ranges of the other CP ranks (same TP rank) that hold a key visible
 /// to one of dst's query ranges.
@@ -181,11 +173,6 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
 /// that round covers, one per token range of dst, from the CP rank that computes it.
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
                                                     int round, int per_round);
-
-/// Header of the CP=1 reference forward rows `tokens` of KV head `g`'s group, from their owner
-/// `src` to `dst`, the CP rank that computes the group's reference backward.
-MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
-                                       const LogicalRank& dst, const Range& tokens, std::int64_t g);
 
 /// The CP=1 reference forward rows `dst` must receive before round `round` of its reference
 /// backward: for each KV head it computes that round, one per token range of every CP rank
