@@ -79,6 +79,20 @@ struct Fixture {
 
 const SplitKv kFixed8{SplitPolicy::fixed, 8};
 
+// K (first) and V rows [0, len) of sequence `seq`, KV head h, read through the block table as a
+// paged kernel reads them: [len][dim] each.
+std::pair<std::vector<float>, std::vector<float>> read_back(const PagedKvCache& c, int seq,
+                                                            std::int64_t h, std::int64_t len,
+                                                            int dim) {
+  const auto [k, v] = c.rows(seq, h);
+  std::pair<std::vector<float>, std::vector<float>> rows;
+  for (std::int64_t j = 0; j < len; ++j) {
+    rows.first.insert(rows.first.end(), k.row(j, dim), k.row(j, dim) + dim);
+    rows.second.insert(rows.second.end(), v.row(j, dim), v.row(j, dim) + dim);
+  }
+  return rows;
+}
+
 }  // namespace
 
 TEST_CASE("page tables: every malformed table is refused with one line naming the problem") {
@@ -153,11 +167,8 @@ TEST_CASE("a shuffle always moves pages, and shared pages are read-only") {
   const std::vector<float> longer = testing::random_rows(10, 3, 64);
   partial.write_sequence(0, 0, longer.data(), longer.data());  // its first 5 rows
   partial.write_sequence(1, 0, longer.data(), longer.data());
-  std::vector<float> k(longer.size()), v(longer.size());
-  partial.gather(1, 0, 10, k.data(), v.data());
-  CHECK(testing::same_bits(k, longer));
-  std::vector<float> k0(5 * 64), v0(5 * 64);
-  partial.gather(0, 0, 5, k0.data(), v0.data());
+  CHECK(testing::same_bits(read_back(partial, 1, 0, 10, 64).first, longer));
+  const std::vector<float> k0 = read_back(partial, 0, 0, 5, 64).first;
   CHECK(testing::same_bits(k0.data(), longer.data(), k0.size()));
 }
 
@@ -214,8 +225,7 @@ TEST_CASE(
     const PagedKvCache c = f.cache(layout, kv);
     for (int s = 0; s < 3; ++s) {
       const std::int64_t len = f.w.kv_lens[static_cast<std::size_t>(s)];
-      std::vector<float> k(static_cast<std::size_t>(len) * 128), v(k.size());
-      c.gather(s, 1, len, k.data(), v.data());
+      const auto [k, v] = read_back(c, s, 1, len, 128);
       CHECK(std::memcmp(k.data(), kv.k.at(s, 1, 0), k.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(v.data(), kv.v.at(s, 1, 0), v.size() * sizeof(float)) == 0);
     }
@@ -224,8 +234,7 @@ TEST_CASE(
   // one (a block table that did not follow its pages).
   PagedKvCache stale = f.cache(PageLayout::permuted, kv);
   stale.retable(make_page_table(f.w.kv_lens, 4, f.w.prefix_pages(), PageLayout::interleaved, 11));
-  std::vector<float> k(static_cast<std::size_t>(f.w.kv_lens[0]) * 128), v(k.size());
-  stale.gather(0, 0, f.w.kv_lens[0], k.data(), v.data());
+  const std::vector<float> k = read_back(stale, 0, 0, f.w.kv_lens[0], 128).first;
   CHECK(std::memcmp(k.data(), kv.k.at(0, 0, 0), k.size() * sizeof(float)) != 0);
   CHECK_THROWS_AS(stale.retable(small_table()), UsageError);  // another pool's table
 }
@@ -345,8 +354,7 @@ TEST_CASE("the rollout invariances hold bitwise, and each negative control break
       for (int s = 0; s < 3; ++s) {
         const std::int64_t t =
             f.w.kv_lens[static_cast<std::size_t>(s)] - 1;  // the last decode step
-        std::vector<float> k(static_cast<std::size_t>(t + 1) * 128), v(k.size());
-        c.gather(s, 0, t + 1, k.data(), v.data());
+        const auto [k, v] = read_back(c, s, 0, t + 1, 128);
         std::vector<std::vector<float>> outs, lses;
         std::vector<StateRef> states;
         for (std::int64_t p0 = 0; p0 <= t; p0 += 4) {

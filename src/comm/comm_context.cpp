@@ -20,59 +20,53 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 
 namespace {
 
-class MpiCollectives final : public Collectives {
- public:
-  explicit MpiCollectives(const CommContext& comm) : comm_(comm) {}
-  int rank() const override { return comm_.rank(); }
-  int size() const override { return comm_.size(); }
-  void sum(std::span<std::uint64_t> v) const override { comm_.allreduce_sum(v); }
-  void max(std::span<std::uint64_t> v) const override { comm_.allreduce_max(v); }
-  void stream_to_root(std::span<const StreamSegment> segments,
-                      const std::function<void(std::size_t, const float*)>& sink) const override;
-
- private:
-  const CommContext& comm_;
-};
-
 // Point-to-point messages carry at most this many floats (MPI counts are int).
 constexpr std::size_t kMaxFloatsPerMessage = std::size_t{1} << 28;
 constexpr int kStreamTag = 7001;
 
-// Every owner sends its segments to rank 0 in list order; rank 0 receives them in list order.
-// MPI keeps the order of messages between a pair on one tag, so rank 0 always gets the
-// segment it asks for next, and holds one segment at a time.
-void MpiCollectives::stream_to_root(
-    std::span<const StreamSegment> segments,
-    const std::function<void(std::size_t, const float*)>& sink) const {
-  const MPI_Comm world = comm_.impl().world;
-  std::vector<float> buffer;
-  for (std::size_t i = 0; i < segments.size(); ++i) {
-    const StreamSegment& s = segments[i];
-    if (comm_.rank() == 0) {
-      if (s.owner == 0) {
-        sink(i, s.data);
-        continue;
-      }
-      buffer.resize(s.floats);
-      for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
-        const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
-        MPI_Request r;
-        CPD_MPI_CHECK(MPI_Irecv(buffer.data() + at, n, MPI_FLOAT, s.owner, kStreamTag, world, &r));
-        wait_one(r);
-      }
-      sink(i, buffer.data());
-    } else if (s.owner == comm_.rank()) {
-      for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
-        const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
-        MPI_Request r;
-        CPD_MPI_CHECK(MPI_Isend(s.data + at, n, MPI_FLOAT, 0, kStreamTag, world, &r));
-        wait_one(r);
-      }
-    }
-  }
+// An in-place reduction of `n` values over every process of `comm`.
+void allreduce(MPI_Comm comm, void* values, int n, MPI_Datatype type, MPI_Op op) {
+  MPI_Request r;
+  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, type, op, comm, &r));
+  wait_one(r);
 }
 
 }  // namespace
+
+// Every owner sends its segments to rank 0 in list order; rank 0 receives them in list order.
+// MPI keeps the order of messages between a pair on one tag, so rank 0 always gets the
+// segment it asks for next, and holds one segment at a time.
+void CommContext::stream_to_root(std::span<const StreamSegment> segments,
+                                 const std::function<void(std::size_t, const float*)>& sink) const {
+  const MPI_Comm world = impl_->world;
+  // Segment s sent to rank 0 from its owner (`into` null), or received there into `into`, in
+  // pieces MPI can count.
+  const auto move = [&](const StreamSegment& s, float* into) {
+    for (std::size_t at = 0; at < s.floats; at += kMaxFloatsPerMessage) {
+      const int n = static_cast<int>(std::min(kMaxFloatsPerMessage, s.floats - at));
+      MPI_Request r;
+      if (into == nullptr) {
+        CPD_MPI_CHECK(MPI_Isend(s.data + at, n, MPI_FLOAT, 0, kStreamTag, world, &r));
+      } else {
+        CPD_MPI_CHECK(MPI_Irecv(into + at, n, MPI_FLOAT, s.owner, kStreamTag, world, &r));
+      }
+      wait_one(r);
+    }
+  };
+  std::vector<float> buffer;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const StreamSegment& s = segments[i];
+    if (rank_ == 0 && s.owner == 0) {
+      sink(i, s.data);
+    } else if (rank_ == 0) {
+      buffer.resize(s.floats);
+      move(s, buffer.data());
+      sink(i, buffer.data());
+    } else if (s.owner == rank_) {
+      move(s, nullptr);
+    }
+  }
+}
 
 CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>()) {
   int provided = 0;
@@ -87,7 +81,6 @@ CommContext::CommContext(int* argc, char*** argv) : impl_(std::make_unique<Impl>
       MPI_Comm_split_type(impl_->world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node));
   CPD_MPI_CHECK(MPI_Comm_rank(impl_->node, &local_rank_));
   CPD_MPI_CHECK(MPI_Comm_size(impl_->node, &local_size_));
-  collectives_ = std::make_unique<MpiCollectives>(*this);
 }
 
 CommContext::~CommContext() {
@@ -106,28 +99,18 @@ std::string CommContext::library_version() const {
 }
 
 void CommContext::allreduce_sum(std::span<std::uint64_t> values) const {
-  if (size_ == 1 || values.empty()) return;
-  MPI_Request r;
-  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                               MPI_UINT64_T, MPI_SUM, impl_->world, &r));
-  wait_one(r);
+  if (size_ > 1 && !values.empty())
+    allreduce(impl_->world, values.data(), static_cast<int>(values.size()), MPI_UINT64_T, MPI_SUM);
 }
 
 void CommContext::allreduce_max(std::span<std::uint64_t> values) const {
-  if (size_ == 1 || values.empty()) return;
-  MPI_Request r;
-  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                               MPI_UINT64_T, MPI_MAX, impl_->world, &r));
-  wait_one(r);
+  if (size_ > 1 && !values.empty())
+    allreduce(impl_->world, values.data(), static_cast<int>(values.size()), MPI_UINT64_T, MPI_MAX);
 }
 
 bool CommContext::any(bool flag) const {
   int value = flag ? 1 : 0;
-  if (size_ > 1) {
-    MPI_Request r;
-    CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, impl_->world, &r));
-    wait_one(r);
-  }
+  if (size_ > 1) allreduce(impl_->world, &value, 1, MPI_INT, MPI_LOR);
   return value != 0;
 }
 
@@ -150,20 +133,16 @@ bool CommContext::same_everywhere(const std::string& text) const {
   if (size_ == 1) return true;
   const std::string digest = sha256_hex(text);
   const std::uint64_t h = std::stoull(digest.substr(0, 16), nullptr, 16);
-  std::uint64_t v[2] = {h,
-                        ~h};  // max of h and of ~h: both equal to this process's only if all agree
-  MPI_Request r;
-  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, impl_->world, &r));
-  wait_one(r);
+  // The max of h and of ~h: both equal to this process's only if all agree.
+  std::uint64_t v[2] = {h, ~h};
+  allreduce(impl_->world, v, 2, MPI_UINT64_T, MPI_MAX);
   return v[0] == h && v[1] == ~h;
 }
 
 std::string CommContext::agree(const std::string& local_error) const {
   if (size_ == 1) return local_error;
   int first = local_error.empty() ? size_ : rank_;
-  MPI_Request r;
-  CPD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, impl_->world, &r));
-  wait_one(r);
+  allreduce(impl_->world, &first, 1, MPI_INT, MPI_MIN);
   if (first == size_) return "";
   return broadcast(local_error, first);
 }

@@ -14,7 +14,8 @@
 
 namespace cpd {
 
-class CommContext {
+/// Also the run's Collectives over all processes (for the statistics, digests, dumps).
+class CommContext final : public Collectives {
  public:
   /// Initialises MPI (thread level FUNNELED: only the main thread communicates) and
   /// duplicates MPI_COMM_WORLD. One per process, alive for the whole program.
@@ -23,8 +24,8 @@ class CommContext {
   CommContext(const CommContext&) = delete;
   CommContext& operator=(const CommContext&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   /// Rank and process count among the processes of this node (MPI_COMM_TYPE_SHARED).
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
@@ -34,6 +35,10 @@ class CommContext {
   /// Element-wise sum / max over all processes, in place.
   void allreduce_sum(std::span<std::uint64_t> values) const;
   void allreduce_max(std::span<std::uint64_t> values) const;
+  void sum(std::span<std::uint64_t> values) const override { allreduce_sum(values); }
+  void max(std::span<std::uint64_t> values) const override { allreduce_max(values); }
+  void stream_to_root(std::span<const StreamSegment> segments,
+                      const std::function<void(std::size_t, const float*)>& sink) const override;
   /// Logical OR of a flag over all processes.
   bool any(bool flag) const;
   void barrier() const;
@@ -43,8 +48,7 @@ class CommContext {
   /// one line and status 3 (--comm-timeout on the MPI transport).
   void set_wait_timeout(double seconds) const;
 
-  /// Reductions and streaming over all processes (for the statistics, digests, dumps).
-  const Collectives& collectives() const { return *collectives_; }
+  const Collectives& collectives() const { return *this; }
   /// Broadcasts a string from process `root` to all.
   std::string broadcast(const std::string& text, int root) const;
   /// Collective: whether every process passed the same text.
@@ -62,7 +66,6 @@ class CommContext {
 
  private:
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<Collectives> collectives_;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 

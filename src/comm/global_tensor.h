@@ -28,6 +28,14 @@ struct GlobalTensor {
   int width = 1;
   std::vector<GlobalPiece> pieces;      // global order
   std::vector<StreamSegment> segments;  // same order; data set where hosted here
+
+  /// Appends the next piece in global order, with its rows' `data` where this process holds it
+  /// (else null).
+  void add(const GlobalPiece& piece, const float* data) {
+    pieces.push_back(piece);
+    segments.push_back(
+        StreamSegment{piece.owner, data, static_cast<std::size_t>(piece.tokens.size() * width)});
+  }
 };
 
 /// Called on rank 0 for every piece in global order with its rows ([tokens][width]).

@@ -50,6 +50,7 @@ struct MessageHeader {
   Range tokens() const { return Range{token_begin, token_end}; }
   Range block() const { return Range{block_begin, block_end}; }
   Range heads() const { return Range{head_begin, head_end}; }
+  friend bool operator==(const MessageHeader&, const MessageHeader&) = default;
 };
 
 struct Message {

@@ -8,7 +8,6 @@
 #include "comm/comm_impl.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_wait.h"
-#include "core/plan.h"
 
 namespace cpd {
 namespace {
@@ -64,28 +63,18 @@ void MpiTransport::post(void* data, std::size_t bytes, int peer, bool send) {
 void MpiTransport::start(std::vector<Message> outgoing) {
   const int world = comm_.size(), me = comm_.rank();
   const std::size_t peers = static_cast<std::size_t>(world);
-  out_.assign(peers, {});
+  out_ = route_messages(std::move(outgoing), world, me, counters_);
+  local_ = std::move(out_[static_cast<std::size_t>(me)]);
+  if (world == 1) return;
   in_.assign(peers, {});
   out_headers_.assign(peers, {});
   in_headers_.assign(peers, {});
-  std::vector<std::uint64_t> counts(peers, 0);
-  for (Message& m : outgoing) {
-    const std::uint64_t payload = m.payload.size() * sizeof(float);
-    ++counters_.messages;
-    counters_.bytes += sizeof(MessageHeader) + payload;
-    const int peer = process_of(m.header.dst, world);
-    if (peer == me) {
-      local_.push_back(std::move(m));
-      continue;
-    }
-    counters_.remote_bytes += sizeof(MessageHeader) + payload;
-    const std::size_t p = static_cast<std::size_t>(peer);
-    ++counts[p];
-    out_headers_[p].push_back(WireHeader{m.header, m.payload.size()});
-    out_[p].push_back(std::move(m));
+  std::vector<std::uint64_t> counts(peers, 0), in_counts(peers, 0);
+  for (std::size_t p = 0; p < peers; ++p) {
+    counts[p] = out_[p].size();
+    for (const Message& m : out_[p])
+      out_headers_[p].push_back(WireHeader{m.header, m.payload.size()});
   }
-  if (world == 1) return;
-  std::vector<std::uint64_t> in_counts(peers, 0);
   comm_.alltoall(counts, in_counts);
 
   // The headers first: each says how large a payload to receive.

@@ -4,42 +4,33 @@
 #include <string>
 
 #include "core/errors.h"
-#include "core/plan.h"
 
 namespace cpd {
 
 PackedSuperstep pack_messages(std::vector<Message> outgoing, int world, int me,
                               TransportCounters& counters) {
+  std::vector<std::vector<Message>> routed =
+      route_messages(std::move(outgoing), world, me, counters);
   PackedSuperstep s;
-  s.to_peer.assign(static_cast<std::size_t>(world), {});
-  // Each peer's buffer sized once (no regrowth copies), and each payload freed as soon as its
-  // bytes are in it: a superstep holds its remote payloads once, not twice.
-  std::vector<std::size_t> size(s.to_peer.size(), 0);
-  for (const Message& m : outgoing) {
-    const int peer = process_of(m.header.dst, world);
-    if (peer != me)
-      size[static_cast<std::size_t>(peer)] +=
-          sizeof(MessageHeader) + m.payload.size() * sizeof(float);
-  }
-  for (std::size_t p = 0; p < size.size(); ++p) s.to_peer[p].reserve(size[p]);
-  for (Message& m : outgoing) {
-    const std::size_t payload = m.payload.size() * sizeof(float);
-    ++counters.messages;
-    counters.bytes += sizeof(MessageHeader) + payload;
-    const int peer = process_of(m.header.dst, world);
-    if (peer == me) {
-      s.local.push_back(std::move(m));
-      continue;
+  s.local = std::move(routed[static_cast<std::size_t>(me)]);
+  s.to_peer.assign(routed.size(), {});
+  for (std::size_t p = 0; p < routed.size(); ++p) {
+    // Each peer's buffer sized once (no regrowth copies), and each payload freed as soon as its
+    // bytes are in it: a superstep holds its remote payloads once, not twice.
+    std::vector<std::byte>& buf = s.to_peer[p];
+    std::size_t bytes = 0;
+    for (const Message& m : routed[p])
+      bytes += sizeof(MessageHeader) + m.payload.size() * sizeof(float);
+    buf.reserve(bytes);
+    for (Message& m : routed[p]) {
+      const std::size_t at = buf.size(), payload = m.payload.size() * sizeof(float);
+      buf.resize(at + sizeof(MessageHeader) + payload);
+      std::memcpy(buf.data() + at, &m.header, sizeof(MessageHeader));
+      // An empty payload's data() may be null, which memcpy may not be given even for 0 bytes.
+      if (payload > 0)
+        std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
+      FloatBuffer().swap(m.payload);
     }
-    counters.remote_bytes += sizeof(MessageHeader) + payload;
-    std::vector<std::byte>& buf = s.to_peer[static_cast<std::size_t>(peer)];
-    const std::size_t at = buf.size();
-    buf.resize(at + sizeof(MessageHeader) + payload);
-    std::memcpy(buf.data() + at, &m.header, sizeof(MessageHeader));
-    // An empty payload's data() may be null, which memcpy may not be given even for 0 bytes.
-    if (payload > 0)
-      std::memcpy(buf.data() + at + sizeof(MessageHeader), m.payload.data(), payload);
-    FloatBuffer().swap(m.payload);
   }
   return s;
 }

@@ -10,10 +10,7 @@ namespace cpd {
 
 struct CommContext::Impl {};
 
-CommContext::CommContext(int*, char***) : impl_(std::make_unique<Impl>()) {
-  set_error_rank(0);
-  collectives_ = std::make_unique<LocalCollectives>();
-}
+CommContext::CommContext(int*, char***) : impl_(std::make_unique<Impl>()) { set_error_rank(0); }
 
 CommContext::~CommContext() = default;
 
@@ -22,6 +19,10 @@ void CommContext::allreduce_sum(std::span<std::uint64_t>) const {}
 void CommContext::allreduce_max(std::span<std::uint64_t>) const {}
 bool CommContext::any(bool flag) const { return flag; }
 void CommContext::barrier() const {}
+void CommContext::stream_to_root(std::span<const StreamSegment> segments,
+                                 const std::function<void(std::size_t, const float*)>& sink) const {
+  for (std::size_t i = 0; i < segments.size(); ++i) sink(i, segments[i].data);
+}
 bool CommContext::same_everywhere(const std::string&) const { return true; }
 std::string CommContext::broadcast(const std::string& text, int) const { return text; }
 std::string CommContext::agree(const std::string& local_error) const { return local_error; }

@@ -4,6 +4,7 @@
 #include <random>
 #include <string>
 
+#include "core/plan.h"
 #include "cpdrift/enum_names.h"
 
 namespace cpd {
@@ -36,11 +37,22 @@ std::string describe(const MessageHeader& h) {
   return s;
 }
 
-void InProcessTransport::start(std::vector<Message> outgoing) {
-  for (const Message& m : outgoing) {
-    ++counters_.messages;
-    counters_.bytes += sizeof(MessageHeader) + m.payload.size() * sizeof(float);
+std::vector<std::vector<Message>> route_messages(std::vector<Message> outgoing, int world, int me,
+                                                 TransportCounters& counters) {
+  std::vector<std::vector<Message>> routed(static_cast<std::size_t>(world));
+  for (Message& m : outgoing) {
+    const std::uint64_t bytes = sizeof(MessageHeader) + m.payload.size() * sizeof(float);
+    const int process = process_of(m.header.dst, world);
+    ++counters.messages;
+    counters.bytes += bytes;
+    if (process != me) counters.remote_bytes += bytes;
+    routed[static_cast<std::size_t>(process)].push_back(std::move(m));
   }
+  return routed;
+}
+
+void InProcessTransport::start(std::vector<Message> outgoing) {
+  outgoing = std::move(route_messages(std::move(outgoing), 1, 0, counters_)[0]);
   if (shuffle_seed_ != 0) {
     std::mt19937_64 rng(shuffle_seed_ + step_++);
     std::shuffle(outgoing.begin(), outgoing.end(), rng);

@@ -27,6 +27,12 @@ struct TransportCounters {
   }
 };
 
+/// Counts `outgoing` in `counters` and cuts it by destination process (logical rank ℓ lives on
+/// process ℓ mod world): element p holds process p's messages in send order ([me]: this
+/// process's own).
+std::vector<std::vector<Message>> route_messages(std::vector<Message> outgoing, int world, int me,
+                                                 TransportCounters& counters);
+
 class Transport {
  public:
   virtual ~Transport() = default;

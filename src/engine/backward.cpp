@@ -17,7 +17,6 @@ namespace {
 using backward_folds::blocks_in;
 using backward_folds::fold_dq;
 using backward_folds::fold_kv_gradients;
-using backward_folds::fold_lane_kv_gradients;
 using backward_folds::KvTotals;
 
 // A query range's backward inputs packed as one payload: q, dO ([B][H][R][D] each), lse, Δ
@@ -108,20 +107,15 @@ ExchangedRows exchange_rows(const CaseGrid& grid, const Range& span,
           part.empty() ? FloatBuffer{} : pack_rows(inputs, r, forward.at(r.id)->merged, part, dim));
     }
   }
-  std::vector<Message> outgoing;
-  for (const LogicalRank& dst : grid.ranks) {
-    for (const MessageHeader& h : expected_backward_rows(grid, dst, span)) {
-      if (rows.own.count(h.src) == 0) continue;
-      const LogicalRank& src = grid.ranks[static_cast<std::size_t>(h.src)];
-      const auto at = std::find_if(src.tokens.begin(), src.tokens.end(),
-                                   [&](const Range& t) { return t.contains(h.tokens()); }) -
-                      src.tokens.begin();
-      outgoing.push_back(Message{h, rows.own.at(h.src)[static_cast<std::size_t>(at)]});
-    }
-  }
-  rows.inboxes = protocol::superstep(
-      transport, hosted, std::move(outgoing),
-      [&](const LogicalRank& r) { return expected_backward_rows(grid, r, span); });
+  rows.inboxes = protocol::exchange(
+      grid, transport, hosted,
+      [&](const LogicalRank& r) { return expected_backward_rows(grid, r, span); },
+      [&](const MessageHeader& h) {
+        const std::vector<Range>& tokens = grid.ranks[static_cast<std::size_t>(h.src)].tokens;
+        const auto at = std::find_if(tokens.begin(), tokens.end(),
+                                     [&](const Range& t) { return t.contains(h.tokens()); });
+        return rows.own.at(h.src)[static_cast<std::size_t>(at - tokens.begin())];
+      });
   return rows;
 }
 
@@ -317,7 +311,6 @@ std::vector<RankGradients> run_backward(const CaseGrid& grid,
     fold_dq(grid, span, std::move(round.partials), hosted, transport, inputs.pool(), grads);
   }
   fold_kv_gradients(grid, totals, inputs.pool(), grads);
-  if (te_p2p_lane) fold_lane_kv_gradients(grid, totals, inputs.pool(), grads);
   return grads;
 }
 

@@ -79,18 +79,16 @@ class LocalCp1Backward {
   std::size_t held_bytes_ = 0;
 };
 
-/// The CP=1 reference backward of every logical rank hosted here, computed once per TP group:
-/// the group's KV heads are shared among its CP ranks (reference_kv_heads), each computes its
-/// heads' gradients over the whole sequence (`memo`, rows [0, S): the bits do not depend on
-/// where it runs or from which row — rows before a key add +0 to its dK and dV) and sends every
-/// rank of the group the rows it owns, checked against the manifest. A round computes as many
-/// KV heads as keep the widest process's threads busy (one unit per query head and batch entry).
-/// Results in hosted_ranks order. Collective over the transport's processes.
-/// The reference backward starts from the CP=1 FP32 forward that the case computed
-/// (`reference`: each hosted rank's out and lse, hosted_ranks order): each round, every rank
-/// of a TP group first sends the rows of the round's KV heads to the CP rank computing them
-/// (reference_forward messages, checked against the manifest), so no rank computes a forward
-/// it was given.
+/// The CP=1 reference backward of every logical rank hosted here (hosted_ranks order), computed
+/// once per TP group from the CP=1 FP32 forward the case computed (`reference`: each hosted
+/// rank's out and lse, hosted_ranks order): the group's KV heads are shared among its CP ranks
+/// (reference_kv_heads); each round, every rank of the group sends the rows of the round's KV
+/// heads to the CP rank computing them (so no rank computes a forward it was given), which
+/// computes their gradients over the whole sequence (`memo`, rows [0, S): the bits do not depend
+/// on where it runs or from which row — rows before a key add +0 to its dK and dV) and sends
+/// every rank of the group the rows it owns; every message is checked against the manifest. A
+/// round computes as many KV heads as keep the widest process's threads busy (one unit per query
+/// head and batch entry). Collective over the transport's processes.
 std::vector<LocalCp1Backward::Result> shared_cp1_backward(
     const CaseGrid& grid, Transport& transport, const Collectives& collectives, InputStore& inputs,
     LocalCp1Backward& memo, const std::vector<const AttnShard*>& reference);

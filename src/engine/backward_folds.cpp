@@ -21,61 +21,53 @@ std::vector<KvBlock> blocks_in(const CaseGrid& grid, const Range& tokens) {
 
 namespace {
 
-// The te_p2p lane's dq of one query block qb of part t: per KV CP rank in the order the
-// backward ring brings them (te_backward_kv_source: r+1, r+2, …, r; ranks with no visible
-// block skipped), the partials of its blocks folded in block order and scaled, rounded to BF16,
-// summed in BF16.
-void fold_lane_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
-                        const std::vector<const Message*>& terms) {
+// A step of a te_p2p lane's BF16 sum: the pair's FP32 `sum` (n values; times `scale` where
+// `scaled`) rounded to BF16, then `to` = it (the first step) or round_bf16(to + it).
+void add_bf16_step(const float* sum, std::size_t n, bool scaled, float scale, bool first,
+                   float* to) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float step = round_bf16(scaled ? sum[i] * scale : sum[i]);
+    to[i] = first ? step : round_bf16(to[i] + step);
+  }
+}
+
+// dq of one query block qb of part t (rank r's rows in a round; the messages' rows): the
+// partials of the blocks it saw, in ascending block order, then the scale. With the te_p2p
+// lane, its dq too: per KV CP rank in the order the backward ring brings them
+// (te_backward_kv_source: r+1, r+2, …, r; ranks with no visible block skipped), the partials of
+// its blocks folded in block order and scaled, rounded to BF16, summed in BF16.
+void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
+                   const std::vector<const Message*>& terms) {
   const LogicalRank& r = rg.rank;
   const int dim = grid.problem.dims.head_dim, cp = grid.spec.cp;
   const float scale = grid.problem.dims.softmax_scale();
   const std::int64_t row = qb.range.begin - t.begin, rows = t.size(), heads = r.q_heads.size();
   const std::size_t n = static_cast<std::size_t>(qb.range.size()) * dim;
-  std::vector<float> pair(n);
+  std::vector<float> pair(rg.te_p2p ? n : 0);
   std::vector<const float*> ptrs;
   for (int b = 0; b < grid.problem.batch; ++b) {
     for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-      const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-      float* dq = rg.te_p2p->dq.at(b, h, rg.te_p2p->dq.shape.local_row(qb.range.begin));
+      const std::int64_t at = (b * heads + (h - r.q_heads.begin)) * rows + row;
+      ptrs.clear();
+      for (const Message* m : terms) ptrs.push_back(m->payload.data() + at * dim);
+      float* dq = rg.dq.at(b, h, rg.dq.shape.local_row(qb.range.begin));
+      fold_terms(ptrs, n, dq);
+      for (std::size_t i = 0; i < n; ++i) dq[i] *= scale;
+      if (!rg.te_p2p) continue;
+      float* lane = rg.te_p2p->dq.at(b, h, rg.te_p2p->dq.shape.local_row(qb.range.begin));
       bool first = true;
       for (int step = 0; step < cp; ++step) {
         const int s = te_backward_kv_source(r.cp_rank, step, cp);
         ptrs.clear();
         for (const Message* m : terms) {
           if (grid.blocks[static_cast<std::size_t>(m->header.block_index)].owner_cp_rank == s)
-            ptrs.push_back(m->payload.data() + (slot * rows + row) * dim);
+            ptrs.push_back(m->payload.data() + at * dim);
         }
         if (ptrs.empty()) continue;
         fold_terms(ptrs, n, pair.data());
-        for (std::size_t i = 0; i < n; ++i) {
-          const float step_out = round_bf16(pair[i] * scale);
-          dq[i] = first ? step_out : round_bf16(dq[i] + step_out);
-        }
+        add_bf16_step(pair.data(), n, true, scale, first, lane);
         first = false;
       }
-    }
-  }
-}
-
-// dq of one query block qb of part t (rank r's rows in a round; the messages' rows): the
-// partials of the blocks it saw, in ascending block order, then the scale.
-void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, const KvBlock& qb,
-                   const std::vector<const Message*>& terms) {
-  const LogicalRank& r = rg.rank;
-  const int dim = grid.problem.dims.head_dim;
-  const float scale = grid.problem.dims.softmax_scale();
-  const std::int64_t row = qb.range.begin - t.begin, rows = t.size(), heads = r.q_heads.size();
-  const std::size_t n = static_cast<std::size_t>(qb.range.size()) * dim;
-  std::vector<const float*> ptrs;
-  for (int b = 0; b < grid.problem.batch; ++b) {
-    for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-      ptrs.clear();
-      const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-      for (const Message* m : terms) ptrs.push_back(m->payload.data() + (slot * rows + row) * dim);
-      float* dq = rg.dq.at(b, h, rg.dq.shape.local_row(qb.range.begin));
-      fold_terms(ptrs, n, dq);
-      for (std::size_t i = 0; i < n; ++i) dq[i] *= scale;
     }
   }
 }
@@ -85,50 +77,34 @@ void fold_dq_block(const CaseGrid& grid, RankGradients& rg, const Range& t, cons
 void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
                        std::vector<RankGradients>& grads) {
   const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
-  const float scale = grid.problem.dims.softmax_scale();
-  pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
-    const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
-    RankGradients& rg = grads[f.grad];
-    const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-    std::vector<const float*> dk_terms, dv_terms;
-    for (int x = 0; x < group; ++x) {
-      dk_terms.push_back(totals.head_totals[f.first_total + 2 * x].data());
-      dv_terms.push_back(totals.head_totals[f.first_total + 2 * x + 1].data());
-    }
-    const std::int64_t row = rg.dk.shape.local_row(f.block.range.begin);
-    float* dk = rg.dk.at(f.b, f.g, row);
-    fold_terms(dk_terms, n, dk);
-    for (std::size_t e = 0; e < n; ++e) dk[e] *= scale;
-    fold_terms(dv_terms, n, rg.dv.at(f.b, f.g, row));
-  });
-}
-
-void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
-                            std::vector<RankGradients>& grads) {
-  const int dim = grid.problem.dims.head_dim, group = grid.problem.dims.group_size();
   const int cp = grid.spec.cp;
   const float scale = grid.problem.dims.softmax_scale();
   pool.parallel_for(static_cast<std::int64_t>(totals.folds.size()), [&](std::int64_t i) {
     const KvTotals::Fold& f = totals.folds[static_cast<std::size_t>(i)];
     RankGradients& rg = grads[f.grad];
     const std::size_t n = static_cast<std::size_t>(f.block.range.size()) * dim;
-    const std::int64_t row = rg.te_p2p->dk.shape.local_row(f.block.range.begin);
-    float* out[2] = {rg.te_p2p->dk.at(f.b, f.g, row), rg.te_p2p->dv.at(f.b, f.g, row)};
+    // The group's heads' terms of dK (which 0) or dV (1) at `first` (a head's dk, its dv next).
+    const auto terms = [&](const std::vector<FloatBuffer>& of, std::size_t first, int which) {
+      std::vector<const float*> t;
+      for (int x = 0; x < group; ++x) t.push_back(of[first + 2 * x + which].data());
+      return t;
+    };
+    const std::int64_t row = rg.dk.shape.local_row(f.block.range.begin);
+    float* dk = rg.dk.at(f.b, f.g, row);
+    fold_terms(terms(totals.head_totals, f.first_total, 0), n, dk);
+    for (std::size_t e = 0; e < n; ++e) dk[e] *= scale;
+    fold_terms(terms(totals.head_totals, f.first_total, 1), n, rg.dv.at(f.b, f.g, row));
+    if (!rg.te_p2p) return;
+    float* lane[2] = {rg.te_p2p->dk.at(f.b, f.g, row), rg.te_p2p->dv.at(f.b, f.g, row)};
     std::vector<float> pair(n);
     bool first = true;
     for (int step = 0; step < cp; ++step) {
       const int r = te_backward_dkv_visitor(rg.rank.cp_rank, step, cp);
-      const std::size_t lane = f.first_lane[static_cast<std::size_t>(r)];
-      if (lane == KvTotals::kNone) continue;
+      const std::size_t at = f.first_lane[static_cast<std::size_t>(r)];
+      if (at == KvTotals::kNone) continue;
       for (int which = 0; which < 2; ++which) {
-        std::vector<const float*> terms;
-        for (int x = 0; x < group; ++x)
-          terms.push_back(totals.lane_totals[lane + 2 * x + which].data());
-        fold_terms(terms, n, pair.data());
-        for (std::size_t e = 0; e < n; ++e) {
-          const float step_out = round_bf16(which == 0 ? pair[e] * scale : pair[e]);
-          out[which][e] = first ? step_out : round_bf16(out[which][e] + step_out);
-        }
+        fold_terms(terms(totals.lane_totals, at, which), n, pair.data());
+        add_bf16_step(pair.data(), n, which == 0, scale, first, lane[which]);
       }
       first = false;
     }
@@ -165,7 +141,6 @@ void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> parti
   pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t i) {
     const Task& task = tasks[static_cast<std::size_t>(i)];
     fold_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
-    if (task.rg->te_p2p) fold_lane_dq_block(grid, *task.rg, task.part, task.qb, task.terms);
   });
 }
 

@@ -65,19 +65,16 @@ struct KvTotals {
   }
 };
 
-/// dK, dV: the GQA group's heads folded in ascending order; dK carries the scale. A fold (one
-/// KV block of one KV head) a task on the pool.
+/// dK, dV: the GQA group's heads folded in ascending order; dK carries the scale. With the
+/// te_p2p lane, its dK, dV too: per query CP rank in the order the travelling dK/dV visits them
+/// (te_backward_dkv_visitor: s−1, s−2, …, s; ranks whose queries never saw the block skipped),
+/// its pair's GQA-folded sums (dK scaled) rounded to BF16, summed in BF16. A fold (one KV block
+/// of one KV head) a task on the pool.
 void fold_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
                        std::vector<RankGradients>& grads);
 
-/// The te_p2p lane's dK, dV of each fold: per query CP rank in the order the travelling dK/dV
-/// visits them (te_backward_dkv_visitor: s−1, s−2, …, s; ranks whose queries never saw the block
-/// skipped), its pair's GQA-folded sums (dK scaled) rounded to BF16, summed in BF16.
-void fold_lane_kv_gradients(const CaseGrid& grid, const KvTotals& totals, ThreadPool& pool,
-                            std::vector<RankGradients>& grads);
-
-/// The round's partial dq to the query owners, folded there in block order.
-/// Each query block's fold is a task on the pool: they write apart.
+/// The round's partial dq to the query owners, folded there in block order (and the te_p2p
+/// lane's alike). Each query block's fold is a task on the pool: they write apart.
 void fold_dq(const CaseGrid& grid, const Range& span, std::vector<Message> partials,
              const std::vector<LogicalRank>& hosted, Transport& transport, ThreadPool& pool,
              std::vector<RankGradients>& grads);

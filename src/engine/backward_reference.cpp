@@ -12,10 +12,6 @@
 namespace cpd {
 namespace {
 
-std::size_t floats_of(const LocalCp1Backward::Result& r) {
-  return r.dq.data.size() + r.dk.data.size() + r.dv.data.size();
-}
-
 // The gradients of `q_rows` and `kv_rows` for the KV heads `kv_heads` (a chunk of the rows'
 // KV heads): the reference's rows [first, S) against keys [0, S) (the dq of those rows is
 // complete, rows being independent, and so are the dk, dv of keys from `first` on, which
@@ -115,55 +111,6 @@ void backward_chunk(InputStore& inputs, const Range& kv_heads, std::int64_t firs
   });
 }
 
-}  // namespace
-
-std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore& inputs,
-                                                                      const ShardShape& q_rows,
-                                                                      const ShardShape& kv_rows,
-                                                                      const AttnShard* forward) {
-  for (const Entry& e : entries_) {
-    if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
-  }
-  const Problem& p = inputs.problem();
-  const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
-  const std::int64_t seq = p.seq_len;
-  std::int64_t first = seq;
-  for (const Range& t : q_rows.tokens) first = std::min(first, t.begin);
-  for (const Range& t : kv_rows.tokens) first = std::min(first, t.begin);
-  const Range kv_heads{q_rows.heads.begin / group, q_rows.heads.end / group};
-  inputs.prepare(TensorId::q, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
-  inputs.prepare(TensorId::d_out, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
-  inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
-  inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
-
-  // Written whole by backward_chunk: dq of every query head, dk and dv of every KV head.
-  const auto result = std::make_shared<Result>(Result{
-      Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}, Uninitialized{}),
-      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{}),
-      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{})});
-  Result& r = *result;
-  // A few KV heads at a time, enough units for every thread: only their forward, dq and key
-  // totals are alive at once.
-  const std::int64_t per_chunk =
-      std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
-  // Each unit's key totals over [0, S), written whole by the unit (accumulate false).
-  std::vector<FloatBuffer> totals;
-  for (std::int64_t i = 0; i < 2 * batch * group * std::min(per_chunk, kv_heads.size()); ++i)
-    totals.push_back(unwritten_floats(static_cast<std::size_t>(seq) * dim));
-  for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
-    backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
-                   forward, totals, r);
-  }
-  const std::size_t bytes = floats_of(r) * sizeof(float);
-  if (held_bytes_ + bytes <= budget_bytes_) {
-    held_bytes_ += bytes;
-    entries_.push_back(Entry{q_rows, kv_rows, result});
-  }
-  return result;
-}
-
-namespace {
-
 // Copies rows `tokens` of heads `heads` of `s` to `at`, [B][heads][rows][width]: a payload
 // piece; returns what follows it.
 float* put_rows(const Shard& s, const Range& heads, const Range& tokens, float* at) {
@@ -218,35 +165,19 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
   const Problem& p = grid.problem;
   const int dim = p.dims.head_dim, batch = p.batch;
   const std::int64_t group = p.dims.group_size();
-  const auto block_of = [&](const LogicalRank& r) {
-    return reference_kv_heads(grid, r, round, per_round);
-  };
-  std::vector<Message> outgoing;
-  std::vector<const AttnShard*> rows_of;  // per message, the rows it packs
-  for (std::size_t i = 0; i < hosted.size(); ++i) {
-    const LogicalRank& src = hosted[i];
-    for (int c = 0; c < grid.spec.cp; ++c) {
-      const LogicalRank& dst = grid.at(src.tp_rank, c);
-      const Range heads = block_of(dst);
-      for (std::int64_t g = heads.begin; g < heads.end; ++g) {
-        for (const Range& t : src.tokens) {
-          const MessageHeader h = reference_forward_header(grid, src, dst, t, g);
-          outgoing.push_back(Message{h, unwritten_floats(static_cast<std::size_t>(h.floats))});
-          rows_of.push_back(reference[i]);
-        }
-      }
-    }
-  }
-  // Packed and unpacked a message a task: each writes its own payload, or its own rows.
-  pool.parallel_for(static_cast<std::int64_t>(outgoing.size()), [&](std::int64_t k) {
-    Message& m = outgoing[static_cast<std::size_t>(k)];
-    const AttnShard& rows = *rows_of[static_cast<std::size_t>(k)];
-    const Range heads = group_heads(m.header.head_begin, group), t = m.header.tokens();
-    put_rows(rows.lse, heads, t, put_rows(rows.out, heads, t, m.payload.data()));
-  });
-  std::map<int, Inbox> inboxes =
-      protocol::superstep(transport, hosted, std::move(outgoing), [&](const LogicalRank& dst) {
+  std::map<int, const AttnShard*> rows_of;  // the hosted ranks' forward rows
+  for (std::size_t i = 0; i < hosted.size(); ++i) rows_of[hosted[i].id] = reference[i];
+  std::map<int, Inbox> inboxes = protocol::exchange(
+      grid, transport, hosted,
+      [&](const LogicalRank& dst) {
         return expected_reference_forward(grid, dst, round, per_round);
+      },
+      [&](const MessageHeader& h) {
+        FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(h.floats));  // all written
+        const AttnShard& rows = *rows_of.at(h.src);
+        const Range heads = group_heads(h.head_begin, group), t = h.tokens();
+        put_rows(rows.lse, heads, t, put_rows(rows.out, heads, t, payload.data()));
+        return payload;
       });
   // Every row of a rank's round heads comes from one message: the TP group's ranks hold the
   // whole sequence between them.
@@ -254,13 +185,14 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
   std::vector<std::pair<const Message*, AttnShard*>> unpack;
   out.reserve(hosted.size());
   for (const LogicalRank& r : hosted) {
-    const Range block = block_of(r);
+    const Range block = reference_kv_heads(grid, r, round, per_round);
     const Range heads{block.begin * group, block.end * group}, all{0, p.seq_len};
     AttnShard& f =
         out.emplace_back(AttnShard{Shard(ShardShape{batch, heads, {all}, dim}, Uninitialized{}),
                                    Shard(ShardShape{batch, heads, {all}, 1}, Uninitialized{})});
     for (const Message& m : inboxes.at(r.id).messages()) unpack.emplace_back(&m, &f);
   }
+  // Unpacked a message a task: each writes its own rows.
   pool.parallel_for(static_cast<std::int64_t>(unpack.size()), [&](std::int64_t k) {
     const auto [m, f] = unpack[static_cast<std::size_t>(k)];
     const Range heads = group_heads(m->header.head_begin, group), t = m->header.tokens();
@@ -270,6 +202,52 @@ std::vector<AttnShard> gather_round_forward(const CaseGrid& grid, Transport& tra
 }
 
 }  // namespace
+
+std::shared_ptr<const LocalCp1Backward::Result> LocalCp1Backward::get(InputStore& inputs,
+                                                                      const ShardShape& q_rows,
+                                                                      const ShardShape& kv_rows,
+                                                                      const AttnShard* forward) {
+  for (const Entry& e : entries_) {
+    if (e.q_rows == q_rows && e.kv_rows == kv_rows) return e.result;
+  }
+  const Problem& p = inputs.problem();
+  const int dim = p.dims.head_dim, group = p.dims.group_size(), batch = p.batch;
+  const std::int64_t seq = p.seq_len;
+  std::int64_t first = seq;
+  for (const Range& t : q_rows.tokens) first = std::min(first, t.begin);
+  for (const Range& t : kv_rows.tokens) first = std::min(first, t.begin);
+  const Range kv_heads{q_rows.heads.begin / group, q_rows.heads.end / group};
+  inputs.prepare(TensorId::q, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
+  inputs.prepare(TensorId::d_out, ShardShape{batch, q_rows.heads, {Range{first, seq}}, dim});
+  inputs.prepare(TensorId::k, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
+  inputs.prepare(TensorId::v, ShardShape{batch, kv_heads, {Range{0, seq}}, dim});
+
+  // Written whole by backward_chunk: dq of every query head, dk and dv of every KV head.
+  const auto result = std::make_shared<Result>(Result{
+      Shard(ShardShape{q_rows.batch, q_rows.heads, q_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{}),
+      Shard(ShardShape{kv_rows.batch, kv_rows.heads, kv_rows.tokens, dim}, Uninitialized{})});
+  Result& r = *result;
+  // A few KV heads at a time, enough units for every thread: only their forward, dq and key
+  // totals are alive at once.
+  const std::int64_t per_chunk =
+      std::max<std::int64_t>(1, (inputs.pool().size() + group * batch - 1) / (group * batch));
+  // Each unit's key totals over [0, S), written whole by the unit (accumulate false).
+  std::vector<FloatBuffer> totals;
+  for (std::int64_t i = 0; i < 2 * batch * group * std::min(per_chunk, kv_heads.size()); ++i)
+    totals.push_back(unwritten_floats(static_cast<std::size_t>(seq) * dim));
+  for (std::int64_t g = kv_heads.begin; g < kv_heads.end; g += per_chunk) {
+    backward_chunk(inputs, Range{g, std::min(g + per_chunk, kv_heads.end)}, first, q_rows, kv_rows,
+                   forward, totals, r);
+  }
+  const std::size_t bytes =
+      (r.dq.data.size() + r.dk.data.size() + r.dv.data.size()) * sizeof(float);
+  if (held_bytes_ + bytes <= budget_bytes_) {
+    held_bytes_ += bytes;
+    entries_.push_back(Entry{q_rows, kv_rows, result});
+  }
+  return result;
+}
 
 std::vector<LocalCp1Backward::Result> shared_cp1_backward(
     const CaseGrid& grid, Transport& transport, const Collectives& collectives, InputStore& inputs,

@@ -61,7 +61,6 @@ struct CaseExecution {
   std::chrono::steady_clock::time_point started;  // this process's clock
 };
 
-/// The backward leg: the FP32 gradients vs the CP=1 reference, and their BF16 final write.
 /// The te_p2p lane's gradients (BF16) against the FP32 CP=1 reference and against the
 /// canonical gradients' BF16 write.
 struct LaneBackwardComparisons {
@@ -69,6 +68,7 @@ struct LaneBackwardComparisons {
   Comparison canonical_dq, canonical_dk, canonical_dv;
 };
 
+/// The backward leg: the FP32 gradients vs the CP=1 reference, and their BF16 final write.
 struct BackwardComparisons {
   Comparison dq, dk, dv;
   Comparison bf16_dq, bf16_dk, bf16_dv;

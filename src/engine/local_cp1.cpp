@@ -84,26 +84,22 @@ AttnShard LocalCp1Results::get(InputStore& inputs, const PathSpec& path,
   for (const Range& t : rows.tokens) {
     if (find(t) == nullptr) missing.push_back(t);
   }
-  if (missing.empty()) {
-    AttnShard result = AttnShard::unwritten(out);
-    for (const Range& t : rows.tokens)
-      copy_rows(find(t)->data, result, rows.heads, t, inputs.pool());
-    return result;
-  }
-  AttnShard fresh =
-      compute_local_cp1(inputs, path, grid, ShardShape{rows.batch, rows.heads, missing, dim});
-  const std::size_t bytes = (fresh.out.data.size() + fresh.lse.data.size()) * sizeof(float);
-  if (held_bytes_ + bytes > budget_bytes_) {
-    if (missing.size() == rows.tokens.size()) return fresh;  // nothing memoised: as computed
-  } else {
-    held_bytes_ += bytes;
-    for (const Range& t : missing) {
-      Entry e{rows.heads, t, AttnShard::unwritten(ShardShape{rows.batch, rows.heads, {t}, dim})};
-      copy_rows(fresh, e.data, rows.heads, t, inputs.pool());
-      entries.push_back(std::move(e));
+  AttnShard fresh;
+  if (!missing.empty()) {
+    fresh = compute_local_cp1(inputs, path, grid, ShardShape{rows.batch, rows.heads, missing, dim});
+    const std::size_t bytes = (fresh.out.data.size() + fresh.lse.data.size()) * sizeof(float);
+    if (held_bytes_ + bytes <= budget_bytes_) {
+      held_bytes_ += bytes;
+      for (const Range& t : missing) {
+        Entry e{rows.heads, t, AttnShard::unwritten(ShardShape{rows.batch, rows.heads, {t}, dim})};
+        copy_rows(fresh, e.data, rows.heads, t, inputs.pool());
+        entries.push_back(std::move(e));
+      }
+    } else if (missing.size() == rows.tokens.size()) {
+      return fresh;  // nothing memoised: as computed
     }
   }
-  // Some rows memoised, the others fresh.
+  // Each range from the memo, or else fresh.
   AttnShard result = AttnShard::unwritten(out);
   for (const Range& t : rows.tokens) {
     const Entry* e = find(t);

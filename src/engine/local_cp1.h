@@ -36,12 +36,6 @@ class LocalCp1Results {
   /// whose results no later request can ask for.
   void stop_memoising() { budget_bytes_ = 0; }
 
-  /// Drops everything (between runs of different problems).
-  void clear() {
-    entries_.clear();
-    held_bytes_ = 0;
-  }
-
  private:
   struct Entry {
     Range heads;

@@ -7,14 +7,123 @@
 #include "core/errors.h"
 
 namespace cpd {
+namespace {
 
-CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
-    : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)), round_rows(rows) {
-  for (int id = 0; id < s.num_logical_ranks(); ++id) ranks.push_back(logical_rank(s, p, id));
+// The longest of the ranks' query ranges.
+std::int64_t longest_range(const std::vector<LogicalRank>& ranks) {
   std::int64_t longest = 0;
   for (const LogicalRank& r : ranks) {
     for (const Range& t : r.tokens) longest = std::max(longest, t.size());
   }
+  return longest;
+}
+
+// The fields every message has: who, to whom, which rows of which heads, and a payload of
+// `floats_per_row` floats per (batch, head, token).
+MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
+                          const LogicalRank& dst, const Range& tokens, const Range& heads,
+                          std::int64_t floats_per_row) {
+  MessageHeader h;
+  h.kind = kind;
+  h.src = src.id;
+  h.dst = dst.id;
+  h.token_begin = tokens.begin;
+  h.token_end = tokens.end;
+  h.head_begin = static_cast<std::int32_t>(heads.begin);
+  h.head_end = static_cast<std::int32_t>(heads.end);
+  h.batch = grid.problem.batch;
+  h.width = grid.problem.dims.head_dim;
+  h.floats = static_cast<std::int64_t>(h.batch) * heads.size() * tokens.size() * floats_per_row;
+  return h;
+}
+
+// Header of the query rows `tokens` of rank `src` sent to rank `dst`.
+MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                             const Range& tokens) {
+  return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
+                     grid.problem.dims.head_dim);
+}
+
+// Header of the K and V rows of `tokens` (one of `src`'s ranges) sent by `src` to `dst`.
+MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
+                              const Range& tokens) {
+  // K then V rows.
+  return rows_header(grid, MessageKind::kv_shard, src, dst, tokens, src.kv_heads,
+                     2LL * grid.problem.dims.head_dim);
+}
+
+// Header of the CP=1 reference forward rows `tokens` of KV head `g`'s group, from their owner
+// `src` to `dst`, the CP rank that computes the group's reference backward.
+MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
+                                       const LogicalRank& dst, const Range& tokens,
+                                       std::int64_t g) {
+  // out of the group's query heads, then their lse: group · (D + 1) floats per (batch, token).
+  const std::int64_t group = grid.problem.dims.group_size();
+  return rows_header(grid, MessageKind::reference_forward, src, dst, tokens, Range{g, g + 1},
+                     group * (grid.problem.dims.head_dim + 1));
+}
+
+// A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
+MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                           const Range& tokens, const KvBlock& block, std::int64_t floats) {
+  MessageHeader h = rows_header(grid, kind, grid.at(dst.tp_rank, block.owner_cp_rank), dst, tokens,
+                                dst.q_heads, floats);
+  h.block_index = block.index;
+  h.block_begin = block.range.begin;
+  h.block_end = block.range.end;
+  return h;
+}
+
+// The per-block messages `kind` (`floats` per row) `dst` receives: for the part `part(range)`
+// of each of its token ranges (none when empty), one per causally visible block.
+template <class Part>
+std::vector<MessageHeader> per_block(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
+                                     std::int64_t floats, Part&& part) {
+  std::vector<MessageHeader> out;
+  for (const Range& range : dst.tokens) {
+    const Range rows = part(range);
+    if (rows.empty()) continue;
+    for (const KvBlock& block : grid.blocks) {
+      if (causally_visible(block.range, rows))
+        out.push_back(block_header(grid, kind, dst, rows, block, floats));
+    }
+  }
+  return out;
+}
+
+// The query rows of the other CP ranks (same TP rank as dst) inside `span` that one of dst's
+// KV blocks sees: (their owner, the rows), one per owner's range.
+std::vector<std::pair<const LogicalRank*, Range>> rows_seen_by(const CaseGrid& grid,
+                                                               const LogicalRank& dst,
+                                                               const Range& span) {
+  std::vector<std::pair<const LogicalRank*, Range>> out;
+  const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
+  for (int r = 0; r < grid.spec.cp; ++r) {
+    if (r == dst.cp_rank) continue;
+    const LogicalRank& src = grid.at(dst.tp_rank, r);
+    for (const Range& tokens : src.tokens) {
+      const Range part = intersection(tokens, span);
+      const bool seen =
+          !part.empty() && std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
+            return causally_visible(b.range, part);
+          });
+      if (seen) out.emplace_back(&src, part);
+    }
+  }
+  return out;
+}
+
+// KV heads of a TP group per CP rank in the shared reference.
+std::int64_t reference_block(const CaseGrid& grid) {
+  const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
+  return (kv + grid.spec.cp - 1) / grid.spec.cp;
+}
+
+}  // namespace
+
+CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
+    : problem(p), spec(s), blocks(kv_block_grid(s, p.seq_len)), round_rows(rows) {
+  for (int id = 0; id < s.num_logical_ranks(); ++id) ranks.push_back(logical_rank(s, p, id));
   if (round_rows <= 0) {
     // A row's states against every block: out and lse of each of the rank's query heads.
     const std::int64_t heads = p.dims.num_q_heads / s.tp;
@@ -22,15 +131,11 @@ CaseGrid::CaseGrid(const Problem& p, const CaseSpec& s, std::int64_t rows)
                                    (p.dims.head_dim + 1) * std::int64_t{sizeof(float)};
     round_rows = std::max<std::int64_t>(16, kRoundStateBytes / row_bytes / 16 * 16);
   }
-  round_rows = std::min(round_rows, std::max<std::int64_t>(1, longest));
+  round_rows = std::min(round_rows, std::max<std::int64_t>(1, longest_range(ranks)));
 }
 
 int CaseGrid::rounds() const {
-  std::int64_t longest = 0;
-  for (const LogicalRank& r : ranks) {
-    for (const Range& t : r.tokens) longest = std::max(longest, t.size());
-  }
-  return static_cast<int>((longest + round_rows - 1) / round_rows);
+  return static_cast<int>((longest_range(ranks) + round_rows - 1) / round_rows);
 }
 
 std::vector<Range> CaseGrid::backward_rounds() const {
@@ -59,18 +164,6 @@ std::vector<KvBlock> CaseGrid::blocks_of(int cp_rank) const {
   return owned;
 }
 
-namespace {
-
-bool same_header(const MessageHeader& a, const MessageHeader& b) {
-  return a.kind == b.kind && a.src == b.src && a.dst == b.dst && a.block_index == b.block_index &&
-         a.token_begin == b.token_begin && a.token_end == b.token_end &&
-         a.block_begin == b.block_begin && a.block_end == b.block_end &&
-         a.head_begin == b.head_begin && a.head_end == b.head_end && a.batch == b.batch &&
-         a.width == b.width && a.floats == b.floats;
-}
-
-}  // namespace
-
 Inbox::SlotKey Inbox::key_of(const MessageHeader& h) {
   return SlotKey{
       static_cast<int>(h.kind), h.dst, h.block_index, h.token_begin, h.token_end, h.head_begin};
@@ -88,7 +181,7 @@ void Inbox::accept(Message message) {
   const std::size_t slot = found->second;
   const MessageHeader* it = &expected_[slot];
   if (filled_[slot]) throw ProtocolError("duplicated " + describe(h));
-  if (!same_header(*it, h) || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
+  if (*it != h || static_cast<std::int64_t>(message.payload.size()) != it->floats) {
     throw ProtocolError("mis-shaped " + describe(h) + ": expected " + describe(*it) + " with " +
                         std::to_string(it->floats) + " floats, got " +
                         std::to_string(message.payload.size()));
@@ -104,50 +197,6 @@ void Inbox::require_complete() const {
   }
 }
 
-namespace {
-
-// The fields every message has: who, to whom, which rows of which heads, and a payload of
-// `floats_per_row` floats per (batch, head, token).
-MessageHeader rows_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& src,
-                          const LogicalRank& dst, const Range& tokens, const Range& heads,
-                          std::int64_t floats_per_row) {
-  MessageHeader h;
-  h.kind = kind;
-  h.src = src.id;
-  h.dst = dst.id;
-  h.token_begin = tokens.begin;
-  h.token_end = tokens.end;
-  h.head_begin = static_cast<std::int32_t>(heads.begin);
-  h.head_end = static_cast<std::int32_t>(heads.end);
-  h.batch = grid.problem.batch;
-  h.width = grid.problem.dims.head_dim;
-  h.floats = static_cast<std::int64_t>(h.batch) * heads.size() * tokens.size() * floats_per_row;
-  return h;
-}
-
-}  // namespace
-
-MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                             const Range& tokens) {
-  return rows_header(grid, MessageKind::q_shard, src, dst, tokens, src.q_heads,
-                     grid.problem.dims.head_dim);
-}
-
-namespace {
-
-// A per-KV-block message to query owner `dst` from the block's owner: `floats` per row.
-MessageHeader block_header(const CaseGrid& grid, MessageKind kind, const LogicalRank& dst,
-                           const Range& tokens, const KvBlock& block, std::int64_t floats) {
-  MessageHeader h = rows_header(grid, kind, grid.at(dst.tp_rank, block.owner_cp_rank), dst, tokens,
-                                dst.q_heads, floats);
-  h.block_index = block.index;
-  h.block_begin = block.range.begin;
-  h.block_end = block.range.end;
-  return h;
-}
-
-}  // namespace
-
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
                            const KvBlock& block) {
   // out (head_dim floats) and lse (one) per row.
@@ -155,52 +204,11 @@ MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const R
                       grid.problem.dims.head_dim + 1);
 }
 
-MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                              const Range& tokens) {
-  // K then V rows.
-  return rows_header(grid, MessageKind::kv_shard, src, dst, tokens, src.kv_heads,
-                     2LL * grid.problem.dims.head_dim);
-}
-
 std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRank& dst,
                                            int round) {
-  std::vector<MessageHeader> out;
-  for (const Range& range : dst.tokens) {
-    const Range group = grid.round_group(range, round);
-    if (group.empty()) continue;
-    for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, group))
-        out.push_back(state_header(grid, dst, group, block));
-    }
-  }
-  return out;
+  return per_block(grid, MessageKind::partial_state, dst, grid.problem.dims.head_dim + 1,
+                   [&](const Range& range) { return grid.round_group(range, round); });
 }
-
-namespace {
-
-// The query rows of the other CP ranks (same TP rank as dst) inside `span` that one of dst's
-// KV blocks sees: (their owner, the rows), one per owner's range.
-std::vector<std::pair<const LogicalRank*, Range>> rows_seen_by(const CaseGrid& grid,
-                                                               const LogicalRank& dst,
-                                                               const Range& span) {
-  std::vector<std::pair<const LogicalRank*, Range>> out;
-  const std::vector<KvBlock> mine = grid.blocks_of(dst.cp_rank);
-  for (int r = 0; r < grid.spec.cp; ++r) {
-    if (r == dst.cp_rank) continue;
-    const LogicalRank& src = grid.at(dst.tp_rank, r);
-    for (const Range& tokens : src.tokens) {
-      const Range part = intersection(tokens, span);
-      const bool seen =
-          !part.empty() && std::any_of(mine.begin(), mine.end(), [&](const KvBlock& b) {
-            return causally_visible(b.range, part);
-          });
-      if (seen) out.emplace_back(&src, part);
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst) {
   std::vector<MessageHeader> out;
@@ -227,16 +235,8 @@ MessageHeader dq_partial_header(const CaseGrid& grid, const LogicalRank& dst, co
 
 std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const LogicalRank& dst,
                                                 const Range& span) {
-  std::vector<MessageHeader> out;
-  for (const Range& tokens : dst.tokens) {
-    const Range part = intersection(tokens, span);
-    if (part.empty()) continue;
-    for (const KvBlock& block : grid.blocks) {
-      if (causally_visible(block.range, part))
-        out.push_back(dq_partial_header(grid, dst, part, block));
-    }
-  }
-  return out;
+  return per_block(grid, MessageKind::dq_partial, dst, grid.problem.dims.head_dim,
+                   [&](const Range& tokens) { return intersection(tokens, span); });
 }
 
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab) {
@@ -261,9 +261,7 @@ std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int 
 }
 
 std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab) {
-  std::int64_t longest = 0;  // the rank's longest token range
-  for (const Range& t : r.tokens) longest = std::max(longest, t.size());
-  return std::min(logit_chunk_rows(grid, vocab), longest);
+  return std::min(logit_chunk_rows(grid, vocab), longest_range({r}));
 }
 
 int logit_steps(const CaseGrid& grid, int vocab) {
@@ -323,16 +321,6 @@ std::vector<MessageHeader> expected_kv_ring(const CaseGrid& grid, const LogicalR
   return out;
 }
 
-namespace {
-
-// KV heads of a TP group per CP rank in the shared reference.
-std::int64_t reference_block(const CaseGrid& grid) {
-  const std::int64_t kv = grid.problem.dims.num_kv_heads / grid.spec.tp;
-  return (kv + grid.spec.cp - 1) / grid.spec.cp;
-}
-
-}  // namespace
-
 int reference_rounds(const CaseGrid& grid, int per_round) {
   return static_cast<int>((reference_block(grid) + per_round - 1) / per_round);
 }
@@ -351,15 +339,6 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
   const std::int64_t group = grid.problem.dims.group_size();
   return rows_header(grid, MessageKind::reference_grads, src, dst, tokens, Range{g, g + 1},
                      (group + 2) * grid.problem.dims.head_dim);
-}
-
-MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
-                                       const LogicalRank& dst, const Range& tokens,
-                                       std::int64_t g) {
-  // out of the group's query heads, then their lse: group · (D + 1) floats per (batch, token).
-  const std::int64_t group = grid.problem.dims.group_size();
-  return rows_header(grid, MessageKind::reference_forward, src, dst, tokens, Range{g, g + 1},
-                     group * (grid.problem.dims.head_dim + 1));
 }
 
 std::vector<MessageHeader> expected_reference_forward(const CaseGrid& grid, const LogicalRank& dst,

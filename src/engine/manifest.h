@@ -22,8 +22,7 @@ inline bool causally_visible(const Range& block, const Range& tokens) {
 }
 
 /// The budget of one round's partial states per query range (design §4). Rounds are at least 16
-/// rows, so past about a hundred KV blocks a round holds more (a row's states against every
-/// block); cutting rounds along the blocks too is a later step.
+/// rows, so past about a hundred KV blocks a round holds more (a row's states against every block).
 inline constexpr std::int64_t kRoundStateBytes = std::int64_t{32} << 20;
 
 /// The topology of one case as every rank sees it.
@@ -91,10 +90,6 @@ class Inbox {
   std::vector<std::size_t> arrival_;
 };
 
-/// Header of the query rows `tokens` of rank `src` sent to rank `dst`.
-MessageHeader q_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                             const Range& tokens);
-
 /// Header of the partial state of `dst`'s query rows `tokens` against `block`, computed by the
 /// block's owner.
 MessageHeader state_header(const CaseGrid& grid, const LogicalRank& dst, const Range& tokens,
@@ -107,10 +102,6 @@ std::vector<MessageHeader> expected_states(const CaseGrid& grid, const LogicalRa
 /// Every query range `dst` must receive to serve its blocks under ag_rs: the token ranges of
 /// the other CP ranks (same TP rank) that see at least one of dst's blocks.
 std::vector<MessageHeader> expected_q_shards(const CaseGrid& grid, const LogicalRank& dst);
-
-/// Header of the K and V rows of `tokens` (one of `owner`'s ranges) sent by `src` to `dst`.
-MessageHeader kv_shard_header(const CaseGrid& grid, const LogicalRank& src, const LogicalRank& dst,
-                              const Range& tokens);
 
 /// allgather_kv: the K/V ranges of the other CP ranks (same TP rank) that hold a key visible
 /// to one of dst's query ranges.
@@ -143,9 +134,8 @@ inline Range intersection(const Range& a, const Range& b) {
 /// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
 /// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
 /// order), the largest of them, and how many steps the case takes (the most chunks any rank
-/// has). At V = 4096 the
-/// budget gives 64 rows at TP = 1 and 128 at TP = 2, B = 1: the CPU tile streams each head's
-/// lm_head once per chunk, so fewer, longer chunks wait less on that stream.
+/// has). The CPU tile streams each head's lm_head once per chunk, so fewer, longer chunks wait
+/// less on that stream.
 inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{64} << 20;
 inline constexpr std::int64_t kLogitChunkMinRows = 16;
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
@@ -183,11 +173,6 @@ MessageHeader reference_grads_header(const CaseGrid& grid, const LogicalRank& sr
 /// that round covers, one per token range of dst, from the CP rank that computes it.
 std::vector<MessageHeader> expected_reference_grads(const CaseGrid& grid, const LogicalRank& dst,
                                                     int round, int per_round);
-
-/// Header of the CP=1 reference forward rows `tokens` of KV head `g`'s group, from their owner
-/// `src` to `dst`, the CP rank that computes the group's reference backward.
-MessageHeader reference_forward_header(const CaseGrid& grid, const LogicalRank& src,
-                                       const LogicalRank& dst, const Range& tokens, std::int64_t g);
 
 /// The CP=1 reference forward rows `dst` must receive before round `round` of its reference
 /// backward: for each KV head it computes that round, one per token range of every CP rank

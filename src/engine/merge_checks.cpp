@@ -5,49 +5,9 @@
 #include <span>
 #include <string>
 
-#include "engine/protocol_common.h"
 #include "kernels/cpu/attention.h"
 
 namespace cpd {
-namespace {
-
-// Visits every (group, batch, head) of a rank's round with the states that cover it, in the
-// order `order` lists them (indices into `states`).
-template <class Fn>
-void for_each_row_group(const LogicalRank& r, const std::vector<Range>& groups,
-                        const std::vector<Message>& states, int batch, int dim,
-                        const std::vector<std::size_t>& order, Fn&& fn) {
-  const std::int64_t heads = r.q_heads.size();
-  std::vector<StateRef> refs;  // one buffer for every (group, batch, head)
-  for (const Range& t : groups) {
-    const std::int64_t rows = t.size();
-    for (int b = 0; b < batch; ++b) {
-      for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-        const std::int64_t slot = b * heads + (h - r.q_heads.begin);
-        refs.clear();
-        for (std::size_t i : order) {
-          const Message& m = states[i];
-          if (m.header.tokens() != t) continue;
-          const float* base = m.payload.data();
-          refs.push_back(StateRef{m.header.block_index, base + slot * rows * dim,
-                                  base + batch * heads * rows * dim + slot * rows});
-        }
-        fn(t, b, h, refs);
-      }
-    }
-  }
-}
-
-}  // namespace
-
-void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& groups,
-                             const std::vector<Message>& states,
-                             const std::vector<std::size_t>& arrival, int batch, int dim,
-                             AttentionBackend& backend, AttnShard& probe) {
-  const std::vector<std::size_t> reversed(arrival.rbegin(), arrival.rend());
-  backend.merge_states(protocol::state_merge_jobs(probe, r, groups, states, reversed, batch, dim),
-                       dim);
-}
 
 void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
                       OracleRow& row) {
@@ -67,13 +27,6 @@ void merge_oracle_row(std::span<const float* const> outs, std::span<const float>
   row.lse = top + std::log(total);
 }
 
-OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
-                           int dim) {
-  OracleRow row;
-  merge_oracle_row(outs, lses, dim, row);
-  return row;
-}
-
 namespace {
 
 float oracle_diff(float production, double oracle) {
@@ -83,46 +36,28 @@ float oracle_diff(float production, double oracle) {
 
 }  // namespace
 
-void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
-                        const std::vector<Message>& states, const AttnShard& merged, int dim,
+void merge_oracle_diffs(std::span<const MergeJob> jobs, const AttnShard& merged, int dim,
                         ThreadPool& pool, MergeChecks& checks) {
-  const ShardShape& out = merged.out.shape;
-  const ShardShape& lse = merged.lse.shape;
-  std::vector<std::size_t> manifest_order(states.size());
-  for (std::size_t i = 0; i < manifest_order.size(); ++i) manifest_order[i] = i;
-  // Each (group, batch, head) run of rows is a task; its rows' results land in their own
-  // elements, so the bits do not depend on which thread takes it.
-  struct RowRun {
-    Range t;
-    int b;
-    std::int64_t h;
-    std::vector<StateRef> refs;
-  };
-  std::vector<RowRun> runs;
-  for_each_row_group(r, groups, states, out.batch, dim, manifest_order,
-                     [&](const Range& t, int b, std::int64_t h, const auto& refs) {
-                       runs.push_back(RowRun{t, b, h, refs});
-                     });
-  pool.parallel_for(static_cast<std::int64_t>(runs.size()), [&](std::int64_t i) {
-    const RowRun& run = runs[static_cast<std::size_t>(i)];
-    // One set of buffers for every row of the run: this runs once per query row and head.
+  pool.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
+    const MergeJob& job = jobs[static_cast<std::size_t>(i)];
+    const std::size_t out = static_cast<std::size_t>(job.out - merged.out.data.data());
+    const std::size_t lse = static_cast<std::size_t>(job.lse - merged.lse.data.data());
+    // One set of buffers for every row of the job: this runs once per query row and head.
     std::vector<const float*> outs;
     std::vector<float> lses;
     OracleRow oracle;
-    const std::int64_t first = out.local_row(run.t.begin);
-    for (std::int64_t row = 0; row < run.t.size(); ++row) {
+    for (std::int64_t row = 0; row < job.rows; ++row) {
       outs.clear();
       lses.clear();
-      for (const StateRef& s : run.refs) {
+      for (const StateRef& s : job.states) {
         outs.push_back(s.out + row * dim);
         lses.push_back(s.lse[row]);
       }
       merge_oracle_row(outs, lses, dim, oracle);
-      const std::size_t o = out.offset(run.b, run.h, first + row);
-      const std::size_t l = lse.offset(run.b, run.h, first + row);
+      const std::size_t o = out + static_cast<std::size_t>(row * dim);
       for (int d = 0; d < dim; ++d)
         checks.oracle_out[o + d] = oracle_diff(merged.out.data[o + d], oracle.out[d]);
-      checks.oracle_lse[l] = oracle_diff(merged.lse.data[l], oracle.lse);
+      checks.oracle_lse[lse + row] = oracle_diff(merged.lse.data[lse + row], oracle.lse);
     }
   });
 }
@@ -137,7 +72,8 @@ std::string merge_oracle_self_test() {
   const std::vector<float> lses = {2.5f, -17.0f, -std::numeric_limits<float>::infinity(), 23.0f};
   float out[dim] = {0, 0, 0, 0}, lse = -std::numeric_limits<float>::infinity();
   for (std::size_t i = 0; i < outs.size(); ++i) merge_state_row(out, &lse, outs[i], lses[i], dim);
-  const OracleRow oracle = merge_oracle_row(outs, lses, dim);
+  OracleRow oracle;
+  merge_oracle_row(outs, lses, dim, oracle);
   // FP32 fold of three states: a few roundings of values ≤ 3 → well under 1e-5.
   constexpr double kTolerance = 1e-5;
   for (int d = 0; d < dim; ++d) {

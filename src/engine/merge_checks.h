@@ -11,32 +11,21 @@
 
 namespace cpd {
 
-/// The rows `groups` (one round's groups of rank r's ranges) merged again from `states` (the
-/// round's, manifest order) in the reverse of the order they arrived in (`arrival`: indices into
-/// `states`), into `probe` (layout of r's query shard). The merge sorts by global block index, so
-/// this must equal the canonical merge bit for bit (the report's merge_order_probe).
-void merge_reversed_arrivals(const LogicalRank& r, const std::vector<Range>& groups,
-                             const std::vector<Message>& states,
-                             const std::vector<std::size_t>& arrival, int batch, int dim,
-                             AttentionBackend& backend, AttnShard& probe);
-
-/// |production FP32 fold (`merged`) − FP64 oracle| per element of the rows `groups`, rounded to
-/// FP32, into checks.oracle_out / oracle_lse: the oracle takes the same sorted states, subtracts
-/// the global max lse first and forms one weighted sum in FP64 (a different but equivalent
-/// formulation). The (group, batch, head) row runs are spread over `pool`.
-void merge_oracle_diffs(const LogicalRank& r, const std::vector<Range>& groups,
-                        const std::vector<Message>& states, const AttnShard& merged, int dim,
+/// |production FP32 fold − FP64 oracle| per element of the rows `jobs` merged (state_merge_jobs,
+/// their states in manifest order, their rows those of `merged`), rounded to FP32, into
+/// checks.oracle_out / oracle_lse: the oracle takes the same sorted states, subtracts the global
+/// max lse first and forms one weighted sum in FP64 (a different but equivalent formulation). A
+/// job's rows a task on `pool`.
+void merge_oracle_diffs(std::span<const MergeJob> jobs, const AttnShard& merged, int dim,
                         ThreadPool& pool, MergeChecks& checks);
 
-/// The oracle on explicit states, for the start-up self-test and the unit tests: states are
-/// (out[dim], lse) pairs in ascending block order; returns (out, lse) in FP64.
+/// The oracle on explicit states (the per-row loop of merge_oracle_diffs, the start-up self-test
+/// and the unit tests): states are (out[dim], lse) pairs in ascending block order; `row`
+/// receives (out, lse) in FP64, its buffer reused.
 struct OracleRow {
   std::vector<double> out;
   double lse = 0.0;
 };
-OracleRow merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses,
-                           int dim);
-/// The same into `row`, whose buffer is reused (the per-row loop of merge_oracle_diffs).
 void merge_oracle_row(std::span<const float* const> outs, std::span<const float> lses, int dim,
                       OracleRow& row);
 

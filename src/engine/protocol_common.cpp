@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/util/work_timers.h"
 #include "cpdrift/production_lanes.h"
 #include "engine/merge_checks.h"
 #include "kernels/attention_backend.h"
@@ -28,28 +29,13 @@ std::vector<RankOutput> run_protocol(const CaseGrid& grid, const PathSpec& path,
     case Protocol::ag_rs:
       return protocol::run_ag_rs(grid, path, transport, inputs, extras);
     case Protocol::ring_kv:
-      return protocol::run_ring_kv(grid, path, transport, inputs, extras);
     case Protocol::allgather_kv:
-      return protocol::run_allgather_kv(grid, path, transport, inputs, extras);
+      return protocol::run_kv_protocol(grid, path, transport, inputs, extras);
   }
   throw std::logic_error("unknown protocol");
 }
 
 namespace protocol {
-
-std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
-                                          const std::vector<LogicalRank>& hosted,
-                                          const PathSpec& path, InputStore& store) {
-  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
-  std::map<int, RankInputs> inputs;
-  for (const LogicalRank& r : hosted) {
-    const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
-    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
-                              store.shard(TensorId::k, kvs, path.inputs),
-                              store.shard(TensorId::v, kvs, path.inputs)};
-  }
-  return inputs;
-}
 
 namespace {
 
@@ -65,78 +51,33 @@ void copy_rows_to(const Shard& shard, const Range& tokens, float* to, ThreadPool
   });
 }
 
-}  // namespace
-
-FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool) {
-  const ShardShape& s = shard.shape;
-  FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(s.batch) * s.heads.size() *
-                                         tokens.size() * s.width);
-  copy_rows_to(shard, tokens, payload.data(), pool);  // every element
-  return payload;
-}
-
-FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool) {
-  const std::size_t half = static_cast<std::size_t>(k.shape.batch) * k.shape.heads.size() *
-                           tokens.size() * k.shape.width;
-  FloatBuffer payload = unwritten_floats(2 * half);
-  copy_rows_to(k, tokens, payload.data(), pool);  // every element, K then V
-  copy_rows_to(v, tokens, payload.data() + half, pool);
-  return payload;
-}
-
-KvPiece kv_piece_of(const Message& m, const CaseGrid& grid) {
-  const ShardShape shape{grid.problem.batch, m.header.heads(), {m.header.tokens()}, m.header.width};
-  KvPiece piece{Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};  // copied whole
-  const std::size_t half = shape.size();
-  std::memcpy(piece.k.data.data(), m.payload.data(), half * sizeof(float));
-  std::memcpy(piece.v.data.data(), m.payload.data() + half, half * sizeof(float));
-  return piece;
-}
-
-FloatBuffer PayloadPool::take(std::size_t floats) {
-  if (spare_.empty()) return unwritten_floats(floats);
-  auto it = spare_.lower_bound(floats);
-  if (it == spare_.end()) --it;  // the largest, grown
-  FloatBuffer buffer = std::move(it->second);
-  spare_.erase(it);
-  buffer.resize(floats);
-  mark_unwritten(buffer);  // last round's values, which the kernels overwrite
-  return buffer;
-}
-
-void PayloadPool::give_back(std::map<int, Inbox>& inboxes, std::size_t made) {
-  for (auto& [id, inbox] : inboxes) {
-    for (Message& m : inbox.take_messages()) {
-      const std::size_t size = m.payload.size();
-      spare_.emplace(size, std::move(m.payload));
-    }
-  }
-  while (spare_.size() > made) spare_.erase(spare_.begin());
-}
-
-Message state_message(const CaseGrid& grid, const QueryPiece& query, const KvBlock& block,
-                      const Shard& k, const Shard& v, std::vector<BlockJob>& jobs,
-                      PayloadPool& pool) {
+// The partial state of the rows `group` of `w`'s query range against `block` (whose K/V rows
+// w.k, w.v hold) as a message to the query's owner; the jobs that fill its payload (every float)
+// are appended to `jobs` (run them before the payload is read). Messages can be moved freely:
+// jobs point into the payload buffer.
+Message state_message(const CaseGrid& grid, const StateWork& w, const Range& group,
+                      const KvBlock& block, std::vector<BlockJob>& jobs) {
   const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
-  const int group = grid.problem.dims.group_size();
-  const MessageHeader h = state_header(grid, *query.owner, query.tokens, block);
-  Message m{h, pool.take(static_cast<std::size_t>(h.floats))};
+  const int gqa = grid.problem.dims.group_size();
+  const MessageHeader h = state_header(grid, *w.owner, group, block);
+  Message m{h, unwritten_floats(static_cast<std::size_t>(h.floats))};
   float* out = m.payload.data();
-  const std::int64_t rows = query.tokens.size(), heads = query.owner->q_heads.size();
+  const std::int64_t rows = group.size(), heads = w.owner->q_heads.size();
   float* lse = out + batch * heads * rows * dim;
-  const std::int64_t kv_row = k.shape.local_row(block.range.begin);
+  const std::int64_t kv_row = w.k->shape.local_row(block.range.begin);
   for (int b = 0; b < batch; ++b) {
     for (std::int64_t hl = 0; hl < heads; ++hl) {
-      const std::int64_t g = (query.owner->q_heads.begin + hl) / group;
+      const std::int64_t g = (w.owner->q_heads.begin + hl) / gqa;
       const std::int64_t slot = b * heads + hl;
-      jobs.push_back(BlockJob{query.rows + slot * query.row_stride * dim, query.tokens.begin, rows,
-                              k.at(b, g, kv_row), v.at(b, g, kv_row), block.range,
-                              out + slot * rows * dim, lse + slot * rows});
+      const float* q = w.rows + (slot * w.tokens.size() + group.begin - w.tokens.begin) * dim;
+      jobs.push_back(BlockJob{q, group.begin, rows, w.k->at(b, g, kv_row), w.v->at(b, g, kv_row),
+                              block.range, out + slot * rows * dim, lse + slot * rows});
     }
   }
   return m;
 }
 
+// Partial states of `jobs` with the path's kernel.
 void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const BlockJob> jobs,
                     AttentionBackend& backend) {
   const int dim = grid.problem.dims.head_dim;
@@ -148,29 +89,15 @@ void run_state_jobs(const CaseGrid& grid, const PathSpec& path, std::span<const 
   }
 }
 
-void own_states(const CaseGrid& grid, const LogicalRank& owner, const FloatBuffer* own_rows,
-                const Shard& k, const Shard& v, int round, std::vector<Message>& states,
-                std::vector<BlockJob>& jobs, PayloadPool& pool) {
-  for (std::size_t i = 0; i < owner.tokens.size(); ++i) {
-    const Range group = grid.round_group(owner.tokens[i], round);
-    if (group.empty()) continue;
-    const QueryPiece q = QueryPiece::range(&owner, owner.tokens[i], own_rows[i].data())
-                             .group(group, grid.problem.dims.head_dim);
-    for (const KvBlock& block : grid.blocks) {
-      const bool held = std::any_of(k.shape.tokens.begin(), k.shape.tokens.end(),
-                                    [&](const Range& t) { return t.contains(block.range); });
-      if (held && causally_visible(block.range, q.tokens))
-        states.push_back(state_message(grid, q, block, k, v, jobs, pool));
-    }
-  }
-}
-
-namespace {
-
-// Validation and agreement shared by deliver and check_local. `arrivals` may throw (a
-// malformed buffer) and is called inside the guard, so every process reaches agree().
+// Checks what `arrivals` returns into the inboxes and every inbox complete, then agrees.
+// `arrivals` may throw (a malformed buffer) and is called inside the guard, so every process
+// reaches agree().
 template <class Arrivals>
-void accept_all(Transport& transport, Arrivals&& arrivals, std::map<int, Inbox>& inboxes) {
+std::map<int, Inbox> receive(Transport& transport, const std::vector<LogicalRank>& hosted,
+                             const Manifest& expected, Arrivals&& arrivals) {
+  const WorkTimer t(WorkKind::messages);
+  std::map<int, Inbox> inboxes;
+  for (const LogicalRank& r : hosted) inboxes.emplace(r.id, Inbox(expected(r)));
   std::string error;
   try {
     for (Message& m : arrivals()) {
@@ -184,21 +111,12 @@ void accept_all(Transport& transport, Arrivals&& arrivals, std::map<int, Inbox>&
   }
   error = transport.agree(error);
   if (!error.empty()) throw ProtocolError(error);
+  return inboxes;
 }
 
-}  // namespace
-
-void deliver(Transport& transport, std::map<int, Inbox>& inboxes) {
-  accept_all(
-      transport, [&] { return transport.finish(); }, inboxes);
-}
-
-void check_local(Transport& transport, std::vector<Message> states, std::map<int, Inbox>& inboxes) {
-  const WorkTimer t(WorkKind::messages);
-  accept_all(
-      transport, [&] { return std::move(states); }, inboxes);
-}
-
+// Merge jobs for the rows `groups` (the round's groups of a rank's ranges) of a rank's query
+// shard `into` from `states` (taken in `order`, indices into `states`; the merge sorts them by
+// block index anyway).
 std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank& r,
                                        const std::vector<Range>& groups,
                                        const std::vector<Message>& states,
@@ -232,6 +150,8 @@ std::vector<MergeJob> state_merge_jobs(const AttnShard& into, const LogicalRank&
   return jobs;
 }
 
+// The hosted ranks' outputs before the first round: rows unwritten, which the rounds' merges
+// write (and checks and lanes when asked).
 std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
                                       MergeExtras extras) {
   const int dim = grid.problem.dims.head_dim;
@@ -255,6 +175,9 @@ std::vector<RankOutput> start_outputs(const CaseGrid& grid, const std::vector<Lo
   return outputs;
 }
 
+// Round `round` of every hosted rank (outputs[i] is hosted[i]'s): its validated states merged in
+// global block order into its rows of the round; the production lanes and the merge checks of
+// the same states when the outputs carry them, and the states' headers with the checks.
 void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>& hosted,
                  std::map<int, Inbox>& inboxes, InputStore& store,
                  std::vector<RankOutput>& outputs) {
@@ -271,47 +194,106 @@ void merge_round(const CaseGrid& grid, int round, const std::vector<LogicalRank>
     }
     std::vector<std::size_t> manifest_order(states.size());
     for (std::size_t j = 0; j < manifest_order.size(); ++j) manifest_order[j] = j;
-    backend.merge_states(state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim),
-                         dim);
+    const std::vector<MergeJob> jobs =
+        state_merge_jobs(o.merged, r, groups, states, manifest_order, batch, dim);
+    backend.merge_states(jobs, dim);
     if (!o.lanes.empty())
       merge_production_lanes(grid, r, groups, states, backend, store.pool(), o.lanes);
     if (!o.checks) continue;
-    merge_reversed_arrivals(r, groups, states, inbox.arrival_order(), batch, dim, backend,
-                            o.checks->probe);
+    // The merge-order probe: the same states merged from the reverse of their arrival order.
+    const std::vector<std::size_t>& arrival = inbox.arrival_order();
+    backend.merge_states(state_merge_jobs(o.checks->probe, r, groups, states,
+                                          {arrival.rbegin(), arrival.rend()}, batch, dim),
+                         dim);
     {
       const WorkTimer t(WorkKind::checks);
-      merge_oracle_diffs(r, groups, states, o.merged, dim, store.pool(), *o.checks);
+      merge_oracle_diffs(jobs, o.merged, dim, store.pool(), *o.checks);
     }
     for (const Message& m : states) o.merged_states.push_back(m.header);
   }
 }
 
-std::vector<RankOutput> local_rounds(const CaseGrid& grid, const PathSpec& path,
+}  // namespace
+
+std::map<int, RankInputs> generate_inputs(const CaseGrid& grid,
+                                          const std::vector<LogicalRank>& hosted,
+                                          const PathSpec& path, InputStore& store) {
+  const int dim = grid.problem.dims.head_dim, batch = grid.problem.batch;
+  std::map<int, RankInputs> inputs;
+  for (const LogicalRank& r : hosted) {
+    const ShardShape qs{batch, r.q_heads, r.tokens, dim}, kvs{batch, r.kv_heads, r.tokens, dim};
+    inputs[r.id] = RankInputs{store.shard(TensorId::q, qs, path.inputs),
+                              store.shard(TensorId::k, kvs, path.inputs),
+                              store.shard(TensorId::v, kvs, path.inputs)};
+  }
+  return inputs;
+}
+
+FloatBuffer rows_of(const Shard& shard, const Range& tokens, ThreadPool& pool) {
+  const ShardShape& s = shard.shape;
+  FloatBuffer payload = unwritten_floats(static_cast<std::size_t>(s.batch) * s.heads.size() *
+                                         tokens.size() * s.width);
+  copy_rows_to(shard, tokens, payload.data(), pool);  // every element
+  return payload;
+}
+
+FloatBuffer kv_payload(const Shard& k, const Shard& v, const Range& tokens, ThreadPool& pool) {
+  const std::size_t half = static_cast<std::size_t>(k.shape.batch) * k.shape.heads.size() *
+                           tokens.size() * k.shape.width;
+  FloatBuffer payload = unwritten_floats(2 * half);
+  copy_rows_to(k, tokens, payload.data(), pool);  // every element, K then V
+  copy_rows_to(v, tokens, payload.data() + half, pool);
+  return payload;
+}
+
+std::map<int, Inbox> superstep(Transport& transport, const std::vector<LogicalRank>& hosted,
+                               std::vector<Message> outgoing, const Manifest& expected) {
+  return receive(transport, hosted, expected, [&] {
+    transport.start(std::move(outgoing));
+    return transport.finish();
+  });
+}
+
+std::map<int, Inbox> exchange(const CaseGrid& grid, Transport& transport,
+                              const std::vector<LogicalRank>& hosted, const Manifest& expected,
+                              const std::function<FloatBuffer(const MessageHeader&)>& payload) {
+  std::vector<Message> outgoing;
+  for (const LogicalRank& dst : grid.ranks) {
+    for (const MessageHeader& h : expected(dst)) {
+      if (process_of(h.src, transport.world_size()) == transport.process_index())
+        outgoing.push_back(Message{h, payload(h)});
+    }
+  }
+  return superstep(transport, hosted, std::move(outgoing), expected);
+}
+
+std::vector<RankOutput> state_rounds(const CaseGrid& grid, const PathSpec& path,
                                      Transport& transport, InputStore& store,
                                      const std::vector<LogicalRank>& hosted,
-                                     const std::map<int, std::vector<KvView>>& kv,
-                                     const std::map<int, std::vector<FloatBuffer>>& own_rows,
-                                     MergeExtras extras) {
+                                     const std::vector<StateWork>& work, MergeExtras extras) {
   std::vector<RankOutput> outputs = start_outputs(grid, hosted, extras);
-  const int rounds = grid.rounds();
-  PayloadPool pool;
-  for (int round = 0; round < rounds; ++round) {
+  for (int round = 0; round < grid.rounds(); ++round) {
     std::vector<Message> states;
     std::vector<BlockJob> jobs;
-    for (const LogicalRank& r : hosted) {
-      for (const KvView& piece : kv.at(r.id)) {
-        own_states(grid, r, own_rows.at(r.id).data(), *piece.k, *piece.v, round, states, jobs,
-                   pool);
+    for (const StateWork& w : work) {
+      const Range group = grid.round_group(w.tokens, round);
+      if (group.empty()) continue;
+      for (const KvBlock& block : grid.blocks) {
+        const bool held = std::any_of(w.k->shape.tokens.begin(), w.k->shape.tokens.end(),
+                                      [&](const Range& t) { return t.contains(block.range); });
+        if (held && causally_visible(block.range, group))
+          states.push_back(state_message(grid, w, group, block, jobs));
       }
     }
-    const std::size_t made = states.size();
     run_state_jobs(grid, path, jobs, store.backend());
-    // The states were computed here, but they are checked against the same manifest.
+    const Manifest expected = [&](const LogicalRank& r) { return expected_states(grid, r, round); };
+    // Under ring_kv and allgather_kv the states were computed here, but they are checked
+    // against the same manifest.
     std::map<int, Inbox> inboxes =
-        inboxes_for(hosted, [&](const LogicalRank& r) { return expected_states(grid, r, round); });
-    check_local(transport, std::move(states), inboxes);
+        grid.spec.protocol == Protocol::ag_rs
+            ? superstep(transport, hosted, std::move(states), expected)
+            : receive(transport, hosted, expected, [&] { return std::move(states); });
     merge_round(grid, round, hosted, inboxes, store, outputs);
-    pool.give_back(inboxes, made);
   }
   return outputs;
 }

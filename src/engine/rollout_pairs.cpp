@@ -62,10 +62,9 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
 }
 
 // Rank 0: the logits and the target token's logprob of every decoded token of `rows`, through
-// the run's lm_head (the input store's, each head's columns generated once per run).
-void add_logits(const Problem& p, const PagedWorkload& w, const DecodedCapture& capture,
-                InputStore& store, DecodedRows& rows) {
-  const int vocab = capture.vocab_size;
+// the run's lm_head of `vocab` (the input store's, each head's columns generated once per run).
+void add_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore& store,
+                DecodedRows& rows) {
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
   rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);  // [B][q_len][V]
@@ -128,14 +127,15 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs, rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs, rows);
   return rows;
 }
 
 DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
                                 const std::string& name, bool auto_split,
                                 const std::vector<std::vector<Range>>& plans,
-                                const std::vector<int>& head_owner, const AttnShard* candidate) {
+                                const std::vector<int>& head_owner, const AttnShard* lane,
+                                int vocab) {
   DecodedRows rows;
   rows.case_name = name;
   rows.rollout = true;
@@ -145,14 +145,14 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
       ctx, w,
       [&](int b, int h, std::int64_t i) {
         RowSource s{head_owner[static_cast<std::size_t>(h)]};
-        if (candidate != nullptr && candidate->out.shape.heads.contains(h)) {
-          s.out = candidate->out.at(b, h, i);
-          s.lse = candidate->lse.at(b, h, i);
+        if (lane != nullptr && lane->out.shape.heads.contains(h)) {
+          s.out = lane->out.at(b, h, i);
+          s.lse = lane->lse.at(b, h, i);
         }
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, *ctx.decoded, ctx.inputs, rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, vocab, ctx.inputs, rows);
   return rows;
 }
 

@@ -56,14 +56,15 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
                                 const std::vector<const AttnShard*>& written,
                                 const PagedWorkload& w);
 
-/// A paged case's candidate rows ([B][heads][q_len][D] of this process's query heads; null
-/// when it computes none) streamed to rank 0, and their logprobs; `head_owner`: the process of
-/// each query head.
-/// Collective; filled on rank 0.
+/// A paged lane's rows `lane` ([B][heads][q_len][D] of this process's query heads; null when it
+/// computes none) streamed to rank 0, and their logits and logprobs through the synthetic
+/// lm_head of `vocab`; `head_owner`: the process of each query head. Collective; filled on
+/// rank 0.
 DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
                                 const std::string& name, bool auto_split,
                                 const std::vector<std::vector<Range>>& plans,
-                                const std::vector<int>& head_owner, const AttnShard* candidate);
+                                const std::vector<int>& head_owner, const AttnShard* lane,
+                                int vocab);
 
 /// Whether the row of every decoded position merges the same KV blocks on both sides (block
 /// starts at or before it equal): then the two sides' bits must be equal.

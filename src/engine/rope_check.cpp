@@ -28,20 +28,13 @@ void run_rope_check(const RunContext& ctx, CaseSink& sink) {
     // The cast tensor in global order: (b, h) rows, each process's positions in turn.
     CaseTensor& tensor = o.tensors.emplace_back();
     tensor.bf16 = bf16;
-    GlobalTensor& g = tensor.layout;
-    g.batch = p.batch;
-    g.heads = heads;
-    g.seq_len = p.seq_len;
-    g.width = p.dims.head_dim;
+    GlobalTensor& g = tensor.layout =
+        GlobalTensor{p.batch, heads, p.seq_len, p.dims.head_dim, {}, {}};
     for (int b = 0; b < p.batch; ++b) {
       for (int h = 0; h < heads; ++h) {
         for (int proc = 0; proc < world; ++proc) {
-          const Range part = slice(proc);
-          if (part.empty()) continue;
-          g.pieces.push_back(GlobalPiece{b, h, part, proc});
-          g.segments.push_back(
-              StreamSegment{proc, proc == me ? cast.at(b, h, 0) : nullptr,
-                            static_cast<std::size_t>(part.size() * p.dims.head_dim)});
+          if (!slice(proc).empty())
+            g.add(GlobalPiece{b, h, slice(proc), proc}, proc == me ? cast.at(b, h, 0) : nullptr);
         }
       }
     }

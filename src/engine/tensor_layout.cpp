@@ -10,12 +10,15 @@ namespace cpd {
 
 GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, int width,
                            const std::vector<const Shard*>& hosted, HeadKind heads) {
-  GlobalTensor t;
-  t.batch = grid.problem.batch;
   const bool kv = heads == HeadKind::kv, per_token = heads == HeadKind::token;
-  t.heads = per_token ? 1 : kv ? grid.problem.dims.num_kv_heads : grid.problem.dims.num_q_heads;
-  t.seq_len = grid.problem.seq_len;
-  t.width = width;
+  GlobalTensor t{grid.problem.batch,
+                 per_token ? 1
+                 : kv      ? grid.problem.dims.num_kv_heads
+                           : grid.problem.dims.num_q_heads,
+                 grid.problem.seq_len,
+                 width,
+                 {},
+                 {}};
   struct Entry {
     GlobalPiece piece;
     const float* data;
@@ -57,11 +60,7 @@ GlobalTensor global_tensor(const CaseGrid& grid, int world_size, int process, in
                              std::to_string(p.h) + ") end at " + std::to_string(p.tokens.end));
     }
   }
-  for (const Entry& e : entries) {
-    t.pieces.push_back(e.piece);
-    t.segments.push_back(StreamSegment{e.piece.owner, e.data,
-                                       static_cast<std::size_t>(e.piece.tokens.size() * width)});
-  }
+  for (const Entry& e : entries) t.add(e.piece, e.data);
   return t;
 }
 

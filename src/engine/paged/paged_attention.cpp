@@ -18,30 +18,29 @@ constexpr std::int64_t kChunkPages = 3;
 
 std::vector<Call> calls_of(PagedCall call, std::int64_t kv_len, std::int64_t q_len,
                            std::int64_t chunk) {
+  const std::int64_t q0 = kv_len - q_len;  // the first query row
   switch (call) {
     case PagedCall::chunked_prefill: {
+      // Of each chunk, its query rows: the kernels are row-independent, so the chunk's rows
+      // before them would change no bit of these.
       std::vector<Call> chunks;
-      for (std::int64_t a = (kv_len - q_len) / chunk * chunk; a < kv_len; a += chunk) {
-        chunks.push_back(Call{a, std::min(chunk, kv_len - a), std::min(a + chunk, kv_len)});
+      for (std::int64_t a = q0 / chunk * chunk; a < kv_len; a += chunk) {
+        const std::int64_t first = std::max(a, q0), end = std::min(a + chunk, kv_len);
+        chunks.push_back(Call{first, end - first, end});
       }
       return chunks;
     }
     case PagedCall::decode: {
       std::vector<Call> steps;
-      for (std::int64_t t = kv_len - q_len; t < kv_len; ++t) steps.push_back(Call{t, 1, t + 1});
+      for (std::int64_t t = q0; t < kv_len; ++t) steps.push_back(Call{t, 1, t + 1});
       return steps;
     }
     case PagedCall::paged_prefill:
-      return {Call{kv_len - q_len, q_len, kv_len}};
+      return {Call{q0, q_len, kv_len}};
     case PagedCall::full_prefill:
       return {Call{0, kv_len, kv_len}};
   }
   return {};
-}
-
-// Output row 0 of a sequence is the first position its calls compute.
-std::int64_t first_row(PagedCall call, std::int64_t kv_len, std::int64_t q_len, int page_size) {
-  return calls_of(call, kv_len, q_len, kChunkPages * page_size).front().first;
 }
 
 // Sequence seq's K and V rows of KV head h, paged (read in place through the block table) or
@@ -54,7 +53,10 @@ AttnShard run_lane(const Lane& lane, std::span<const std::int64_t> kv_lens, std:
                    std::vector<std::vector<Range>>* plans_used = nullptr) {
   const int dim = q.shape.width, seqs = static_cast<int>(kv_lens.size());
   if (plans_used != nullptr) plans_used->assign(static_cast<std::size_t>(seqs), {});
-  const auto row0 = [&](std::int64_t len) { return first_row(lane.call, len, q_len, page_size); };
+  // Output row 0 of a sequence is its first query row, or position 0 for the full prefill.
+  const auto row0 = [&](std::int64_t len) {
+    return lane.call == PagedCall::full_prefill ? 0 : len - q_len;
+  };
   const std::int64_t chunk = kChunkPages * page_size;
   std::int64_t rows = 0;
   for (const std::int64_t len : kv_lens) rows = std::max(rows, len - row0(len));
@@ -104,23 +106,8 @@ AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Sh
   const KvSource source = [&](int seq, std::int64_t h) {
     return std::pair<KvRows, KvRows>{k.at(seq, h, 0), v.at(seq, h, 0)};
   };
-  const AttnShard all = run_lane(lane, w.kv_lens, w.q_len, w.page_size, q, identity, kv_heads,
-                                 group, scale, source, backend);
-  if (lane.call == PagedCall::decode || lane.call == PagedCall::paged_prefill) return all;
-  // Keep the query rows: position p of sequence s sits at row p - row0(s).
-  const Range q_heads = all.out.shape.heads;
-  const int dim = q.shape.width;
-  AttnShard rows{Shard(ShardShape{w.sequences(), q_heads, {Range{0, w.q_len}}, dim}),
-                 Shard(ShardShape{w.sequences(), q_heads, {Range{0, w.q_len}}, 1})};
-  for (int s = 0; s < w.sequences(); ++s) {
-    const std::int64_t len = w.kv_lens[static_cast<std::size_t>(s)];
-    const std::int64_t at = w.queries(s).begin - first_row(lane.call, len, w.q_len, w.page_size);
-    for (std::int64_t h = q_heads.begin; h < q_heads.end; ++h) {
-      std::copy_n(all.out.at(s, h, at), w.q_len * dim, rows.out.at(s, h, 0));
-      std::copy_n(all.lse.at(s, h, at), w.q_len, rows.lse.at(s, h, 0));
-    }
-  }
-  return rows;
+  return run_lane(lane, w.kv_lens, w.q_len, w.page_size, q, identity, kv_heads, group, scale,
+                  source, backend);
 }
 
 }  // namespace cpd

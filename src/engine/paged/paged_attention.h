@@ -41,7 +41,7 @@ AttnShard run_paged_lane(const Lane& lane, const PagedKvCache& cache, std::int64
 /// The query rows ([seqs][q heads][q_len], like a paged_prefill lane) computed from contiguous
 /// K and V ([B][kv heads][S][D]), no cache: `lane.call` paged_prefill is one call of the q_len
 /// rows; chunked_prefill is the trainer's chunked prefill — every chunk that holds a query row,
-/// each attending [0, chunk end) with the lane's plan at that context.
+/// its query rows attending [0, chunk end) with the lane's plan at that context.
 AttnShard run_contiguous_lane(const Lane& lane, const PagedWorkload& w, const Shard& k,
                               const Shard& v, const Shard& q, Range kv_heads, int group,
                               float scale, AttentionBackend& backend);

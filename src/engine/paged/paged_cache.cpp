@@ -74,16 +74,4 @@ std::pair<KvRows, KvRows> PagedKvCache::rows(int seq, std::int64_t h) const {
           KvRows::paged(v_.data() + head, pages, table_.page_size, stride, len)};
 }
 
-void PagedKvCache::gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const {
-  // Whole page runs at a time: a page's slots for one head are contiguous.
-  for (std::int64_t pos = 0; pos < len;) {
-    const std::int64_t slot = pos % table_.page_size;
-    const std::int64_t run = std::min<std::int64_t>(table_.page_size - slot, len - pos);
-    const std::size_t at = slot_offset(table_.page_of(seq, pos), h, slot);
-    std::copy_n(k_.begin() + static_cast<std::ptrdiff_t>(at), run * dim_, k + pos * dim_);
-    std::copy_n(v_.begin() + static_cast<std::ptrdiff_t>(at), run * dim_, v + pos * dim_);
-    pos += run;
-  }
-}
-
 }  // namespace cpd

@@ -23,11 +23,6 @@ class PagedKvCache {
   /// for bit (UsageError otherwise) and are not written again.
   void write_sequence(int seq, std::int64_t h, const float* k, const float* v);
 
-  /// Reads positions [0, len) of sequence `seq`, KV head h, through the block table into k
-  /// and v ([len][dim]): exact copies, so what a kernel computes from them cannot depend on
-  /// which physical pages hold them.
-  void gather(int seq, std::int64_t h, std::int64_t len, float* k, float* v) const;
-
   /// What a paged kernel reads: sequence `seq`'s K and V rows [0, kv_len) of KV head h in
   /// place, through its block table (valid until the cache is destroyed or retabled).
   std::pair<KvRows, KvRows> rows(int seq, std::int64_t h) const;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "cpdrift/logprob_math.h"
 #include "engine/case_runner.h"
 #include "engine/paged/paged_lanes.h"
 #include "engine/rollout_pairs.h"
@@ -11,11 +12,37 @@
 namespace cpd {
 namespace {
 
+// The [B, Hq, q_len, width] tensor `path` of one lane's rows (`local`: this process's, null
+// where it computes no KV head): pieces in global order, each held by the process computing
+// its KV head.
+CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int tp,
+                             std::string path, const Shard* local, int width, bool bf16,
+                             bool digest) {
+  const Problem& p = ctx.problem;
+  const int world = ctx.collectives.size(), me = ctx.collectives.rank();
+  const std::vector<int> owner = paged::head_owners(p, tp, world);
+  CaseTensor t;
+  t.path = std::move(path);
+  t.digest = digest;
+  t.bf16 = bf16;
+  t.layout = GlobalTensor{p.batch, p.dims.num_q_heads, w.q_len, width, {}, {}};
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t h = 0; h < p.dims.num_q_heads; ++h) {
+      const int proc = owner[static_cast<std::size_t>(h)];
+      t.layout.add(GlobalPiece{b, h, Range{0, w.q_len}, proc},
+                   proc == me ? local->at(b, h, 0) : nullptr);
+    }
+  }
+  t.attributes = {{"shape", width > 1 ? "[B, H, Q, D]" : "[B, H, Q]"},
+                  {"rows", "row i of sequence b is position kv_len(b) - q_len + i"}};
+  return t;
+}
+
 // What one case of the plan whose lanes are `l` computed, handed to `sink`.
 void run_paged_case(const RunContext& ctx, const PagedOptions& options, const PagedWorkload& w,
-                    const paged::PagedInputs& in, const AttnShard& reference_cast,
-                    const paged::PlanLanes& l, const PagedCaseSpec& spec,
-                    std::chrono::steady_clock::time_point started, CaseSink& sink) {
+                    const paged::PagedInputs& in, const paged::PlanLanes& l,
+                    const PagedCaseSpec& spec, std::chrono::steady_clock::time_point started,
+                    CaseSink& sink) {
   const bool bf16 = ctx.problem.dtype == DType::bf16;
   const bool local = !in.heads.empty();
   PagedCaseOutputs o;
@@ -30,12 +57,6 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   o.plans = l.mode_plans(spec.mode);
   const AttnShard& candidate = o.held.keep(final_write(l.mode_rows(spec.mode), bf16, ctx.pool));
   o.candidate = paged::same_rows(candidate, in.reference, w.q_len);
-  if (ctx.decoded != nullptr) {  // the rollout's side of the trainer-vs-rollout pairs
-    ctx.decoded->rollout.push_back(
-        gather_rollout_rows(ctx, w, o.name, spec.split.policy == SplitPolicy::auto_select, o.plans,
-                            paged::head_owners(ctx.problem, spec.tp, ctx.collectives.size()),
-                            local ? &candidate : nullptr));
-  }
   o.fp32 = paged::same_rows(l.fp32.at(spec.mode), in.reference_fp32, w.q_len);
 
   const std::string base = paged_case_group(o.name) + "/";
@@ -43,25 +64,31 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   // Publishes one lane tensor; returns its index (the candidate's digest is its tensor's).
   const auto publish = [&](const char* path, const Shard& rows, int width, bool bf16_values,
                            bool digest) {
-    o.tensors.push_back(paged::query_rows_tensor(
-        ctx, w, spec.tp, base + path, local ? &rows : nullptr, width, bf16_values, digest));
+    o.tensors.push_back(query_rows_tensor(ctx, w, spec.tp, base + path, local ? &rows : nullptr,
+                                          width, bf16_values, digest));
     return static_cast<int>(o.tensors.size()) - 1;
   };
   o.candidate.out.candidate_tensor = publish("candidate/out", candidate.out, dim, bf16, true);
   o.candidate.lse.candidate_tensor = publish("candidate/lse", candidate.lse, 1, false, true);
-  publish("reference/out", reference_cast.out, dim, bf16, false);
-  publish("reference/lse", reference_cast.lse, 1, false, false);
+  publish("reference/out", in.reference_cast.out, dim, bf16, false);
+  publish("reference/lse", in.reference_cast.lse, 1, false, false);
   // Under BF16 the candidate's figure is against the reference before its BF16 write: that too,
   // so that a dump reproduces the figure (cpdrift-inspect summary).
   if (bf16) publish("reference_fp32_arithmetic/out", in.reference.out, dim, false, false);
 
   o.vocab_size = options.vocab_size;
-  paged::PagedLogprobs lp = paged::paged_logprobs(ctx, w, in, local ? &candidate : nullptr,
-                                                  local ? &reference_cast : nullptr, o.vocab_size);
-  const std::vector<float>& cand = o.held.keep(std::move(lp.candidate));
-  const std::vector<float>& ref = o.held.keep(std::move(lp.reference));
-  o.dlogp.add(0, cand.data(), ref.data(), cand.size());
-  for (std::size_t k = 0; k < cand.size(); ++k) {  // rank 0: [B][q_len]
+  // Both sides' rows on rank 0 through the synthetic lm_head: their target-token logprobs and
+  // each token's KL(reference ‖ candidate).
+  const bool auto_split = spec.split.policy == SplitPolicy::auto_select;
+  const std::vector<int> owners = paged::head_owners(ctx.problem, spec.tp, ctx.collectives.size());
+  DecodedRows cand = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
+                                         local ? &candidate : nullptr, o.vocab_size);
+  const DecodedRows ref = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
+                                              local ? &in.reference_cast : nullptr, o.vocab_size);
+  const std::vector<float>& c = o.held.keep(cand.logprob);
+  const std::vector<float>& r = o.held.keep(ref.logprob);
+  o.dlogp.add(0, c.data(), r.data(), c.size());
+  for (std::size_t k = 0; k < c.size(); ++k) {  // rank 0: [B][q_len]
     const int b = static_cast<int>(k / static_cast<std::size_t>(w.q_len));
     const std::int64_t pos = w.queries(b).begin + static_cast<std::int64_t>(k) % w.q_len;
     // The split's interior boundaries of the sequence, as the candidate lane ran it.
@@ -69,9 +96,14 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     for (const Range& blk : o.plans.at(static_cast<std::size_t>(b))) {
       if (blk.begin > 0) edges.push_back(blk.begin);
     }
+    const std::size_t z = k * static_cast<std::size_t>(o.vocab_size);
+    const float kl = static_cast<float>(
+        kl_divergence(ref.logits.data() + z, cand.logits.data() + z, o.vocab_size));
     o.dlogp_tokens.push_back(
-        TokenPair{b, pos, 0, cand[k], ref[k], lp.kl[k], -1, boundary_distance(edges, pos)});
+        TokenPair{b, pos, 0, c[k], r[k], kl, -1, boundary_distance(edges, pos)});
   }
+  // The rollout's side of the trainer-vs-rollout pairs.
+  if (ctx.decoded != nullptr) ctx.decoded->rollout.push_back(std::move(cand));
   paged::add_invariances(w, l, o);
   o.processes_used = 0;
   for (int r = 0; r < ctx.collectives.size(); ++r) {
@@ -98,21 +130,16 @@ void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
   // The specs come TP-major, then plan-major: the inputs follow each rollout TP's placement,
   // and each plan's lanes run once for its modes.
   std::optional<paged::PagedInputs> in;
-  std::optional<AttnShard> reference_cast;
   std::optional<paged::PlanLanes> lanes;
-  std::optional<SplitKv> lanes_split;
   const bool say = o.progress && ctx.collectives.root();
   for (const PagedCaseSpec& spec : specs) {
     const auto started = std::chrono::steady_clock::now();
     if (!in || in->tp != spec.tp) {
       lanes.reset();
-      lanes_split.reset();
-      reference_cast.reset();
       in.reset();
       in = paged::prepare_paged_inputs(ctx, w, spec.tp);
-      reference_cast = final_write(in->reference, ctx.problem.dtype == DType::bf16, ctx.pool);
     }
-    if (!lanes_split || !(*lanes_split == spec.split)) {
+    if (!lanes || !(lanes->split == spec.split)) {
       lanes.reset();
       std::vector<PagedMode> modes;  // the modes this plan's cases ask for
       for (const PagedCaseSpec& other : specs) {
@@ -124,14 +151,13 @@ void run_paged_cases(const RunContext& ctx, const PagedOptions& o,
                      policy);
       }
       lanes = paged::compute_plan_lanes(ctx, w, *in, spec.split, modes);
-      lanes_split = spec.split;
       if (say) {
         std::fprintf(
             stderr, "cpdrift: paged lanes, rollout TP=%d, split-KV %s: %.1f s\n", spec.tp, policy,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       }
     }
-    run_paged_case(ctx, o, w, *in, *reference_cast, *lanes, spec, started, sink);
+    run_paged_case(ctx, o, w, *in, *lanes, spec, started, sink);
   }
 }
 

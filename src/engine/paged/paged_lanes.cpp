@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/case_runner.h"
 #include "kernels/input_store.h"
 
 namespace cpd::paged {
@@ -49,6 +50,18 @@ Range kv_heads_of(const Problem& p, int tp, int world, int rank) {
   return Range{0, 0};
 }
 
+std::vector<int> head_owners(const Problem& p, int tp, int world) {
+  std::vector<int> owner(static_cast<std::size_t>(p.dims.num_q_heads), 0);
+  for (int r = 0; r < world; ++r) {
+    const Range heads = kv_heads_of(p, tp, world, r);
+    for (std::int64_t g = heads.begin; g < heads.end; ++g) {
+      for (int x = 0; x < p.dims.group_size(); ++x)
+        owner[static_cast<std::size_t>(g * p.dims.group_size() + x)] = r;
+    }
+  }
+  return owner;
+}
+
 PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, int tp) {
   const Problem& p = ctx.problem;
   const int group = p.dims.group_size();
@@ -76,6 +89,7 @@ PagedInputs prepare_paged_inputs(const RunContext& ctx, const PagedWorkload& w, 
       run_contiguous_lane(reference, w, in.kv.k, in.kv.v, in.q, in.heads, group, scale, backend);
   in.reference_fp32 = run_contiguous_lane(reference, w, in.kv32.k, in.kv32.v, in.q32, in.heads,
                                           group, scale, backend);
+  in.reference_cast = final_write(in.reference, p.dtype == DType::bf16, ctx.pool);
   return in;
 }
 
@@ -89,6 +103,7 @@ PlanLanes compute_plan_lanes(const RunContext& ctx, const PagedWorkload& w, cons
   const Range heads = in.heads;
 
   PlanLanes l;
+  l.split = split;
   for (const PagedMode m : modes) {  // present, if empty
     l.permuted[m];
     l.private_prefix[m];

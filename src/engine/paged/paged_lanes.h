@@ -31,11 +31,13 @@ struct PagedInputs {
   Shard q, q32;              // the case dtype's queries, and FP32 ones
   LogicalKv kv, kv32;        // likewise K and V
   AttnShard reference;       // FP32 arithmetic on the candidate's inputs
+  AttnShard reference_cast;  // `reference` as the case dtype's final write casts it
   AttnShard reference_fp32;  // FP32 arithmetic on FP32 inputs
 };
 
 /// The lanes of one split plan, shared by its decode and paged-prefill cases.
 struct PlanLanes {
+  SplitKv split;
   // The case dtype's arithmetic (BF16 inputs and P under --dtype bf16) on the main cache.
   AttnShard decode, paged_prefill, full_prefill;
   // Per sequence, the split plan the decode and paged-prefill lanes ran at its full context
@@ -74,25 +76,5 @@ OutLseComparison same_rows(const AttnShard& c, const AttnShard& r, std::int64_t 
 
 /// The case's invariances from its plan's lanes, added to `o` (the same calls everywhere).
 void add_invariances(const PagedWorkload& w, const PlanLanes& l, PagedCaseOutputs& o);
-
-/// The [B, Hq, q_len, width] tensor `path` of one lane's rows (`local`: this process's, null
-/// where it computes no KV head): pieces in global order, each held by the process computing
-/// its KV head.
-CaseTensor query_rows_tensor(const RunContext& ctx, const PagedWorkload& w, int tp,
-                             std::string path, const Shard* local, int width, bool bf16,
-                             bool digest);
-
-/// Target-token logprobs of `candidate` and `reference` (this process's query rows of KV heads
-/// `kv_heads`; null where that is empty): each process projects its heads through the synthetic
-/// lm_head, the
-/// per-head partial logits travel to rank 0, which folds them in ascending head order (as the
-/// prefill cases do) and takes log_softmax at the target. Collective; rank 0 returns
-/// [B][q_len] logprobs of each, other processes nothing.
-struct PagedLogprobs {
-  std::vector<float> candidate, reference;  // [B][q_len], rank 0
-  std::vector<float> kl;                    // KL(π_reference ‖ π_candidate) of each token
-};
-PagedLogprobs paged_logprobs(const RunContext& ctx, const PagedWorkload& w, const PagedInputs& in,
-                             const AttnShard* candidate, const AttnShard* reference, int vocab);
 
 }  // namespace cpd::paged
