@@ -13,78 +13,65 @@
 namespace cpd {
 namespace {
 
+// dq, dk and dv of a set of gradients, in that order.
+template <class Gradients>
+auto each_gradient(Gradients& g) {
+  return std::array{&g.dq, &g.dk, &g.dv};
+}
+
 // The gradients of the backward (and its te_p2p lane) vs the CP=1 reference backward's, and their
 // BF16 final write: one part of the case.
 void backward_part(CaseRun& run, std::vector<RankGradients>& grads) {
   const RunContext& ctx = run.ctx;
   const CaseGrid& grid = run.grid;
-  const int dim = grid.problem.dims.head_dim;
   CasePart o(grid.spec.cp);
   BackwardComparisons& c = o.backward.emplace();
-  std::vector<const Shard*> dq, dk, dv, ref_dq, ref_dk, ref_dv;
-  std::vector<const Shard*> lane_dq, lane_dk, lane_dv;
   if (ctx.te_p2p_backward) c.te_p2p.emplace();
+  const auto fp32 = each_gradient(c);
+  const std::array bf16{&c.bf16_dq, &c.bf16_dk, &c.bf16_dv};
+  // Per gradient (dq, dk, dv), the hosted ranks' shards: candidate, reference, te_p2p lane.
+  std::array<std::vector<const Shard*>, 3> candidate, reference, lane;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     RankGradients& g = grads[i];
-    LocalCp1Backward::Result& ref = run.reference_gradients[i];
     const int r = g.rank.cp_rank;
     for (const MessageHeader& h : g.dq_partials)
       run.folded.push_back(Received{g.rank.tp_rank, g.rank.cp_rank, h});
-    const Shard& rq = o.held.keep(std::move(ref.dq));
-    const Shard& rk = o.held.keep(std::move(ref.dk));
-    const Shard& rv = o.held.keep(std::move(ref.dv));
-    const Shard& q = o.held.keep(std::move(g.dq));
-    const Shard& k = o.held.keep(std::move(g.dk));
-    const Shard& v = o.held.keep(std::move(g.dv));
-    c.dq.add(r, q, rq);
-    c.dk.add(r, k, rk);
-    c.dv.add(r, v, rv);
-    c.bf16_dq.add(r, q, rq, true);
-    c.bf16_dk.add(r, k, rk, true);
-    c.bf16_dv.add(r, v, rv, true);
-    dq.push_back(&q);
-    dk.push_back(&k);
-    dv.push_back(&v);
-    ref_dq.push_back(&rq);
-    ref_dk.push_back(&rk);
-    ref_dv.push_back(&rv);
-    if (g.te_p2p) {
-      const Shard& lq = o.held.keep(std::move(g.te_p2p->dq));
-      const Shard& lk = o.held.keep(std::move(g.te_p2p->dk));
-      const Shard& lv = o.held.keep(std::move(g.te_p2p->dv));
-      c.te_p2p->dq.add(r, lq, rq);
-      c.te_p2p->dk.add(r, lk, rk);
-      c.te_p2p->dv.add(r, lv, rv);
+    const auto refs = each_gradient(run.reference_gradients[i]);
+    const auto cands = each_gradient(g);
+    for (std::size_t j = 0; j < 3; ++j) {
+      const Shard& rs = o.held.keep(std::move(*refs[j]));
+      const Shard& cs = o.held.keep(std::move(*cands[j]));
+      fp32[j]->add(r, cs, rs);
+      bf16[j]->add(r, cs, rs, true);
+      candidate[j].push_back(&cs);
+      reference[j].push_back(&rs);
+      if (!g.te_p2p) continue;
+      const Shard& ls = o.held.keep(std::move(*each_gradient(*g.te_p2p)[j]));
+      each_gradient(*c.te_p2p)[j]->add(r, ls, rs);
       // The canonical gradients read rounded to BF16 against the lane (the statistics are
       // symmetric; the lane's digest is the vs_fp32_reference figure's).
-      c.te_p2p->canonical_dq.add(r, q, lq, true);
-      c.te_p2p->canonical_dk.add(r, k, lk, true);
-      c.te_p2p->canonical_dv.add(r, v, lv, true);
-      lane_dq.push_back(&lq);
-      lane_dk.push_back(&lk);
-      lane_dv.push_back(&lv);
+      const std::array canonical{&c.te_p2p->canonical_dq, &c.te_p2p->canonical_dk,
+                                 &c.te_p2p->canonical_dv};
+      canonical[j]->add(r, cs, ls, true);
+      lane[j].push_back(&ls);
     }
   }
   const std::string base = case_group(run.record.name) + "/";
-  const auto publish = [&](const char* path, const std::vector<const Shard*>& hosted,
-                           HeadKind heads, bool digest, Comparison* candidate_of,
-                           bool bf16 = false) {
-    if (candidate_of != nullptr)
-      candidate_of->candidate_tensor = static_cast<int>(o.tensors.size());
-    o.tensors.push_back(
-        case_tensor(grid, ctx.transport, base + path, hosted, dim, heads, bf16, digest));
+  constexpr std::array<const char*, 3> kNames{"dq", "dk", "dv"};
+  constexpr std::array kHeads{HeadKind::query, HeadKind::kv, HeadKind::kv};
+  // The tensors in the dump's order: every candidate gradient, every reference, every lane's.
+  const auto publish = [&](const char* dir, const auto& shards, Comparison* const* compared,
+                           bool bf16_written) {
+    for (std::size_t j = 0; j < 3; ++j) {
+      if (compared != nullptr) compared[j]->candidate_tensor = static_cast<int>(o.tensors.size());
+      o.tensors.push_back(case_tensor(grid, ctx.transport, base + dir + kNames[j], shards[j],
+                                      grid.problem.dims.head_dim, kHeads[j], bf16_written,
+                                      compared != nullptr));
+    }
   };
-  publish("candidate_fp32/dq", dq, HeadKind::query, true, &c.dq);
-  publish("candidate_fp32/dk", dk, HeadKind::kv, true, &c.dk);
-  publish("candidate_fp32/dv", dv, HeadKind::kv, true, &c.dv);
-  publish("reference_fp32/dq", ref_dq, HeadKind::query, false, nullptr);
-  publish("reference_fp32/dk", ref_dk, HeadKind::kv, false, nullptr);
-  publish("reference_fp32/dv", ref_dv, HeadKind::kv, false, nullptr);
-  if (c.te_p2p) {
-    publish("te_p2p_backward/dq", lane_dq, HeadKind::query, true, &c.te_p2p->dq, true);
-    publish("te_p2p_backward/dk", lane_dk, HeadKind::kv, true, &c.te_p2p->dk, true);
-    publish("te_p2p_backward/dv", lane_dv, HeadKind::kv, true, &c.te_p2p->dv, true);
-  }
+  publish("candidate_fp32/", candidate, fp32.data(), false);
+  publish("reference_fp32/", reference, nullptr, false);
+  if (c.te_p2p) publish("te_p2p_backward/", lane, each_gradient(*c.te_p2p).data(), true);
   run.sink.prefill_part(o);
 }
 
