@@ -102,10 +102,8 @@ void MpiTransport::start(std::vector<Message> outgoing) {
 }
 
 std::vector<Message> MpiTransport::finish() {
-  if (!requests_.empty()) {
-    wait_all(requests_);
-    requests_.clear();
-  }
+  wait_all(requests_);
+  requests_.clear();
   std::vector<Message> arrived = std::move(local_);
   local_.clear();
   out_.clear();

@@ -26,15 +26,11 @@ void AttentionBackend::project_folded(std::span<const FoldedProjectionJob> jobs,
     for (std::size_t h = 0; h < heads.size(); ++h)
       heads[h].z = z.data() + static_cast<std::int64_t>(h) * plane;
     project_heads(heads, dim, vocab);
+    const auto fold = j.continues ? &continue_head_fold : &fold_head_logits;
     std::vector<const float*> terms(heads.size());
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::size_t h = 0; h < heads.size(); ++h) terms[h] = heads[h].z + r * vocab;
-      const int n = static_cast<int>(terms.size());
-      if (j.continues) {
-        continue_head_fold(terms.data(), n, vocab, j.logits + r * vocab);
-      } else {
-        fold_head_logits(terms.data(), n, vocab, j.logits + r * vocab);
-      }
+      fold(terms.data(), static_cast<int>(terms.size()), vocab, j.logits + r * vocab);
     }
   }
 }

@@ -31,7 +31,7 @@ InputStore::Plane& InputStore::plane(TensorId tensor, int b, std::int64_t h) {
   return p;
 }
 
-void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
+void InputStore::prepare(TensorId tensor, const ShardShape& shape) {
   // Missing blocks, in position order and grouped into runs of positions so one
   // generate_shard call fills them.
   std::vector<std::int64_t> wanted;
@@ -42,21 +42,19 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
   std::sort(wanted.begin(), wanted.end());
   wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
   std::vector<Range> missing;
-  {
-    for (const std::int64_t blk : wanted) {
-      bool absent = false;
-      for (int b = 0; b < shape.batch && !absent; ++b) {
-        for (std::int64_t h = shape.heads.begin; h < shape.heads.end && !absent; ++h) {
-          absent = !plane(tensor, b, h).generated[static_cast<std::size_t>(blk)];
-        }
+  for (const std::int64_t blk : wanted) {
+    bool absent = false;
+    for (int b = 0; b < shape.batch && !absent; ++b) {
+      for (std::int64_t h = shape.heads.begin; h < shape.heads.end && !absent; ++h) {
+        absent = !plane(tensor, b, h).generated[static_cast<std::size_t>(blk)];
       }
-      if (!absent) continue;
-      const Range r{blk * kBlockRows, std::min((blk + 1) * kBlockRows, problem_.seq_len)};
-      if (!missing.empty() && missing.back().end == r.begin) {
-        missing.back().end = r.end;
-      } else {
-        missing.push_back(r);
-      }
+    }
+    if (!absent) continue;
+    const Range r{blk * kBlockRows, std::min((blk + 1) * kBlockRows, problem_.seq_len)};
+    if (!missing.empty() && missing.back().end == r.begin) {
+      missing.back().end = r.end;
+    } else {
+      missing.push_back(r);
     }
   }
   if (missing.empty()) return;
@@ -102,8 +100,6 @@ void InputStore::ensure(TensorId tensor, const ShardShape& shape) {
   }
 }
 
-void InputStore::prepare(TensorId tensor, const ShardShape& shape) { ensure(tensor, shape); }
-
 const float* InputStore::row(TensorId tensor, int b, std::int64_t h, std::int64_t position) {
   Plane& p = plane(tensor, b, h);
   if (position < 0 || position >= problem_.seq_len ||
@@ -115,7 +111,7 @@ const float* InputStore::row(TensorId tensor, int b, std::int64_t h, std::int64_
 }
 
 Shard InputStore::shard(TensorId tensor, const ShardShape& shape, InputPrecision precision) {
-  ensure(tensor, shape);
+  prepare(tensor, shape);
   Shard out(shape, Uninitialized{});  // every row copied below
   const int d = problem_.dims.head_dim;
   const std::int64_t heads = shape.heads.size();

@@ -52,7 +52,6 @@ class InputStore {
     std::vector<bool> generated;  // per block
   };
   Plane& plane(TensorId tensor, int b, std::int64_t h);
-  void ensure(TensorId tensor, const ShardShape& shape);
 
   Problem problem_;
   ThreadPool& pool_;

@@ -126,19 +126,15 @@ void attend_tile(const float* q, std::int64_t first_pos, int rows, const KvRows&
   tile_softmax(scratch.scores.data(), tiles, tile_keys, n, visible_f, rounding, l_rows, m_rows);
 
   // P·V, each row stopping exactly at its last visible key, then divided by the row's sum:
-  // out = acc / l (rows that see no key keep the zeros written above).
+  // out = acc / l, lse = m + log(l). A row that sees no key keeps the -inf written above, and
+  // the +0s rows_times wrote it (its sums start from +0 and take no key).
   tile::rows_times(scratch.scores.data(), stride, v, dim, visible, rows, out);
   for (int r = 0; r < rows; ++r) {
-    if (visible[r] == 0) {
-      std::fill(out + r * dim, out + (r + 1) * dim, 0.0f);
-      continue;
-    }
+    if (visible[r] == 0) continue;
     const F16 lr = simd::splat(l_rows[r]);
     for (int c = 0; c < dim; c += 16)
       simd::store(out + r * dim + c, simd::div(simd::load(out + r * dim + c), lr));
-  }
-  for (int r = 0; r < rows; ++r) {
-    if (visible[r] > 0) lse[r] = m_rows[r] + log_f32(l_rows[r]);
+    lse[r] = m_rows[r] + log_f32(l_rows[r]);
   }
 }
 

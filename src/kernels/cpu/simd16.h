@@ -63,7 +63,6 @@ inline F16 clamp(F16 x, float lo, float hi) {
 inline F16 scalef(F16 a, F16 b) { return {_mm512_mask_scalef_ps(a.v, kAll, a.v, b.v)}; }
 inline M16 lt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
 inline M16 gt(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)}; }
-inline M16 eq(F16 a, F16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ)}; }
 inline M16 unordered(F16 a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
 inline F16 select(M16 m, F16 a, F16 b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
 inline I16 bits(F16 a) { return {_mm512_castps_si512(a.v)}; }
@@ -85,7 +84,6 @@ template <int kShift>
 inline I16 srl(I16 a) {
   return {_mm512_mask_srli_epi32(a.v, kAll, a.v, kShift)};
 }
-inline F16 itof(I16 a) { return {_mm512_mask_cvtepi32_ps(_mm512_castsi512_ps(a.v), kAll, a.v)}; }
 // out[c][r] = rows[r·stride + c] for 16 columns c and rows r < nrows (rows past nrows are
 // zeros): four stages of 16 shuffles, each output column stored whole.
 inline void transpose16(const float* rows, int nrows, std::ptrdiff_t stride, float* out) {
@@ -160,9 +158,6 @@ inline M16 lt(F16 a, F16 b) {
 inline M16 gt(F16 a, F16 b) {
   return {_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)};
 }
-inline M16 eq(F16 a, F16 b) {
-  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ)};
-}
 inline M16 unordered(F16 a) {
   return {_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)};
 }
@@ -194,7 +189,6 @@ template <int kShift>
 inline I16 srl(I16 a) {
   return {_mm256_srli_epi32(a.lo, kShift), _mm256_srli_epi32(a.hi, kShift)};
 }
-inline F16 itof(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 
 #else
 
@@ -209,108 +203,48 @@ struct I16 {
 struct M16 {
   bool v[16];
 };
-#define CPD_LANES for (int i = 0; i < 16; ++i)
-inline F16 load(const float* p) {
-  F16 r;
-  CPD_LANES r.v[i] = p[i];
-  return r;
+// A function whose result's lane i is `expr` (of the arguments' lane i), for every lane.
+#define CPD_LANEWISE(R, name, params, expr)       \
+  inline R name params {                          \
+    R r;                                          \
+    for (int i = 0; i < 16; ++i) r.v[i] = (expr); \
+    return r;                                     \
+  }
+CPD_LANEWISE(F16, load, (const float* p), p[i])
+inline void store(float* p, F16 a) {
+  for (int i = 0; i < 16; ++i) p[i] = a.v[i];
 }
-inline void store(float* p, F16 a) { CPD_LANES p[i] = a.v[i]; }
-inline F16 splat(float x) {
-  F16 r;
-  CPD_LANES r.v[i] = x;
-  return r;
-}
+CPD_LANEWISE(F16, splat, (float x), x)
 inline F16 in_register(F16 a) { return a; }
-inline F16 fma(F16 a, F16 b, F16 c) {
-  F16 r;
-  CPD_LANES r.v[i] = fma_f32(a.v[i], b.v[i], c.v[i]);
-  return r;
-}
-#define CPD_BINARY(name, expr)    \
-  inline F16 name(F16 a, F16 b) { \
-    F16 r;                        \
-    CPD_LANES r.v[i] = (expr);    \
-    return r;                     \
-  }
-CPD_BINARY(add, a.v[i] + b.v[i])
-CPD_BINARY(sub, a.v[i] - b.v[i])
-CPD_BINARY(mul, a.v[i] * b.v[i])
-CPD_BINARY(div, a.v[i] / b.v[i])
-CPD_BINARY(max, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
-#undef CPD_BINARY
-#define CPD_COMPARE(name, expr)   \
-  inline M16 name(F16 a, F16 b) { \
-    M16 r;                        \
-    CPD_LANES r.v[i] = (expr);    \
-    return r;                     \
-  }
-CPD_COMPARE(lt, a.v[i] < b.v[i])
-CPD_COMPARE(gt, a.v[i] > b.v[i])
-CPD_COMPARE(eq, a.v[i] == b.v[i])
-#undef CPD_COMPARE
-inline M16 unordered(F16 a) {
-  M16 r;
-  CPD_LANES r.v[i] = a.v[i] != a.v[i];
-  return r;
-}
-inline F16 select(M16 m, F16 a, F16 b) {
-  F16 r;
-  CPD_LANES r.v[i] = m.v[i] ? a.v[i] : b.v[i];
-  return r;
-}
-inline I16 bits(F16 a) {
-  I16 r;
-  CPD_LANES r.v[i] = static_cast<std::int32_t>(bits_of(a.v[i]));
-  return r;
-}
-inline F16 from_bits(I16 a) {
-  F16 r;
-  CPD_LANES r.v[i] = float_of_bits(static_cast<std::uint32_t>(a.v[i]));
-  return r;
-}
-inline I16 isplat(std::int32_t x) {
-  I16 r;
-  CPD_LANES r.v[i] = x;
-  return r;
-}
-#define CPD_IBINARY(name, expr)   \
-  inline I16 name(I16 a, I16 b) { \
-    I16 r;                        \
-    CPD_LANES r.v[i] = (expr);    \
-    return r;                     \
-  }
-CPD_IBINARY(iadd, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) +
-                                            static_cast<std::uint32_t>(b.v[i])))
-CPD_IBINARY(isub, static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) -
-                                            static_cast<std::uint32_t>(b.v[i])))
-CPD_IBINARY(iand, a.v[i] & b.v[i])
-CPD_IBINARY(ior, a.v[i] | b.v[i])
-#undef CPD_IBINARY
+CPD_LANEWISE(F16, fma, (F16 a, F16 b, F16 c), fma_f32(a.v[i], b.v[i], c.v[i]))
+CPD_LANEWISE(F16, add, (F16 a, F16 b), a.v[i] + b.v[i])
+CPD_LANEWISE(F16, sub, (F16 a, F16 b), a.v[i] - b.v[i])
+CPD_LANEWISE(F16, mul, (F16 a, F16 b), a.v[i] * b.v[i])
+CPD_LANEWISE(F16, div, (F16 a, F16 b), a.v[i] / b.v[i])
+CPD_LANEWISE(F16, max, (F16 a, F16 b), a.v[i] > b.v[i] ? a.v[i] : b.v[i])
+CPD_LANEWISE(M16, lt, (F16 a, F16 b), a.v[i] < b.v[i])
+CPD_LANEWISE(M16, gt, (F16 a, F16 b), a.v[i] > b.v[i])
+CPD_LANEWISE(M16, unordered, (F16 a), a.v[i] != a.v[i])
+CPD_LANEWISE(F16, select, (M16 m, F16 a, F16 b), m.v[i] ? a.v[i] : b.v[i])
+CPD_LANEWISE(I16, bits, (F16 a), static_cast<std::int32_t>(bits_of(a.v[i])))
+CPD_LANEWISE(F16, from_bits, (I16 a), float_of_bits(static_cast<std::uint32_t>(a.v[i])))
+CPD_LANEWISE(I16, isplat, (std::int32_t x), x)
+// Integer lanes wrap as the vector instructions do: the arithmetic in uint32_t.
+#define CPD_U32(x) static_cast<std::uint32_t>(x)
+CPD_LANEWISE(I16, iadd, (I16 a, I16 b),
+             static_cast<std::int32_t>(CPD_U32(a.v[i]) + CPD_U32(b.v[i])))
+CPD_LANEWISE(I16, isub, (I16 a, I16 b),
+             static_cast<std::int32_t>(CPD_U32(a.v[i]) - CPD_U32(b.v[i])))
+CPD_LANEWISE(I16, iand, (I16 a, I16 b), a.v[i] & b.v[i])
+CPD_LANEWISE(I16, ior, (I16 a, I16 b), a.v[i] | b.v[i])
 template <int kShift>
-inline I16 shl(I16 a) {
-  I16 r;
-  CPD_LANES r.v[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) << kShift);
-  return r;
-}
+CPD_LANEWISE(I16, shl, (I16 a), static_cast<std::int32_t>(CPD_U32(a.v[i]) << kShift))
 template <int kShift>
-inline I16 sra(I16 a) {
-  I16 r;
-  CPD_LANES r.v[i] = a.v[i] >> kShift;
-  return r;
-}
+CPD_LANEWISE(I16, sra, (I16 a), a.v[i] >> kShift)
 template <int kShift>
-inline I16 srl(I16 a) {
-  I16 r;
-  CPD_LANES r.v[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.v[i]) >> kShift);
-  return r;
-}
-inline F16 itof(I16 a) {
-  F16 r;
-  CPD_LANES r.v[i] = static_cast<float>(a.v[i]);
-  return r;
-}
-#undef CPD_LANES
+CPD_LANEWISE(I16, srl, (I16 a), static_cast<std::int32_t>(CPD_U32(a.v[i]) >> kShift))
+#undef CPD_U32
+#undef CPD_LANEWISE
 
 #endif
 

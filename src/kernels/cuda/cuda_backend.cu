@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
-#include <numeric>
 #include <string>
 
 #include "core/errors.h"
@@ -21,15 +19,6 @@ namespace cpd {
 namespace {
 
 using cuda::Task;
-
-std::vector<Task> row_tasks(std::size_t jobs, const std::function<long long(std::size_t)>& rows) {
-  std::vector<Task> tasks;
-  for (std::size_t j = 0; j < jobs; ++j) {
-    for (long long r = 0; r < rows(j); ++r)
-      tasks.push_back(Task{static_cast<int>(j), static_cast<int>(r)});
-  }
-  return tasks;
-}
 
 class CudaBackend final : public AttentionBackend {
  public:
@@ -106,14 +95,9 @@ class CudaBackend final : public AttentionBackend {
                                   in.at(at[i].v), j.keys.begin, j.keys.end, out.at(at[i].out),
                                   out.at(at[i].lse)});
     }
-    const std::vector<Task> tasks =
-        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
-    const auto dev_jobs = cuda::to_device(dev);
-    const auto dev_tasks = cuda::to_device(tasks);
-    cuda::forward_rows(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
-                       scale, stream_);
-    sync();
-    out.download();
+    launch_rows(jobs, dev, out, [&](auto* dev_jobs, auto* tasks, long long ntasks) {
+      cuda::forward_rows(dev_jobs, tasks, ntasks, dim, scale, stream_);
+    });
   }
 
   void run_fold_jobs(std::span<const FoldJob> paged_or_not, int dim, float scale,
@@ -162,14 +146,9 @@ class CudaBackend final : public AttentionBackend {
           in.at(at[i].q), j.first_pos, j.rows, in.at(at[i].k), in.at(at[i].v), j.kv_begin,
           dev_blocks.data() + at[i].blocks, at[i].nblocks, out.at(at[i].out), out.at(at[i].lse)});
     }
-    const std::vector<Task> tasks =
-        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
-    const auto dev_jobs = cuda::to_device(dev);
-    const auto dev_tasks = cuda::to_device(tasks);
-    cuda::forward_fold(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
-                       scale, stream_);
-    sync();
-    out.download();
+    launch_rows(jobs, dev, out, [&](auto* dev_jobs, auto* tasks, long long ntasks) {
+      cuda::forward_fold(dev_jobs, tasks, ntasks, dim, scale, stream_);
+    });
   }
 
   void merge_states(std::span<const MergeJob> jobs, int dim) override {
@@ -206,14 +185,9 @@ class CudaBackend final : public AttentionBackend {
       dev.push_back(cuda::DeviceMergeJob{dev_ptrs.data() + first[i], dev_ptrs.data() + first[i] + n,
                                          n, jobs[i].rows, out.at(out_at[i]), out.at(lse_at[i])});
     }
-    const std::vector<Task> tasks =
-        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
-    const auto dev_jobs = cuda::to_device(dev);
-    const auto dev_tasks = cuda::to_device(tasks);
-    cuda::merge(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
-                stream_);
-    sync();
-    out.download();
+    launch_rows(jobs, dev, out, [&](auto* dev_jobs, auto* tasks, long long ntasks) {
+      cuda::merge(dev_jobs, tasks, ntasks, dim, stream_);
+    });
   }
 
   void run_backward_units(std::span<const BackwardUnit> units, int dim, float scale) override {
@@ -298,14 +272,9 @@ class CudaBackend final : public AttentionBackend {
       dev.push_back(cuda::DeviceProjectionJob{in.at(at[i][0]), jobs[i].rows, in.at(at[i][1]),
                                               jobs[i].ldw, out.at(at[i][2])});
     }
-    const std::vector<Task> tasks =
-        row_tasks(jobs.size(), [&](std::size_t i) { return jobs[i].rows; });
-    const auto dev_jobs = cuda::to_device(dev);
-    const auto dev_tasks = cuda::to_device(tasks);
-    cuda::project(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()), dim,
-                  vocab, stream_);
-    sync();
-    out.download();
+    launch_rows(jobs, dev, out, [&](auto* dev_jobs, auto* tasks, long long ntasks) {
+      cuda::project(dev_jobs, tasks, ntasks, dim, vocab, stream_);
+    });
   }
 
   bool has_unfused_gemm() const override { return true; }
@@ -315,6 +284,22 @@ class CudaBackend final : public AttentionBackend {
 
  private:
   void sync() { CPD_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // `launch` over one task per (job, row) for the device copy of `dev`, then the outputs back.
+  template <class Job, class DevJob, class Launch>
+  void launch_rows(std::span<const Job> jobs, const std::vector<DevJob>& dev, cuda::OutputPack& out,
+                   const Launch& launch) {
+    std::vector<Task> tasks;
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      for (long long r = 0; r < jobs[j].rows; ++r)
+        tasks.push_back(Task{static_cast<int>(j), static_cast<int>(r)});
+    }
+    const auto dev_jobs = cuda::to_device(dev);
+    const auto dev_tasks = cuda::to_device(tasks);
+    launch(dev_jobs.data(), dev_tasks.data(), static_cast<long long>(tasks.size()));
+    sync();
+    out.download();
+  }
 
   void run_flash(std::span<const BlockJob> jobs, int dim, float scale) {
     if (dim != 128) throw std::invalid_argument("the tensor-core bf16 kernel needs head dim 128");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -16,16 +17,12 @@ class DeviceBuffer {
   ~DeviceBuffer() { release(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_) {
-    o.ptr_ = nullptr;
-    o.size_ = 0;
-  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     release();
-    ptr_ = o.ptr_;
-    size_ = o.size_;
-    o.ptr_ = nullptr;
-    o.size_ = 0;
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
     return *this;
   }
 
