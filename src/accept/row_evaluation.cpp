@@ -75,12 +75,10 @@ void check_split_plans(const Value& c, RowVerdict& v) {
       e != nullptr && e->is_array()) {  // its absence is check_plan_set's to report
     for (const Value& p : e->as_array()) all.push_back(&p);
   }
-  for (const Value* plan : all) {
-    const Value& p = *plan;
-    const Value* policy = at_path(p, "actual_split_kv_policy");
-    const Value* actual = at_path(p, "actual_split_kv_size");
-    const Value* fallback = at_path(p, "split_kv_fallback");
-    if (!is(policy, *requested) || !is(actual, *size) || !is(fallback, false)) {
+  for (const Value* p : all) {
+    if (!is(at_path(*p, "actual_split_kv_policy"), *requested) ||
+        !is(at_path(*p, "actual_split_kv_size"), *size) ||
+        !is(at_path(*p, "split_kv_fallback"), false)) {
       v.errors.push_back(not_as_requested(*requested, *size));
       return;
     }
@@ -100,16 +98,13 @@ void check_plan_set(const Value& c, RowVerdict& v) {
   const Value* coverage = at_path(*set, "coverage");
   const Value* totals = at_path(*set, "total_kv_tokens");
   if (!b || !tp || !cp || !entries || !coverage || !totals || !b->is_integer() ||
-      !tp->is_integer() || !cp->is_integer() || !entries->is_array() || !totals->is_array()) {
+      !tp->is_integer() || !cp->is_integer() || !entries->is_array() || !totals->is_array())
     return fail("fields missing");
-  }
-  if (!is(coverage, "complete_batch_tp_cp_owner_cartesian_product")) {
+  if (!is(coverage, "complete_batch_tp_cp_owner_cartesian_product"))
     return fail("coverage is not the complete cartesian product");
-  }
   const std::int64_t want = b->as_int64() * tp->as_int64() * cp->as_int64() * cp->as_int64();
-  if (static_cast<std::int64_t>(entries->size()) != want) {
+  if (static_cast<std::int64_t>(entries->size()) != want)
     return fail(std::to_string(entries->size()) + " entries, B·TP·CP·CP = " + std::to_string(want));
-  }
   // For each (batch, tp, cp) the owners' ranges must tile [0, S).
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>,
            std::vector<std::pair<std::int64_t, std::int64_t>>>
@@ -139,9 +134,8 @@ void check_plan_set(const Value& c, RowVerdict& v) {
     if (next != totals->at(batch).as_int64())
       return fail("owner ranges end at " + std::to_string(next));
   }
-  if (static_cast<std::int64_t>(tiles.size()) != b->as_int64() * tp->as_int64() * cp->as_int64()) {
+  if (static_cast<std::int64_t>(tiles.size()) != b->as_int64() * tp->as_int64() * cp->as_int64())
     return fail("some (batch, tp, cp) has no entries");
-  }
 }
 
 void check_transport(const Value& c, int processes, RowVerdict& v) {
@@ -177,11 +171,9 @@ void evaluate_case(const AcceptanceRow& row, const Value& c, const Thresholds& t
     }
     check_metric(c, "dlogp.drift.max_abs", t.dlogp_max_abs, v, label);
   }
-  if (row.bitwise_topology) {
-    if (!is(at_path(c, "drift.topology_invariance.bitwise_equal"), true) ||
-        !is(at_path(c, "drift.topology_invariance.required"), true)) {
-      v.errors.push_back(label + "topology invariance is not a required, bitwise-equal check");
-    }
+  if (row.bitwise_topology && (!is(at_path(c, "drift.topology_invariance.bitwise_equal"), true) ||
+                               !is(at_path(c, "drift.topology_invariance.required"), true))) {
+    v.errors.push_back(label + "topology invariance is not a required, bitwise-equal check");
   }
   check_split_plans(c, v);
   check_plan_set(c, v);
@@ -238,11 +230,9 @@ void evaluate_paged_case(const Value& c, const Thresholds& t, RowVerdict& v) {
   if (!has_split_plans(policy, size, plans, v)) return;
   bool split_somewhere = false;
   for (const Value& p : plans->as_array()) {
-    const Value* actual = at_path(p, "actual_policy");
-    const Value* actual_size = at_path(p, "actual_split_size");
     const Value* blocks = at_path(p, "blocks");
-    if (!is(actual, *policy) || !is(actual_size, *size) || blocks == nullptr ||
-        !blocks->is_array()) {
+    if (!is(at_path(p, "actual_policy"), *policy) || !is(at_path(p, "actual_split_size"), *size) ||
+        blocks == nullptr || !blocks->is_array()) {
       v.errors.push_back(not_as_requested(*policy, *size));
       return;
     }

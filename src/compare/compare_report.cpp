@@ -1,6 +1,6 @@
 #include "compare/compare_report.h"
 
-#include <cmath>
+#include <algorithm>
 
 #include "report/rl_metrics_json.h"
 
@@ -10,33 +10,28 @@ namespace {
 using json::Value;
 
 Value stream_json(const LogprobStream& s) {
-  Value v = Value::object();
-  v["path"] = s.path;
-  v["format"] = s.format;
-  v["records"] = s.records.size();
-  v["vocab_size"] = s.vocab_size > 0 ? Value(s.vocab_size) : Value();
-  Value files = Value::array();
-  for (const SourceFile& f : s.files)
-    files.push_back(
-        json::Object{{"path", f.path}, {"size_bytes", f.size_bytes}, {"sha256", f.sha256}});
-  v["files"] = std::move(files);
-  return v;
+  const auto file = [](const SourceFile& f) {
+    return json::Object{{"path", f.path}, {"size_bytes", f.size_bytes}, {"sha256", f.sha256}};
+  };
+  return json::Object{{"path", s.path},
+                      {"format", s.format},
+                      {"records", s.records.size()},
+                      {"vocab_size", s.vocab_size > 0 ? Value(s.vocab_size) : Value()},
+                      {"files", json::array_of(s.files, file)}};
 }
 
 // Token k of the comparison, with its token id and the records it came from.
 Value token_json(const CompareRun& run, std::size_t k) {
   const StreamComparison& c = run.comparison;
   const TokenPair& t = c.tokens[k];
-  Value v = Value::object();
-  v["sequence"] = t.sequence;
-  v["position"] = t.position;
-  v["token_id"] = c.token_ids[k];
-  v["logp_train"] = t.train;
-  v["logp_rollout"] = t.rollout;
-  v["delta"] = t.train - t.rollout;
-  v["train_record"] = run.train.where(c.train_record[k]);
-  v["rollout_record"] = run.rollout.where(c.rollout_record[k]);
-  return v;
+  return json::Object{{"sequence", t.sequence},
+                      {"position", t.position},
+                      {"token_id", c.token_ids[k]},
+                      {"logp_train", t.train},
+                      {"logp_rollout", t.rollout},
+                      {"delta", t.train - t.rollout},
+                      {"train_record", run.train.where(c.train_record[k])},
+                      {"rollout_record", run.rollout.where(c.rollout_record[k])}};
 }
 
 // The index of the token at (sequence, position) (tokens are in that order).
@@ -53,23 +48,6 @@ std::size_t index_of(const StreamComparison& c, const TokenPair& t) {
 json::Value compare_json(const CompareRun& run) {
   const StreamComparison& c = run.comparison;
   const RlMetrics& m = c.metrics;
-  Value v = Value::object();
-  v["schema_version"] = kCompareSchema;
-  v["producer"] = run.producer;
-  v["created_at_utc"] = run.created_at_utc;
-  v["command"] = run.command;
-  v["train"] = stream_json(run.train);
-  v["rollout"] = stream_json(run.rollout);
-  Value a = Value::object();
-  a["key"] = "(sequence, position)";
-  a["records"] = c.records;
-  a["active_tokens"] = c.tokens.size();
-  a["inactive_records"] = c.inactive;
-  a["sequences"] = c.sequences;
-  a["first_position"] = c.first_position;
-  a["last_position"] = c.last_position;
-  v["alignment"] = std::move(a);
-
   Value rl = rl_metrics_json(m);
   rl["sign_convention"] = "delta = logp_train - logp_rollout (TRAIN file - ROLLOUT file)";
   Value& kl = rl["kl_rollout_train"];
@@ -78,14 +56,12 @@ json::Value compare_json(const CompareRun& run) {
   if (!c.exact_kl) kl["exact_reason"] = c.exact_kl_reason;
   rl["first_divergent_token"] =
       m.diverged ? token_json(run, index_of(c, m.first_divergent)) : Value();
-  Value worst = Value::array();
-  for (const TokenPair& t : m.worst) worst.push_back(token_json(run, index_of(c, t)));
-  rl["worst_tokens"] = std::move(worst);
+  rl["worst_tokens"] =
+      json::array_of(m.worst, [&](const TokenPair& t) { return token_json(run, index_of(c, t)); });
   // Engine streams carry no CP layout: the boundary bins are the run's, binning by position is
   // this command's.
   rl.as_object().erase("abs_delta_by_boundary_distance");
   rl["abs_delta_by_position"] = abs_delta_bins_json(c.by_position, "position");
-  v["rl_metrics"] = std::move(rl);
 
   const TopkFigures& k = c.topk;
   Value top = Value::object();
@@ -99,12 +75,25 @@ json::Value compare_json(const CompareRun& run) {
     top["common_entries"] = k.common_entries;
     top["common_abs_delta"] = json::Object{{"mean", k.common_abs_mean}, {"max", k.common_abs_max}};
   }
-  v["top_logprobs"] = std::move(top);
 
-  v["verdict"] =
-      json::Object{{"max_abs_delta", run.max_abs_delta ? Value(*run.max_abs_delta) : Value()},
-                   {"passed", run.passed()}};
-  return v;
+  const Value alignment =
+      json::Object{{"key", "(sequence, position)"},    {"records", c.records},
+                   {"active_tokens", c.tokens.size()}, {"inactive_records", c.inactive},
+                   {"sequences", c.sequences},         {"first_position", c.first_position},
+                   {"last_position", c.last_position}};
+  return json::Object{
+      {"schema_version", kCompareSchema},
+      {"producer", run.producer},
+      {"created_at_utc", run.created_at_utc},
+      {"command", run.command},
+      {"train", stream_json(run.train)},
+      {"rollout", stream_json(run.rollout)},
+      {"alignment", alignment},
+      {"rl_metrics", std::move(rl)},
+      {"top_logprobs", std::move(top)},
+      {"verdict",
+       json::Object{{"max_abs_delta", run.max_abs_delta ? Value(*run.max_abs_delta) : Value()},
+                    {"passed", run.passed()}}}};
 }
 
 void print_compare_table(std::FILE* out, const CompareRun& run) {

@@ -40,8 +40,6 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
 void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
                    std::vector<std::int64_t> values, FileInputs& in);
 
-std::string shape_text(const std::vector<std::int64_t>& shape);
-
 void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in);
 void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in);
 void open_npy_directory(const std::string& path, const ModelDims& dims, FileInputs& in);

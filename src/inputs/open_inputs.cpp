@@ -7,15 +7,10 @@
 #include "core/util/sha256.h"
 #include "inputs/file_inputs.h"
 #include "inputs/input_files.h"
+#include "io/tensor_dump.h"
 
 namespace cpd {
 namespace input_files {
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
                   const std::vector<std::int64_t>& k, const std::vector<std::int64_t>& v,

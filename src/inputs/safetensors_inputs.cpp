@@ -23,10 +23,9 @@ std::vector<std::int64_t> shape_of(const json::Value& t, const std::string& wher
   return shape;
 }
 
-// [begin, end) of a tensor's bytes in the file, checked against its shape and the file's size.
-std::pair<std::uint64_t, std::uint64_t> span_of(const json::Value& t, std::uint64_t base,
-                                                std::uint64_t bytes, const RawFile& file,
-                                                const std::string& where) {
+// Where a tensor's bytes begin in the file, checked against its shape and the file's size.
+std::uint64_t offset_of(const json::Value& t, std::uint64_t base, std::uint64_t bytes,
+                        const RawFile& file, const std::string& where) {
   const json::Value& o = t.contains("data_offsets") ? t.at("data_offsets") : json::Value();
   if (!o.is_array() || o.size() != 2 || !o.at(0).is_integer() || !o.at(1).is_integer())
     throw UsageError(where + ": no data_offsets [begin, end]");
@@ -39,7 +38,7 @@ std::pair<std::uint64_t, std::uint64_t> span_of(const json::Value& t, std::uint6
     throw UsageError(where + ": ends at byte " + std::to_string(base + end) + ", the file has " +
                      std::to_string(file.size()) + " (truncated?)");
   }
-  return {base + begin, base + end};
+  return base + begin;
 }
 
 }  // namespace
@@ -99,9 +98,8 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     std::uint64_t count = 1;
     for (const std::int64_t d : r.shape) count *= static_cast<std::uint64_t>(d);
     r.file = file;
-    r.offset = span_of(header.at(names[i]), base, count * type_bytes(r.type), *file,
-                       path + ": tensor " + names[i])
-                   .first;
+    r.offset = offset_of(header.at(names[i]), base, count * type_bytes(r.type), *file,
+                         path + ": tensor " + names[i]);
   }
   use_raw_tensors(in, tensors);
 
@@ -116,7 +114,7 @@ void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs
     const std::uint64_t count =
         shape.size() == 2 ? static_cast<std::uint64_t>(shape[0] * shape[1]) : 0;
     const int size = dtype == "I64" ? 8 : 4;
-    const std::uint64_t at = span_of(t, base, count * size, *file, where).first;
+    const std::uint64_t at = offset_of(t, base, count * size, *file, where);
     use_positions(path, shape, read_integers(*file, at, count, size, true), in);
   }
 }

@@ -12,28 +12,29 @@
 namespace cpd::inspect {
 namespace {
 
+// The options that take a value, each a bit of CommandSpec::value_options.
+enum : unsigned { kCase = 1, kAtol = 2, kOutput = 4 };
+constexpr std::pair<const char*, unsigned> kValueOptions[] = {
+    {"--case", kCase}, {"--atol", kAtol}, {"-o", kOutput}, {"--output", kOutput}};
+
 struct CommandSpec {
   const char* name;
   std::size_t operands;
-  std::vector<std::string> value_options;  // options that take a value
-  bool json;                               // accepts --json
+  unsigned value_options;  // the kValueOptions it takes
+  bool json;               // accepts --json
   int (*run)(const Arguments&, std::FILE*);
   const char* help;
 };
 
 const std::vector<CommandSpec> kCommands = {
-    {"list", 1, {}, true, list_command, R"(usage: cpdrift-inspect list DUMP.h5 [--json]
+    {"list", 1, 0, true, list_command, R"(usage: cpdrift-inspect list DUMP.h5 [--json]
 
 The dump's run (schema, producer, problem), then every case with its attributes and
 every tensor with its shape, original dtype and attributes.
 
   --json    the same as a JSON document on stdout
 )"},
-    {"summary",
-     1,
-     {"--case"},
-     true,
-     summary_command,
+    {"summary", 1, kCase, true, summary_command,
      R"(usage: cpdrift-inspect summary DUMP.h5 [--case NAME]... [--json]
 
 The report's drift figures recomputed from the dumped tensors with cpdrift's own
@@ -44,11 +45,7 @@ figures a dump cannot reproduce (the merge-order probe, the FP64 oracle, ...).
   --case NAME   only this case (repeatable)
   --json        every figure with its path in the report's case object
 )"},
-    {"diff",
-     2,
-     {"--atol"},
-     true,
-     diff_command,
+    {"diff", 2, kAtol, true, diff_command,
      R"(usage: cpdrift-inspect diff A.h5 B.h5 [--atol X] [--json]
 
 Compares two dumps tensor by tensor (two runs, two machines, CPU vs GPU): per tensor
@@ -58,11 +55,7 @@ Exit status 0 when they agree, 1 when they differ, 2 on an error.
   --atol X   agree within X (max |A - B| <= X); without it, agree means bitwise equal
   --json     the comparison as a JSON document
 )"},
-    {"export",
-     2,
-     {"-o", "--output"},
-     false,
-     export_command,
+    {"export", 2, kOutput, false, export_command,
      R"(usage: cpdrift-inspect export DUMP.h5 TENSOR -o OUT.npy
 
 Writes one tensor as a NumPy .npy file (format 1.0, '<f4', C order, the dump's
@@ -71,11 +64,7 @@ shape): numpy.load(OUT.npy). TENSOR is a dataset path (/inputs/q,
 
   -o, --output OUT.npy   where to write it (replaced atomically)
 )"},
-    {"plot",
-     1,
-     {"-o", "--output", "--case"},
-     false,
-     plot_command,
+    {"plot", 1, kOutput | kCase, false, plot_command,
      R"(usage: cpdrift-inspect plot DUMP.h5 -o OUT.svg [--case NAME]...
 
 An SVG: per prefill case, the max |diff| of out, LSE, dlogp, dq, dk and dv on a log
@@ -147,8 +136,9 @@ Arguments parse_arguments(const std::vector<std::string>& args, std::string& hel
       value = arg.substr(eq + 1);
       arg.resize(eq);
     }
-    const auto& takes = spec->value_options;
-    if (std::find(takes.begin(), takes.end(), arg) == takes.end())
+    const auto known = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
+                                    [&](const auto& o) { return arg == o.first; });
+    if (known == std::end(kValueOptions) || (spec->value_options & known->second) == 0)
       throw InspectError(a.command + ": unknown option " + arg + see);
     if (!value) {
       if (i + 1 == args.size()) throw InspectError(a.command + ": " + arg + " needs a value" + see);

@@ -61,27 +61,24 @@ Value shape_value(const TensorInfo* t) {
 
 Value diff_json(const DumpFile& a, const DumpFile& b, std::optional<double> atol,
                 const std::vector<TensorDiff>& diffs, std::size_t differ) {
-  Value v = Value::object();
-  v["a"] = a.path();
-  v["b"] = b.path();
-  v["atol"] = atol ? Value(*atol) : Value(nullptr);
-  v["rule"] = atol ? "agree: max |A - B| <= atol" : "agree: bitwise equal";
-  v["agree"] = differ == 0;
-  v["tensor_count"] = diffs.size();
-  v["differ_count"] = differ;
-  Value list = Value::array();
-  for (const TensorDiff& d : diffs) {
+  const auto tensor = [](const TensorDiff& d) {
     const bool compared = d.compared();
-    list.push_back(json::Object{{"path", d.path},
-                                {"verdict", d.verdict},
-                                {"shape_a", shape_value(d.a)},
-                                {"shape_b", shape_value(d.b)},
-                                {"stats", compared ? stats_json(d.stats) : Value(nullptr)},
-                                {"digest_a", compared ? Value(d.digest_a) : Value(nullptr)},
-                                {"digest_b", compared ? Value(d.digest_b) : Value(nullptr)}});
-  }
-  v["tensors"] = std::move(list);
-  return v;
+    return json::Object{{"path", d.path},
+                        {"verdict", d.verdict},
+                        {"shape_a", shape_value(d.a)},
+                        {"shape_b", shape_value(d.b)},
+                        {"stats", compared ? stats_json(d.stats) : Value(nullptr)},
+                        {"digest_a", compared ? Value(d.digest_a) : Value(nullptr)},
+                        {"digest_b", compared ? Value(d.digest_b) : Value(nullptr)}};
+  };
+  return json::Object{{"a", a.path()},
+                      {"b", b.path()},
+                      {"atol", atol ? Value(*atol) : Value(nullptr)},
+                      {"rule", atol ? "agree: max |A - B| <= atol" : "agree: bitwise equal"},
+                      {"agree", differ == 0},
+                      {"tensor_count", diffs.size()},
+                      {"differ_count", differ},
+                      {"tensors", json::array_of(diffs, tensor)}};
 }
 
 void print_text(std::FILE* out, const DumpFile& a, const DumpFile& b, std::optional<double> atol,

@@ -41,10 +41,9 @@ auto reading(const std::string& file, F&& f) {
 const char* file_being_read() { return being_read; }
 
 const DumpValue* find_attribute(const DumpAttributes& attributes, const std::string& name) {
-  for (const auto& [key, value] : attributes) {
-    if (key == name) return &value;
-  }
-  return nullptr;
+  const auto at = std::find_if(attributes.begin(), attributes.end(),
+                               [&](const auto& a) { return a.first == name; });
+  return at != attributes.end() ? &at->second : nullptr;
 }
 
 std::string attribute_text(const DumpValue& value) {
@@ -53,12 +52,6 @@ std::string attribute_text(const DumpValue& value) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(value));
   return buf;
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 std::string problem_text(const Problem& p) {

@@ -34,8 +34,6 @@ const char* file_being_read();
 const DumpValue* find_attribute(const DumpAttributes& attributes, const std::string& name);
 /// "1", "0.5", "bf16": a value as `list` prints it.
 std::string attribute_text(const DumpValue& value);
-/// "[1, 32, 16, 128]"
-std::string shape_text(const std::vector<std::int64_t>& shape);
 /// "B=1 S=16 Hq=32 Hkv=8 D=128, dtype bf16, seed 2355, RoPE"
 std::string problem_text(const Problem& p);
 

@@ -1,12 +1,10 @@
 #include "inspect/figures.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 
-#include "core/util/sha256.h"
-#include "cpdrift/bf16.h"
 #include "cpdrift/production_lanes.h"
+#include "metrics/digest.h"
 
 namespace cpd::inspect {
 namespace {
@@ -129,20 +127,7 @@ std::vector<MissingFigure> missing_figures(const DumpFile& dump, const CaseInfo&
 }
 
 std::string tensor_digest(std::span<const float> values, bool bf16) {
-  Sha256 sha;
-  if (!bf16) {
-    // The report hashes little-endian bytes; this host's floats are (static_assert below).
-    static_assert(std::endian::native == std::endian::little);
-    sha.update(values.data(), values.size() * sizeof(float));
-  } else {
-    std::vector<std::uint16_t> bits(std::size_t{1} << 16);
-    for (std::size_t at = 0; at < values.size(); at += bits.size()) {
-      const std::size_t n = std::min(bits.size(), values.size() - at);
-      for (std::size_t j = 0; j < n; ++j) bits[j] = bf16_bits_rn(values[at + j]);
-      sha.update(bits.data(), n * sizeof(std::uint16_t));
-    }
-  }
-  return Sha256::hex(sha.finish());
+  return values_digest(values, bf16 ? DigestFormat::bf16 : DigestFormat::fp32);
 }
 
 DiffStats diff_stats(std::span<const float> candidate, std::span<const float> reference,

@@ -50,30 +50,28 @@ int list_command(const Arguments& a, std::FILE* out) {
   const DumpProblem& d = dump.problem();
   const std::optional<std::string> report = dump.report_json();
   if (a.json) {
-    Value v = Value::object();
-    v["file"] = dump.path();
-    v["schema_version"] = d.schema_version;
-    v["producer"] = d.producer;
-    v["created_at_utc"] = d.created_at_utc;
-    v["command"] = d.command;
-    v["attributes"] = attributes_json(dump.root_attributes());
-    Value inputs = Value::array();
+    json::Array inputs;
     for (const TensorInfo& t : dump.tensors()) {
       if (t.path.rfind("/inputs/", 0) == 0) inputs.push_back(tensor_json(t));
     }
-    v["inputs"] = std::move(inputs);
-    Value cases = Value::array();
-    for (const CaseInfo& c : dump.cases()) {
-      Value tensors = Value::array();
-      for (const std::size_t i : c.tensors) tensors.push_back(tensor_json(dump.tensors()[i]));
-      cases.push_back(json::Object{{"case_name", c.name},
-                                   {"kind", c.paged ? "paged" : "prefill"},
-                                   {"group", (c.paged ? "/paged_cases/" : "/cases/") + c.name},
-                                   {"attributes", attributes_json(c.attributes)},
-                                   {"tensors", std::move(tensors)}});
-    }
-    v["cases"] = std::move(cases);
-    v["report_json_bytes"] = report ? Value(report->size()) : Value(nullptr);
+    const auto one_case = [&](const CaseInfo& c) {
+      return json::Object{{"case_name", c.name},
+                          {"kind", c.paged ? "paged" : "prefill"},
+                          {"group", (c.paged ? "/paged_cases/" : "/cases/") + c.name},
+                          {"attributes", attributes_json(c.attributes)},
+                          {"tensors", json::array_of(c.tensors, [&](std::size_t i) {
+                             return tensor_json(dump.tensors()[i]);
+                           })}};
+    };
+    const Value v = json::Object{{"file", dump.path()},
+                                 {"schema_version", d.schema_version},
+                                 {"producer", d.producer},
+                                 {"created_at_utc", d.created_at_utc},
+                                 {"command", d.command},
+                                 {"attributes", attributes_json(dump.root_attributes())},
+                                 {"inputs", std::move(inputs)},
+                                 {"cases", json::array_of(dump.cases(), one_case)},
+                                 {"report_json_bytes", report ? Value(report->size()) : Value()}};
     std::fputs(json::to_string(v).c_str(), out);
     return 0;
   }

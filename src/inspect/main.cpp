@@ -19,12 +19,14 @@ namespace {
 // is the cause: bad input, status 2; anywhere else it is cpdrift-inspect's own fault, status 3,
 // and no file is blamed. The executable's only: tests and the fuzz target keep the default
 // behaviour, so a fault there is seen.
-void say(const char* s) {
-  for (std::size_t n = std::strlen(s); n > 0;) {
-    const ssize_t w = ::write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= static_cast<std::size_t>(w);
+void say(std::initializer_list<const char*> parts) {
+  for (const char* s : parts) {
+    for (std::size_t n = std::strlen(s); n > 0;) {
+      const ssize_t w = ::write(STDERR_FILENO, s, n);
+      if (w <= 0) break;
+      s += w;
+      n -= static_cast<std::size_t>(w);
+    }
   }
 }
 
@@ -35,17 +37,13 @@ void on_fault(int signal) {
                      : signal == SIGILL ? "SIGILL"
                                         : "SIGABRT";
   const char* file = cpd::inspect::file_being_read();
-  say("cpdrift-inspect: error: ");
   if (*file == '\0') {
-    say("internal error (");
-    say(name);
-    say("), not caused by the file: please report it\n");
+    say({"cpdrift-inspect: error: internal error (", name,
+         "), not caused by the file: please report it\n"});
     ::_exit(3);
   }
-  say(file);
-  say(": the HDF5 library faulted (");
-  say(name);
-  say(") reading this file: its metadata is corrupted\n");
+  say({"cpdrift-inspect: error: ", file, ": the HDF5 library faulted (", name,
+       ") reading this file: its metadata is corrupted\n"});
   ::_exit(2);
 }
 

@@ -15,42 +15,31 @@ struct CaseFigures {
   std::vector<MissingFigure> missing;
 };
 
-Value ranges_value(const std::vector<Range>& ranges) {
-  Value a = Value::array();
-  for (const Range& r : ranges) a.push_back(json::Array{r.begin, r.end});
-  return a;
+Value figure_json(const Figure& f) {
+  return json::Object{{"figure", f.spec.name},
+                      {"candidate", f.spec.candidate},
+                      {"reference", f.spec.reference},
+                      {"bf16_candidate", f.spec.bf16_candidate},
+                      {"tokens", f.spec.tokens ? ranges_json(*f.spec.tokens) : Value(nullptr)},
+                      {"stats", stats_json(f.stats)}};
 }
 
 Value summary_json(const DumpFile& dump, const std::vector<CaseFigures>& cases) {
-  Value v = Value::object();
-  v["file"] = dump.path();
-  v["schema_version"] = dump.problem().schema_version;
-  v["producer"] = dump.problem().producer;
-  v["statistics"] = "metrics/diff_stats.h compute_diff_stats over the dumped tensors";
-  Value list = Value::array();
-  for (const CaseFigures& c : cases) {
-    Value cv = Value::object();
-    cv["case_name"] = c.info->name;
-    cv["kind"] = c.info->paged ? "paged" : "prefill";
-    Value figures = Value::array();
-    for (const Figure& f : c.figures) {
-      figures.push_back(
-          json::Object{{"figure", f.spec.name},
-                       {"candidate", f.spec.candidate},
-                       {"reference", f.spec.reference},
-                       {"bf16_candidate", f.spec.bf16_candidate},
-                       {"tokens", f.spec.tokens ? ranges_value(*f.spec.tokens) : Value(nullptr)},
-                       {"stats", stats_json(f.stats)}});
-    }
-    cv["figures"] = std::move(figures);
-    Value missing = Value::array();
-    for (const MissingFigure& m : c.missing)
-      missing.push_back(json::Object{{"figure", m.name}, {"reason", m.reason}});
-    cv["not_in_dump"] = std::move(missing);
-    list.push_back(std::move(cv));
-  }
-  v["cases"] = std::move(list);
-  return v;
+  const auto one_case = [](const CaseFigures& c) {
+    const auto missing = [](const MissingFigure& m) {
+      return json::Object{{"figure", m.name}, {"reason", m.reason}};
+    };
+    return json::Object{{"case_name", c.info->name},
+                        {"kind", c.info->paged ? "paged" : "prefill"},
+                        {"figures", json::array_of(c.figures, figure_json)},
+                        {"not_in_dump", json::array_of(c.missing, missing)}};
+  };
+  return json::Object{
+      {"file", dump.path()},
+      {"schema_version", dump.problem().schema_version},
+      {"producer", dump.problem().producer},
+      {"statistics", "metrics/diff_stats.h compute_diff_stats over the dumped tensors"},
+      {"cases", json::array_of(cases, one_case)}};
 }
 
 std::string case_line(const CaseInfo& c) {

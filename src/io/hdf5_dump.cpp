@@ -48,15 +48,47 @@ class Hdf5Dump final : public TensorDump {
 
   void begin(const std::string& path, const std::vector<std::int64_t>& dims,
              const DumpAttributes& attributes) override {
-    naming_the_dump([&] { begin_dataset(path, dims, attributes); });
+    naming_the_dump([&] {
+      dims_.assign(dims.begin(), dims.end());
+      const Handle space(
+          CPD_H5_CHECK(H5Screate_simple(static_cast<int>(dims_.size()), dims_.data(), nullptr)));
+      dataset_ =
+          Handle(CPD_H5_CHECK(H5Dcreate2(file_.get(), path.c_str(), H5T_IEEE_F32LE, space.get(),
+                                         parents_.get(), H5P_DEFAULT, H5P_DEFAULT)));
+      for (const auto& [name, value] : attributes) h5::write_attribute(dataset_.get(), name, value);
+    });
   }
 
   void write_text(const std::string& path, const std::string& text) override {
-    naming_the_dump([&] { write_text_dataset(path, text); });
+    naming_the_dump([&] {
+      const Handle type(CPD_H5_CHECK(H5Tcopy(H5T_C_S1)));
+      CPD_H5_CHECK(H5Tset_size(type.get(), std::max<std::size_t>(1, text.size())));
+      const Handle space(CPD_H5_CHECK(H5Screate(H5S_SCALAR)));
+      const Handle data(CPD_H5_CHECK(H5Dcreate2(file_.get(), path.c_str(), type.get(), space.get(),
+                                                parents_.get(), H5P_DEFAULT, H5P_DEFAULT)));
+      CPD_H5_CHECK(H5Dwrite(data.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.c_str()));
+    });
   }
 
   void write(const GlobalPiece& piece, const float* rows) override {
-    naming_the_dump([&] { write_rows(piece, rows); });
+    naming_the_dump([&] {
+      // [B, H, S] or [B, H, S, W]: the piece is a contiguous run of S rows.
+      std::vector<hsize_t> start{static_cast<hsize_t>(piece.b), static_cast<hsize_t>(piece.h),
+                                 static_cast<hsize_t>(piece.tokens.begin)};
+      std::vector<hsize_t> count{1, 1, static_cast<hsize_t>(piece.tokens.size())};
+      if (dims_.size() == 4) {
+        start.push_back(0);
+        count.push_back(dims_[3]);
+      }
+      const Handle file_space(CPD_H5_CHECK(H5Dget_space(dataset_.get())));
+      CPD_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                       count.data(), nullptr));
+      hsize_t n = 1;
+      for (hsize_t c : count) n *= c;
+      const Handle mem_space(CPD_H5_CHECK(H5Screate_simple(1, &n, nullptr)));
+      CPD_H5_CHECK(H5Dwrite(dataset_.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(),
+                            H5P_DEFAULT, rows));
+    });
   }
 
   void end() override {
@@ -89,45 +121,6 @@ class Hdf5Dump final : public TensorDump {
       const std::string why = last == std::string::npos ? what : what.substr(last + 2);
       throw LibraryError("HDF5", "cannot write dump \"" + path_ + "\": " + why + " (" + what + ")");
     }
-  }
-
-  void begin_dataset(const std::string& path, const std::vector<std::int64_t>& dims,
-                     const DumpAttributes& attributes) {
-    dims_.assign(dims.begin(), dims.end());
-    const Handle space(
-        CPD_H5_CHECK(H5Screate_simple(static_cast<int>(dims_.size()), dims_.data(), nullptr)));
-    dataset_ =
-        Handle(CPD_H5_CHECK(H5Dcreate2(file_.get(), path.c_str(), H5T_IEEE_F32LE, space.get(),
-                                       parents_.get(), H5P_DEFAULT, H5P_DEFAULT)));
-    for (const auto& [name, value] : attributes) h5::write_attribute(dataset_.get(), name, value);
-  }
-
-  void write_text_dataset(const std::string& path, const std::string& text) {
-    const Handle type(CPD_H5_CHECK(H5Tcopy(H5T_C_S1)));
-    CPD_H5_CHECK(H5Tset_size(type.get(), std::max<std::size_t>(1, text.size())));
-    const Handle space(CPD_H5_CHECK(H5Screate(H5S_SCALAR)));
-    const Handle data(CPD_H5_CHECK(H5Dcreate2(file_.get(), path.c_str(), type.get(), space.get(),
-                                              parents_.get(), H5P_DEFAULT, H5P_DEFAULT)));
-    CPD_H5_CHECK(H5Dwrite(data.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.c_str()));
-  }
-
-  void write_rows(const GlobalPiece& piece, const float* rows) {
-    // [B, H, S] or [B, H, S, W]: the piece is a contiguous run of S rows.
-    std::vector<hsize_t> start{static_cast<hsize_t>(piece.b), static_cast<hsize_t>(piece.h),
-                               static_cast<hsize_t>(piece.tokens.begin)};
-    std::vector<hsize_t> count{1, 1, static_cast<hsize_t>(piece.tokens.size())};
-    if (dims_.size() == 4) {
-      start.push_back(0);
-      count.push_back(dims_[3]);
-    }
-    const Handle file_space(CPD_H5_CHECK(H5Dget_space(dataset_.get())));
-    CPD_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                     count.data(), nullptr));
-    hsize_t n = 1;
-    for (hsize_t c : count) n *= c;
-    const Handle mem_space(CPD_H5_CHECK(H5Screate_simple(1, &n, nullptr)));
-    CPD_H5_CHECK(H5Dwrite(dataset_.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(),
-                          H5P_DEFAULT, rows));
   }
 
   // Opens a group, creating it and its parents when missing.

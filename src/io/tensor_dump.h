@@ -16,6 +16,13 @@ namespace cpd {
 using DumpValue = std::variant<std::string, std::int64_t, double>;
 using DumpAttributes = std::vector<std::pair<std::string, DumpValue>>;
 
+/// "[1, 32, 16, 128]": a tensor's extents as messages and tables print them.
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 class TensorDump {
  public:
   virtual ~TensorDump() = default;

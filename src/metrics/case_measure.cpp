@@ -12,18 +12,11 @@ class Measurer {
   Measurer(std::span<const std::string> digests, const Collectives& collectives, ThreadPool& pool)
       : digests_(digests), collectives_(collectives), pool_(pool) {}
 
-  DiffStats stats(const Comparison& c) const {
-    std::vector<DiffPart> parts;
-    for (const ComparedPiece& p : c.pieces)
-      parts.push_back(DiffPart{p.candidate, p.reference, p.count, p.bf16_candidate});
-    return with_digest(c, compute_diff_stats(parts, collectives_, &pool_));
-  }
-  OutLseStats stats(const OutLseComparison& c) const {
-    return OutLseStats{stats(c.out), stats(c.lse)};
-  }
+  DiffStats stats(const Comparison& c) const { return by_rank(c, 0).front(); }
+  OutLseStats stats(const OutLseComparison& c) const { return by_rank(c, 0).front(); }
 
-  /// The comparison's statistics whole, then of each of the `cp` CP ranks' pieces, from the
-  /// same passes over the data.
+  /// The comparison's statistics whole, then of each of the `cp` CP ranks' pieces (none for 0),
+  /// from the same passes over the data.
   std::vector<DiffStats> by_rank(const Comparison& c, int cp) const {
     std::vector<DiffPart> parts;
     std::vector<int> rank_of;
@@ -32,7 +25,8 @@ class Measurer {
       rank_of.push_back(p.cp_rank);
     }
     std::vector<DiffStats> s = compute_grouped_diff_stats(parts, rank_of, cp, collectives_, &pool_);
-    s.front() = with_digest(c, std::move(s.front()));
+    if (c.candidate_tensor >= 0 && collectives_.root())
+      s.front().digest = digests_[static_cast<std::size_t>(c.candidate_tensor)];
     return s;
   }
   std::vector<OutLseStats> by_rank(const OutLseComparison& c, int cp) const {
@@ -43,13 +37,6 @@ class Measurer {
   }
 
  private:
-  // The whole comparison's statistics, with the candidate's digest at rank 0.
-  DiffStats with_digest(const Comparison& c, DiffStats s) const {
-    if (c.candidate_tensor >= 0 && collectives_.root())
-      s.digest = digests_[static_cast<std::size_t>(c.candidate_tensor)];
-    return s;
-  }
-
   std::span<const std::string> digests_;
   const Collectives& collectives_;
   ThreadPool& pool_;

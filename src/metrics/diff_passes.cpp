@@ -14,10 +14,9 @@ namespace {
 // The passes run over blocks of kBlock values in two steps: a loop without branches that the
 // compiler vectorises (each value's diff bits, and the block's mismatches, largest ulp
 // distance, largest diff and NaN flag), then per block with a nonzero diff the histogram and
-// the exact sum, which need a scattered increment a value. Blocks of 32 (two AVX-512 vectors)
-// with the first step inlined beat blocks of 16 and a first step called per block. Neither
-// scalar step branches per value: bins and flags are computed in the vectorised loop, and
-// spare slots take what is not counted.
+// the exact sum, which need a scattered increment a value (blocks of 32: two AVX-512 vectors).
+// Neither scalar step branches per value: bins and flags are computed in the vectorised loop,
+// and spare slots take what is not counted.
 
 // round_bf16's bits without branches (the same result: NaN quieted, otherwise to nearest even).
 inline std::uint32_t round_bf16_bits(std::uint32_t u) { return bf16_bits_rn_select(u) << 16; }

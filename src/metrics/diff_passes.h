@@ -25,11 +25,8 @@ inline std::uint32_t order_key(std::uint32_t u) {
   return 0x80000000u + ((m ^ (0u - sign)) + sign);
 }
 
-// The order statistics come from a three-level radix select over the bit patterns of the
-// non-negative diffs: bits [31, 21), then [21, 10), then [10, 0) (11, 11 and 10 bits), one
-// histogram pass over the data per level, each merged by addition across parts and processes.
-// Small histograms (16 KiB a level) keep a small tensor's statistics cheap: clearing and
-// reducing them costs less than the pass over the data that fills them.
+// The radix select's levels (diff_stats.h): bits [31, 21), then [21, 10), then [10, 0) of the
+// non-negative diffs, small histograms (16 KiB a level) so that a small tensor's are cheap.
 constexpr int kLevels = 3;
 constexpr int kLevelShift[kLevels] = {21, 10, 0};
 constexpr int kLevelBits[kLevels] = {11, 11, 10};

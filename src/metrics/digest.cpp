@@ -51,15 +51,19 @@ std::string stream_digest(const Collectives& coll, const GlobalTensor& tensor, D
 }
 
 bool held_by_root(const GlobalTensor& tensor) {
-  for (const StreamSegment& s : tensor.segments) {
-    if (s.owner != 0) return false;
-  }
-  return true;
+  return std::all_of(tensor.segments.begin(), tensor.segments.end(),
+                     [](const StreamSegment& s) { return s.owner == 0; });
 }
 
 std::string local_digest(const GlobalTensor& tensor, DigestFormat format) {
   TensorHasher hasher(format);
   for (const StreamSegment& s : tensor.segments) hasher.update(s.data, s.floats);
+  return hasher.finish();
+}
+
+std::string values_digest(std::span<const float> values, DigestFormat format) {
+  TensorHasher hasher(format);
+  hasher.update(values.data(), values.size());
   return hasher.finish();
 }
 

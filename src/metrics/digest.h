@@ -2,6 +2,7 @@
 // topologies or two machines compare by digest alone.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "comm/global_tensor.h"
@@ -25,5 +26,8 @@ bool held_by_root(const GlobalTensor& tensor);
 /// The digest stream_digest gives, of a tensor held_by_root, on rank 0 alone: no collective,
 /// so several can run at once on different threads.
 std::string local_digest(const GlobalTensor& tensor, DigestFormat format);
+
+/// The same digest of `values`, a whole tensor in global order held in one array.
+std::string values_digest(std::span<const float> values, DigestFormat format);
 
 }  // namespace cpd

@@ -102,9 +102,8 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
     check_max(failed, n + ": backward.dq", c.backward.dq, t.gradient_max_abs);
     check_max(failed, n + ": backward.dk", c.backward.dk, t.gradient_max_abs);
     check_max(failed, n + ": backward.dv", c.backward.dv, t.gradient_max_abs);
-    for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv}) {
+    for (const DiffStats* s : {&c.backward.bf16_dq, &c.backward.bf16_dk, &c.backward.bf16_dv})
       check_finite(failed, n + ": backward.bf16_final_write", *s);
-    }
     if (c.backward.te_p2p) {  // reported, never gated: but a non-finite figure is no figure
       const BackwardDrift::Lane& l = *c.backward.te_p2p;
       for (const DiffStats* s : {&l.dq, &l.dk, &l.dv})

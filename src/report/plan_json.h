@@ -19,7 +19,6 @@ json::Value status_json(const char* status, const char* reason);
 /// dtype fields.
 const char* torch_dtype_name(DType dtype);
 
-json::Value ranges_json(const std::vector<Range>& ranges);
 json::Value topology_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,
                           const Provenance& pv);
 json::Value case_provenance_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e,

@@ -59,14 +59,12 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
   // not streamed: such tensors hash at once on the pool, one a task (SHA-256 is sequential
   // within a tensor). Every process sees the same owners, so they all agree on which tensors
   // are left to stream below.
+  const auto hashed_locally = [&](const CaseTensor& t) {
+    return t.digest && !dumped(t) && held_by_root(t.layout);
+  };
   std::vector<std::size_t> local;
-  std::vector<bool> streamed(tensors.size(), true);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const CaseTensor& t = tensors[i];
-    if (t.digest && !dumped(t) && held_by_root(t.layout)) {
-      local.push_back(i);
-      streamed[i] = false;
-    }
+    if (hashed_locally(tensors[i])) local.push_back(i);
   }
   if (collectives_.root()) {
     pool_.parallel_for(static_cast<std::int64_t>(local.size()), [&](std::int64_t k) {
@@ -76,8 +74,7 @@ std::vector<std::string> RunRecorder::publish(const std::vector<CaseTensor>& ten
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CaseTensor& t = tensors[i];
-    if (!streamed[i]) continue;
-    if (!t.digest && !dumped(t)) continue;
+    if (hashed_locally(t) || (!t.digest && !dumped(t))) continue;
     PieceSink write;
     if (dumped(t) && dump_ != nullptr) {
       const GlobalTensor& g = t.layout;

@@ -89,5 +89,7 @@ json::Value thresholds_json(const Thresholds& t);
 json::Value stats_json(const DiffStats& s);
 /// {out, lse} of a pair, with `source_class` when given.
 json::Value out_lse_json(const OutLseStats& s, const char* source_class = nullptr);
+/// [[begin, end], …]
+json::Value ranges_json(const std::vector<Range>& ranges);
 
 }  // namespace cpd
