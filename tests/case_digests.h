@@ -11,6 +11,13 @@
 
 namespace cpd::testing {
 
+/// The default model's problem in `dtype` (for a case's name).
+inline Problem problem_in(DType dtype) {
+  Problem p;
+  p.dtype = dtype;
+  return p;
+}
+
 struct Digests {
   std::string out, lse;
 };

@@ -48,7 +48,7 @@ inline void check_same_bits_as_mpi(Transport& gpu) {
         const Digests d = gpu_run(spec, path, gpu);
         if (comm().rank() != 0) continue;
         CAPTURE(gpu.name());
-        CAPTURE(case_name(spec, DType::fp32));
+        CAPTURE(case_name(spec, testing::problem_in(DType::fp32)));
         CAPTURE(repeat);
         CHECK(d.out == reference.out);
         CHECK(d.lse == reference.lse);

@@ -37,7 +37,7 @@ void expect_usage_error(const std::string& args, const std::string& fragment) {
 
 TEST_CASE("bad input exits 2 with one line naming the problem") {
   expect_usage_error("--tp-world-sizes 3", "TP=3 must divide");
-  expect_usage_error("--tp-world-sizes 16", "TP=16 must divide");
+  expect_usage_error("--tp-world-sizes 16", "TP=16 exceeds the 8 KV heads");
   expect_usage_error("--kv-chunk-sizes 0", "must be at least 1");
   expect_usage_error("--kv-chunk-sizes none,-4", "must be at least 1");
   expect_usage_error("--batch 0", "--batch: must be from 1 to 4096");

@@ -133,6 +133,8 @@ TEST_CASE("rollout TP 1, 2, 4 under mpirun -np 1, 3: other placements, the same 
   // A size that does not divide the heads is refused before anything runs.
   const Result bad = run("--modes decode --rollout-tp-sizes 3");
   CHECK(bad.status == 2);
-  CHECK(bad.err.find("--rollout-tp-sizes 3: must divide 32 and 8") != std::string::npos);
+  CHECK(bad.err.find(
+            "--rollout-tp-sizes 3: TP=3 must divide both the 32 query heads and the 8 KV heads") !=
+        std::string::npos);
 }
 #endif

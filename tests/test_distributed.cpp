@@ -79,7 +79,7 @@ TEST_CASE("every protocol over MPI equals the single-process run, bit for bit") 
         spec.protocol = protocol;
         const Digests d = distributed(p, spec, path, *transport);
         if (comm().rank() != 0) continue;
-        CAPTURE(case_name(spec, DType::fp32));
+        CAPTURE(case_name(spec, testing::problem_in(DType::fp32)));
         CHECK(d.out == alone.out);
         CHECK(d.lse == alone.lse);
       }
@@ -107,7 +107,7 @@ TEST_CASE("shaped inputs: every protocol over MPI equals the single-process run,
         const Digests d = distributed(p, spec, kFp32, *transport);
         if (comm().rank() != 0) continue;
         CAPTURE(to_string(dist));
-        CAPTURE(case_name(spec, DType::fp32));
+        CAPTURE(case_name(spec, testing::problem_in(DType::fp32)));
         CHECK(d.out == alone.out);
         CHECK(d.lse == alone.lse);
       }
@@ -284,7 +284,7 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
   InProcessTransport transport;
   const CaseGrid grid(p, spec);
   const std::vector<RankOutput> fp32 = run_protocol(grid, kFp32, transport, inputs, {});
-  const std::string base = "/cases/" + case_name(spec, p.dtype) + "/candidate_fp32/";
+  const std::string base = "/cases/" + case_name(spec, p) + "/candidate_fp32/";
   const std::vector<float> out = read_dataset(path, base + "out"),
                            lse = read_dataset(path, base + "lse");
   const std::vector<float> want_out = global_values(grid, fp32, true),
@@ -295,7 +295,7 @@ TEST_CASE("the HDF5 dump, written by rank 0 piece by piece, reads back bit for b
   CHECK(std::memcmp(lse.data(), want_lse.data(), lse.size() * sizeof(float)) == 0);
   // Negative control: another tensor of the same file differs.
   const std::vector<float> kernel =
-      read_dataset(path, "/cases/" + case_name(spec, p.dtype) + "/bf16_kernel/out");
+      read_dataset(path, "/cases/" + case_name(spec, p) + "/bf16_kernel/out");
   CHECK(std::memcmp(kernel.data(), want_out.data(), out.size() * sizeof(float)) != 0);
   std::remove(path.c_str());
 }

@@ -85,7 +85,7 @@ void expect_failure(const AcceptanceRow& row, const json::Value& report, int wor
 }
 
 AcceptanceRow row_named(const std::string& name) {
-  for (const AcceptanceRow& r : required_matrix()) {
+  for (const AcceptanceRow& r : required_matrix(ModelDims{})) {
     if (r.name == name) return r;
   }
   FAIL("no row " << name);
@@ -264,7 +264,7 @@ TEST_SUITE("np4") {
     CHECK(evaluate_row(row_named("p2p_nccl_reference_np2"), report, t, world, "r").status ==
           "unavailable");
     std::vector<RowVerdict> all;
-    for (const AcceptanceRow& r : required_matrix())
+    for (const AcceptanceRow& r : required_matrix(ModelDims{}))
       all.push_back(evaluate_row(r, report, t, world, "r"));
     const json::Value doc = acceptance_json("run", all, t, json::Value::object(), "now");
     CHECK_FALSE(doc.at("passed").as_bool());  // the GPU transport rows are required and unavailable
@@ -286,7 +286,7 @@ TEST_SUITE("np4") {
     run_case(env.ctx, requested, recorder);  // the control: run as requested
     if (comm().rank() != 0) return;
     json::Value report = report_json(r);
-    const std::string name = case_name(requested, DType::bf16);
+    const std::string name = case_name(requested, Problem{});
     json::Value& cases = report["cases"];
     const json::Value as_run = cases.at(0), as_requested = cases.at(1);
     const AcceptanceRow row = row_named(name);

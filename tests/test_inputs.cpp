@@ -235,7 +235,7 @@ TEST_CASE("RoPE: rotate-half against the FP64 closed form") {
     const std::vector<float> x = row;
     rope_rotate_row(row.data(), cs.data(), sn.data(), half);
     for (int i = 0; i < half; ++i) {
-      const double a = static_cast<double>(pos) * std::pow(dims.rope_theta, -2.0 * i / 128.0);
+      const double a = static_cast<double>(pos) * std::pow(dims.rope.theta, -2.0 * i / 128.0);
       const double y1 = x[i] * std::cos(a) - x[i + half] * std::sin(a);
       const double y2 = x[i + half] * std::cos(a) + x[i] * std::sin(a);
       const double tol =

@@ -4,6 +4,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/models.h"
 #include "core/plan.h"
 #include "report/plan_json.h"
 
@@ -113,10 +114,16 @@ TEST_CASE("plan set: B·TP·CP·CP sorted entries with complete coverage") {
 }
 
 TEST_CASE("case names and validation") {
-  CHECK(case_name(CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs},
-                  DType::bf16) == "qwen3_8b_tp2_cp2_prefill_bf16");
-  CHECK(case_name(CaseSpec{1, 2, 4, CpLayout::zigzag, Protocol::ag_rs}, DType::fp32) ==
+  Problem fp32;
+  fp32.dtype = DType::fp32;
+  CHECK(case_name(CaseSpec{2, 2, std::nullopt, CpLayout::contiguous, Protocol::ag_rs}, Problem{}) ==
+        "qwen3_8b_tp2_cp2_prefill_bf16");
+  CHECK(case_name(CaseSpec{1, 2, 4, CpLayout::zigzag, Protocol::ag_rs}, fp32) ==
         "qwen3_8b_tp1_cp2_chunk4_fp32_zigzag");
+  Problem llama;
+  llama.dims = *find_model("llama-3.1-8b");
+  CHECK(case_name(CaseSpec{2, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, llama) ==
+        "llama_3_1_8b_tp2_cp1_chunk8_bf16");
   Problem p;
   p.seq_len = 16;
   CHECK(validate_case(CaseSpec{2, 2, 4, CpLayout::contiguous, Protocol::ag_rs}, p).empty());

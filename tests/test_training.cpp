@@ -108,7 +108,8 @@ TEST_CASE("backward: split 8, CP=1/2/4, layouts, protocols and TP give the same 
     for (CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
       for (Protocol protocol : {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv}) {
         for (int tp : {1, 2}) {
-          CAPTURE(case_name(CaseSpec{tp, cp, 8, layout, protocol}, DType::fp32));
+          CAPTURE(
+              case_name(CaseSpec{tp, cp, 8, layout, protocol}, testing::problem_in(DType::fp32)));
           CHECK(backward_digests(p, CaseSpec{tp, cp, 8, layout, protocol}) == ref);
         }
       }
@@ -245,7 +246,7 @@ TEST_CASE("backward: the CP=1 reference shared by KV heads equals each rank's ow
         for (const int threads : {1, 16}) {
           const CaseSpec spec{tp, cp, 4, layout, Protocol::ag_rs};
           if (!validate_case(spec, p).empty()) continue;
-          CAPTURE(case_name(spec, p.dtype));
+          CAPTURE(case_name(spec, p));
           CAPTURE(batch);
           CAPTURE(threads);
           ThreadPool pool(threads);

@@ -92,7 +92,7 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
               const CaseSpec spec{tp, cp, split, layout, protocol};
               if (!validate_case(spec, p).empty()) continue;
               const CaseGrid grid(p, spec, round_rows);
-              CAPTURE(case_name(spec, p.dtype));
+              CAPTURE(case_name(spec, p));
               CAPTURE(round_rows);
               const PhaseWork forward = forward_work(grid), backward = backward_work(grid),
                               dlogp = dlogp_work(grid, vocab);
@@ -147,7 +147,7 @@ TEST_CASE("schedule: a whole case's kernel pairs and bytes are its phases' sums"
     for (const std::optional<std::int64_t> split : {std::optional<std::int64_t>{}, {4}}) {
       for (const auto& [tp, cp] : {std::pair{1, 1}, {2, 2}, {1, 4}}) {
         const CaseSpec spec{tp, cp, split, CpLayout::zigzag, protocol};
-        CAPTURE(case_name(spec, p.dtype));
+        CAPTURE(case_name(spec, p));
         ThreadPool pool(2);
         LocalRun local(p, pool, true, 17);
         const RunContext& ctx = local.ctx;

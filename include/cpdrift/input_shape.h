@@ -19,7 +19,8 @@
 //                     j = 0…3, of k are multiplied by kOutlierScale (exact in FP32).
 //   mix               outlier_channels, then sink.
 //
-// Only q and k are shaped: v, dO and the lm_head are the normals of every distribution.
+// Only q and k are shaped: v, dO and the lm_head are the normals of every distribution. A model
+// with a qkv bias adds it to q, k and v after the shaping (bias_of, below).
 #pragma once
 
 #include "cpdrift/hd.h"
@@ -47,6 +48,28 @@ CPD_HD bool is_outlier_channel(long long kv_head, int c, int dim) {
     if ((7 * kv_head + 32 * j + 3) % dim == c) return true;
   }
   return false;
+}
+
+/// A model with a qkv bias (Qwen2's q_proj, k_proj and v_proj): element c of head h of q, k or v
+/// is (x + b[h][c])·kBiasNorm, b a standard normal (element h·dim + c of the tensor's bias
+/// stream), after the distribution's shaping and before RoPE, where the model adds its bias.
+/// Half the variance is then a per-channel mean and the total stays one, as every other
+/// model's inputs, so the gates set for unit-variance inputs hold alike: the regime where a bias
+/// matters to the bits — k's cancels from the softmax in exact arithmetic (a per-row constant of
+/// the scores) but not once k + b is rounded to BF16, q's moves the scores, v's the output.
+inline constexpr float kBiasNorm = 0.70710678118654752f;  // 1/sqrt(2), rounded to FP32
+
+/// x + b, then ·kBiasNorm: two FP32 operations, no fma.
+CPD_HD float add_bias(float x, float b) {
+  const float sum = x + b;
+  return sum * kBiasNorm;
+}
+
+/// The bias stream of q, k or v.
+CPD_HD TensorId bias_of(TensorId tensor) {
+  return tensor == TensorId::q   ? TensorId::q_bias
+         : tensor == TensorId::k ? TensorId::k_bias
+                                 : TensorId::v_bias;
 }
 
 /// Element (kv_head, pos, c) of tensor `tensor`, standard normal `x`, as `distribution` shapes

@@ -12,8 +12,18 @@
 
 namespace cpd {
 
-/// The tensors cpdrift generates; the value is part of the Philox counter.
-enum class TensorId : std::uint32_t { q = 1, k = 2, v = 3, d_out = 4, lm_head = 5 };
+/// The tensors cpdrift generates; the value is part of the Philox counter. The biases are those
+/// of a model with a qkv bias (input_shape.h's qkv_bias).
+enum class TensorId : std::uint32_t {
+  q = 1,
+  k = 2,
+  v = 3,
+  d_out = 4,
+  lm_head = 5,
+  q_bias = 6,
+  k_bias = 7,
+  v_bias = 8
+};
 
 struct Philox4x32 {
   std::uint32_t v[4];

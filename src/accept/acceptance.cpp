@@ -15,8 +15,9 @@ CaseSpec evidence_case(std::optional<std::int64_t> split, Protocol protocol) {
 constexpr std::int64_t kEvidenceSplit = 4;
 constexpr Protocol kProtocols[] = {Protocol::ag_rs, Protocol::ring_kv, Protocol::allgather_kv};
 
-std::string evidence_name(std::optional<std::int64_t> split, Protocol protocol = Protocol::ag_rs) {
-  return case_name(evidence_case(split, protocol), DType::bf16);
+std::string evidence_name(const Problem& problem, std::optional<std::int64_t> split,
+                          Protocol protocol = Protocol::ag_rs) {
+  return case_name(evidence_case(split, protocol), problem);
 }
 
 PagedCaseSpec evidence_paged(PagedMode mode, SplitPolicy policy) {
@@ -44,10 +45,14 @@ RunRequest evidence_request(const Problem& problem, int threads, bool with_cp) {
   return r;
 }
 
-std::vector<AcceptanceRow> required_matrix() {
+std::vector<AcceptanceRow> required_matrix(const ModelDims& model) {
+  Problem problem;  // the evidence's: the model's BF16 cases
+  problem.dims = model;
+  problem.dtype = DType::bf16;
   using K = AcceptanceRow::Kind;
   std::vector<AcceptanceRow> rows;
-  const std::string prefill = evidence_name(std::nullopt), chunked = evidence_name(kEvidenceSplit);
+  const std::string prefill = evidence_name(problem, std::nullopt),
+                    chunked = evidence_name(problem, kEvidenceSplit);
   rows.push_back({.name = prefill,
                   .kind = K::distributed_case,
                   .processes = 4,
@@ -60,7 +65,8 @@ std::vector<AcceptanceRow> required_matrix() {
                   .backward_and_dlogp = true,
                   .bitwise_topology = true});
   std::vector<std::string> protocols;
-  for (const Protocol p : kProtocols) protocols.push_back(evidence_name(kEvidenceSplit, p));
+  for (const Protocol p : kProtocols)
+    protocols.push_back(evidence_name(problem, kEvidenceSplit, p));
   rows.push_back({.name = "cp_protocol_equivalence_tp2_cp2_chunk" + std::to_string(kEvidenceSplit),
                   .kind = K::protocol_equivalence,
                   .processes = 4,
@@ -71,7 +77,7 @@ std::vector<AcceptanceRow> required_matrix() {
   std::vector<std::string> paged_cases;
   for (const PagedMode mode : {PagedMode::paged_prefill, PagedMode::decode}) {
     for (const SplitPolicy split : {SplitPolicy::disabled, SplitPolicy::fixed}) {
-      const std::string name = paged_case_name(evidence_paged(mode, split), DType::bf16);
+      const std::string name = paged_case_name(evidence_paged(mode, split), problem);
       paged_cases.push_back(name);
       rows.push_back({.name = (mode == PagedMode::decode ? "paged_decode" : "paged_prefill") +
                               std::string("_split_kv_") + to_string(split),
@@ -91,9 +97,9 @@ std::vector<AcceptanceRow> required_matrix() {
                   .cases = paged_cases,
                   .invariance = "page_layout"});
   // The trainer's layout against the rollout's with the same split: their bits must be equal.
-  const std::string trainer = evidence_name(kAcceptFixedSplit);
+  const std::string trainer = evidence_name(problem, kAcceptFixedSplit);
   const std::string rollout =
-      paged_case_name(evidence_paged(PagedMode::decode, SplitPolicy::fixed), DType::bf16);
+      paged_case_name(evidence_paged(PagedMode::decode, SplitPolicy::fixed), problem);
   rows.push_back({.name = "trainer_vs_rollout_aligned_tp2_cp2_chunk" +
                           std::to_string(kAcceptFixedSplit) + "_vs_decode_fixed" +
                           std::to_string(kAcceptFixedSplit),

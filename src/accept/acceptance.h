@@ -45,11 +45,11 @@ inline constexpr int kAcceptFixedSplit = 8;
 /// and decode with split-KV disabled and fixed.
 RunRequest evidence_request(const Problem& problem, int threads, bool with_cp);
 
-/// The required matrix: Qwen3-8B TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
+/// The required matrix of `model`: TP=2 CP=2 BF16 full and chunked prefill (backward, dlogp),
 /// CP protocol equivalence, paged prefill/decode with split-KV disabled and fixed,
 /// batch/page-layout invariance, the aligned trainer-vs-rollout pair (TP=2 CP=2 split 8 vs
 /// decode fixed 8) bitwise equal, and the NCCL and CUDA-IPC transports at 2/4/8 ranks.
-std::vector<AcceptanceRow> required_matrix();
+std::vector<AcceptanceRow> required_matrix(const ModelDims& model);
 
 /// What a row concluded.
 struct RowVerdict {

@@ -47,7 +47,7 @@ int accept_command(const AcceptOptions& o, const CommContext& comm,
   });
   check_output_path(o.output, comm);  // probed, never written before the verdict
 
-  const std::vector<AcceptanceRow> rows = required_matrix();
+  const std::vector<AcceptanceRow> rows = required_matrix(o.problem.dims);
   json::Value report;  // null: nothing executed
   Provenance pv;       // the evidence run's, or (manifest mode) this job's
   if (o.mode == "run") {

@@ -165,7 +165,7 @@ void whole_case(const Problem& p, ThreadPool& pool) {
       "# whole case %s (forward paths, backward, dlogp; %d logical ranks in this process), "
       "run twice:\n#   first: the process's first touch of its peak memory; again: the heap "
       "reused\n",
-      case_name(spec, p.dtype).c_str(), spec.num_logical_ranks());
+      case_name(spec, p).c_str(), spec.num_logical_ranks());
   std::printf("  %-28s %10s %7s %10s\n", "", "first (s)", "", "again (s)");
   const auto row = [&](const char* name, double a, double b) {
     std::printf("  %-28s %10.3f %6.1f%% %10.3f %6.1f%%\n", name, a, 100 * a / first.total, b,

@@ -37,7 +37,7 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
     RunOptions& run = running ? cl.run : cl.plan.run;
     if ((running || cl.command == CommandLine::Command::plan) && !run.inputs.empty()) {
       agree_or_throw(comm, true, "", [&] {
-        use_input_file(run, open_input_file(run.inputs, ModelDims{}, root && running));
+        use_input_file(run, open_input_file(run.inputs, run.request.problem.dims, root && running));
       });
     }
     switch (cl.command) {

@@ -199,8 +199,8 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
                   std::size_t paged_count) {
   const Provenance& pv = r.provenance;
   const Problem& p = r.problem;
-  std::fprintf(out, "# cpdrift %s: CP attention drift, qwen3-8b (%s)\n", pv.git_describe.c_str(),
-               kReportSchema);
+  std::fprintf(out, "# cpdrift %s: CP attention drift, %s (%s)\n", pv.git_describe.c_str(),
+               p.dims.name.c_str(), kReportSchema);
   std::string inputs = std::string(to_string(p.distribution)) + " inputs";
   if (p.inputs) {
     const InputFileInfo& f = p.inputs->info();
@@ -208,11 +208,15 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
              (f.rope_applied ? "after RoPE" : "RoPE applied here") + ", sha256 " +
              f.sha256.substr(0, 12) + ")";
   }
+  const std::string rope = p.rope ? "RoPE " + rope_text(p.dims.rope) : "no RoPE";
+  std::string extras;
+  if (p.dims.qkv_bias) extras += ", qkv bias";
   std::fprintf(out,
-               "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s, dtype %s, seed %llu, %s\n",
+               "# target  : B=%d S=%lld Hq=%d Hkv=%d D=%d causal, %s%s, dtype %s, seed %llu, %s\n",
                p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
-               p.dims.head_dim, p.rope ? "RoPE theta=1e6" : "no RoPE", to_string(p.dtype),
+               p.dims.head_dim, rope.c_str(), extras.c_str(), to_string(p.dtype),
                static_cast<unsigned long long>(p.seed), inputs.c_str());
+  std::fprintf(out, "# model   : %s\n", p.dims.source.c_str());
   std::fprintf(
       out, "# launch  : %d process%s (%s), device %s, transport %s, %d thread%s/process (%s)\n",
       pv.world_size, pv.world_size == 1 ? "" : "es", pv.launcher.c_str(), pv.device.c_str(),

@@ -1,9 +1,12 @@
 #include "cli/options.h"
 
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "cli/flags.h"
+#include "core/models.h"
+#include "inputs/model_config.h"
 
 namespace cpd {
 
@@ -27,8 +30,23 @@ std::string per_machine_why() {
 }
 
 void add_problem_flags(FlagReader& r, Problem& p) {
-  r.value("--model", [](const std::string& f, const std::string& v) {
-    if (v != "qwen3-8b") bad(f + ": unknown model '" + v + "' (qwen3-8b)");
+  // The model by name or by its own config.json; one of the two.
+  auto chosen = std::make_shared<std::string>();
+  const auto choose = [chosen](const std::string& f) {
+    if (!chosen->empty() && *chosen != f)
+      bad(*chosen + " and " + f + " both name the model; give one");
+    *chosen = f;
+  };
+  r.value("--model", [&p, choose](const std::string& f, const std::string& v) {
+    choose(f);
+    const ModelDims* m = find_model(v);
+    if (!m) bad(f + ": unknown model '" + v + "' (" + known_model_names() + ")");
+    p.dims = *m;
+  });
+  r.value("--model-config", [&p, choose](const std::string& f, const std::string& v) {
+    choose(f);
+    if (v.empty()) bad(f + ": an empty path");
+    p.dims = read_model_config(v);
   });
   r.integer("--batch", p.batch, 1, kMaxBatch, kBatchWhy);
   r.integer<std::int64_t>("--seq-len", p.seq_len, 1, kMaxSeqLen, kSeqLenWhy);

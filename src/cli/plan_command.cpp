@@ -242,10 +242,11 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   std::FILE* out = o.run.json ? stderr : stdout;
   const bool verbose = !o.run.quiet;
   if (verbose) {
-    std::fprintf(
-        out, "# cpdrift plan: B=%d S=%lld Hq=%d Hkv=%d D=%d causal, dtype %s; %zu case%s\n",
-        p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
-        p.dims.head_dim, to_string(p.dtype), run.cases.size(), run.cases.size() == 1 ? "" : "s");
+    std::fprintf(out,
+                 "# cpdrift plan: %s B=%d S=%lld Hq=%d Hkv=%d D=%d causal, dtype %s; %zu case%s\n",
+                 p.dims.name.c_str(), p.batch, static_cast<long long>(p.seq_len),
+                 p.dims.num_q_heads, p.dims.num_kv_heads, p.dims.head_dim, to_string(p.dtype),
+                 run.cases.size(), run.cases.size() == 1 ? "" : "s");
     if (pf.name == "cpu") {
       std::fprintf(out, "# profile: cpu, %d process%s; %s\n", processes, processes == 1 ? "" : "es",
                    pf.source.c_str());
@@ -271,6 +272,8 @@ int plan_command(const PlanOptions& o, const CommContext& comm) {
   doc["device"] = gpu_run(q, pf) ? "cuda" : "cpu";  // whose forward paths the counts are
   doc["profile_source"] = pf.source;
   doc["processes"] = processes;
+  doc["model"] = p.dims.name;
+  doc["model_source"] = p.dims.source;
   doc["seq_len"] = p.seq_len;
   doc["batch"] = p.batch;
   json::Value cases = json::Value::array();

@@ -180,7 +180,7 @@ void print_case(std::FILE* out, const Problem& p, const CasePlan& c, const Pick&
   std::fprintf(out,
                "\n# case %s: %d rank%s, %zu KV blocks, %d forward round%s, %zu backward round%s; "
                "forward paths %s\n",
-               case_name(c.spec(), p.dtype).c_str(), c.spec().num_logical_ranks(),
+               case_name(c.spec(), p).c_str(), c.spec().num_logical_ranks(),
                c.spec().num_logical_ranks() == 1 ? "" : "s", g.blocks.size(), g.rounds(),
                g.rounds() == 1 ? "" : "s", g.backward_rounds().size(),
                g.backward_rounds().size() == 1 ? "" : "s", paths.c_str());
@@ -211,7 +211,7 @@ json::Value case_json(const Problem& p, const CasePlan& c, const Pick& pick) {
   // Every phase of the case as a run counts it (the report's bytes_moved).
   const Traffic all = s.traffic();
   json::Value v = json::Object{
-      {"name", case_name(c.spec(), p.dtype)},
+      {"name", case_name(c.spec(), p)},
       {"tp", c.spec().tp},
       {"cp", c.spec().cp},
       {"protocol", to_string(c.spec().protocol)},

@@ -74,7 +74,8 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
        {"producer", std::string("cpdrift ") + r.provenance.git_describe},
        {"created_at_utc", r.provenance.created_at_utc},
        {"command", r.provenance.command},
-       {"model", std::string("qwen3-8b")},
+       {"model", p.dims.name},
+       {"model_source", p.dims.source},
        {"batch", std::int64_t{p.batch}},
        {"seq_len", p.seq_len},
        {"num_query_heads", std::int64_t{p.dims.num_q_heads}},
@@ -82,7 +83,7 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
        {"head_dim", std::int64_t{p.dims.head_dim}},
        {"seed", static_cast<std::int64_t>(p.seed)},
        {"dtype", std::string(to_string(p.dtype))},
-       {"rope", std::string(p.rope ? "gpt_neox_rotate_half theta=1e6" : "not_composed")},
+       {"rope", p.rope ? "gpt_neox_rotate_half " + rope_text(p.dims.rope) : "not_composed"},
        {"layout_note", std::string("tensors are global [B, H, S, D] (out, inputs) or [B, H, S] "
                                    "(lse); BF16 tensors are stored as exact FP32 values")}});
 }

@@ -25,7 +25,11 @@ constexpr const char* kUsage =
 Launch one process per GPU (or any number on the CPU): mpirun -np N cpdrift ...
 
 Problem
-  --model qwen3-8b             Hq=32 Hkv=8 D=128, causal, RoPE theta=1e6 (the only model)
+  --model NAME                 qwen3-8b (default: Hq=32 Hkv=8 D=128, RoPE theta=1e6),
+                               qwen3-4b, qwen3-14b, qwen3-32b, qwen3-30b-a3b, llama-3.1-8b,
+                               qwen2.5-7b (docs/models.md)
+  --model-config FILE          a model's own Hugging Face config.json (llama, qwen2, qwen3,
+                               qwen3_moe) instead of --model
   --batch N                    sequences, 1 to 4096 (default 1; accept: 2)
   --seq-len N                  tokens per sequence, 1 to 2^30 (default 16; bench: 4096, or
                                4096 and 16384 on CUDA); the run refuses what its memory cannot
@@ -42,7 +46,8 @@ Problem
                                directory of .npy files; docs/inputs.md) instead of generated;
                                B and S are the file's; each process reads only its rows
 Cases (every combination runs, in this order)
-  --tp-world-sizes LIST        tensor-parallel sizes, must divide 32 and 8 (default 1,2)
+  --tp-world-sizes LIST        tensor-parallel sizes, dividing the model's query and KV heads
+                               (qwen3-8b: 32 and 8; default 1,2)
   --cp-world-sizes LIST        context-parallel sizes, 1 to 256 (default 1,2)
   --kv-chunk-sizes LIST        split-KV sizes in tokens, each shorter than the sequence;
                                none/full/no_split = disabled (default none,4)
@@ -54,8 +59,8 @@ Cases (every combination runs, in this order)
                                prefill,chunked_prefill)
 Paged cases (--modes paged_prefill,decode; sequence b holds S - b*(S/4B) - b tokens, the
 first pages a prompt shared by all, q-len query tokens at each end)
-  --rollout-tp-sizes LIST      the rollout engine's tensor-parallel sizes, must divide 32 and 8
-                               (default 1): heads split by TP rank, bits unchanged
+  --rollout-tp-sizes LIST      the rollout engine's tensor-parallel sizes, dividing the query
+                               and KV heads (default 1): heads split by TP rank, bits unchanged
   --page-size N                KV cache page size in tokens (default 16)
   --split-kv-policies LIST     disabled,fixed,auto (default disabled,fixed); auto is a
                                diagnostic and never passes an invariance check

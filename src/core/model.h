@@ -13,22 +13,66 @@
 
 namespace cpd {
 
-/// Qwen3-8B attention: 32 query heads, 8 KV heads (GQA group 4), head dim 128, causal,
-/// RoPE GPT-NeoX rotate-half with theta 1e6 over the full head dim.
+/// How RoPE's inverse frequencies are scaled: transformers' `rope_type` (modeling_rope_utils.py).
+enum class RopeScaling { none, linear, llama3 };
+inline constexpr EnumName<RopeScaling> kRopeScalingNames[] = {{RopeScaling::none, "default"},
+                                                              {RopeScaling::linear, "linear"},
+                                                              {RopeScaling::llama3, "llama3"}};
+const char* to_string(RopeScaling);
+
+struct RopeSpec {
+  double theta = 1.0e6;
+  RopeScaling scaling = RopeScaling::none;
+  double factor = 1;                     // linear and llama3: the context extension
+  double low_freq_factor = 1;            // llama3
+  double high_freq_factor = 4;           // llama3
+  std::int64_t original_context = 8192;  // llama3: original_max_position_embeddings
+};
+
+/// Where the default's description was read (models.cpp holds the other entries' sources).
+inline constexpr const char* kQwen3_8bSource =
+    "huggingface.co/Qwen/Qwen3-8B@2069b3fae1114555f3c020c81410e51fa0f656f2";
+
+/// A model's attention, as cpdrift reads it (docs/models.md): causal, GQA, RoPE in GPT-NeoX
+/// rotate-half form over the whole head dim. The default is Qwen3-8B; models.h holds the table
+/// of real configurations and model_config.h reads a model's own config.json.
 struct ModelDims {
+  std::string name = "qwen3-8b";
+  /// Where the description came from: a table entry's Hugging Face repository and revision, or
+  /// the config file read.
+  std::string source = kQwen3_8bSource;
+  int hidden_size = 4096;
   int num_q_heads = 32;
   int num_kv_heads = 8;
   int head_dim = 128;
   int rotary_dim = 128;
-  double rope_theta = 1.0e6;
+  RopeSpec rope;
+  bool qk_norm = true;    // per-head RMSNorm of q and k before RoPE (the layer's; qwen3)
+  bool qkv_bias = false;  // q_proj, k_proj and v_proj add a bias (qwen2)
+  double rms_norm_eps = 1e-6;
+  int vocab_size = 151936;
 
   int group_size() const { return num_q_heads / num_kv_heads; }
   /// 1/sqrt(head_dim) rounded once to FP32 (applied after the dot product).
   float softmax_scale() const;
 };
 
-/// inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2: computed in FP64 and rounded to
-/// FP32 once. The CUDA backend receives this table, so both backends rotate identically.
+/// "theta=1e6", with the scaling when there is one: "theta=5e5, llama3 x8 (low 1, high 4,
+/// original 8192)".
+std::string rope_text(const RopeSpec& rope);
+
+/// Why `tp` ranks cannot split `dims`'s heads ("" when they can): TP must divide the query and
+/// the KV heads. A TP above the KV heads, which vLLM serves by replicating KV heads, is refused
+/// with that reason.
+std::string tp_problem(const ModelDims& dims, int tp);
+
+/// The model's name as case names spell it: qwen3-8b → qwen3_8b, llama-3.1-8b → llama_3_1_8b.
+std::string model_slug(const ModelDims& dims);
+
+/// inv_freq[i], i < rotary_dim/2: θ^(-2i/rotary_dim), then the model's scaling (transformers'
+/// `_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`), all in FP64 and
+/// rounded to FP32 once (docs/models.md says how that relates to transformers' FP32 table). The
+/// CUDA backend receives this table, so both backends rotate identically.
 std::vector<float> rope_inv_freq(const ModelDims& dims);
 
 /// Heads of a tensor: q and dO are query-head tensors, k and v KV-head tensors.

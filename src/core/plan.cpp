@@ -103,22 +103,19 @@ CaseSpec cp1_counterpart(const CaseSpec& spec) {
   return ref;
 }
 
-std::string case_name(const CaseSpec& spec, DType dtype) {
-  std::string name = "qwen3_8b_tp" + std::to_string(spec.tp) + "_cp" + std::to_string(spec.cp);
+std::string case_name(const CaseSpec& spec, const Problem& problem) {
+  std::string name =
+      model_slug(problem.dims) + "_tp" + std::to_string(spec.tp) + "_cp" + std::to_string(spec.cp);
   name += spec.split ? "_chunk" + std::to_string(*spec.split) : std::string("_prefill");
-  name += std::string("_") + to_string(dtype);
+  name += std::string("_") + to_string(problem.dtype);
   if (spec.layout != CpLayout::contiguous) name += std::string("_") + to_string(spec.layout);
   if (spec.protocol != Protocol::ag_rs) name += std::string("_") + to_string(spec.protocol);
   return name;
 }
 
 std::string validate_case(const CaseSpec& spec, const Problem& problem) {
-  const ModelDims& m = problem.dims;
-  const auto tp = std::to_string(spec.tp), cp = std::to_string(spec.cp);
-  if (spec.tp < 1 || m.num_q_heads % spec.tp != 0 || m.num_kv_heads % spec.tp != 0) {
-    return "TP=" + tp + " must divide both the " + std::to_string(m.num_q_heads) +
-           " query heads and the " + std::to_string(m.num_kv_heads) + " KV heads";
-  }
+  const auto cp = std::to_string(spec.cp);
+  if (std::string why = tp_problem(problem.dims, spec.tp); !why.empty()) return why;
   if (spec.cp < 1) return "CP=" + cp + " must be at least 1";
   if (spec.split && *spec.split < 1) {
     return "split size " + std::to_string(*spec.split) + " must be at least 1";

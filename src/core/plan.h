@@ -78,7 +78,7 @@ CaseSpec cp1_counterpart(const CaseSpec& spec);
 
 /// Case name per the report contract: qwen3_8b_tp{TP}_cp{CP}_{prefill|chunk{c}}_{dtype}, plus
 /// `_zigzag` and `_{protocol}` for non-default layout and protocol.
-std::string case_name(const CaseSpec& spec, DType dtype);
+std::string case_name(const CaseSpec& spec, const Problem& problem);
 
 /// "" when the case can run on this problem, else one line saying why not.
 std::string validate_case(const CaseSpec& spec, const Problem& problem);

@@ -249,11 +249,11 @@ void run_schedule(const RunContext& ctx, const CaseSpec& requested, const CaseSc
   record.executed.started = std::chrono::steady_clock::now();
   run.before = ctx.transport.counters();
   record.spec = requested;
-  record.name = case_name(requested, p.dtype);
+  record.name = case_name(requested, p);
   const CaseSpec counterpart = cp1_counterpart(grid.spec);
   record.topology_required =
       kv_block_bounds(grid.spec, p.seq_len) == kv_block_bounds(counterpart, p.seq_len);
-  record.topology_reference = case_name(counterpart, p.dtype);
+  record.topology_reference = case_name(counterpart, p);
   for (const Phase& phase : schedule.phases) {
     phase.run(run);
     if (ctx.progress != nullptr) ctx.progress->phase_done(phase.name, phase.flops());

@@ -19,12 +19,12 @@ std::vector<CaseSpec> expand_cases(const RunRequest& o) {
         for (CpLayout layout : o.layouts) {
           for (Protocol protocol : o.protocols) {
             CaseSpec spec{tp, cp, split, layout, protocol};
-            const std::string name = case_name(spec, o.problem.dtype);
+            const std::string name = case_name(spec, o.problem);
             if (const std::string why = validate_case(spec, o.problem); !why.empty()) {
               throw UsageError(name + ": " + why);
             }
             for (const CaseSpec& c : cases) {
-              if (case_name(c, o.problem.dtype) == name) {
+              if (case_name(c, o.problem) == name) {
                 throw UsageError(
                     name + " is listed twice (a repeated size, or none/full/no_split together)");
               }
@@ -58,11 +58,8 @@ std::vector<PagedCaseSpec> expand_paged_cases(const RunRequest& o) {
   }
   // Rollout-TP-major, then plan-major, so each plan's lanes run once for both modes.
   for (const int tp : o.rollout_tp_sizes) {
-    if (tp < 1 || o.problem.dims.num_q_heads % tp != 0 || o.problem.dims.num_kv_heads % tp != 0) {
-      bad("--rollout-tp-sizes " + std::to_string(tp) + ": must divide " +
-          std::to_string(o.problem.dims.num_q_heads) + " and " +
-          std::to_string(o.problem.dims.num_kv_heads) + " (the query and KV heads)");
-    }
+    if (const std::string why = tp_problem(o.problem.dims, tp); !why.empty())
+      bad("--rollout-tp-sizes " + std::to_string(tp) + ": " + why);
     for (const SplitPolicy p : policies) {
       for (const PagedMode m : {PagedMode::paged_prefill, PagedMode::decode}) {
         if (!o.runs(m == PagedMode::decode ? RunMode::decode : RunMode::paged_prefill)) continue;

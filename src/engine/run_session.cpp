@@ -159,7 +159,7 @@ void RunSession::run(const RunPlan& plan, CaseSink& sink, bool progress) {
     with_progress.progress = &progress_of.emplace(std::move(work), stderr);
   }
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
-    if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem.dtype));
+    if (say) progress_of->start_case(i, case_name(plan.cases[i], ctx.problem));
     if (i + 1 == plan.cases.size() && plan.paged.empty()) {
       // Nothing runs after this case: a memoised result could serve no one.
       cp1_results_.stop_memoising();

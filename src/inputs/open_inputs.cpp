@@ -19,8 +19,8 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
     const bool ok = s.size() == 4 && s[0] >= 1 && s[1] == heads && s[2] >= 1 &&
                     s[3] == dims.head_dim && s[0] == q[0] && s[2] == q[2];
     if (!ok) {
-      throw UsageError(path + ": " + name + " has shape " + shape_text(s) +
-                       "; qwen3-8b needs [B, " + std::to_string(heads) + ", S, " +
+      throw UsageError(path + ": " + name + " has shape " + shape_text(s) + "; " + dims.name +
+                       " needs [B, " + std::to_string(heads) + ", S, " +
                        std::to_string(dims.head_dim) + "]" +
                        (q.size() == 4 && name[0] != 'q' ? " with q's B and S" : ""));
     }

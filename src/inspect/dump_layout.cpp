@@ -72,6 +72,10 @@ DumpProblem read_problem(const DumpAttributes& root, const std::string& file) {
   p.dims.num_q_heads = static_cast<int>(positive(root, "num_query_heads", file, "/"));
   p.dims.num_kv_heads = static_cast<int>(positive(root, "num_kv_heads", file, "/"));
   p.dims.head_dim = static_cast<int>(positive(root, "head_dim", file, "/"));
+  // The model names the cases (a dump of another model than the default says which).
+  if (const std::string model = optional_text(root, "model"); !model.empty()) p.dims.name = model;
+  if (const std::string source = optional_text(root, "model_source"); !source.empty())
+    p.dims.source = source;
   const auto* seed = std::get_if<std::int64_t>(&required(root, "seed", file, "/"));
   if (seed == nullptr) throw InspectError(file + ": attribute seed of / is not an integer");
   p.seed = static_cast<std::uint64_t>(*seed);

@@ -56,10 +56,10 @@ std::string attribute_text(const DumpValue& value) {
 
 std::string problem_text(const Problem& p) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "B=%d S=%lld Hq=%d Hkv=%d D=%d, dtype %s, seed %llu%s", p.batch,
-                static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
-                p.dims.head_dim, to_string(p.dtype), static_cast<unsigned long long>(p.seed),
-                p.rope ? ", RoPE" : ", no RoPE");
+  std::snprintf(buf, sizeof buf, "%s B=%d S=%lld Hq=%d Hkv=%d D=%d, dtype %s, seed %llu%s",
+                p.dims.name.c_str(), p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads,
+                p.dims.num_kv_heads, p.dims.head_dim, to_string(p.dtype),
+                static_cast<unsigned long long>(p.seed), p.rope ? ", RoPE" : ", no RoPE");
   std::string text = buf;
   if (p.distribution != InputDistribution::gaussian)
     text += std::string(", ") + to_string(p.distribution) + " inputs";

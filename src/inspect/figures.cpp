@@ -10,7 +10,7 @@ namespace cpd::inspect {
 namespace {
 
 std::string topology_counterpart(const DumpFile& dump, const CaseInfo& c) {
-  return case_name(cp1_counterpart(c.spec), dump.problem().problem.dtype);
+  return case_name(cp1_counterpart(c.spec), dump.problem().problem);
 }
 
 }  // namespace

@@ -6,6 +6,17 @@ using json::array_of;
 using json::Object;
 using json::Value;
 
+Value rope_scaling_json(const RopeSpec& r) {
+  if (r.scaling == RopeScaling::none) return nullptr;
+  Object o{{"rope_type", to_string(r.scaling)}, {"factor", r.factor}};
+  if (r.scaling == RopeScaling::llama3) {
+    o["low_freq_factor"] = r.low_freq_factor;
+    o["high_freq_factor"] = r.high_freq_factor;
+    o["original_max_position_embeddings"] = r.original_context;
+  }
+  return o;
+}
+
 namespace {
 
 Value pair(const Range& r) { return json::Array{r.begin, r.end}; }
@@ -58,8 +69,8 @@ Value rope_json(const Problem& p) {
   // every sequence at position s (src/kernels/cpu/inputs.cpp), so each offset is 0.
   const Value offsets = json::Array(static_cast<std::size_t>(p.batch), Value(0));
   return Object{{"rope_state", "post_rope"},
-                {"rope_theta", p.dims.rope_theta},
-                {"rope_scaling", nullptr},
+                {"rope_theta", p.dims.rope.theta},
+                {"rope_scaling", rope_scaling_json(p.dims.rope)},
                 {"rotary_dim", p.dims.rotary_dim},
                 {"rope_style", "gpt_neox_rotate_half"},
                 {"position_ids", "arange(seq_len)"},

@@ -11,6 +11,9 @@
 namespace cpd {
 
 /// `figure` when every diff of `s` was finite, else null (JSON has no NaN).
+/// transformers' rope_scaling object of `rope` (rope_type, factor, …), null for none.
+json::Value rope_scaling_json(const RopeSpec& rope);
+
 json::Value finite_or_null(const DiffStats& s, double figure);
 /// {status, reason}: a section that was not produced, and why.
 json::Value status_json(const char* status, const char* reason);

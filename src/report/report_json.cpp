@@ -267,7 +267,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
   const bool te_lane = ran_lane(c, ProductionLane::te_p2p);
   return Object{
       {"case_name", c.name},
-      {"model", "qwen3-8b"},
+      {"model", p.dims.name},
       {"attention_mode", c.spec.split ? "chunked_prefill" : "prefill"},
       {"topology", topology_json(p, c.spec, c.executed, report.provenance)},
       {"provenance", case_provenance_json(p, c.spec, c.executed, report.provenance)},
@@ -310,10 +310,27 @@ Value inputs_json(const InputFileInfo& f) {
                 {"positions", f.positions ? "from the file" : "token index"}};
 }
 
+// The model's description and where it came from (docs/models.md), in config.json's names.
+Value model_json(const ModelDims& m) {
+  return Object{{"name", m.name},
+                {"source", m.source},
+                {"hidden_size", m.hidden_size},
+                {"num_attention_heads", m.num_q_heads},
+                {"num_key_value_heads", m.num_kv_heads},
+                {"head_dim", m.head_dim},
+                {"rope_theta", m.rope.theta},
+                {"rope_scaling", rope_scaling_json(m.rope)},
+                {"qk_norm", m.qk_norm},
+                {"qkv_bias", m.qkv_bias},
+                {"rms_norm_eps", m.rms_norm_eps},
+                {"vocab_size", m.vocab_size}};
+}
+
 // The problem the run measured: the model's shape, the inputs.
 Value target_json(const Problem& p) {
   return Object{
-      {"model", "qwen3-8b"},
+      {"model", p.dims.name},
+      {"model_config", model_json(p.dims)},
       {"global_num_query_heads", p.dims.num_q_heads},
       {"global_num_kv_heads", p.dims.num_kv_heads},
       {"head_dim", p.dims.head_dim},

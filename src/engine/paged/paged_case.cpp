@@ -48,7 +48,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   PagedCaseOutputs o;
   o.started = started;
   o.spec = spec;
-  o.name = paged_case_name(spec, ctx.problem.dtype);
+  o.name = paged_case_name(spec, ctx.problem);
   o.workload = w;
   o.physical_pages = in.main_table.num_pages;
   o.block_tables_digest = page_table_digest(in.main_table);
@@ -117,11 +117,11 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
 
 const char* to_string(PagedMode m) { return m == PagedMode::decode ? "decode" : "paged_prefill"; }
 
-std::string paged_case_name(const PagedCaseSpec& spec, DType dtype) {
+std::string paged_case_name(const PagedCaseSpec& spec, const Problem& problem) {
   std::string split = to_string(spec.split.policy);
   if (spec.split.policy == SplitPolicy::fixed) split = "fixed" + std::to_string(spec.split.size);
-  return "qwen3_8b_tp" + std::to_string(spec.tp) + "_" + to_string(spec.mode) + "_split_kv_" +
-         split + "_" + to_string(dtype);
+  return model_slug(problem.dims) + "_tp" + std::to_string(spec.tp) + "_" + to_string(spec.mode) +
+         "_split_kv_" + split + "_" + to_string(problem.dtype);
 }
 
 void run_paged_cases(const RunContext& ctx, const PagedOptions& o,

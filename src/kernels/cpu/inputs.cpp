@@ -88,6 +88,13 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
   const int half = dims.rotary_dim / 2;
   const std::int64_t num_heads = heads_of(dims, tensor), seq = problem.seq_len;
   const std::int64_t prompt = shared_prompt_len(problem);
+  // The qkv bias of each of the shard's heads (input_shape.h's bias_of), [heads][d].
+  const bool biased = dims.qkv_bias && tensor != TensorId::d_out;
+  std::vector<float> bias(biased ? static_cast<std::size_t>(shape.heads.size() * d) : 0);
+  for (std::int64_t h = shape.heads.begin; biased && h < shape.heads.end; ++h) {
+    normal_blocks(problem.seed, bias_of(tensor), static_cast<std::uint64_t>(h * d) >> 2, d / 4,
+                  bias.data() + (h - shape.heads.begin) * d);
+  }
 
   struct Task {
     std::int64_t pos, count, local_row;
@@ -122,6 +129,10 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
             const std::int64_t kv_head = tensor == TensorId::q ? h / dims.group_size() : h;
             for (int e = 0; e < d; ++e)
               row[e] = shape_input(problem.distribution, tensor, kv_head, pos, e, d, row[e]);
+          }
+          if (biased) {
+            const float* b_h = bias.data() + (h - shape.heads.begin) * d;
+            for (int e = 0; e < d; ++e) row[e] = add_bias(row[e], b_h[e]);
           }
           if (rotate) rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
           if (round) {

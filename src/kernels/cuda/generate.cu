@@ -12,8 +12,8 @@ namespace cpd::cuda {
 namespace {
 
 // One thread per (b, h, row, i < dim/2): the pair (i, i + dim/2) of one row, generated at its
-// global coordinates, shaped by the input distribution, rotated when the tensor takes RoPE, rounded
-// when BF16 is asked for.
+// global coordinates, shaped by the input distribution, biased where the model has a qkv bias,
+// rotated when the tensor takes RoPE, rounded when BF16 is asked for.
 __global__ void generate_kernel(GenerateParams p) {
   const long long half = p.dim / 2;
   const long long id = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -38,6 +38,11 @@ __global__ void generate_kernel(GenerateParams p) {
     const long long kv_head = tensor == TensorId::q ? h / p.group_size : h;
     x1 = shape_input(p.distribution, tensor, kv_head, pos, static_cast<int>(i), p.dim, x1);
     x2 = shape_input(p.distribution, tensor, kv_head, pos, static_cast<int>(i + half), p.dim, x2);
+  }
+  if (p.qkv_bias) {
+    const unsigned long long bias_row = static_cast<unsigned long long>(p.head_begin + hl) * p.dim;
+    x1 = add_bias(x1, normal_at(p.seed, bias_of(tensor), bias_row + i));
+    x2 = add_bias(x2, normal_at(p.seed, bias_of(tensor), bias_row + i + half));
   }
   if (p.rotate) {
     float c, s;
@@ -71,6 +76,7 @@ GenerateParams generate_params(const Problem& problem, TensorId tensor, int batc
   g.row_positions = positions;
   g.rows = rows;
   g.rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
+  g.qkv_bias = problem.dims.qkv_bias && tensor != TensorId::d_out;
   g.bf16 = bf16;
   g.distribution = problem.distribution;
   g.group_size = problem.dims.group_size();

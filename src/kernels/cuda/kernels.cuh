@@ -102,6 +102,7 @@ struct GenerateParams {
   const long long* row_positions;  // global position of each local row
   long long rows;
   bool rotate, bf16;
+  bool qkv_bias;                   // add the model's qkv bias (input_shape.h's bias_of)
   InputDistribution distribution;  // cpdrift/input_shape.h
   int group_size;                  // query heads per KV head
   const float* inv_freq;           // dim / 2 entries (rotary dim = head dim)
