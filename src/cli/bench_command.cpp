@@ -233,9 +233,10 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   ThreadPool pool(threads);
   const double flops = forward_flops(p);
-  std::printf("# cpdrift bench: causal forward, B=%d S=%lld Hq=%d Hkv=%d D=%d, %d thread%s (%s)\n",
-              p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads, p.dims.num_kv_heads,
-              p.dims.head_dim, threads, threads == 1 ? "" : "s", cpu_simd_isa());
+  std::printf(
+      "# cpdrift bench: causal forward, %s B=%d S=%lld Hq=%d Hkv=%d D=%d, %d thread%s (%s)\n",
+      p.dims.name.c_str(), p.batch, static_cast<long long>(p.seq_len), p.dims.num_q_heads,
+      p.dims.num_kv_heads, p.dims.head_dim, threads, threads == 1 ? "" : "s", cpu_simd_isa());
   std::printf("# work per forward: %.1f GFLOP (2*2*B*Hq*D*S^2/2); best and median of %d runs\n",
               flops * 1e-9, o.repeats);
   const double peak = measure_fma_peak(pool);

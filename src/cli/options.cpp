@@ -115,7 +115,10 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
-  r.integer("--vocab-size", q.vocab_size, 2, 1 << 20, "2^20; Qwen3's is 151936");
+  // A number, or "model": the model's own vocabulary (settled once the model is known).
+  r.value("--vocab-size", [&q](const std::string& f, const std::string& v) {
+    q.vocab_size = v == "model" ? 0 : parse_int<int>(f, v, 2, 1 << 20, "2^20, or model");
+  });
 }
 
 // The paged modes' flags (each needs a paged mode).
@@ -224,6 +227,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   r.read(args, first);
   o.splits_given = r.given("--kv-chunk-sizes");
   q.comm_timeout_given = r.given("--comm-timeout");
+  if (q.vocab_size == 0) q.vocab_size = q.problem.dims.vocab_size;  // --vocab-size model
   check_run_options(o, r);
   if (!o.inputs.empty()) {
     // The file says B and S; its q, k, v replace the generator's (use_input_file).

@@ -96,8 +96,9 @@ Execution and output
                                step's gradients written and summed in BF16); CPU backend, needs
                                --include-backward, holds up to CP x the dK/dV totals more
   --include-dlogp              also the selected-token logprob drift (synthetic lm_head)
-  --vocab-size V               vocabulary of the synthetic lm_head, 2 to 2^20 (default 4096;
-                               Qwen3's real 151936 runs too, given the memory)
+  --vocab-size V|model         vocabulary of the synthetic lm_head, 2 to 2^20, or `model`: the
+                               model's own (default 4096; the model's runs given the memory,
+                               each TP rank holding its heads' columns; plan counts them)
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
   --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
