@@ -92,6 +92,7 @@ const std::vector<BadInput>& bad_inputs() {
         {{"accept", "--mode", "manifest", "--output", "@D/acc.json", "--threads", "100000"},
          "--threads: must be from 1 to"},
         {{"--vocab-size", "1"}, "--vocab-size: must be from 2 to 1048576"},
+        {{"--vocab-size", "big"}, "--vocab-size: expected an integer or 'model', got 'big'"},
         {{"--vocab-size", "1048577", "--include-dlogp"}, "--vocab-size: must be from 2 to 1048576"},
         {{"--cp-world-sizes", "1,512"}, "--cp-world-sizes: must be from 1 to 256"},
         {{"--round-rows", "0"}, "--round-rows: must be at least 1"},

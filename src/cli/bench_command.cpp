@@ -1,5 +1,5 @@
 // `cpdrift bench`: forward throughput of the CPU kernels (or, with --device cuda, of the GPU
-// paths against PyTorch's SDPA) on the causal Qwen3 problem.
+// paths against PyTorch's SDPA) on the causal attention of the model asked for.
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -117,6 +117,8 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
   // A number, or "model": the model's own vocabulary (settled once the model is known).
   r.value("--vocab-size", [&q](const std::string& f, const std::string& v) {
+    if (v != "model" && v.find_first_not_of("0123456789") != std::string::npos)
+      bad(f + ": expected an integer or 'model', got '" + v + "'");
     q.vocab_size = v == "model" ? 0 : parse_int<int>(f, v, 2, 1 << 20, "2^20, or model");
   });
 }

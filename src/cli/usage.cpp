@@ -7,7 +7,7 @@ namespace {
 
 // The text, as the user reads it (docs/cli.md is checked against it option by option).
 constexpr const char* kUsage =
-    R"(usage: cpdrift [run] [options]        measure CP attention drift (Qwen3-8B attention)
+    R"(usage: cpdrift [run] [options]        measure CP attention drift (a model's attention)
        cpdrift bench [options]        kernel throughput: CPU FP32 and BF16-emulated, or with
                                       --device cuda the GPU paths vs PyTorch SDPA
        cpdrift accept --mode manifest|run --output DIR/acceptance.json

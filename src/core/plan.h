@@ -76,7 +76,8 @@ std::string block_metadata_hash(const std::vector<Range>& bounds);
 /// against.
 CaseSpec cp1_counterpart(const CaseSpec& spec);
 
-/// Case name per the report contract: qwen3_8b_tp{TP}_cp{CP}_{prefill|chunk{c}}_{dtype}, plus
+/// Case name per the report contract ({model}: model_slug, e.g. qwen3_8b):
+/// {model}_tp{TP}_cp{CP}_{prefill|chunk{c}}_{dtype}, plus
 /// `_zigzag` and `_{protocol}` for non-default layout and protocol.
 std::string case_name(const CaseSpec& spec, const Problem& problem);
 

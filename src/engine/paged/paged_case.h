@@ -29,7 +29,7 @@ struct PagedCaseSpec {
   int tp = 1;
 };
 
-/// qwen3_8b_tp{TP}_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
+/// {model}_tp{TP}_{paged_prefill|decode}_split_kv_{disabled|fixed{c}|auto}_{dtype}.
 std::string paged_case_name(const PagedCaseSpec& spec, const Problem& problem);
 
 /// A case's invariances must hold bitwise, except under the auto policy (a diagnostic).
