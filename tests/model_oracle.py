@@ -12,7 +12,8 @@ contract states, its cos and sin in FP64), query head h reading KV head h // (Hq
 Tolerance 2e-5 on out and LSE: the FP32 path's rounding over S = 64 keys of unit-scale inputs
 (dot products of 128 terms, an FP32 exponential and sum) stays near 1e-6. Negative controls, each
 of which must be off by more than 50× that: the GQA mapping h % Hkv instead of h // group, and
-for Llama the RoPE without its scaling. The report must name the model and its source.
+for Llama the RoPE without its scaling. The report must name the model and its source, and
+Qwen2.5-7B's files given to --model qwen3-8b must be refused (status 2, one line).
 
 Usage: model_oracle.py --cpdrift BIN --mpirun MPIRUN --np N
 """
@@ -138,6 +139,15 @@ def check_model(args, name, spec, work):
     print(f"{name}: control, GQA mapping h % Hkv: {control:.3e}")
     if not control > CONTROL:
         errors.append(f"{name}: the wrong GQA mapping is not told apart ({control:.3e})")
+    if name == "qwen2.5-7b":  # its files are not another model's inputs: refused, one line
+        other = subprocess.run([args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift,
+                                "--model", "qwen3-8b", "--inputs", inputs], capture_output=True,
+                               text=True)
+        lines = [l for l in other.stderr.splitlines() if l.startswith("cpdrift")]
+        expect = "q has shape [1, 28, 64, 128]; qwen3-8b needs [B, 32, S, 128]"
+        print(f"{name}: its inputs under --model qwen3-8b: exit {other.returncode}, {lines}")
+        if other.returncode != 2 or len(lines) != 1 or expect not in lines[0]:
+            errors.append(f"{name}: inputs of the wrong shape were not refused with {expect!r}")
     if llama3:
         plain = inv_freq(d, theta, None)
         unscaled = attention(rope(q[0], pos, plain), rope(k[0], pos, plain),
