@@ -34,7 +34,8 @@ TEST_CASE("projection: one fma chain per output, within its FP64 bound") {
   // A sequential chain of n fmas from +0 is within γ_n·Σ|x_i w_i| ≈ n·u·Σ|x_i w_i| of the exact
   // sum; the bias add rounds once more (u of the result).
   const int in = 4096, outputs = 24;
-  const std::vector<float> x = normals(1, in), w = normals(2, static_cast<std::size_t>(outputs) * in, 0.015625f);
+  const std::vector<float> x = normals(1, in),
+                           w = normals(2, static_cast<std::size_t>(outputs) * in, 0.015625f);
   const std::vector<float> bias = normals(3, outputs);
   std::vector<float> y(outputs);
   project_row(x.data(), w.data(), in, in, outputs, bias.data(), y.data());
@@ -110,8 +111,8 @@ TEST_CASE("head RMSNorm: within its FP64 bound, in place or not") {
 TEST_CASE("o_proj: the group fold is the same bits over every TP split; controls differ") {
   // Qwen3-8B's shape: 32 query heads in 8 groups of 4 (G = 512 columns), 96 outputs of a row.
   const int groups = 8, width = 512, cols = groups * width, outputs = 96;
-  const std::vector<float> a = normals(11, cols), w = normals(12, static_cast<std::size_t>(outputs) * cols,
-                                                                 0.0156f);
+  const std::vector<float> a = normals(11, cols),
+                           w = normals(12, static_cast<std::size_t>(outputs) * cols, 0.0156f);
   std::vector<float> whole(outputs);
   o_proj_groups(a.data(), w.data(), cols, width, 0, groups, outputs, true, whole.data());
   // FP64 oracle: Σ over all columns, within (G + groups)·u·Σ|a w|.
@@ -147,4 +148,76 @@ TEST_CASE("o_proj: the group fold is the same bits over every TP split; controls
   o_proj_groups(a.data(), w.data(), cols, width, 4, 8, outputs, true, hi.data());
   for (int o = 0; o < outputs; ++o) reduced[o] = lo[o] + hi[o];
   CHECK_FALSE(same_bits(reduced, whole));
+}
+
+TEST_CASE("token blocks: the size depends on S alone and never straddles a CP rank at CP <= 8") {
+  CHECK(layer_token_block(4096) == 256);
+  CHECK(layer_token_block(256) == 16);
+  CHECK(layer_token_block(32768) == 256);
+  CHECK(layer_token_block(48) == 1);  // S/16 = 3
+  CHECK(layer_token_block(40) == 0);  // not a multiple of 16: the layer refuses it
+  for (std::int64_t s = 16; s <= 4096; s += 16) {
+    const std::int64_t b = layer_token_block(s);
+    for (std::int64_t cp = 1; cp <= 8; ++cp) {
+      // Contiguous: owner chunks of S/cp; zigzag: of S/(2·cp) (where S divides).
+      for (const std::int64_t parts : {cp, 2 * cp}) {
+        if (s % parts != 0) continue;
+        CAPTURE(s);
+        CAPTURE(parts);
+        CHECK((s / parts) % b == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("token sums: the ascending block fold within its FP64 bound; a local reduce first differs") {
+  // dW[o][i] = Σ_t dy[t][o]·x[t][i] over S = 256 tokens: blocks of 16, each rank computing the
+  // partials of the blocks it owns and the running sum visiting them in ascending block order.
+  const std::int64_t seq = 256, block = layer_token_block(seq);
+  const int outputs = 12, inputs = 40;
+  const std::vector<float> dy = normals(21, static_cast<std::size_t>(seq) * outputs);
+  const std::vector<float> x = normals(22, static_cast<std::size_t>(seq) * inputs);
+  const std::size_t n = static_cast<std::size_t>(outputs) * inputs;
+  const auto dw_by_blocks = [&](const std::vector<std::int64_t>& order) {
+    std::vector<float> running(n), p(n);
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const std::int64_t t0 = order[k] * block;
+      token_block_partial(dy.data() + t0 * outputs, outputs, x.data() + t0 * inputs, inputs, block,
+                          outputs, inputs, p.data());
+      fold_token_block(p.data(), static_cast<std::int64_t>(n), k == 0, running.data());
+    }
+    return running;
+  };
+  std::vector<std::int64_t> ascending(static_cast<std::size_t>(seq / block));
+  for (std::size_t b = 0; b < ascending.size(); ++b) ascending[b] = static_cast<std::int64_t>(b);
+  const std::vector<float> reference = dw_by_blocks(ascending);
+  // The FP64 value: a chain of 16 per block and 16 block adds, within (16 + 16)·u·Σ|terms|.
+  for (int o = 0; o < outputs; ++o) {
+    for (int i = 0; i < inputs; ++i) {
+      double exact = 0, magnitude = 0;
+      for (std::int64_t t = 0; t < seq; ++t) {
+        const double v = static_cast<double>(dy[t * outputs + o]) * x[t * inputs + i];
+        exact += v;
+        magnitude += std::abs(v);
+      }
+      CHECK(std::abs(reference[static_cast<std::size_t>(o) * inputs + i] - exact) <=
+            32 * kU * magnitude);
+    }
+  }
+  // Whatever CP and layout own the blocks, the fold visits them in ascending order: each rank
+  // contributes its blocks when the running sum reaches them, so the bits cannot change. What
+  // would change them is a rank summing its own blocks first (a local reduction, then a reduce
+  // across ranks): the control, at CP = 2 zigzag (rank 0 owns the first and last quarters).
+  std::vector<float> local0(n), local1(n), p(n), reduced(n);
+  const std::int64_t quarter = seq / 4 / block;  // blocks per zigzag chunk at CP = 2
+  for (std::int64_t b = 0; b < seq / block; ++b) {
+    const bool rank0 = b < quarter || b >= 3 * quarter;
+    std::vector<float>& mine = rank0 ? local0 : local1;
+    const bool first = rank0 ? b == 0 : b == quarter;
+    token_block_partial(dy.data() + b * block * outputs, outputs, x.data() + b * block * inputs,
+                        inputs, block, outputs, inputs, p.data());
+    fold_token_block(p.data(), static_cast<std::int64_t>(n), first, mine.data());
+  }
+  for (std::size_t e = 0; e < n; ++e) reduced[e] = local0[e] + local1[e];
+  CHECK_FALSE(same_bits(reduced, reference));
 }

@@ -11,6 +11,8 @@
 //               (one KV group's query heads; every valid TP holds whole groups):
 //               p_g[o] = dot_seq(a[g·G …], W_o[o, g·G …], G), out[o] = ((p_0 + p_1) + …) + p_last,
 //               the running sum passed from TP rank to TP rank in ascending group order.
+//   token sums  dW = ((P_0 + P_1) + …), P_b one fma chain over token block b's tokens; blocks of
+//               layer_token_block(S) tokens, batch-major, folded in ascending order.
 #pragma once
 
 #include <cmath>
@@ -56,6 +58,38 @@ CPD_HD void o_proj_groups(const float* attn, const float* w_o, std::int64_t ldw,
     }
     out[o] = acc;
   }
+}
+
+/// The weight gradients' token-block size (numerics.md §11): the largest power of two up to 256
+/// dividing seq_len / 16, so that no block straddles two CP ranks at CP ≤ 8 in either layout.
+/// A function of S alone: 0 when S is not a positive multiple of 16 (the layer refuses it).
+CPD_HD std::int64_t layer_token_block(std::int64_t seq_len) {
+  if (seq_len < 16 || seq_len % 16 != 0) return 0;
+  std::int64_t block = 1;
+  while (block < 256 && (seq_len / 16) % (block * 2) == 0) block *= 2;
+  return block;
+}
+
+/// One token block's partial of a weight gradient: p[o][i] = one fma chain over the block's
+/// tokens t ascending from +0 of dy[t][o]·x[t][i], for o < outputs, i < inputs (`dy` rows of
+/// `ld_dy`, `x` rows of `ld_x` floats, already offset to the block's first token).
+CPD_HD void token_block_partial(const float* dy, std::int64_t ld_dy, const float* x,
+                                std::int64_t ld_x, std::int64_t tokens, int outputs, int inputs,
+                                float* p) {
+  for (int o = 0; o < outputs; ++o) {
+    for (int i = 0; i < inputs; ++i) {
+      float acc = 0.0f;
+      for (std::int64_t t = 0; t < tokens; ++t)
+        acc = fma_f32(dy[t * ld_dy + o], x[t * ld_x + i], acc);
+      p[o * inputs + i] = acc;
+    }
+  }
+}
+
+/// The fold of block partials in ascending block order: running = running + p (or, for the
+/// grid's first block, running = p), element by element.
+CPD_HD void fold_token_block(const float* p, std::int64_t n, bool first, float* running) {
+  for (std::int64_t e = 0; e < n; ++e) running[e] = first ? p[e] : running[e] + p[e];
 }
 
 }  // namespace cpd
