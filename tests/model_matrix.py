@@ -12,23 +12,19 @@ trainer-vs-rollout pairs, the paged invariances. The report must name the model.
 
 Usage: model_matrix.py --cpdrift BIN --mpirun MPIRUN --np N [--scope ci|long] [--models a,b]
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-# name: (Hq, Hkv); None for the unlisted config below
+from model_fixtures import QWEN25_3B, job_parser, launch, slug
+
+# name: (Hq, Hkv); qwen2-16q2kv is the unlisted config of model_fixtures.py
 MODELS = {
     "qwen3-8b": (32, 8), "qwen3-4b": (32, 8), "qwen3-14b": (40, 8), "qwen3-32b": (64, 8),
     "qwen3-30b-a3b": (32, 4), "llama-3.1-8b": (32, 8), "qwen2.5-7b": (28, 4),
     "qwen2-16q2kv": (16, 2),
-}
-QWEN25_3B = {
-    "model_type": "qwen2", "hidden_size": 2048, "num_attention_heads": 16,
-    "num_key_value_heads": 2, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-    "vocab_size": 151936, "use_sliding_window": False,
 }
 
 
@@ -60,7 +56,7 @@ def check_refusals(args, work):
     cases.append((["--model", "qwen2.5-7b", "--tp-world-sizes", "8"],
                   "TP=8 must divide both the 28 query heads and the 4 KV heads of qwen2.5-7b"))
     for flags, expect in cases:
-        run = subprocess.run([args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift,
+        run = subprocess.run([*launch(args),
                               *flags, "--output", out], capture_output=True, text=True)
         # cpdrift's lines (mpirun adds its own banner on a non-zero exit)
         lines = [l for l in run.stderr.splitlines() if l.startswith("cpdrift")]
@@ -74,10 +70,7 @@ def check_refusals(args, work):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpdrift", required=True)
-    parser.add_argument("--mpirun", required=True)
-    parser.add_argument("--np", type=int, required=True)
+    parser = job_parser()
     parser.add_argument("--scope", choices=["ci", "long"], default="ci")
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
@@ -97,7 +90,7 @@ def main():
             tps = [t for t in (1, 2, 4, 8) if t <= top and hq % t == 0 and hkv % t == 0]
             tp_list = ",".join(map(str, tps))
             report = os.path.join(work, name + ".json")
-            cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift, *flags,
+            cmd = [*launch(args), *flags,
                    "--seq-len", "256", "--tp-world-sizes", tp_list, "--cp-world-sizes", "1,2,4",
                    "--cp-layouts", "contiguous,zigzag", "--kv-chunk-sizes", "none,64",
                    "--include-backward", "--include-dlogp", "--vocab-size", "512",
@@ -114,10 +107,9 @@ def main():
                 doc = json.load(f)
             if doc["target"]["model"] != name:
                 failures.append(f"{name}: the report names {doc['target']['model']!r}")
-            slug = name.replace("-", "_").replace(".", "_")
             names = [c["case_name"] for c in doc["cases"]]
-            if not names or not all(n.startswith(slug + "_tp") for n in names):
-                failures.append(f"{name}: case names {names[:3]}… do not start {slug}_tp")
+            if not names or not all(n.startswith(slug(name) + "_tp") for n in names):
+                failures.append(f"{name}: case names {names[:3]}… do not start {slug(name)}_tp")
     for f in failures:
         print("FAIL:", f)
     print("model_matrix:", "ok" if not failures else f"{len(failures)} failures")

@@ -17,12 +17,13 @@ Qwen2.5-7B's files given to --model qwen3-8b must be refused (status 2, one line
 
 Usage: model_oracle.py --cpdrift BIN --mpirun MPIRUN --np N
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from model_fixtures import QWEN25_3B, job_parser, launch, slug
 
 import h5py
 import numpy as np
@@ -31,14 +32,6 @@ TOL = 2e-5
 CONTROL = 50 * TOL
 S = 64
 
-# An unlisted model of a listed family, as its own config.json gives it (Qwen2.5-3B: 16/2
-# heads, hidden 2048, qkv bias, no head_dim field).
-QWEN25_3B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048,
-    "num_attention_heads": 16, "num_key_value_heads": 2, "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-06, "vocab_size": 151936, "max_position_embeddings": 32768,
-    "use_sliding_window": False, "tie_word_embeddings": True,
-}
 
 # (flags, Hq, Hkv, D, theta, llama3 scaling or None)
 MODELS = {
@@ -109,7 +102,7 @@ def check_model(args, name, spec, work):
             json.dump(QWEN25_3B, f)
         flags = ["--model-config", config]
     dump, report = os.path.join(work, name + ".h5"), os.path.join(work, name + ".json.out")
-    cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift, *flags,
+    cmd = [*launch(args), *flags,
            "--inputs", inputs, "--tp-world-sizes", "1,2", "--cp-world-sizes", "1,2",
            "--kv-chunk-sizes", "none,16", "--dump", dump, "--output", report, "--quiet"]
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -121,9 +114,8 @@ def check_model(args, name, spec, work):
     if target["model"] != name or not target["model_config"]["source"]:
         errors.append(f"{name}: the report names {target['model']!r}, source "
                       f"{target['model_config']['source']!r}")
-    slug = name.replace("-", "_").replace(".", "_")
     with h5py.File(dump, "r") as f:
-        group = f[f"cases/{slug}_tp1_cp1_prefill_bf16/reference_fp32"]
+        group = f[f"cases/{slug(name)}_tp1_cp1_prefill_bf16/reference_fp32"]
         out, lse = group["out"][0].astype(np.float64), group["lse"][0].astype(np.float64)
     pos = positions[0]
     freqs = inv_freq(d, theta, llama3)
@@ -140,7 +132,7 @@ def check_model(args, name, spec, work):
     if not control > CONTROL:
         errors.append(f"{name}: the wrong GQA mapping is not told apart ({control:.3e})")
     if name == "qwen2.5-7b":  # its files are not another model's inputs: refused, one line
-        other = subprocess.run([args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift,
+        other = subprocess.run([*launch(args),
                                 "--model", "qwen3-8b", "--inputs", inputs], capture_output=True,
                                text=True)
         lines = [l for l in other.stderr.splitlines() if l.startswith("cpdrift")]
@@ -160,10 +152,7 @@ def check_model(args, name, spec, work):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpdrift", required=True)
-    parser.add_argument("--mpirun", required=True)
-    parser.add_argument("--np", type=int, required=True)
+    parser = job_parser()
     args = parser.parse_args()
     errors = []
     with tempfile.TemporaryDirectory() as work:

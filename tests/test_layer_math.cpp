@@ -170,7 +170,8 @@ TEST_CASE("token blocks: the size depends on S alone and never straddles a CP ra
   }
 }
 
-TEST_CASE("token sums: the ascending block fold within its FP64 bound; a local reduce first differs") {
+TEST_CASE(
+    "token sums: the ascending block fold within its FP64 bound; a local reduce first differs") {
   // dW[o][i] = Σ_t dy[t][o]·x[t][i] over S = 256 tokens: blocks of 16, each rank computing the
   // partials of the blocks it owns and the running sum visiting them in ascending block order.
   const std::int64_t seq = 256, block = layer_token_block(seq);

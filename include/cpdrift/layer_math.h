@@ -50,7 +50,7 @@ CPD_HD void head_rms_norm(const float* x, const float* w, int dim, float eps, fl
 CPD_HD void o_proj_groups(const float* attn, const float* w_o, std::int64_t ldw, int group_width,
                           int g0, int g1, int outputs, bool first, float* out) {
   for (int o = 0; o < outputs; ++o) {
-    float acc = out[o];
+    float acc = first ? 0.0f : out[o];  // `out` is not read when this rank starts the sum
     for (int g = g0; g < g1; ++g) {
       const std::int64_t c = std::int64_t{g} * group_width;
       const float p = dot_seq(attn + c, w_o + o * ldw + c, group_width);

@@ -20,7 +20,7 @@ namespace cpd {
 [[noreturn]] inline void bad(const std::string& what) { throw UsageError(what); }
 
 /// Refuses `value` outside [min, max], saying the range and `why` it is so:
-/// "--threads: must be from 1 to 8 (4 x this machine's 2 CPUs), got 100000".
+/// "--threads: must be from 1 to N (4 per CPU; …), got 100000".
 void check_range(const std::string& flag, std::int64_t value, std::int64_t min, std::int64_t max,
                  const std::string& why = "");
 

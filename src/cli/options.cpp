@@ -19,9 +19,9 @@ constexpr const char* kBatchWhy = "sequences in one attention call";
 constexpr std::int64_t kMaxSeqLen = std::int64_t{1} << 30;
 constexpr const char* kSeqLenWhy = "2^30 tokens, past any model's context";
 
-// Threads per process, or processes on this machine: more than its CPUs only take turns on
-// them. Up to 4 per CPU lets a small machine still run a wide pool; past that, starting and
-// waking the workers is all the run would do.
+// Threads per process, or processes on the host: more than its CPUs only take turns on them.
+// Up to 4 per CPU lets a small host still run a wide pool; past that, starting and waking the
+// workers is all the run would do.
 int per_machine_limit() {
   return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }

@@ -21,8 +21,8 @@ namespace cpd {
 namespace {
 
 // The machine the estimates are for: a device's figures (the h200 defaults or the user's), or
-// this machine's CPU kernels and memcpy, measured now. Link figures are per direction and per
-// GPU (process).
+// the host's CPU kernels and memcpy, timed when the plan is made. Link figures are per
+// direction and per GPU (process).
 struct Profile {
   std::string name;
   double bf16_flops = 0, fp32_flops = 0, fp32_backward_flops = 0;  // FLOP/s of one process
@@ -31,8 +31,8 @@ struct Profile {
   std::string source;  // where the figures come from
 };
 
-// The CPU profile: this machine's forward and backward kernels and its memcpy, measured now
-// over every core, shared evenly by `processes` processes on the node.
+// The CPU profile: the host's forward and backward kernels and its memcpy, timed when the plan
+// is made over every core, shared evenly by `processes` processes on the node.
 Profile measure_cpu(int processes) {
   using namespace kernel_timing;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

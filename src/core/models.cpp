@@ -4,20 +4,6 @@ namespace cpd {
 
 namespace {
 
-// Each config.json's repository and the revision it was read at (docs/models.md).
-constexpr const char* kQwen3_4bSource =
-    "huggingface.co/Qwen/Qwen3-4B@1cfa9a7208912126459214e8b04321603b3df60c";
-constexpr const char* kQwen3_14bSource =
-    "huggingface.co/Qwen/Qwen3-14B@40c069824f4251a91eefaf281ebe4c544efd3e18";
-constexpr const char* kQwen3_32bSource =
-    "huggingface.co/Qwen/Qwen3-32B@9216db5781bf21249d130ec9da846c4624c16137";
-constexpr const char* kQwen3_30bA3bSource =
-    "huggingface.co/Qwen/Qwen3-30B-A3B@ad44e777bcd18fa416d9da3bd8f70d33ebb85d39";
-constexpr const char* kLlama31_8bSource =
-    "huggingface.co/meta-llama/Llama-3.1-8B@d04e592bb4f6aa9cfee91e2e20afa771667e1d4b";
-constexpr const char* kQwen25_7bSource =
-    "huggingface.co/Qwen/Qwen2.5-7B@d149729398750b98c0af14eb82c78cfe92750796";
-
 struct Shape {
   int hidden, q_heads, kv_heads;
   double theta;
@@ -25,6 +11,8 @@ struct Shape {
   int vocab;
 };
 
+// An entry: its name, the repository and revision its config.json was read at
+// (docs/models.md), and its shape.
 ModelDims qwen3(const char* name, const char* source, Shape s) {
   ModelDims m;
   m.name = name;
@@ -42,20 +30,32 @@ ModelDims qwen3(const char* name, const char* source, Shape s) {
 std::vector<ModelDims> make_table() {
   std::vector<ModelDims> t;
   t.push_back(ModelDims{});  // qwen3-8b
-  t.push_back(qwen3("qwen3-4b", kQwen3_4bSource, {2560, 32, 8, 1e6, 1e-6, 151936}));
-  t.push_back(qwen3("qwen3-14b", kQwen3_14bSource, {5120, 40, 8, 1e6, 1e-6, 151936}));
-  t.push_back(qwen3("qwen3-32b", kQwen3_32bSource, {5120, 64, 8, 1e6, 1e-6, 151936}));
-  t.push_back(qwen3("qwen3-30b-a3b", kQwen3_30bA3bSource, {2048, 32, 4, 1e6, 1e-6, 151936}));
-  ModelDims llama = qwen3("llama-3.1-8b", kLlama31_8bSource, {4096, 32, 8, 5e5, 1e-5, 128256});
+  t.push_back(qwen3("qwen3-4b",
+                    "huggingface.co/Qwen/Qwen3-4B@1cfa9a7208912126459214e8b04321603b3df60c",
+                    {2560, 32, 8, 1e6, 1e-6, 151936}));
+  t.push_back(qwen3("qwen3-14b",
+                    "huggingface.co/Qwen/Qwen3-14B@40c069824f4251a91eefaf281ebe4c544efd3e18",
+                    {5120, 40, 8, 1e6, 1e-6, 151936}));
+  t.push_back(qwen3("qwen3-32b",
+                    "huggingface.co/Qwen/Qwen3-32B@9216db5781bf21249d130ec9da846c4624c16137",
+                    {5120, 64, 8, 1e6, 1e-6, 151936}));
+  t.push_back(qwen3("qwen3-30b-a3b",
+                    "huggingface.co/Qwen/Qwen3-30B-A3B@ad44e777bcd18fa416d9da3bd8f70d33ebb85d39",
+                    {2048, 32, 4, 1e6, 1e-6, 151936}));
+  ModelDims llama =
+      qwen3("llama-3.1-8b",
+            "huggingface.co/meta-llama/Llama-3.1-8B@d04e592bb4f6aa9cfee91e2e20afa771667e1d4b",
+            {4096, 32, 8, 5e5, 1e-5, 128256});
   llama.qk_norm = false;
-  llama.rope = RopeSpec{.theta = 5e5,
-                        .scaling = RopeScaling::llama3,
-                        .factor = 8,
-                        .low_freq_factor = 1,
-                        .high_freq_factor = 4,
-                        .original_context = 8192};
+  llama.rope.scaling = RopeScaling::llama3;  // factor 8, low 1, high 4, original 8192
+  llama.rope.factor = 8;
+  llama.rope.low_freq_factor = 1;
+  llama.rope.high_freq_factor = 4;
+  llama.rope.original_context = 8192;
   t.push_back(llama);
-  ModelDims qwen25 = qwen3("qwen2.5-7b", kQwen25_7bSource, {3584, 28, 4, 1e6, 1e-6, 152064});
+  ModelDims qwen25 =
+      qwen3("qwen2.5-7b", "huggingface.co/Qwen/Qwen2.5-7B@d149729398750b98c0af14eb82c78cfe92750796",
+            {3584, 28, 4, 1e6, 1e-6, 152064});
   qwen25.qk_norm = false;
   qwen25.qkv_bias = true;
   t.push_back(qwen25);

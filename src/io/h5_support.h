@@ -97,8 +97,9 @@ class Dataset {
   }
   /// Its text, when it is a scalar fixed-length string (else a FileError).
   std::string read_text() const;
-  /// Its attribute `name`, or nothing when it has none: a scalar string (fixed or variable length), an integer
-  /// (or an enum: h5py's booleans) as int64, a float as double; any other kind is a FileError.
+  /// Its attribute `name`, or nothing when it has none: a scalar string (fixed or variable length),
+  /// an integer (or an enum: h5py's booleans) as int64, a float as double; any other kind is a
+  /// FileError.
   std::optional<DumpValue> attribute(const std::string& name) const;
 
  private:

@@ -1,5 +1,5 @@
-// The CPU kernel's SIMD: which implementation the build selected, and what this machine's FMA
-// units deliver with it (the yardstick `cpdrift bench` measures the kernels against).
+// The CPU kernel's SIMD: which implementation the build selected, and what the host's FMA units
+// deliver with it (the yardstick `cpdrift bench` measures the kernels against).
 #pragma once
 
 #include "core/util/thread_pool.h"
