@@ -22,7 +22,15 @@ enum class TensorId : std::uint32_t {
   lm_head = 5,
   q_bias = 6,
   k_bias = 7,
-  v_bias = 8
+  v_bias = 8,
+  // The attention layer's synthetic inputs and weights (kernels/layer_weights.h).
+  hidden = 9,
+  q_proj = 10,
+  k_proj = 11,
+  v_proj = 12,
+  o_proj = 13,
+  q_norm = 14,
+  k_norm = 15
 };
 
 struct Philox4x32 {

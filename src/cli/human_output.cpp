@@ -193,6 +193,24 @@ void print_lane_rows(std::FILE* out, const RunReport& r) {
   print_lane_backward_rows(out, r);
 }
 
+// The layer's output per case (--scope layer): its drift, and its bits' digest, so that the cases
+// of one block grid show the same bits whatever their TP and CP.
+void print_layer_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || !r.cases.front().layer.available) return;
+  std::fprintf(out,
+               "#\n# the attention layer (hidden → q/k/v_proj → norms → RoPE → attention → o_proj, "
+               "o_proj order %s):\n# its output vs the FP32 CP=1 reference's through the same "
+               "o_proj, and its bits (digest)\n",
+               to_string(r.problem.o_proj_order));
+  std::fprintf(out, "# %-46s %-11s %-11s %s\n", "case", "max |Δ|", "mean |Δ|",
+               "bits");  // Δ: 2 bytes
+  for (const CaseResult& c : r.cases) {
+    const DiffStats& s = c.layer.out;
+    std::fprintf(out, "  %-46s %-9s %-9.2e %s\n", c.name.c_str(), sci(s).c_str(), s.mean_abs,
+                 s.digest ? s.digest->substr(0, 16).c_str() : "-");
+  }
+}
+
 }  // namespace
 
 void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
@@ -263,6 +281,7 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
 }
 
 void print_footer(std::FILE* out, const RunReport& r) {
+  print_layer_rows(out, r);
   print_rl_rows(out, r);
   print_lane_rows(out, r);
   print_paged_rows(out, r);

@@ -112,6 +112,11 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
   r.names("--cp-layouts", q.layouts, "layout", kCpLayoutNames);
   r.names("--protocols", q.protocols, "protocol", kProtocolNames);
   r.names("--modes", q.modes, "mode", kRunModeNames);
+  r.value("--scope", [&q](const std::string& f, const std::string& v) {
+    if (v != "core" && v != "layer") bad(f + ": unknown scope '" + v + "' (core, layer)");
+    q.problem.layer = v == "layer";
+  });
+  r.name("--o-proj-order", q.problem.o_proj_order, "o_proj order", kOProjOrderNames);
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
@@ -192,6 +197,34 @@ void check_run_options(const RunOptions& o, const FlagReader& r) {
   }
 }
 
+// What the layer (--scope layer) runs today: the forward through o_proj on the CPU backend,
+// from synthetic weights and generated hidden states, in the prefill modes.
+void check_layer(const RunOptions& o) {
+  const RunRequest& q = o.request;
+  if (!q.problem.layer) {
+    if (q.problem.o_proj_order != OProjOrder::canonical)
+      bad("--o-proj-order applies to the layer: add --scope layer");
+    return;
+  }
+  if (!o.inputs.empty())
+    bad("--scope layer: --inputs holds the core's q, k, v; the layer generates its hidden states");
+  if (q.problem.distribution != InputDistribution::gaussian)
+    bad("--scope layer: q, k and v are the layer's projections; drop --input-distribution");
+  if (q.include_backward)
+    bad("--scope layer: the layer's backward is not available yet; drop --include-backward");
+  if (q.include_dlogp)
+    bad("--scope layer: the logprobs through the layer's output are not available yet; drop "
+        "--include-dlogp");
+  if (q.runs(RunMode::paged_prefill) || q.runs(RunMode::decode))
+    bad("--scope layer: the layer's rollout side is not available yet; --modes prefill and "
+        "chunked_prefill");
+  for (const int cp : q.cp_sizes) {
+    if (cp > 8)
+      bad("--scope layer: --cp-world-sizes " + std::to_string(cp) +
+          ": the layer runs CP up to 8 (its token-block grid, docs/numerics.md §11)");
+  }
+}
+
 // What depends on the sequence length, once it is known: the splits (a default that would cut
 // nothing is halved; a given one that cuts nothing is 'none' under another name) and the
 // options bounded by the sequence.
@@ -231,6 +264,7 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
   q.comm_timeout_given = r.given("--comm-timeout");
   if (q.vocab_size == 0) q.vocab_size = q.problem.dims.vocab_size;  // --vocab-size model
   check_run_options(o, r);
+  check_layer(o);
   if (!o.inputs.empty()) {
     // The file says B and S; its q, k, v replace the generator's (use_input_file).
     if (r.given("--seq-len") || r.given("--batch"))
@@ -245,6 +279,10 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
     if (!o.splits_given) q.splits = {std::nullopt, 1};
   }
   settle_sequence(o);
+  if (q.problem.layer && q.problem.seq_len % 16 != 0) {
+    bad("--scope layer: --seq-len " + std::to_string(q.problem.seq_len) +
+        " is not a multiple of 16 (the layer's token-block grid, docs/numerics.md §11)");
+  }
   return o;
 }
 

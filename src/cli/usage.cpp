@@ -91,6 +91,12 @@ Execution and output
                                slow-rank (needs --comm-timeout); the job must end with one
                                message and no report (docs/reliability.md)
   --output PATH                write the JSON report (atomically)
+  --scope core|layer           core (default): q, k, v -> attention; layer: the whole attention
+                               module, hidden -> q/k/v_proj -> norms -> RoPE -> attention ->
+                               o_proj, synthetic weights (prefill modes, CPU backend, forward)
+  --o-proj-order canonical|rank_sums
+                               the layer's o_proj sum over head groups: one fold across the TP
+                               ranks (default), or each rank's sum apart then added (a control)
   --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
   --include-lane-backward      also the te_p2p lane's backward (Transformer Engine's ring: each
                                step's gradients written and summed in BF16); CPU backend, needs

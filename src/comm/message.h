@@ -28,6 +28,9 @@ enum class MessageKind : std::int32_t {
   reference_forward = 8,  // the CP=1 reference forward of one KV head's GQA group for a token
                           // range, to the rank computing that group's reference backward:
                           // out [B][group][rows][D], then lse [B][group][rows]
+  layer_partial = 9,      // the layer's o_proj output of a token range folded over the head
+                          // groups of heads [head_begin, head_end), candidate then reference:
+                          // [2][B][rows][hidden]
 };
 const char* to_string(MessageKind);
 

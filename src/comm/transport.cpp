@@ -19,6 +19,7 @@ constexpr EnumName<MessageKind> kMessageKinds[] = {
     {MessageKind::logit_partial, "logit_partial"},
     {MessageKind::reference_grads, "reference_grads"},
     {MessageKind::reference_forward, "reference_forward"},
+    {MessageKind::layer_partial, "layer_partial"},
 };
 
 }  // namespace

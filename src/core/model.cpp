@@ -111,5 +111,6 @@ const char* to_string(RopeScaling s) { return name_of(kRopeScalingNames, s); }
 const char* to_string(DType t) { return name_of(kDTypeNames, t); }
 
 const char* to_string(InputDistribution d) { return name_of(kInputDistributionNames, d); }
+const char* to_string(OProjOrder o) { return name_of(kOProjOrderNames, o); }
 
 }  // namespace cpd

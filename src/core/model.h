@@ -93,6 +93,18 @@ const char* to_string(InputDistribution);
 /// rounded after RoPE, `rope_cast_at: rope_output`; v directly).
 enum class InputPrecision { fp32, bf16 };
 
+class LayerWeights;  // kernels/layer_weights.h
+
+/// How the layer's o_proj sums its head groups' partials (docs/numerics.md §11). canonical: one
+/// fold over the groups in ascending order, continued from TP rank to TP rank, the same bits at
+/// every TP. rank_sums: each TP rank folds its own groups from zero and the ranks' sums are added
+/// in rank order (what a reduce of per-rank partials does): the control that shows TP changes
+/// bits off the grid.
+enum class OProjOrder { canonical, rank_sums };
+inline constexpr EnumName<OProjOrder> kOProjOrderNames[] = {{OProjOrder::canonical, "canonical"},
+                                                            {OProjOrder::rank_sums, "rank_sums"}};
+const char* to_string(OProjOrder);
+
 /// The global problem every case of a run shares: same seed, same tensors.
 struct Problem {
   ModelDims dims;
@@ -105,6 +117,13 @@ struct Problem {
   /// q, k and v read from a file (`--inputs`) instead of generated; null: generated. dO and the
   /// lm_head are generated either way.
   std::shared_ptr<const InputSource> inputs;
+  /// The whole attention layer (--scope layer, docs/numerics.md §11): q, k and v are the
+  /// projections of the layer's hidden states, and o_proj follows the attention. Its weights,
+  /// once a run has made them (with_layer_weights); null in a layer problem, generate_shard makes
+  /// its own.
+  bool layer = false;
+  std::shared_ptr<const LayerWeights> weights;
+  OProjOrder o_proj_order = OProjOrder::canonical;
 };
 
 /// The shared prompt: with two or more sequences, their first max(⌊shortest/4⌋, min(16,

@@ -131,6 +131,7 @@ struct CasePart {
   std::optional<OutLseComparison> cuda_vs_cpu_fp32;  // GPU runs: the FP32 path again on the CPU
   std::vector<LaneComparisons> lanes;  // the production lanes, kProductionLanes' order
   std::optional<BackwardComparisons> backward;
+  std::optional<Comparison> layer;  // the layer's output (--scope layer) vs the reference's
   std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
   /// With dlogp, on rank 0 only: every active token's pair in (sequence, position) order (the
   /// RL metrics' input; one float pair a token).

@@ -51,6 +51,7 @@ struct CaseRun {
 namespace phase_run {
 void reference_forward(CaseRun& run);
 void forward_path(CaseRun& run, const ForwardPath& path);
+void o_proj(CaseRun& run);
 void dlogp(CaseRun& run);
 void reference_backward(CaseRun& run);
 void backward(CaseRun& run);

@@ -46,6 +46,10 @@ CaseSchedule schedule_case(const CaseGrid& grid, const ScheduleOptions& o) {
                              [path](CaseMemory& m) { phase_memory::forward_path(m, path); },
                              [path](CaseRun& r) { phase_run::forward_path(r, path); }});
   }
+  if (grid.problem.layer) {
+    s.phases.push_back(Phase{kOProjPhase, K::o_proj, chain_work(grid, layer_chain(grid)), 0,
+                             R::fp32, false, phase_memory::o_proj, phase_run::o_proj});
+  }
   if (o.vocab > 0) {
     s.phases.push_back(Phase{kDlogpPhase, K::dlogp, dlogp_work(grid, o.vocab), 0, R::fp32, false,
                              [v = o.vocab](CaseMemory& m) { phase_memory::dlogp(m, v); },

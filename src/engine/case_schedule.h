@@ -18,7 +18,7 @@ namespace cpd {
 struct CaseRun;    // a case being executed (case_run.h)
 class CaseMemory;  // a case's buffers on each process of a run (memory_plan.h)
 
-enum class PhaseKind { reference_forward, forward, dlogp, reference_backward, backward };
+enum class PhaseKind { reference_forward, forward, o_proj, dlogp, reference_backward, backward };
 /// The rate its kernels run at on a device: FP32 or BF16 forward, or the FP32 backward.
 enum class KernelRate { fp32, bf16, fp32_backward };
 
@@ -64,12 +64,13 @@ struct CaseSchedule {
 /// What `request` asks of each case; `gpu`: a GPU run's forward paths.
 ScheduleOptions schedule_options(const RunRequest& request, bool gpu);
 
-/// The phases in the order they run: the CP=1 reference forward, each forward path, dlogp, the
-/// CP=1 reference backward and the backward.
+/// The phases in the order they run: the CP=1 reference forward, each forward path, the layer's
+/// o_proj (--scope layer), dlogp, the CP=1 reference backward and the backward.
 CaseSchedule schedule_case(const CaseGrid& grid, const ScheduleOptions& options);
 
 /// The phases' names.
 inline constexpr const char* kReferenceForwardPhase = "CP=1 reference forward";
+inline constexpr const char* kOProjPhase = "layer: o_proj";
 inline constexpr const char* kDlogpPhase = "dlogp";
 inline constexpr const char* kReferenceBackwardPhase = "backward: CP=1 reference";
 inline constexpr const char* kBackwardPhase = "backward";

@@ -6,6 +6,7 @@
 #include "core/util/work_timers.h"
 #include "cpdrift/logprob_math.h"
 #include "engine/protocol_common.h"
+#include "engine/tp_chain.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/logprob_rows.h"
 #include "kernels/input_store.h"
@@ -78,63 +79,26 @@ std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                                      Transport& transport, InputStore& store) {
   const Problem& p = grid.problem;
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
-  std::map<int, std::vector<Range>> chunks;
   std::vector<TokenLogprobs> result;
-  for (const LogicalRank& r : hosted) {
-    chunks[r.id] = logit_chunks(grid, r, vocab);
+  std::map<std::size_t, std::size_t> owned;  // hosted index of a token owner -> its result
+  for (std::size_t i = 0; i < hosted.size(); ++i) {
+    const LogicalRank& r = hosted[i];
     if (r.tp_rank != 0) continue;
     const ShardShape shape{p.batch, Range{0, 1}, r.tokens, 1};
+    owned[i] = result.size();
     result.push_back(TokenLogprobs{r, Shard(shape), Shard(shape), Shard(shape)});
   }
-
-  // A chain per CP rank: in step s, TP rank t works on its chunk s - t. The owner (t = 0) starts
-  // the fold of the chunk's logits with its heads, each next TP rank continues the plane the one
-  // before it sent in the last step with its heads, and the last sends it back to the owner,
-  // which takes the logprobs at the end of the step. One plane travels a hop, not every head's.
-  const int tp = grid.spec.tp, steps = dlogp_steps(grid, vocab);
-  std::vector<FloatBuffer> spare;  // consumed planes, reused by the owners
-  std::map<int, Inbox> received;   // what each hosted rank got in the last step
-  for (int step = 0; step < steps; ++step) {
-    std::vector<Message> outgoing;
-    std::map<int, FloatBuffer> finished;  // TP = 1: the owner's own plane, complete
-    for (std::size_t i = 0; i < hosted.size(); ++i) {
-      const LogicalRank& r = hosted[i];
-      const std::vector<Range>& mine = chunks.at(r.id);
-      const int chunk = step - r.tp_rank;
-      if (chunk < 0 || chunk >= static_cast<int>(mine.size())) continue;
-      FloatBuffer z;
-      if (r.tp_rank > 0) {
-        // The plane holds the fold of exactly the heads below this rank's (manifest.cpp).
-        z = std::move(received.at(r.id).take_messages().at(0).payload);
-      } else if (!spare.empty()) {
-        z = std::move(spare.back());
-        spare.pop_back();
-      }
-      z = fold_own_heads(grid, r, mine[static_cast<std::size_t>(chunk)], *candidate[i],
-                         *reference[i], vocab, store, std::move(z), r.tp_rank > 0);
-      if (tp == 1) {
-        finished[r.id] = std::move(z);
-        continue;
-      }
-      const LogicalRank& next = grid.at((r.tp_rank + 1) % tp, r.cp_rank);
-      for (const MessageHeader& h : expected_logit_partials(grid, next, vocab, step)) {
-        if (h.src == r.id) outgoing.push_back(Message{h, std::move(z)});
-      }
-    }
-    received = protocol::superstep(
-        transport, hosted, std::move(outgoing),
-        [&](const LogicalRank& r) { return expected_logit_partials(grid, r, vocab, step); });
-    for (TokenLogprobs& lp : result) {
-      const LogicalRank& r = lp.rank;
-      const int chunk = step - (tp - 1);
-      if (chunk < 0 || chunk >= static_cast<int>(chunks.at(r.id).size())) continue;
-      FloatBuffer z = tp == 1 ? std::move(finished.at(r.id))
-                              : std::move(received.at(r.id).take_messages().at(0).payload);
-      chunk_logprobs(p, chunks.at(r.id)[static_cast<std::size_t>(chunk)], z.data(), vocab, lp,
-                     store.pool());
-      spare.push_back(std::move(z));
-    }
-  }
+  // The owner (TP rank 0) starts the fold of a chunk's logits with its heads, each next TP rank
+  // continues the plane with its heads, and the owner takes the logprobs of the finished plane.
+  run_tp_chain(
+      grid, logit_chain(grid, vocab), transport, hosted,
+      [&](std::size_t i, const Range& chunk, FloatBuffer z, bool continues) {
+        return fold_own_heads(grid, hosted[i], chunk, *candidate[i], *reference[i], vocab, store,
+                              std::move(z), continues);
+      },
+      [&](std::size_t i, const Range& chunk, const FloatBuffer& z) {
+        chunk_logprobs(p, chunk, z.data(), vocab, result[owned.at(i)], store.pool());
+      });
   return result;
 }
 

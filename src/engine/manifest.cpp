@@ -239,6 +239,43 @@ std::vector<MessageHeader> expected_dq_partials(const CaseGrid& grid, const Logi
                    [&](const Range& tokens) { return intersection(tokens, span); });
 }
 
+std::vector<Range> chain_chunks(const TpChain& chain, const LogicalRank& r) {
+  std::vector<Range> out;
+  for (const Range& t : r.tokens) {
+    for (std::int64_t b = t.begin; b < t.end; b += chain.chunk_rows)
+      out.push_back(Range{b, std::min(t.end, b + chain.chunk_rows)});
+  }
+  return out;
+}
+
+int chain_steps(const CaseGrid& grid, const TpChain& chain) {
+  std::size_t chunks = 0;
+  for (const LogicalRank& r : grid.ranks) chunks = std::max(chunks, chain_chunks(chain, r).size());
+  return static_cast<int>(chunks) + grid.spec.tp - 1;
+}
+
+std::vector<MessageHeader> expected_chain_partials(const CaseGrid& grid, const TpChain& chain,
+                                                   const LogicalRank& dst, int step) {
+  const int tp = grid.spec.tp;
+  if (tp == 1) return {};
+  const LogicalRank& src = grid.at((dst.tp_rank + tp - 1) % tp, dst.cp_rank);
+  const std::vector<Range> chunks = chain_chunks(chain, src);
+  const int chunk = step - src.tp_rank;
+  if (chunk < 0 || chunk >= static_cast<int>(chunks.size())) return {};
+  // The plane folds the heads from the owner's first through the sender's last, and the
+  // sender's first is the one after the plane's heads before it: the chain follows the heads in
+  // ascending order only because TP rank t holds the t-th range of them.
+  const LogicalRank& owner = grid.at(0, dst.cp_rank);
+  if (src.tp_rank > 0 && grid.at(src.tp_rank - 1, src.cp_rank).q_heads.end != src.q_heads.begin)
+    throw std::logic_error("TP chain: the TP ranks' heads do not follow one another");
+  const Range& tokens = chunks[static_cast<std::size_t>(chunk)];
+  MessageHeader h = rows_header(grid, chain.kind, src, dst, tokens,
+                                Range{owner.q_heads.begin, src.q_heads.end}, 2 * chain.width);
+  h.width = static_cast<std::int32_t>(chain.width);
+  h.floats = 2LL * grid.problem.batch * tokens.size() * chain.width;  // one plane, every head
+  return {h};
+}
+
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab) {
   const Problem& p = grid.problem;
   const std::uint64_t per_row = 2ULL * static_cast<std::uint64_t>(p.batch) *
@@ -250,14 +287,12 @@ std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab) {
                                 static_cast<std::int64_t>(kLogitChunkBytes / per_row));
 }
 
+TpChain logit_chain(const CaseGrid& grid, int vocab) {
+  return TpChain{MessageKind::logit_partial, vocab, logit_chunk_rows(grid, vocab)};
+}
+
 std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab) {
-  const std::int64_t rows = logit_chunk_rows(grid, vocab);
-  std::vector<Range> out;
-  for (const Range& t : r.tokens) {
-    for (std::int64_t b = t.begin; b < t.end; b += rows)
-      out.push_back(Range{b, std::min(t.end, b + rows)});
-  }
-  return out;
+  return chain_chunks(logit_chain(grid, vocab), r);
 }
 
 std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab) {
@@ -265,36 +300,15 @@ std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int
 }
 
 int logit_steps(const CaseGrid& grid, int vocab) {
-  std::size_t steps = 0;
-  for (const LogicalRank& r : grid.ranks)
-    steps = std::max(steps, logit_chunks(grid, r, vocab).size());
-  return static_cast<int>(steps);
+  return dlogp_steps(grid, vocab) - (grid.spec.tp - 1);
 }
 
 int dlogp_steps(const CaseGrid& grid, int vocab) {
-  return logit_steps(grid, vocab) + grid.spec.tp - 1;
+  return chain_steps(grid, logit_chain(grid, vocab));
 }
 
-std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
-                                                   int vocab, int step) {
-  const int tp = grid.spec.tp;
-  if (tp == 1) return {};
-  const LogicalRank& src = grid.at((dst.tp_rank + tp - 1) % tp, dst.cp_rank);
-  const std::vector<Range> chunks = logit_chunks(grid, src, vocab);
-  const int chunk = step - src.tp_rank;
-  if (chunk < 0 || chunk >= static_cast<int>(chunks.size())) return {};
-  // The plane folds the heads from the owner's first through the sender's last, and the
-  // sender's first is the one after the plane's heads before it: the chain follows the heads in
-  // ascending order only because TP rank t holds the t-th range of them.
-  const LogicalRank& owner = grid.at(0, dst.cp_rank);
-  if (src.tp_rank > 0 && grid.at(src.tp_rank - 1, src.cp_rank).q_heads.end != src.q_heads.begin)
-    throw std::logic_error("dlogp: the TP ranks' heads do not follow one another");
-  const Range& tokens = chunks[static_cast<std::size_t>(chunk)];
-  MessageHeader h = rows_header(grid, MessageKind::logit_partial, src, dst, tokens,
-                                Range{owner.q_heads.begin, src.q_heads.end}, 2LL * vocab);
-  h.width = vocab;
-  h.floats = 2LL * grid.problem.batch * tokens.size() * vocab;  // one plane, every head folded
-  return {h};
+TpChain layer_chain(const CaseGrid& grid) {
+  return TpChain{MessageKind::layer_partial, grid.problem.dims.hidden_size, kLayerChunkRows};
 }
 
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst) {

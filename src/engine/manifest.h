@@ -128,34 +128,45 @@ inline Range intersection(const Range& a, const Range& b) {
   return r.empty() ? Range{a.begin, a.begin} : r;
 }
 
-/// dlogp runs in steps of token chunks, so that a step's per-head partial logits (2·B·heads·
-/// rows·vocab floats on a rank, where a backend projects the heads apart before folding them;
-/// the CPU folds them in its tile) stay within kLogitChunkBytes whatever the vocabulary, or hold
-/// kLogitChunkMinRows rows where that is more: the rows a chunk holds (the same for every rank
-/// of the case), each rank's chunks (its token ranges cut into pieces of that many rows, in
-/// order), the largest of them, and how many steps the case takes (the most chunks any rank
-/// has). The CPU tile streams each head's lm_head once per chunk, so fewer, longer chunks wait
-/// less on that stream.
+/// A fold along the TP ranks of each CP rank (which hold the same tokens), in steps of token
+/// chunks: dlogp's logits over the heads, the layer's o_proj over the head groups. In step s, TP
+/// rank t continues its chunk s - t with its heads and sends the plane on, to t + 1, or from the
+/// last back to the owner (TP rank 0), which finishes it. A plane is [2][B][rows][width]: the
+/// candidate's, then the reference's.
+struct TpChain {
+  MessageKind kind;
+  std::int64_t width;       // floats of a plane's row
+  std::int64_t chunk_rows;  // rows of a chunk, the same for every rank of the case
+};
+/// Each rank's chunks: its token ranges cut into pieces of chunk_rows, in order.
+std::vector<Range> chain_chunks(const TpChain& chain, const LogicalRank& r);
+/// The steps a chain takes: the most chunks any rank has, + TP − 1.
+int chain_steps(const CaseGrid& grid, const TpChain& chain);
+/// Step `step`: the plane `dst` must receive at the step's end, folded over the heads from the
+/// owner's first through the sender's last: from the TP rank before it in the chain (the last,
+/// for the owner), of the chunk that rank worked on. Nothing at TP = 1, nor outside the sender's
+/// chunks. heads() names the heads folded into the plane, not a count of planes.
+std::vector<MessageHeader> expected_chain_partials(const CaseGrid& grid, const TpChain& chain,
+                                                   const LogicalRank& dst, int step);
+
+/// dlogp's chain: chunks such that a step's per-head partial logits (2·B·heads·rows·vocab floats
+/// on a rank, where a backend projects the heads apart before folding them; the CPU folds them in
+/// its tile) stay within kLogitChunkBytes whatever the vocabulary, or hold kLogitChunkMinRows
+/// rows where that is more. The CPU tile streams each head's lm_head once per chunk, so fewer,
+/// longer chunks wait less on that stream. Its chunks, the largest of a rank's, the most any rank
+/// has, and the steps.
 inline constexpr std::uint64_t kLogitChunkBytes = std::uint64_t{64} << 20;
 inline constexpr std::int64_t kLogitChunkMinRows = 16;
 std::int64_t logit_chunk_rows(const CaseGrid& grid, int vocab);
+TpChain logit_chain(const CaseGrid& grid, int vocab);
 std::vector<Range> logit_chunks(const CaseGrid& grid, const LogicalRank& r, int vocab);
 std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int vocab);
 int logit_steps(const CaseGrid& grid, int vocab);
-
-/// dlogp folds a chunk's logits along a chain of the TP ranks of its CP rank (which hold the
-/// same tokens): in step s, TP rank t continues its chunk s - t with its heads and sends the
-/// plane on, to t + 1 or from the last back to the owner (TP rank 0), which takes the logprobs.
-/// The steps that takes: logit_steps + TP - 1.
 int dlogp_steps(const CaseGrid& grid, int vocab);
 
-/// dlogp, step `step`: the logits `dst` must receive at the step's end, one plane
-/// [2][B][rows][vocab] folded over the heads from the owner's first through the sender's last:
-/// from the TP rank before it in the chain (the last, for the owner), of the chunk that rank
-/// worked on. Nothing at TP = 1, nor outside the sender's chunks. heads() names the heads folded
-/// into the plane, not a count of planes.
-std::vector<MessageHeader> expected_logit_partials(const CaseGrid& grid, const LogicalRank& dst,
-                                                   int vocab, int step);
+/// o_proj's chain (the layer): chunks of kLayerChunkRows tokens, a plane [2][B][rows][hidden].
+inline constexpr std::int64_t kLayerChunkRows = 256;
+TpChain layer_chain(const CaseGrid& grid);
 
 /// The CP=1 reference backward is computed once per TP group: CP rank c takes the contiguous
 /// block of ⌈kv / CP⌉ of the group's KV heads starting at kv_heads.begin + c·⌈kv / CP⌉ (the last

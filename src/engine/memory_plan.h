@@ -123,6 +123,7 @@ class RunMemoryPlan {
 namespace phase_memory {
 void reference_forward(CaseMemory& m);
 void forward_path(CaseMemory& m, const ForwardPath& path);
+void o_proj(CaseMemory& m);
 void dlogp(CaseMemory& m, int vocab);
 void reference_backward(CaseMemory& m);
 void backward(CaseMemory& m, bool lane_backward);

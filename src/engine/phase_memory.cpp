@@ -285,6 +285,41 @@ void dlogp(CaseMemory& m, int vocab) {
   }
 }
 
+// The layer's o_proj, a chunk of tokens a step (layer_chain): per hosted rank the plane it folds
+// into and sends on and the one it receives (the owner also the one it copies out; a continuing
+// rank under rank_sums its own sum too), [2][B][rows][hidden] each; the chunk's group rows and
+// the CPU tile's transposed copy of them; the owners' layer outputs; and o_proj's columns of the
+// ranks' head groups, which the input store keeps for the run.
+void o_proj(CaseMemory& m) {
+  const Problem& p = m.problem();
+  const TpChain chain = layer_chain(m.grid());
+  const std::uint64_t hidden = u64(p.dims.hidden_size), batch = u64(p.batch);
+  const std::uint64_t extra = p.o_proj_order == OProjOrder::rank_sums ? 1 : 0;
+  for (std::size_t proc = 0; proc < m.processes(); ++proc) {
+    std::uint64_t planes = 0, rows = 0, outputs = 0, columns = 0;
+    for (const LogicalRank* r : m.hosted(proc)) {
+      std::uint64_t chunk = 0;
+      for (const Range& c : chain_chunks(chain, *r)) chunk = std::max(chunk, u64(c.size()));
+      const std::uint64_t plane = 2 * batch * chunk * hidden * kFloat;
+      planes += (r->tp_rank == 0 ? 3 : 2 + extra) * plane;
+      rows = std::max(
+          rows, 2 * 2 * batch * u64(r->q_heads.size()) * chunk * u64(p.dims.head_dim) * kFloat);
+      std::uint64_t tokens = 0;
+      for (const Range& t : r->tokens) tokens += u64(t.size());
+      if (r->tp_rank == 0) outputs += 2 * batch * tokens * hidden * kFloat;
+      columns += hidden * u64(r->q_heads.size()) * u64(p.dims.head_dim) * kFloat;
+    }
+    m.add_phase(proc, kOProjPhase,
+                {{"references", m.references(proc)},
+                 {"outputs kept", m.kept(proc)},
+                 {"references cast as written", m.references(proc)},
+                 {"one step's layer planes", planes},
+                 {"a chunk's group rows, and transposed", rows},
+                 {"the layer outputs", outputs},
+                 {"o_proj's columns of the ranks' groups", columns}});
+  }
+}
+
 // The CP=1 reference backward, shared by each TP group: round by round, every CP rank's KV heads
 // of the round, from the reference forward's rows gathered there.
 void reference_backward(CaseMemory& m) {

@@ -110,7 +110,7 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
   // can legitimately compute for a long time (the GPU transports apply it always).
   if (request.comm_timeout_given) comm.set_wait_timeout(request.comm_timeout_seconds);
   context_.emplace(
-      RunContext{request.problem, pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
+      RunContext{inputs_.problem(), pool_, inputs_, *transport_, comm.collectives(), cp1_results_});
   if (request.include_backward) context_->cp1_backward = &cp1_backward_;
   if (request.include_lane_backward) {
     if (!backend_->has_lane_partials()) {
@@ -119,12 +119,17 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
     }
     context_->te_p2p_backward = true;
   }
+  if (request.problem.layer && std::string(backend_->name()) != "cpu") {
+    throw UsageError(std::string("--scope layer: the layer's projections run on the CPU backend "
+                                 "only for now, not the ") +
+                     backend_->name() + " one (--device cpu)");
+  }
   if (request.include_dlogp) context_->vocab_size = request.vocab_size;
   context_->round_rows = request.round_rows;
   // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.
   if (std::string(backend_->name()) != "cpu" && request.cpu_check) {
     cpu_backend_ = make_cpu_backend(pool_);
-    cpu_inputs_ = std::make_unique<InputStore>(request.problem, pool_, *cpu_backend_);
+    cpu_inputs_ = std::make_unique<InputStore>(inputs_.problem(), pool_, *cpu_backend_);
     context_->cpu_rerun_inputs = cpu_inputs_.get();
   }
 }

@@ -180,14 +180,18 @@ PhaseWork backward_work(const CaseGrid& grid) {
   return w;
 }
 
-PhaseWork dlogp_work(const CaseGrid& grid, int vocab) {
+PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain) {
   PhaseWork w(grid.spec.num_logical_ranks());
-  const int steps = dlogp_steps(grid, vocab);
+  const int steps = chain_steps(grid, chain);
   for (const LogicalRank& dst : grid.ranks) {
     for (int step = 0; step < steps; ++step)
-      add_all(w, expected_logit_partials(grid, dst, vocab, step));
+      add_all(w, expected_chain_partials(grid, chain, dst, step));
   }
   return w;
+}
+
+PhaseWork dlogp_work(const CaseGrid& grid, int vocab) {
+  return chain_work(grid, logit_chain(grid, vocab));
 }
 
 PhaseWork reference_forward_work(const CaseGrid& grid) {

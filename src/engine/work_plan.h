@@ -70,6 +70,8 @@ PhaseWork forward_work(const CaseGrid& grid);
 /// The backward, round by round: query rows (q, dO, lse, Δ) to the owners of the blocks that see
 /// them, every block pair at its owner, partial dq back to the query owner.
 PhaseWork backward_work(const CaseGrid& grid);
+/// A fold along the TP ranks (manifest.h's TpChain): the planes it passes on.
+PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain);
 /// The selected-token logprobs' logit partials over a vocabulary of `vocab`.
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab);
 /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical rank,

@@ -8,14 +8,18 @@
 #include "core/util/work_timers.h"
 #include "cpdrift/bf16.h"
 #include "kernels/attention_backend.h"
+#include "kernels/layer_weights.h"
 
 namespace cpd {
 
 InputStore::InputStore(const Problem& problem, ThreadPool& pool)
-    : problem_(problem), pool_(pool), owned_(make_cpu_backend(pool)), backend_(owned_.get()) {}
+    : problem_(with_layer_weights(problem)),
+      pool_(pool),
+      owned_(make_cpu_backend(pool)),
+      backend_(owned_.get()) {}
 
 InputStore::InputStore(const Problem& problem, ThreadPool& pool, AttentionBackend& backend)
-    : problem_(problem), pool_(pool), backend_(&backend) {}
+    : problem_(with_layer_weights(problem)), pool_(pool), backend_(&backend) {}
 
 InputStore::~InputStore() = default;
 

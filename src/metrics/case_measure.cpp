@@ -102,6 +102,10 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
     }
   }
   if (part.backward) into.backward = measure_backward(m, *part.backward, part.cp_ranks);
+  if (part.layer) {
+    into.layer.available = true;
+    into.layer.out = m.stats(*part.layer);
+  }
   if (part.dlogp) {
     into.dlogp.available = true;
     into.dlogp.drift = m.stats(*part.dlogp);

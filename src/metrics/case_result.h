@@ -59,6 +59,13 @@ struct DlogpDrift {
   RlMetrics rl;     // the same tokens in the figures RL frameworks log (rank 0)
 };
 
+/// The layer (--scope layer, report `layer`): the layer's output from the case's attention output
+/// vs from the FP32 CP=1 reference cast alike, through the same o_proj.
+struct LayerDrift {
+  bool available = false;
+  DiffStats out;
+};
+
 /// A production lane of a case (report `production_lanes`).
 struct LaneDrift {
   ProductionLane lane;
@@ -79,6 +86,7 @@ struct CaseResult {
   OutLseStats merge_oracle;        // FP32 fold vs FP64 oracle on the same states
   std::vector<PerRankDrift> per_rank;
   BackwardDrift backward;
+  LayerDrift layer;
   DlogpDrift dlogp;
   /// GPU runs: the cuBLAS unfused path's drift, and the FP32 path on the GPU vs on the CPU
   /// (must be bitwise equal: the canonical order is the same on both).

@@ -37,6 +37,7 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
       d.push_back({"backward.dk", c.backward.dk.digest});
       d.push_back({"backward.dv", c.backward.dv.digest});
     }
+    if (c.layer.available) d.push_back({"layer.out", c.layer.out.digest});
     if (c.dlogp.available) d.push_back({"dlogp", c.dlogp.drift.digest});
     return d;
   };
@@ -118,6 +119,7 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
     check_finite(failed, n + ": cublas_unfused.out", c.cublas_unfused->out);
     check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
   }
+  if (c.layer.available) check_finite(failed, n + ": layer.out", c.layer.out);
   if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
   if (c.topology_required && !c.topology.bitwise_equal()) {
     failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +

@@ -39,9 +39,10 @@ std::string backward_split_backend(const CaseExecution& e);
 /// its TP rank as executed.
 json::Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExecution& e);
 
-/// The training and logprob legs: a case's `backward` and `dlogp`, the root `dlogp`, and the
-/// report's `trainer_vs_rollout` block (how the pairs are made, and one entry per pair).
+/// The training and logprob legs: a case's `backward`, `layer` and `dlogp`, the root `dlogp`, and
+/// the report's `trainer_vs_rollout` block (how the pairs are made, and one entry per pair).
 json::Value backward_json(const RunReport& r, const CaseResult& c);
+json::Value layer_case_json(const RunReport& r, const CaseResult& c);
 json::Value dlogp_case_json(const CaseResult& c, DType dtype);
 json::Value dlogp_root_json(const RunReport& r);
 json::Value rollout_pairs_json(const RunReport& r);

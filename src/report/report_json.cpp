@@ -289,6 +289,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
       {"merge_oracle", out_lse_json(c.merge_oracle)},
       {"per_rank", array_of(c.per_rank, per_rank_json)},
       {"backward", backward_json(report, c)},
+      {"layer", layer_case_json(report, c)},
       {"dlogp", dlogp_case_json(c, report.problem.dtype)},
       {"distributed_p2p_reference", p2p_json(report, c)},
       {"execution", Object{{"seconds", c.seconds},
@@ -344,7 +345,9 @@ Value target_json(const Problem& p) {
       {"seed", p.seed},
       // Generated inputs: their distribution; a file's (--inputs): "file" and what it was.
       {"input_distribution", p.inputs ? "file" : to_string(p.distribution)},
-      {"inputs", p.inputs ? inputs_json(p.inputs->info()) : Value()}};
+      {"inputs", p.inputs ? inputs_json(p.inputs->info()) : Value()},
+      // core: q, k, v → out; layer: hidden → q/k/v_proj → norms → RoPE → attention → o_proj.
+      {"scope", p.layer ? "layer" : "core"}};
 }
 
 // Transformer Engine's CP merge: not run; its ring emulated as the te_p2p lane.

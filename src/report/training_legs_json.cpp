@@ -194,6 +194,18 @@ Value rollout_pairs_json(const RunReport& r) {
       {"pairs", array_of(r.rollout_pairs, rollout_pair_json)}};
 }
 
+Value layer_case_json(const RunReport& r, const CaseResult& c) {
+  if (!c.layer.available) return status_json("not_requested", "run with --scope layer");
+  const Problem& p = r.problem;
+  return Object{{"status", "available"},
+                {"weights", "synthetic"},
+                {"o_proj_order", to_string(p.o_proj_order)},
+                {"reference_cast_dtype", torch_dtype_name(p.dtype)},
+                {"candidate", p.dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
+                {"hidden_size", p.dims.hidden_size},
+                {"out", stats_json(c.layer.out)}};
+}
+
 Value dlogp_case_json(const CaseResult& c, DType dtype) {
   if (!c.dlogp.available) return status_json("not_requested", "run with --include-dlogp");
   return Object{{"status", "available"},

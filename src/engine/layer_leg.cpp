@@ -1,0 +1,44 @@
+// The layer's phases (--scope layer): o_proj of the case's attention output and of the reference,
+// compared and published.
+#include "engine/case_run.h"
+#include "engine/case_runner.h"
+#include "engine/o_proj.h"
+#include "engine/tensor_layout.h"
+
+namespace cpd {
+namespace phase_run {
+
+void o_proj(CaseRun& r) {
+  // As dlogp: the case's CP output as written (BF16 under --dtype bf16) vs the FP32 CP=1 output
+  // cast the same way; the layer's output is written alike (a BF16 model's o_proj writes BF16).
+  const bool bf16 = r.ctx.problem.dtype == DType::bf16;
+  std::vector<AttnShard> cast;
+  for (const AttnShard* a : r.reference) cast.push_back(final_write(*a, bf16, r.ctx.pool));
+  HostedAttention cast_of;
+  for (const AttnShard& c : cast) cast_of.push_back(&c);
+  CasePart part(r.grid.spec.cp);
+  Comparison& c = part.layer.emplace();
+  std::vector<const Shard*> candidate, reference;
+  for (LayerOutputs& o :
+       run_o_proj(r.grid, r.dtype_written, cast_of, r.ctx.transport, r.ctx.inputs)) {
+    const Shard& cand =
+        part.held.keep(bf16 ? bf16_written(o.candidate, r.ctx.pool) : std::move(o.candidate));
+    const Shard& ref =
+        part.held.keep(bf16 ? bf16_written(o.reference, r.ctx.pool) : std::move(o.reference));
+    c.add(o.rank.cp_rank, cand, ref);
+    candidate.push_back(&cand);
+    reference.push_back(&ref);
+  }
+  // [B, 1, S, hidden] on the token owners: TP rank 0 of each CP rank.
+  const std::string base = case_group(r.record.name) + "/layer/";
+  const int hidden = r.grid.problem.dims.hidden_size;
+  c.candidate_tensor = static_cast<int>(part.tensors.size());
+  part.tensors.push_back(case_tensor(r.grid, r.ctx.transport, base + "candidate/out", candidate,
+                                     hidden, HeadKind::token, bf16, true));
+  part.tensors.push_back(case_tensor(r.grid, r.ctx.transport, base + "reference/out", reference,
+                                     hidden, HeadKind::token, bf16, false));
+  r.sink.prefill_part(part);
+}
+
+}  // namespace phase_run
+}  // namespace cpd

@@ -1,0 +1,27 @@
+// The layer's o_proj (--scope layer, docs/numerics.md §11): the attention outputs' head groups
+// projected onto the hidden dim and folded in ascending group order along each CP rank's TP
+// ranks, the running sum passed from rank to rank a chunk of tokens at a time (layer_chain).
+#pragma once
+
+#include <vector>
+
+#include "engine/protocol.h"
+#include "kernels/input_store.h"
+
+namespace cpd {
+
+/// The layer's output of the tokens one owner (TP rank 0 of a CP rank) holds:
+/// [B][1][its tokens][hidden] each.
+struct LayerOutputs {
+  LogicalRank rank;
+  Shard candidate, reference;
+};
+
+/// o_proj of `candidate` and `reference`, per hosted rank (hosted_ranks order) the attention
+/// outputs of its heads, in the problem's o_proj_order. Collective.
+std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
+                                     const std::vector<const AttnShard*>& candidate,
+                                     const std::vector<const AttnShard*>& reference,
+                                     Transport& transport, InputStore& store);
+
+}  // namespace cpd

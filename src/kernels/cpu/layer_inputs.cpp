@@ -1,0 +1,83 @@
+#include "kernels/cpu/layer_inputs.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "core/attention_jobs.h"
+#include "cpdrift/bf16.h"
+#include "cpdrift/layer_math.h"
+#include "cpdrift/rope.h"
+#include "kernels/cpu/projection.h"
+#include "kernels/layer_weights.h"
+
+namespace cpd {
+namespace {
+
+// A task's positions: its hidden rows are generated once and projected for every head.
+constexpr std::int64_t kRowsPerTask = 32;
+
+struct HeadWeights {
+  const float* w;     // [D][hidden]
+  const float* bias;  // [D] or null
+};
+
+}  // namespace
+
+Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                  InputPrecision precision, ThreadPool& pool) {
+  const Problem made = with_layer_weights(problem);  // shares the run's weights when it has them
+  const LayerWeights& weights = *made.weights;
+  const ModelDims& dims = problem.dims;
+  const int d = dims.head_dim, hidden = dims.hidden_size, half = dims.rotary_dim / 2;
+  const bool rotate = problem.rope && tensor != TensorId::v;
+  const bool round = precision == InputPrecision::bf16;
+  const float* norm = weights.norm(tensor);
+  const auto eps = static_cast<float>(dims.rms_norm_eps);
+  const std::vector<float> inv_freq = rope_inv_freq(dims);
+  std::vector<HeadWeights> heads;  // looked up here: the weights are made under a lock
+  for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h)
+    heads.push_back(HeadWeights{weights.projection(tensor, h), weights.bias(tensor, h)});
+
+  struct Task {
+    std::int64_t pos, count, local_row;
+  };
+  std::vector<Task> tasks;
+  std::int64_t local = 0;
+  for (const Range& r : shape.tokens) {
+    for (std::int64_t p = r.begin; p < r.end; p += kRowsPerTask)
+      tasks.push_back(Task{p, std::min(kRowsPerTask, r.end - p), local + (p - r.begin)});
+    local += r.size();
+  }
+  Shard shard(shape, Uninitialized{});  // the tasks write every row
+  pool.parallel_for(static_cast<std::int64_t>(tasks.size()) * shape.batch, [&](std::int64_t t) {
+    const Task& task = tasks[static_cast<std::size_t>(t / shape.batch)];
+    const int b = static_cast<int>(t % shape.batch);
+    std::vector<float> x(static_cast<std::size_t>(task.count * hidden));
+    std::vector<float> y(static_cast<std::size_t>(task.count * d));
+    std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
+    for (std::int64_t i = 0; i < task.count; ++i)
+      layer_hidden_row(problem, b, task.pos + i, x.data() + i * hidden);
+    for (std::size_t k = 0; k < heads.size(); ++k) {
+      project_rows(ProjectionJob{x.data(), task.count, heads[k].w, hidden, y.data()}, hidden, d);
+      for (std::int64_t i = 0; i < task.count; ++i) {
+        float* row =
+            shard.at(b, shape.heads.begin + static_cast<std::int64_t>(k), task.local_row + i);
+        const float* acc = y.data() + i * d;
+        for (int e = 0; e < d; ++e) row[e] = heads[k].bias ? acc[e] + heads[k].bias[e] : acc[e];
+        if (norm) head_rms_norm(row, norm, d, eps, row);
+        if (rotate) {
+          for (int f = 0; f < half; ++f)
+            rope_cos_sin(task.pos + i, inv_freq[f], cos_row[f], sin_row[f]);
+          rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
+        }
+        if (round) {
+          for (int e = 0; e < d; ++e) row[e] = round_bf16(row[e]);
+        }
+      }
+    }
+  });
+  return shard;
+}
+
+}  // namespace cpd

@@ -1,0 +1,19 @@
+// The layer's q, k and v (--scope layer, docs/numerics.md §11): the projections of its hidden
+// states, computed where generate_shard would draw the core's.
+#pragma once
+
+#include "core/model.h"
+#include "core/shard.h"
+#include "core/util/thread_pool.h"
+
+namespace cpd {
+
+/// generate_shard's contract for q, k or v of a layer problem: row (b, h, pos) is
+/// y = project_row(hidden(b, pos), head h's rows of the projection) (+ the bias), then the
+/// head's RMSNorm where the model has q_norm / k_norm, then RoPE at pos (q and k, when
+/// problem.rope), then the precision's rounding. Every output is one fma chain over the hidden
+/// dim (the tiled kernel's bits), so no shard shape or head split changes one.
+Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                  InputPrecision precision, ThreadPool& pool);
+
+}  // namespace cpd

@@ -1,0 +1,107 @@
+#include "kernels/layer_weights.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "cpdrift/bf16.h"
+#include "cpdrift/input_shape.h"
+#include "kernels/cpu/normals.h"
+
+namespace cpd {
+namespace {
+
+// n normals of `tensor` from element `first` on (both multiples of 4: whole Philox blocks), each
+// as round_bf16(offset + scale·z).
+void bf16_normals(std::uint64_t seed, TensorId tensor, std::uint64_t first, std::int64_t n,
+                  float scale, float offset, float* out) {
+  normal_blocks(seed, tensor, first >> 2, n / 4, out);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = round_bf16(offset + scale * out[i]);
+}
+
+float inverse_sqrt(std::int64_t n) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+}
+
+}  // namespace
+
+LayerWeights::LayerWeights(const ModelDims& dims, std::uint64_t seed) : dims_(dims), seed_(seed) {
+  if (dims.hidden_size % 4 != 0 || dims.head_dim % 4 != 0)
+    throw std::invalid_argument("LayerWeights: hidden_size and head_dim must be multiples of 4");
+}
+
+const float* LayerWeights::block(TensorId tensor, std::int64_t index) const {
+  const std::lock_guard lock(mutex_);
+  std::vector<float>& b = blocks_[{static_cast<int>(tensor), index}];
+  if (!b.empty()) return b.data();
+  const std::int64_t d = dims_.head_dim, hidden = dims_.hidden_size;
+  const std::int64_t width = std::int64_t{dims_.num_q_heads} * d;  // o_proj's inputs
+  switch (tensor) {
+    case TensorId::q_proj:
+    case TensorId::k_proj:
+    case TensorId::v_proj:  // rows index·D … of [out][hidden]
+      b.resize(static_cast<std::size_t>(d * hidden));
+      bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d * hidden), d * hidden,
+                   inverse_sqrt(dims_.qkv_bias ? 2 * hidden : hidden), 0.0f, b.data());
+      break;
+    case TensorId::o_proj: {  // columns of group `index` of [hidden][Hq·D]
+      const std::int64_t g = dims_.group_size() * d;
+      b.resize(static_cast<std::size_t>(hidden * g));
+      for (std::int64_t o = 0; o < hidden; ++o) {
+        bf16_normals(seed_, tensor, static_cast<std::uint64_t>(o * width + index * g), g,
+                     inverse_sqrt(width), 0.0f, b.data() + o * g);
+      }
+      break;
+    }
+    case TensorId::q_bias:
+    case TensorId::k_bias:
+    case TensorId::v_bias:
+      b.resize(static_cast<std::size_t>(d));
+      bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d), d, kBiasNorm, 0.0f,
+                   b.data());
+      break;
+    case TensorId::q_norm:
+    case TensorId::k_norm:
+      b.resize(static_cast<std::size_t>(d));
+      bf16_normals(seed_, tensor, 0, d, 0.125f, 1.0f, b.data());
+      break;
+    default:
+      throw std::logic_error("LayerWeights: not a weight of the layer");
+  }
+  return b.data();
+}
+
+const float* LayerWeights::projection(TensorId tensor, std::int64_t head) const {
+  return block(tensor == TensorId::q   ? TensorId::q_proj
+               : tensor == TensorId::k ? TensorId::k_proj
+                                       : TensorId::v_proj,
+               head);
+}
+
+const float* LayerWeights::bias(TensorId tensor, std::int64_t head) const {
+  return dims_.qkv_bias ? block(bias_of(tensor), head) : nullptr;
+}
+
+const float* LayerWeights::norm(TensorId tensor) const {
+  if (!dims_.qk_norm || tensor == TensorId::v) return nullptr;
+  return block(tensor == TensorId::q ? TensorId::q_norm : TensorId::k_norm, 0);
+}
+
+const float* LayerWeights::o_proj_group(std::int64_t group) const {
+  return block(TensorId::o_proj, group);
+}
+
+Problem with_layer_weights(Problem problem) {
+  if (problem.layer && !problem.weights)
+    problem.weights = std::make_shared<const LayerWeights>(problem.dims, problem.seed);
+  return problem;
+}
+
+void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* row) {
+  const std::int64_t hidden = problem.dims.hidden_size;
+  const std::int64_t src = input_sequence(TensorId::q, b, pos, shared_prompt_len(problem));
+  bf16_normals(problem.seed, TensorId::hidden,
+               static_cast<std::uint64_t>((src * problem.seq_len + pos) * hidden), hidden, 1.0f,
+               0.0f, row);
+}
+
+}  // namespace cpd

@@ -1,0 +1,61 @@
+// The attention layer's weights and hidden states (--scope layer, docs/numerics.md §11):
+// synthetic from the seed, generated a head (or a head group) at a time on first use and kept
+// for the run, so a process holds only what its ranks' heads read.
+//
+// The distribution, and why: a trained checkpoint's BF16 weights and a BF16 model's hidden
+// states hold BF16 values, so every value is generated in FP32 and rounded to BF16 once, and
+// the FP32 and BF16 paths start from the same numbers. The hidden states (the decoder layer's
+// input RMSNorm output, weight ≈ 1) are standard normals: RMS 1 per token. q_proj, k_proj,
+// v_proj and o_proj are N(0, 1/in) (in: the reduction dim), so each projection's output has
+// unit variance, the scale the core's generated q, k, v have and its gates are set for. With a
+// bias (Qwen2's), q_proj, k_proj and v_proj are N(0, 1/(2·in)) and the bias N(0, 1/2): half the
+// variance a per-channel mean and the total one, as the core's biased inputs (input_shape.h's
+// kBiasNorm). q_norm and k_norm's weights are 1 + N(0, 1)/8, a trained norm's spread around one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/model.h"
+
+namespace cpd {
+
+class LayerWeights {
+ public:
+  /// The synthetic weights of `dims`' attention layer from `seed`.
+  LayerWeights(const ModelDims& dims, std::uint64_t seed);
+
+  /// Head `head`'s head_dim output rows of q_proj, k_proj or v_proj (tensor q, k or v), in Hugging
+  /// Face's [out][in] layout: [head_dim][hidden].
+  const float* projection(TensorId tensor, std::int64_t head) const;
+  /// Head `head`'s bias [head_dim] of q, k or v; nullptr for a model without one.
+  const float* bias(TensorId tensor, std::int64_t head) const;
+  /// q_norm's (tensor q) or k_norm's (tensor k) weight [head_dim]; nullptr for a model without.
+  const float* norm(TensorId tensor) const;
+  /// o_proj's columns of KV head group `group` ((Hq / Hkv)·head_dim of them, the group's query
+  /// heads in order): [hidden][group columns].
+  const float* o_proj_group(std::int64_t group) const;
+  /// Where the weights come from: "synthetic".
+  const char* source() const { return "synthetic"; }
+
+ private:
+  const float* block(TensorId tensor, std::int64_t index) const;
+
+  ModelDims dims_;
+  std::uint64_t seed_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::pair<int, std::int64_t>, std::vector<float>> blocks_;
+};
+
+/// `problem` with its layer weights made, when it is a layer problem without them.
+Problem with_layer_weights(Problem problem);
+
+/// The layer's input of sequence `b` at position `pos`: hidden_size BF16-valued floats. Inside
+/// the shared prompt every sequence's are sequence 0's (input_sequence), so their q, k and v are.
+void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* row);
+
+}  // namespace cpd

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The whole attention layer (--scope layer) bitwise across TP, CP, layouts, protocols and
+process counts, with its controls.
+
+Each model runs at S = 64, chunked prefill at a 4-token split (a KV block grid every CP shares),
+over every TP that divides its heads, CP 1/2/4, both layouts and, for Qwen3-8B, the three
+protocols, on 1, 2 and 4 processes. Every case's layer output must have the same digest, on
+every process count (the run's own check refuses a case of a grid whose bits differ; the test
+reads the digests too). The controls show the comparison can fail: o_proj's rank_sums order
+(each TP rank's groups summed apart, then the ranks' sums added) gives other bits at TP 2 than
+at TP 1 and the run says so; and a grid that differs (prefill without a split, CP 1 vs CP 2)
+gives other bits. What the layer does not run yet is refused in one line.
+
+Usage: layer_matrix.py --cpdrift BIN --mpirun MPIRUN [--models a,b]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# name: (Hq, Hkv)
+MODELS = {
+    "qwen3-8b": (32, 8), "qwen3-4b": (32, 8), "qwen3-14b": (40, 8), "qwen3-32b": (64, 8),
+    "qwen3-30b-a3b": (32, 4), "llama-3.1-8b": (32, 8), "qwen2.5-7b": (28, 4),
+}
+BASE = ["--scope", "layer", "--seq-len", "64", "--modes", "chunked_prefill",
+        "--kv-chunk-sizes", "4"]
+
+
+def tp_sizes(hq, hkv):
+    return [t for t in (1, 2, 4, 8) if hq % t == 0 and hkv % t == 0]
+
+
+def run(args, np, flags, out):
+    cmd = [args.mpirun, "-np", str(np), "--oversubscribe", args.cpdrift, *flags,
+           "--output", out, "--quiet"]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def layer_digests(path):
+    return {c["case_name"]: c["layer"]["out"]["digest"] for c in load(path)["cases"]}
+
+
+def check_model(args, work, name, hq, hkv):
+    failures = []
+    flags = [*BASE, "--model", name,
+             "--tp-world-sizes", ",".join(map(str, tp_sizes(hq, hkv))),
+             "--cp-world-sizes", "1,2,4", "--cp-layouts", "contiguous,zigzag"]
+    if name == "qwen3-8b":
+        flags += ["--protocols", "ag_rs,ring_kv,allgather_kv"]
+    seen = set()
+    for np in (1, 2, 4):
+        out = os.path.join(work, f"{name}_np{np}.json")
+        r = run(args, np, flags, out)
+        if r.returncode != 0:
+            failures.append(f"{name} np={np}: exit {r.returncode}: {r.stderr[-2000:]}")
+            continue
+        digests = layer_digests(out)
+        seen |= set(digests.values())
+        print(f"{name} np={np}: {len(digests)} cases, layer digests {sorted(set(digests.values()))}")
+    if len(seen) != 1:
+        failures.append(f"{name}: the layer's output has {len(seen)} digests over the matrix "
+                        f"and process counts, not one")
+    return failures
+
+
+def check_controls(args, work):
+    failures = []
+    out = os.path.join(work, "control.json")
+    # o_proj summed per TP rank, then the ranks' sums: TP changes bits, and the run says so.
+    r = run(args, 2, [*BASE, "--o-proj-order", "rank_sums", "--tp-world-sizes", "1,2",
+                      "--cp-world-sizes", "1"], out)
+    digests = layer_digests(out) if os.path.exists(out) else {}
+    said = os.path.exists(out) and any("layer.out bits differ" in f
+                                       for f in load(out)["summary"]["failed_checks"])
+    print(f"control rank_sums: exit {r.returncode}, digests {sorted(set(digests.values()))}, "
+          f"reported: {said}")
+    if r.returncode != 1 or len(set(digests.values())) != 2 or not said:
+        failures.append("control rank_sums: expected exit 1, two digests and the check's line")
+    # Another block grid: prefill without a split at CP 1 and 2 (the grid follows CP).
+    out = os.path.join(work, "grid.json")
+    r = run(args, 2, ["--scope", "layer", "--seq-len", "64", "--modes", "prefill",
+                      "--tp-world-sizes", "1", "--cp-world-sizes", "1,2"], out)
+    digests = layer_digests(out) if r.returncode == 0 else {}
+    print(f"control grid: exit {r.returncode}, digests {sorted(set(digests.values()))}")
+    if len(set(digests.values())) != 2:
+        failures.append("control grid: CP 1 and 2 without a split should differ in bits")
+    return failures
+
+
+# What the layer does not run yet, refused on every process before anything runs.
+REFUSED = [
+    (["--include-backward"], "the layer's backward is not available yet"),
+    (["--include-dlogp"], "the logprobs through the layer's output are not available yet"),
+    (["--modes", "decode"], "the layer's rollout side is not available yet"),
+    (["--input-distribution", "sink"], "q, k and v are the layer's projections"),
+    (["--cp-world-sizes", "16"], "the layer runs CP up to 8"),
+    (["--seq-len", "72"], "is not a multiple of 16"),
+]
+
+
+def check_refusals(args, work):
+    failures = []
+    out = os.path.join(work, "refused.json")
+    for flags, expect in REFUSED:
+        r = run(args, 2, ["--scope", "layer", "--seq-len", "64", *flags], out)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("cpdrift")]
+        ok = r.returncode == 2 and len(lines) == 1 and expect in lines[0]
+        print(f"refused {' '.join(flags)}: exit {r.returncode}, {lines}")
+        if not ok or os.path.exists(out):
+            failures.append(f"{flags}: expected status 2 and one line with {expect!r}")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpdrift", required=True)
+    parser.add_argument("--mpirun", required=True)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    failures = []
+    with tempfile.TemporaryDirectory() as work:
+        failures += check_refusals(args, work)
+        failures += check_controls(args, work)
+        for name in args.models.split(","):
+            failures += check_model(args, work, name, *MODELS[name])
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{'FAILED' if failures else 'OK'}: layer matrix ({len(failures)} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+// The layer around the core (--scope layer): q, k and v as the composition of layer_math.h's
+// projection, head RMSNorm and RoPE, bit for bit, against an FP64 oracle, and the same for any
+// slice; o_proj through the engine's TP chain equals the canonical group fold at TP 1, 2 and 4
+// and every CP, and the rank_sums order (the control) does not.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "case_digests.h"
+#include "cpdrift/layer_math.h"
+#include "cpdrift/rope.h"
+#include "engine/o_proj.h"
+#include "kernels/cpu/inputs.h"
+#include "kernels/layer_weights.h"
+
+using namespace cpd;
+using testing::kFp32;
+
+namespace {
+
+// A small layer with every piece: qk norms, a qkv bias, GQA groups of two (TP 1, 2, 4 valid).
+Problem small_layer() {
+  Problem p;
+  p.dims.name = "test-layer";
+  p.dims.hidden_size = 96;
+  p.dims.num_q_heads = 8;
+  p.dims.num_kv_heads = 4;
+  p.dims.head_dim = 64;  // the CPU tile's smallest
+  p.dims.rotary_dim = 64;
+  p.dims.qk_norm = true;
+  p.dims.qkv_bias = true;
+  p.batch = 2;
+  p.seq_len = 32;
+  p.layer = true;
+  return p;
+}
+
+ShardShape whole(const Problem& p, TensorId t) {
+  return ShardShape{p.batch, Range{0, heads_of(p.dims, t)}, {Range{0, p.seq_len}}, p.dims.head_dim};
+}
+
+// Row (b, h, pos) of q, k or v by its definition (layer_inputs.h), from layer_math.h's pieces.
+std::vector<float> defined_row(const Problem& p, const LayerWeights& w, TensorId t, int b,
+                               std::int64_t h, std::int64_t pos) {
+  const ModelDims& d = p.dims;
+  std::vector<float> x(static_cast<std::size_t>(d.hidden_size)), y(d.head_dim);
+  layer_hidden_row(p, b, pos, x.data());
+  project_row(x.data(), w.projection(t, h), d.hidden_size, d.hidden_size, d.head_dim, w.bias(t, h),
+              y.data());
+  if (const float* norm = w.norm(t))
+    head_rms_norm(y.data(), norm, d.head_dim, static_cast<float>(d.rms_norm_eps), y.data());
+  if (t != TensorId::v) {
+    const std::vector<float> inv_freq = rope_inv_freq(d);
+    std::vector<float> c(inv_freq.size()), s(inv_freq.size());
+    for (std::size_t f = 0; f < inv_freq.size(); ++f) rope_cos_sin(pos, inv_freq[f], c[f], s[f]);
+    rope_rotate_row(y.data(), c.data(), s.data(), d.rotary_dim / 2);
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("layer inputs: each q, k, v row is the projection, bias, norm and RoPE, bit for bit") {
+  ThreadPool pool(2);
+  const Problem p = small_layer();
+  const Problem made = with_layer_weights(p);
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+    const Shard s = generate_shard(p, t, whole(p, t), InputPrecision::fp32, pool);
+    int differ = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < heads_of(p.dims, t); ++h) {
+        for (std::int64_t pos = 0; pos < p.seq_len; ++pos) {
+          const std::vector<float> want = defined_row(p, *made.weights, t, b, h, pos);
+          differ += std::memcmp(s.at(b, h, pos), want.data(), want.size() * sizeof(float)) != 0;
+        }
+      }
+    }
+    CAPTURE(static_cast<int>(t));
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("layer inputs: the projection against FP64, within n·u·Σ|x·w| + u·|y|") {
+  // Without norm and RoPE a row is the projection and the bias add alone: each output one fma
+  // chain of n = hidden terms (error ≤ n·u·Σ|x_i·w_i|, u = 2^-24) and one add (≤ u·|y|). The
+  // norm and RoPE have their own FP64 tests (test_layer_math, test_inputs); the test above
+  // shows the row is exactly their composition.
+  ThreadPool pool(2);
+  Problem p = small_layer();
+  p.dims.qk_norm = false;
+  p.rope = false;
+  const Problem made = with_layer_weights(p);
+  const double u = std::ldexp(1.0, -24);
+  const int n = p.dims.hidden_size, dim = p.dims.head_dim;
+  double worst = 0;  // the largest error as a share of its bound
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
+    const Shard s = generate_shard(p, t, whole(p, t), InputPrecision::fp32, pool);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (int b = 0; b < p.batch; ++b) {
+      for (std::int64_t pos = 0; pos < p.seq_len; ++pos) {
+        layer_hidden_row(p, b, pos, x.data());
+        for (std::int64_t h = 0; h < heads_of(p.dims, t); ++h) {
+          const float* w = made.weights->projection(t, h);
+          const float* bias = made.weights->bias(t, h);
+          for (int o = 0; o < dim; ++o) {
+            double exact = bias[o], magnitude = 0;
+            for (int i = 0; i < n; ++i) {
+              const double term = static_cast<double>(x[i]) * w[o * n + i];
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            const double bound = n * u * magnitude + u * std::fabs(exact) + 1e-30;
+            worst = std::max(worst, std::fabs(s.at(b, h, pos)[o] - exact) / bound);
+          }
+        }
+      }
+    }
+  }
+  CHECK(worst <= 1.0);
+  CHECK(worst > 0.0);  // the oracle sees the FP32 rounding: it is a comparison, not a copy
+}
+
+TEST_CASE("layer inputs: a shard of heads and tokens is the same slice of the whole") {
+  ThreadPool pool(2);
+  const Problem p = small_layer();
+  const Shard all =
+      generate_shard(p, TensorId::q, whole(p, TensorId::q), InputPrecision::fp32, pool);
+  const ShardShape part{p.batch, Range{1, 3}, {Range{4, 12}, Range{20, 28}}, p.dims.head_dim};
+  for (const InputPrecision precision : {InputPrecision::fp32, InputPrecision::bf16}) {
+    const Shard s = generate_shard(p, TensorId::q, part, precision, pool);
+    int differ = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 1; h < 3; ++h) {
+        for (const Range& r : part.tokens) {
+          for (std::int64_t pos = r.begin; pos < r.end; ++pos) {
+            for (int e = 0; e < p.dims.head_dim; ++e) {
+              const float want = all.at(b, h, pos)[e];
+              const float got = s.at(b, h, part.local_row(pos))[e];
+              differ += precision == InputPrecision::bf16 ? got != round_bf16(want) : got != want;
+            }
+          }
+        }
+      }
+    }
+    CHECK(differ == 0);
+  }
+}
+
+namespace {
+
+// The layer's output [B][S][hidden] of a case (the candidate; the reference is the same input).
+std::vector<float> layer_output(const Problem& p, const CaseSpec& spec) {
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(inputs.problem(), spec);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
+  std::vector<const AttnShard*> outs;
+  for (const RankOutput& r : fwd) outs.push_back(&r.merged);
+  const int hidden = p.dims.hidden_size;
+  std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len * hidden));
+  for (const LayerOutputs& o : run_o_proj(grid, outs, outs, transport, inputs)) {
+    for (int b = 0; b < p.batch; ++b) {
+      for (const Range& r : o.candidate.shape.tokens) {
+        for (std::int64_t s = r.begin; s < r.end; ++s) {
+          std::memcpy(all.data() + (b * p.seq_len + s) * hidden,
+                      o.candidate.at(b, 0, o.candidate.shape.local_row(s)),
+                      static_cast<std::size_t>(hidden) * sizeof(float));
+        }
+      }
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "o_proj: TP 1, 2, 4 and CP 1, 2 give the canonical group fold's bits; rank_sums does not") {
+  Problem p = small_layer();
+  p.seq_len = 2 * kLayerChunkRows + 64;  // several chunks: the chain pipelines them
+  const CaseSpec one{1, 1, 16, CpLayout::contiguous, Protocol::ag_rs};
+  const std::vector<float> ref = layer_output(p, one);
+  // The definition: o_proj_groups over every group of the FP32 CP=1 attention output.
+  {
+    ThreadPool pool(2);
+    InputStore inputs(p, pool);
+    InProcessTransport transport;
+    const CaseGrid grid(inputs.problem(), one);
+    const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
+    const ModelDims& d = p.dims;
+    const int hidden = d.hidden_size, width = d.num_q_heads * d.head_dim;
+    const int group = d.group_size() * d.head_dim;
+    std::vector<float> w(static_cast<std::size_t>(hidden * width));  // [hidden][Hq·D]
+    for (int g = 0; g < d.num_kv_heads; ++g) {
+      const float* cols = inputs.problem().weights->o_proj_group(g);
+      for (int o = 0; o < hidden; ++o)
+        std::memcpy(w.data() + o * width + g * group, cols + o * group, group * sizeof(float));
+    }
+    int differ = 0;
+    std::vector<float> a(static_cast<std::size_t>(width)), y(hidden);
+    const Shard& out = fwd.front().merged.out;
+    for (int b = 0; b < p.batch; ++b) {
+      for (std::int64_t s = 0; s < p.seq_len; ++s) {
+        for (int h = 0; h < d.num_q_heads; ++h)
+          std::memcpy(a.data() + h * d.head_dim, out.at(b, h, s), d.head_dim * sizeof(float));
+        o_proj_groups(a.data(), w.data(), width, group, 0, d.num_kv_heads, hidden, true, y.data());
+        differ += std::memcmp(y.data(), ref.data() + (b * p.seq_len + s) * hidden,
+                              hidden * sizeof(float)) != 0;
+      }
+    }
+    CHECK(differ == 0);
+  }
+  for (const int tp : {2, 4}) {
+    for (const int cp : {1, 2}) {
+      for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+        CAPTURE(tp);
+        CAPTURE(cp);
+        const std::vector<float> got =
+            layer_output(p, CaseSpec{tp, cp, 16, layout, Protocol::ag_rs});
+        CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // The control: the ranks' own sums added apart. At TP 1 there is one rank: the same fold.
+  p.o_proj_order = OProjOrder::rank_sums;
+  const std::vector<float> one_rank = layer_output(p, one);
+  CHECK(std::memcmp(one_rank.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+  const std::vector<float> two =
+      layer_output(p, CaseSpec{2, 1, 16, CpLayout::contiguous, Protocol::ag_rs});
+  CHECK(std::memcmp(two.data(), ref.data(), ref.size() * sizeof(float)) != 0);
+}
