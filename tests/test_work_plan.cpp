@@ -1,9 +1,11 @@
 // `cpdrift plan`'s predictions against what runs: the bytes every pair of logical ranks
 // exchanges (counted by a transport that tallies each delivered message) and the (row, key)
 // pairs the kernels evaluate (their own counters), exactly, for every protocol, layout, split and
-// round size, forward, backward and dlogp; the closed-form pair count against a loop.
+// round size, forward, backward, dlogp and the layer's o_proj; the closed-form pair count against a
+// loop.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include "engine/dlogp.h"
 #include "engine/local_run.h"
 #include "engine/memory_plan.h"
+#include "engine/o_proj.h"
 #include "engine/run_progress.h"
 #include "engine/work_plan.h"
 #include "kernels/cpu/kernel_work.h"
@@ -124,6 +127,37 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
     }
   }
   CHECK(checked >= 40);
+}
+
+TEST_CASE("plan: the layer's o_proj moves exactly the bytes its schedule says") {
+  Problem p = testing::small_problem();
+  p.seq_len = 48;
+  p.layer = true;
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);  // the weights made once for every case
+  int checked = 0;
+  for (const CpLayout layout : {CpLayout::contiguous, CpLayout::zigzag}) {
+    for (const int tp : {1, 2, 4}) {
+      for (const int cp : {1, 2}) {
+        const CaseSpec spec{tp, cp, 8, layout, Protocol::ag_rs};
+        const CaseGrid grid(inputs.problem(), spec);
+        CAPTURE(case_name(spec, p));
+        TallyingTransport transport(spec.num_logical_ranks());
+        const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
+        transport.take();
+        std::vector<const AttnShard*> outs;
+        for (const RankOutput& o : fwd) outs.push_back(&o.merged);
+        run_o_proj(grid, outs, outs, transport, inputs);
+        const std::vector<std::uint64_t> moved = transport.take();
+        CHECK(moved == o_proj_work(grid).bytes_between);
+        // The chain moves planes exactly when there are TP ranks to pass them between.
+        const bool any = std::any_of(moved.begin(), moved.end(), [](auto b) { return b > 0; });
+        CHECK(any == (tp > 1));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 12);
 }
 
 TEST_CASE("plan: a prediction for other rounds does not match (negative control)") {

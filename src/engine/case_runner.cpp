@@ -35,8 +35,7 @@ void round_bf16_on(const float* from, float* to, std::int64_t n, ThreadPool& poo
 
 // The final write of a BF16 kernel on `a` itself: out rounded once to BF16, lse kept.
 const AttnShard& write_bf16_in_place(AttnShard& a, ThreadPool& pool) {
-  round_bf16_on(a.out.data.data(), a.out.data.data(), static_cast<std::int64_t>(a.out.data.size()),
-                pool);
+  write_bf16_in_place(a.out, pool);
   return a;
 }
 
@@ -149,6 +148,10 @@ void capture_decoded(const CaseRun& r, const HostedAttention& written,
 }
 
 }  // namespace
+
+void write_bf16_in_place(Shard& s, ThreadPool& pool) {
+  round_bf16_on(s.data.data(), s.data.data(), static_cast<std::int64_t>(s.data.size()), pool);
+}
 
 Shard bf16_written(const Shard& s, ThreadPool& pool) {
   Shard w(s.shape, Uninitialized{});  // every element written below

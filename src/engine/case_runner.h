@@ -16,6 +16,8 @@ namespace cpd {
 AttnShard final_write(const AttnShard& merged, bool bf16, ThreadPool& pool);
 /// A tensor rounded once to BF16 (kept in FP32 storage): the final write of a BF16 kernel.
 Shard bf16_written(const Shard& s, ThreadPool& pool);
+/// The same, on `s` itself.
+void write_bf16_in_place(Shard& s, ThreadPool& pool);
 
 /// Runs `spec` and hands what it computed to `sink.prefill_case`. Collective over the
 /// transport's processes.

@@ -47,8 +47,9 @@ CaseSchedule schedule_case(const CaseGrid& grid, const ScheduleOptions& o) {
                              [path](CaseRun& r) { phase_run::forward_path(r, path); }});
   }
   if (grid.problem.layer) {
-    s.phases.push_back(Phase{kOProjPhase, K::o_proj, chain_work(grid, layer_chain(grid)), 0,
-                             R::fp32, false, phase_memory::o_proj, phase_run::o_proj});
+    s.phases.push_back(Phase{kOProjPhase, K::o_proj, o_proj_work(grid),
+                             2.0 * grid.problem.dims.head_dim, R::fp32, false, phase_memory::o_proj,
+                             phase_run::o_proj});
   }
   if (o.vocab > 0) {
     s.phases.push_back(Phase{kDlogpPhase, K::dlogp, dlogp_work(grid, o.vocab), 0, R::fp32, false,

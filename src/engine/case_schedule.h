@@ -28,7 +28,8 @@ struct Phase {
   /// What its kernels evaluate and what it sends and receives, per logical rank: exactly what the
   /// kernels' and transports' counters count.
   PhaseWork work;
-  /// FLOPs of one (row, key) pair of its kernels: 4·D forward, 10·D backward, 0 for none.
+  /// FLOPs of one (row, key) pair of its kernels: 4·D forward, 10·D backward, 2·D a projection's
+  /// dot, 0 for none.
   double flops_per_pair = 0;
   KernelRate rate = KernelRate::fp32;
   /// It runs on the host's CPU beside the case (this tool's CP=1 checks, a GPU run's FP32 re-run):

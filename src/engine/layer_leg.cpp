@@ -21,10 +21,12 @@ void o_proj(CaseRun& r) {
   std::vector<const Shard*> candidate, reference;
   for (LayerOutputs& o :
        run_o_proj(r.grid, r.dtype_written, cast_of, r.ctx.transport, r.ctx.inputs)) {
-    const Shard& cand =
-        part.held.keep(bf16 ? bf16_written(o.candidate, r.ctx.pool) : std::move(o.candidate));
-    const Shard& ref =
-        part.held.keep(bf16 ? bf16_written(o.reference, r.ctx.pool) : std::move(o.reference));
+    if (bf16) {
+      write_bf16_in_place(o.candidate, r.ctx.pool);
+      write_bf16_in_place(o.reference, r.ctx.pool);
+    }
+    const Shard& cand = part.held.keep(std::move(o.candidate));
+    const Shard& ref = part.held.keep(std::move(o.reference));
     c.add(o.rank.cp_rank, cand, ref);
     candidate.push_back(&cand);
     reference.push_back(&ref);

@@ -47,10 +47,24 @@ void CaseMemory::add_phase(std::size_t proc, std::string name,
   const int dim = p.dims.head_dim;
   std::uint64_t lm_head = 0;
   for (const auto& [vocab, head] : m.lm_head) lm_head += tensor_bytes(1, 1, vocab, dim);
+  // The layer's weights (LayerWeights): each q, k, v head's rows whose inputs a rank generated,
+  // [D][hidden], and o_proj's columns of each head group used, [hidden][G].
+  std::uint64_t weights = 0;
+  if (p.layer) {
+    std::set<std::pair<int, std::int64_t>> heads;
+    for (const auto& [tensor, batch, head] : m.planes) {
+      if (tensor != static_cast<int>(TensorId::d_out)) heads.insert({tensor, head});
+    }
+    const int hidden = p.dims.hidden_size, group = p.dims.group_size();
+    weights =
+        tensor_bytes(1, 1, static_cast<std::int64_t>(heads.size()) * dim, hidden) +
+        tensor_bytes(1, 1, static_cast<std::int64_t>(m.o_proj_groups.size()) * group * dim, hidden);
+  }
   std::vector<MemoryTerm> all{
       {"input memo", m.planes.size() * tensor_bytes(1, 1, p.seq_len, dim)},
       {"CP=1 memos", m.cp1_memo + m.cp1_backward_memo},
       {"lm_head columns", lm_head},
+      {"layer weights", weights},
       // Per kernel thread: the forward's scores [keys][64] (four lane tiles); the backward's dk,
       // dv [keys][D] (thread-local, so the longest key range any kernel has seen).
       {"kernel scratch", tensor_bytes(threads_, 1, 1,

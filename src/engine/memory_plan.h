@@ -54,13 +54,14 @@ struct ProcessMemory {
 /// a row of it, from the heap, which keeps every page it ever touched (main.cpp) and hands them
 /// out again, so a plane is counted whole; the CP=1 memos; the longest key ranges its kernel
 /// threads have held (their scratch); the lm_head columns the input store keeps once a dlogp
-/// leg has used them, (vocab, head).
+/// leg has used them, (vocab, head); the layer's o_proj columns of each head group used.
 struct ProcessMemos {
   std::set<std::tuple<int, int, std::int64_t>> planes;
   std::uint64_t cp1_memo = 0, cp1_backward_memo = 0;
   std::uint64_t scratch_keys = 0;  // the longest key range a kernel thread has held
   std::uint64_t forward_keys = 0;  // the longest key range of a forward kernel
   std::set<std::pair<int, std::int64_t>> lm_head;
+  std::set<std::int64_t> o_proj_groups;  // the layer's o_proj columns the store keeps
 
   void touch(TensorId tensor, int batch, const Range& heads);
 };

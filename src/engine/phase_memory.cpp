@@ -288,15 +288,15 @@ void dlogp(CaseMemory& m, int vocab) {
 // The layer's o_proj, a chunk of tokens a step (layer_chain): per hosted rank the plane it folds
 // into and sends on and the one it receives (the owner also the one it copies out; a continuing
 // rank under rank_sums its own sum too), [2][B][rows][hidden] each; the chunk's group rows and
-// the CPU tile's transposed copy of them; the owners' layer outputs; and o_proj's columns of the
-// ranks' head groups, which the input store keeps for the run.
+// the CPU tile's transposed copy of them; the owners' layer outputs. o_proj's columns of the
+// ranks' head groups stay in the input store for the run (the memos).
 void o_proj(CaseMemory& m) {
   const Problem& p = m.problem();
   const TpChain chain = layer_chain(m.grid());
   const std::uint64_t hidden = u64(p.dims.hidden_size), batch = u64(p.batch);
   const std::uint64_t extra = p.o_proj_order == OProjOrder::rank_sums ? 1 : 0;
   for (std::size_t proc = 0; proc < m.processes(); ++proc) {
-    std::uint64_t planes = 0, rows = 0, outputs = 0, columns = 0;
+    std::uint64_t planes = 0, rows = 0, outputs = 0;
     for (const LogicalRank* r : m.hosted(proc)) {
       std::uint64_t chunk = 0;
       for (const Range& c : chain_chunks(chain, *r)) chunk = std::max(chunk, u64(c.size()));
@@ -307,7 +307,8 @@ void o_proj(CaseMemory& m) {
       std::uint64_t tokens = 0;
       for (const Range& t : r->tokens) tokens += u64(t.size());
       if (r->tp_rank == 0) outputs += 2 * batch * tokens * hidden * kFloat;
-      columns += hidden * u64(r->q_heads.size()) * u64(p.dims.head_dim) * kFloat;
+      for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
+        m.memos(proc).o_proj_groups.insert(h / p.dims.group_size());
     }
     m.add_phase(proc, kOProjPhase,
                 {{"references", m.references(proc)},
@@ -315,8 +316,7 @@ void o_proj(CaseMemory& m) {
                  {"references cast as written", m.references(proc)},
                  {"one step's layer planes", planes},
                  {"a chunk's group rows, and transposed", rows},
-                 {"the layer outputs", outputs},
-                 {"o_proj's columns of the ranks' groups", columns}});
+                 {"the layer outputs", outputs}});
   }
 }
 

@@ -190,6 +190,20 @@ PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain) {
   return w;
 }
 
+PhaseWork o_proj_work(const CaseGrid& grid) {
+  PhaseWork w = chain_work(grid, layer_chain(grid));
+  const Problem& p = grid.problem;
+  for (const LogicalRank& r : grid.ranks) {
+    std::uint64_t tokens = 0;
+    for (const Range& t : r.tokens) tokens += static_cast<std::uint64_t>(t.size());
+    // The candidate and the reference: per token, output and head, one D-long dot.
+    w.pairs[static_cast<std::size_t>(r.id)] = 2 * static_cast<std::uint64_t>(p.batch) * tokens *
+                                              static_cast<std::uint64_t>(p.dims.hidden_size) *
+                                              static_cast<std::uint64_t>(r.q_heads.size());
+  }
+  return w;
+}
+
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab) {
   return chain_work(grid, logit_chain(grid, vocab));
 }

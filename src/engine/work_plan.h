@@ -27,8 +27,8 @@ struct Traffic {
 /// One phase of a case (one forward pass, the backward, dlogp).
 struct PhaseWork {
   /// Per logical rank: (batch, query head, row, key) pairs its kernels evaluate under the
-  /// causal mask (kernel_work.h), and what it sends (messages to itself included, as the
-  /// transports count them) and receives.
+  /// causal mask (kernel_work.h; a projection phase counts its own unit), and what it sends
+  /// (messages to itself included, as the transports count them) and receives.
   std::vector<std::uint64_t> pairs;
   std::vector<Traffic> sent, received;
   /// Bytes from logical rank s to d at [s * ranks + d]: where the links are, the plan can cost.
@@ -72,6 +72,9 @@ PhaseWork forward_work(const CaseGrid& grid);
 PhaseWork backward_work(const CaseGrid& grid);
 /// A fold along the TP ranks (manifest.h's TpChain): the planes it passes on.
 PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain);
+/// The layer's o_proj: the chain's planes, and as "pairs" the (candidate or reference, batch,
+/// token, hidden output, query head) dots of head_dim a rank's kernels compute (2·D FLOPs each).
+PhaseWork o_proj_work(const CaseGrid& grid);
 /// The selected-token logprobs' logit partials over a vocabulary of `vocab`.
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab);
 /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical rank,
