@@ -9,6 +9,7 @@
 #include "comm/agree.h"
 #include "core/errors.h"
 #include "inputs/input_files.h"
+#include "inputs/layer_checkpoint.h"
 #include "report/provenance.h"
 
 namespace cpd {
@@ -38,6 +39,15 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
     if ((running || cl.command == CommandLine::Command::plan) && !run.inputs.empty()) {
       agree_or_throw(comm, true, "", [&] {
         use_input_file(run, open_input_file(run.inputs, run.request.problem.dims, root && running));
+      });
+    }
+    // --weights: every process opens the checkpoint and checks the layer's tensors alike; each
+    // reads the bytes of its own heads as its ranks use them.
+    if ((running || cl.command == CommandLine::Command::plan) && !run.weights.empty()) {
+      agree_or_throw(comm, true, "", [&] {
+        Problem& p = run.request.problem;
+        p.weights = std::make_shared<const LayerWeights>(
+            p.dims, open_layer_checkpoint(run.weights, run.layer, p.dims));
       });
     }
     switch (cl.command) {

@@ -156,6 +156,8 @@ void add_output_flags(FlagReader& r, RunOptions& o) {
   r.path("--output", o.output);
   r.path("--dump", o.dump);
   r.path("--inputs", o.inputs);
+  r.path("--weights", o.weights);
+  r.integer("--layer", o.layer, 0, 1 << 20, "a layer index");
   r.toggle("--dump-inputs", [&] { o.dump_inputs = true; });
   r.toggle("--overwrite", [&] { o.overwrite = true; });
   r.toggle("--json", [&] { o.json = true; });
@@ -204,8 +206,14 @@ void check_layer(const RunOptions& o) {
   if (!q.problem.layer) {
     if (q.problem.o_proj_order != OProjOrder::canonical)
       bad("--o-proj-order applies to the layer: add --scope layer");
+    if (!o.weights.empty() || o.layer >= 0)
+      bad(std::string(o.weights.empty() ? "--layer" : "--weights") +
+          " applies to the layer: add --scope layer");
     return;
   }
+  if (o.weights.empty() != (o.layer < 0))
+    bad(o.weights.empty() ? "--layer N needs --weights PATH (the checkpoint it is a layer of)"
+                          : "--weights PATH needs --layer N (which layer of the checkpoint)");
   if (!o.inputs.empty())
     bad("--scope layer: --inputs holds the core's q, k, v; the layer generates its hidden states");
   if (q.problem.distribution != InputDistribution::gaussian)

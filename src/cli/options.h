@@ -21,6 +21,8 @@ struct RunOptions {
   std::string output;  // JSON report path; empty: none
   std::string dump;    // HDF5 tensor dump path; empty: none
   std::string inputs;  // --inputs: q, k, v from this file (request.problem.inputs once opened)
+  std::string weights;  // --weights: the layer's weights from this checkpoint (--layer N)
+  int layer = -1;       // --layer
   bool dump_inputs = false;
   bool overwrite = false;  // --dump may replace an existing file
   bool json = false;       // print the JSON report on stdout

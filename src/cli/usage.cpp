@@ -94,6 +94,8 @@ Execution and output
   --scope core|layer           core (default): q, k, v -> attention; layer: the whole attention
                                module, hidden -> q/k/v_proj -> norms -> RoPE -> attention ->
                                o_proj, synthetic weights (prefill modes, CPU backend, forward)
+  --weights PATH --layer N     the layer's weights: layer N of a Hugging Face checkpoint
+                               (index.json + shards, or a .safetensors file), BF16
   --o-proj-order canonical|rank_sums
                                the layer's o_proj sum over head groups: one fold across the TP
                                ranks (default), or each rank's sum apart then added (a control)

@@ -9,6 +9,7 @@
 
 #include "core/range.h"
 #include "inputs/file_inputs.h"
+#include "report/json.h"
 
 namespace cpd::input_files {
 
@@ -49,6 +50,22 @@ struct RawTensor {
 
 /// Points `in`'s q, k and v readers at the three tensors and records their dtype (q's).
 void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]);
+
+/// A safetensors file (an 8-byte little-endian header length N, N bytes of JSON {name: {dtype,
+/// shape, data_offsets}}, then the tensors' bytes): its header, and where the bytes begin.
+struct SafetensorsFile {
+  std::shared_ptr<RawFile> file;
+  json::Value header;
+  std::uint64_t base = 0;
+};
+/// Opens `path` and reads its header; a file that is not safetensors is a UsageError
+/// "PATH: `not_one`".
+SafetensorsFile open_safetensors_file(const std::string& path, const std::string& not_one);
+/// A tensor entry's shape, and where its `bytes` begin in the file (checked against its
+/// data_offsets and the file's size); `where` names it in the UsageError.
+std::vector<std::int64_t> shape_of(const json::Value& t, const std::string& where);
+std::uint64_t offset_of(const json::Value& t, std::uint64_t base, std::uint64_t bytes,
+                        const RawFile& file, const std::string& where);
 
 /// `count` little-endian integers of `size` bytes (signed or not) at `offset` of `file`, as int64.
 std::vector<std::int64_t> read_integers(const RawFile& file, std::uint64_t offset,

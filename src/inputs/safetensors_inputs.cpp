@@ -2,6 +2,7 @@
 // data_offsets: [begin, end]}, "__metadata__": {string: string}}), then the tensors' bytes, each
 // at 8 + N + begin, row-major, little-endian.
 #include <memory>
+#include <string>
 
 #include "core/errors.h"
 #include "inputs/file_inputs.h"
@@ -9,9 +10,10 @@
 #include "report/json.h"
 
 namespace cpd::input_files {
-namespace {
 
+namespace {
 constexpr std::uint64_t kMaxHeader = 100u << 20;  // what the safetensors format itself allows
+}  // namespace
 
 std::vector<std::int64_t> shape_of(const json::Value& t, const std::string& where) {
   std::vector<std::int64_t> shape;
@@ -23,7 +25,6 @@ std::vector<std::int64_t> shape_of(const json::Value& t, const std::string& wher
   return shape;
 }
 
-// Where a tensor's bytes begin in the file, checked against its shape and the file's size.
 std::uint64_t offset_of(const json::Value& t, std::uint64_t base, std::uint64_t bytes,
                         const RawFile& file, const std::string& where) {
   const json::Value& o = t.contains("data_offsets") ? t.at("data_offsets") : json::Value();
@@ -41,27 +42,33 @@ std::uint64_t offset_of(const json::Value& t, std::uint64_t base, std::uint64_t 
   return base + begin;
 }
 
-}  // namespace
-
-void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in) {
-  const auto file = std::make_shared<RawFile>(path);
-  if (file->size() < 8) throw UsageError(path + ": not HDF5, safetensors or a .npy directory");
-  const auto n = static_cast<std::uint64_t>(read_integers(*file, 0, 1, 8, false)[0]);
-  if (n < 2 || n > kMaxHeader || 8 + n > file->size()) {
-    throw UsageError(
-        path + ": not HDF5, safetensors or a .npy directory (a safetensors header of " +
-        std::to_string(n) + " bytes in a file of " + std::to_string(file->size()) + ")");
+SafetensorsFile open_safetensors_file(const std::string& path, const std::string& not_one) {
+  SafetensorsFile f{std::make_shared<RawFile>(path), json::Value(), 0};
+  const RawFile& file = *f.file;
+  if (file.size() < 8) throw UsageError(path + ": " + not_one);
+  const auto n = static_cast<std::uint64_t>(read_integers(file, 0, 1, 8, false)[0]);
+  if (n < 2 || n > kMaxHeader || 8 + n > file.size()) {
+    throw UsageError(path + ": " + not_one + " (a safetensors header of " + std::to_string(n) +
+                     " bytes in a file of " + std::to_string(file.size()) + ")");
   }
   std::string text(n, '\0');
-  file->read(8, text.data(), n);
-  json::Value header;
+  file.read(8, text.data(), n);
   try {
-    header = json::parse(text);
+    f.header = json::parse(text);
   } catch (const std::exception& e) {
     throw UsageError(path + ": safetensors header is not JSON (" + e.what() + ")");
   }
-  if (!header.is_object()) throw UsageError(path + ": safetensors header is not a JSON object");
-  const std::uint64_t base = 8 + n;
+  if (!f.header.is_object()) throw UsageError(path + ": safetensors header is not a JSON object");
+  f.base = 8 + n;
+  return f;
+}
+
+void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in) {
+  const SafetensorsFile st =
+      open_safetensors_file(path, "not HDF5, safetensors or a .npy directory");
+  const std::shared_ptr<RawFile>& file = st.file;
+  const json::Value& header = st.header;
+  const std::uint64_t base = st.base;
 
   // RoPE: stated in the metadata, or the file is refused.
   const json::Value* meta = header.contains("__metadata__") ? &header.at("__metadata__") : nullptr;

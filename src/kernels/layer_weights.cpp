@@ -22,9 +22,52 @@ float inverse_sqrt(std::int64_t n) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
 }
 
+// The synthetic weights (layer_weights.h says which distribution and why).
+class SyntheticWeights final : public LayerWeightSource {
+ public:
+  SyntheticWeights(const ModelDims& dims, std::uint64_t seed) : dims_(dims), seed_(seed) {}
+  std::string describe() const override { return "synthetic"; }
+
+  void fill(TensorId tensor, std::int64_t index, float* out) const override {
+    const std::int64_t d = dims_.head_dim, hidden = dims_.hidden_size;
+    const std::int64_t width = std::int64_t{dims_.num_q_heads} * d;  // o_proj's inputs
+    switch (tensor) {
+      case TensorId::q_proj:
+      case TensorId::k_proj:
+      case TensorId::v_proj:  // rows index·D … of [out][hidden]
+        bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d * hidden), d * hidden,
+                     inverse_sqrt(dims_.qkv_bias ? 2 * hidden : hidden), 0.0f, out);
+        break;
+      case TensorId::o_proj: {  // columns of group `index` of [hidden][Hq·D]
+        const std::int64_t g = dims_.group_size() * d;
+        for (std::int64_t o = 0; o < hidden; ++o) {
+          bf16_normals(seed_, tensor, static_cast<std::uint64_t>(o * width + index * g), g,
+                       inverse_sqrt(width), 0.0f, out + o * g);
+        }
+        break;
+      }
+      case TensorId::q_bias:
+      case TensorId::k_bias:
+      case TensorId::v_bias:
+        bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d), d, kBiasNorm, 0.0f, out);
+        break;
+      default:  // q_norm, k_norm
+        bf16_normals(seed_, tensor, 0, d, 0.125f, 1.0f, out);
+    }
+  }
+
+ private:
+  ModelDims dims_;
+  std::uint64_t seed_;
+};
+
 }  // namespace
 
-LayerWeights::LayerWeights(const ModelDims& dims, std::uint64_t seed) : dims_(dims), seed_(seed) {
+LayerWeights::LayerWeights(const ModelDims& dims, std::uint64_t seed)
+    : LayerWeights(dims, std::make_shared<const SyntheticWeights>(dims, seed)) {}
+
+LayerWeights::LayerWeights(const ModelDims& dims, std::shared_ptr<const LayerWeightSource> source)
+    : dims_(dims), source_(std::move(source)) {
   if (dims.hidden_size % 4 != 0 || dims.head_dim % 4 != 0)
     throw std::invalid_argument("LayerWeights: hidden_size and head_dim must be multiples of 4");
 }
@@ -34,39 +77,26 @@ const float* LayerWeights::block(TensorId tensor, std::int64_t index) const {
   std::vector<float>& b = blocks_[{static_cast<int>(tensor), index}];
   if (!b.empty()) return b.data();
   const std::int64_t d = dims_.head_dim, hidden = dims_.hidden_size;
-  const std::int64_t width = std::int64_t{dims_.num_q_heads} * d;  // o_proj's inputs
   switch (tensor) {
     case TensorId::q_proj:
     case TensorId::k_proj:
-    case TensorId::v_proj:  // rows index·D … of [out][hidden]
+    case TensorId::v_proj:
       b.resize(static_cast<std::size_t>(d * hidden));
-      bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d * hidden), d * hidden,
-                   inverse_sqrt(dims_.qkv_bias ? 2 * hidden : hidden), 0.0f, b.data());
       break;
-    case TensorId::o_proj: {  // columns of group `index` of [hidden][Hq·D]
-      const std::int64_t g = dims_.group_size() * d;
-      b.resize(static_cast<std::size_t>(hidden * g));
-      for (std::int64_t o = 0; o < hidden; ++o) {
-        bf16_normals(seed_, tensor, static_cast<std::uint64_t>(o * width + index * g), g,
-                     inverse_sqrt(width), 0.0f, b.data() + o * g);
-      }
+    case TensorId::o_proj:
+      b.resize(static_cast<std::size_t>(hidden * dims_.group_size() * d));
       break;
-    }
     case TensorId::q_bias:
     case TensorId::k_bias:
     case TensorId::v_bias:
-      b.resize(static_cast<std::size_t>(d));
-      bf16_normals(seed_, tensor, static_cast<std::uint64_t>(index * d), d, kBiasNorm, 0.0f,
-                   b.data());
-      break;
     case TensorId::q_norm:
     case TensorId::k_norm:
       b.resize(static_cast<std::size_t>(d));
-      bf16_normals(seed_, tensor, 0, d, 0.125f, 1.0f, b.data());
       break;
     default:
       throw std::logic_error("LayerWeights: not a weight of the layer");
   }
+  source_->fill(tensor, index, b.data());
   return b.data();
 }
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,10 +25,24 @@
 
 namespace cpd {
 
+/// Where a layer's weights come from: each block LayerWeights keeps, filled on first use.
+class LayerWeightSource {
+ public:
+  virtual ~LayerWeightSource() = default;
+  /// Block `index` of `tensor` in LayerWeights' layout (its accessors say it): q_proj, k_proj,
+  /// v_proj head rows [D][hidden]; o_proj group columns [hidden][G]; q_bias, k_bias, v_bias a
+  /// head's [D]; q_norm, k_norm [D] (index 0). Only asked for what the model has.
+  virtual void fill(TensorId tensor, std::int64_t index, float* out) const = 0;
+  /// What the report says of them: "synthetic", or the checkpoint and layer.
+  virtual std::string describe() const = 0;
+};
+
 class LayerWeights {
  public:
   /// The synthetic weights of `dims`' attention layer from `seed`.
   LayerWeights(const ModelDims& dims, std::uint64_t seed);
+  /// `dims`' weights from `source` (a checkpoint's layer: inputs/layer_checkpoint.h).
+  LayerWeights(const ModelDims& dims, std::shared_ptr<const LayerWeightSource> source);
 
   /// Head `head`'s head_dim output rows of q_proj, k_proj or v_proj (tensor q, k or v), in Hugging
   /// Face's [out][in] layout: [head_dim][hidden].
@@ -39,14 +54,14 @@ class LayerWeights {
   /// o_proj's columns of KV head group `group` ((Hq / Hkv)·head_dim of them, the group's query
   /// heads in order): [hidden][group columns].
   const float* o_proj_group(std::int64_t group) const;
-  /// Where the weights come from: "synthetic".
-  const char* source() const { return "synthetic"; }
+  /// Where the weights come from: "synthetic", or the checkpoint and layer.
+  std::string source() const { return source_->describe(); }
 
  private:
   const float* block(TensorId tensor, std::int64_t index) const;
 
   ModelDims dims_;
-  std::uint64_t seed_;
+  std::shared_ptr<const LayerWeightSource> source_;
   mutable std::mutex mutex_;
   mutable std::map<std::pair<int, std::int64_t>, std::vector<float>> blocks_;
 };

@@ -2,6 +2,8 @@
 // contract.
 #include "report/plan_json.h"
 
+#include "kernels/layer_weights.h"
+
 namespace cpd {
 
 using json::array_of;
@@ -198,7 +200,7 @@ Value layer_case_json(const RunReport& r, const CaseResult& c) {
   if (!c.layer.available) return status_json("not_requested", "run with --scope layer");
   const Problem& p = r.problem;
   return Object{{"status", "available"},
-                {"weights", "synthetic"},
+                {"weights", p.weights ? p.weights->source() : std::string("synthetic")},
                 {"o_proj_order", to_string(p.o_proj_order)},
                 {"reference_cast_dtype", torch_dtype_name(p.dtype)},
                 {"candidate", p.dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
