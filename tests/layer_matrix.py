@@ -4,12 +4,15 @@ process counts, with its controls.
 
 Each model runs at S = 64, chunked prefill at a 4-token split (a KV block grid every CP shares),
 over every TP that divides its heads, CP 1/2/4, both layouts and, for Qwen3-8B, the three
-protocols, on 1, 2 and 4 processes. Every case's layer output must have the same digest, on
-every process count (the run's own check refuses a case of a grid whose bits differ; the test
+protocols and the logprobs through the layer's output (its lm_head sharded by vocabulary), on 1,
+2 and 4 processes. Every case's layer output, and logprobs, must have the same digest, on every
+process count (the run's own check refuses a case of a grid whose bits differ; the test
 reads the digests too). The controls show the comparison can fail: o_proj's rank_sums order
 (each TP rank's groups summed apart, then the ranks' sums added) gives other bits at TP 2 than
 at TP 1 and the run says so; and a grid that differs (prefill without a split, CP 1 vs CP 2)
-gives other bits. What the layer does not run yet is refused in one line.
+gives other bits. The rollout side: trainer TP=2 x CP=2 zigzag against the paged decode at rollout
+TP 1, 2 and 4, bitwise in the layer's output and logprobs where the KV blocks align, drifting
+where they do not. What the layer does not run yet is refused in one line.
 
 Usage: layer_matrix.py --cpdrift BIN --mpirun MPIRUN [--models a,b]
 """
@@ -48,14 +51,18 @@ def layer_digests(path):
     return {c["case_name"]: c["layer"]["out"]["digest"] for c in load(path)["cases"]}
 
 
+def dlogp_digests(path):
+    return {c["case_name"]: c["dlogp"]["drift"]["digest"] for c in load(path)["cases"]}
+
+
 def check_model(args, work, name, hq, hkv):
     failures = []
     flags = [*BASE, "--model", name,
              "--tp-world-sizes", ",".join(map(str, tp_sizes(hq, hkv))),
              "--cp-world-sizes", "1,2,4", "--cp-layouts", "contiguous,zigzag"]
     if name == "qwen3-8b":
-        flags += ["--protocols", "ag_rs,ring_kv,allgather_kv"]
-    seen = set()
+        flags += ["--protocols", "ag_rs,ring_kv,allgather_kv", "--include-dlogp"]
+    seen, logprobs = set(), set()
     for np in (1, 2, 4):
         out = os.path.join(work, f"{name}_np{np}.json")
         r = run(args, np, flags, out)
@@ -65,9 +72,14 @@ def check_model(args, work, name, hq, hkv):
         digests = layer_digests(out)
         seen |= set(digests.values())
         print(f"{name} np={np}: {len(digests)} cases, layer digests {sorted(set(digests.values()))}")
+        if "--include-dlogp" in flags:
+            logprobs |= set(dlogp_digests(out).values())
+            print(f"{name} np={np}: logprob digests {sorted(logprobs)}")
     if len(seen) != 1:
         failures.append(f"{name}: the layer's output has {len(seen)} digests over the matrix "
                         f"and process counts, not one")
+    if "--include-dlogp" in flags and len(logprobs) != 1:
+        failures.append(f"{name}: the logprobs have {len(logprobs)} digests, not one")
     return failures
 
 
@@ -95,11 +107,37 @@ def check_controls(args, work):
     return failures
 
 
+def check_pairs(args, work):
+    """Trainer TP=2 x CP=2 zigzag vs the rollout's paged decode at rollout TP 1, 2, 4: where the
+    KV blocks align (the rollout's fixed split equals the trainer's), the layer's output and the
+    logprobs are bitwise equal; the rollout without a split is the control, and drifts."""
+    failures = []
+    out = os.path.join(work, "pairs.json")
+    r = run(args, 4, ["--scope", "layer", "--seq-len", "256", "--tp-world-sizes", "2",
+                      "--cp-world-sizes", "2", "--cp-layouts", "zigzag", "--kv-chunk-sizes", "32",
+                      "--modes", "chunked_prefill,decode", "--rollout-tp-sizes", "1,2,4",
+                      "--split-kv-policies", "fixed,disabled", "--fixed-split-size", "32",
+                      "--include-dlogp"], out)
+    if r.returncode != 0:
+        return [f"pairs: exit {r.returncode}: {r.stderr[-2000:]}"]
+    pairs = [p for p in load(out)["trainer_vs_rollout"]["pairs"] if p["trainer_merge"] == "canonical"]
+    aligned = [p for p in pairs if p["aligned"]]
+    drift = [p for p in pairs if not p["aligned"]]
+    for p in pairs:
+        print(f"pair {p['trainer']} vs {p['rollout']}: aligned {p['aligned']}, layer_out "
+              f"max {p['layer_out']['max_abs']:.3g}, logprob max {p['logprob']['max_abs']:.3g}")
+    if len(aligned) != 3 or not all(p["layer_out"]["bitwise_equal"] and
+                                    p["logprob"]["bitwise_equal"] for p in aligned):
+        failures.append("pairs: the three aligned pairs (rollout TP 1, 2, 4) must be bitwise "
+                        "equal in the layer's output and the logprobs")
+    if not drift or any(p["layer_out"]["bitwise_equal"] for p in drift):
+        failures.append("pairs: the rollout without a split (the control) must drift")
+    return failures
+
+
 # What the layer does not run yet, refused on every process before anything runs.
 REFUSED = [
     (["--include-backward"], "the layer's backward is not available yet"),
-    (["--include-dlogp"], "the logprobs through the layer's output are not available yet"),
-    (["--modes", "decode"], "the layer's rollout side is not available yet"),
     (["--input-distribution", "sink"], "q, k and v are the layer's projections"),
     (["--cp-world-sizes", "16"], "the layer runs CP up to 8"),
     (["--seq-len", "72"], "is not a multiple of 16"),
@@ -129,6 +167,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         failures += check_refusals(args, work)
         failures += check_controls(args, work)
+        failures += check_pairs(args, work)
         for name in args.models.split(","):
             failures += check_model(args, work, name, *MODELS[name])
     for f in failures:

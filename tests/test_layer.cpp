@@ -1,7 +1,8 @@
 // The layer around the core (--scope layer): q, k and v as the composition of layer_math.h's
 // projection, head RMSNorm and RoPE, bit for bit, against an FP64 oracle, and the same for any
 // slice; o_proj through the engine's TP chain equals the canonical group fold at TP 1, 2 and 4
-// and every CP, and the rank_sums order (the control) does not.
+// and every CP, and the rank_sums order (the control) does not; the logprobs through the layer's
+// output, the lm_head sharded by vocabulary over the TP ranks, are TP = 1's.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,9 +11,12 @@
 
 #include "case_digests.h"
 #include "cpdrift/layer_math.h"
+#include "cpdrift/logprob_math.h"
 #include "cpdrift/rope.h"
+#include "engine/layer_logprobs.h"
 #include "engine/o_proj.h"
 #include "kernels/cpu/inputs.h"
+#include "kernels/cpu/logprob_rows.h"
 #include "kernels/layer_weights.h"
 
 using namespace cpd;
@@ -231,4 +235,87 @@ TEST_CASE(
   const std::vector<float> two =
       layer_output(p, CaseSpec{2, 1, 16, CpLayout::contiguous, Protocol::ag_rs});
   CHECK(std::memcmp(two.data(), ref.data(), ref.size() * sizeof(float)) != 0);
+}
+
+namespace {
+
+// The layer's logprobs of every token [B][S], candidate plane, through the TP ranks' vocabulary
+// shards; `layer_out` also gets the layer's output [B][S][hidden].
+std::vector<float> layer_logprobs(const Problem& p, const CaseSpec& spec, int vocab,
+                                  std::vector<float>* layer_out = nullptr) {
+  ThreadPool pool(2);
+  InputStore inputs(p, pool);
+  InProcessTransport transport;
+  const CaseGrid grid(inputs.problem(), spec);
+  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
+  std::vector<const AttnShard*> outs;
+  for (const RankOutput& r : fwd) outs.push_back(&r.merged);
+  const std::vector<LayerOutputs> layer = run_o_proj(grid, outs, outs, transport, inputs);
+  const int hidden = p.dims.hidden_size;
+  std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
+  if (layer_out) layer_out->assign(static_cast<std::size_t>(p.batch * p.seq_len * hidden), 0);
+  for (const LayerOutputs& o : layer) {
+    for (int b = 0; b < p.batch && layer_out; ++b) {
+      for (const Range& r : o.candidate.shape.tokens) {
+        for (std::int64_t s = r.begin; s < r.end; ++s)
+          std::memcpy(layer_out->data() + (b * p.seq_len + s) * hidden,
+                      o.candidate.at(b, 0, o.candidate.shape.local_row(s)), hidden * sizeof(float));
+      }
+    }
+  }
+  for (const TokenLogprobs& t : run_layer_dlogp(grid, layer, vocab, transport, inputs)) {
+    for (int b = 0; b < p.batch; ++b) {
+      for (const Range& r : t.candidate.shape.tokens) {
+        for (std::int64_t s = r.begin; s < r.end; ++s)
+          all[b * p.seq_len + s] = t.candidate.at(b, 0, t.candidate.shape.local_row(s))[0];
+      }
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("layer dlogp: vocabulary shards over TP 1, 2, 4 and CP 1, 2 give TP = 1's logprobs") {
+  // V = 300: three blocks of 128, the last short; at TP 4 one rank holds none. S = 32 and a
+  // split of 8: the block grid every CP and layout shares.
+  Problem p = small_layer();
+  const int vocab = 300;
+  std::vector<float> out;
+  const std::vector<float> ref =
+      layer_logprobs(p, CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, vocab, &out);
+  // The definition: each token's whole row of logits, one chain over the hidden dim each, and
+  // the log-softmax of the row at its target (the core's, log_softmax_at_lanes).
+  ThreadPool pool(1);
+  const std::vector<float> w = layer_lm_head_rows(p, Range{0, vocab}, pool);
+  const int hidden = p.dims.hidden_size;
+  int differ = 0, split_differs = 0;
+  std::vector<float> logits(vocab), split(vocab);
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t s = 0; s < p.seq_len; ++s) {
+      const float* x = out.data() + (b * p.seq_len + s) * hidden;
+      for (int v = 0; v < vocab; ++v) {
+        logits[v] = dot_seq(x, w.data() + v * hidden, hidden);
+        // The control: the same dot split in two halves (a split-K) and added.
+        split[v] = dot_seq(x, w.data() + v * hidden, hidden / 2) +
+                   dot_seq(x + hidden / 2, w.data() + v * hidden + hidden / 2, hidden / 2);
+      }
+      const int target = logprob_target(b, s, p.seq_len, vocab);
+      const float want = log_softmax_at_lanes(logits.data(), vocab, target);
+      differ += std::memcmp(&want, &ref[b * p.seq_len + s], sizeof want) != 0;
+      const float off = log_softmax_at_lanes(split.data(), vocab, target);
+      split_differs += std::memcmp(&off, &want, sizeof off) != 0;
+    }
+  }
+  CHECK(differ == 0);
+  CHECK(split_differs > 0);
+  for (const int tp : {2, 4}) {
+    for (const int cp : {1, 2}) {
+      CAPTURE(tp);
+      CAPTURE(cp);
+      const std::vector<float> got =
+          layer_logprobs(p, CaseSpec{tp, cp, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab);
+      CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    }
+  }
 }

@@ -14,6 +14,7 @@
 #include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/dlogp.h"
+#include "engine/layer_logprobs.h"
 #include "engine/local_run.h"
 #include "engine/memory_plan.h"
 #include "engine/o_proj.h"
@@ -129,7 +130,7 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
   CHECK(checked >= 40);
 }
 
-TEST_CASE("plan: the layer's o_proj moves exactly the bytes its schedule says") {
+TEST_CASE("plan: the layer's o_proj and dlogp move exactly the bytes their schedule says") {
   Problem p = testing::small_problem();
   p.seq_len = 48;
   p.layer = true;
@@ -147,9 +148,11 @@ TEST_CASE("plan: the layer's o_proj moves exactly the bytes its schedule says") 
         transport.take();
         std::vector<const AttnShard*> outs;
         for (const RankOutput& o : fwd) outs.push_back(&o.merged);
-        run_o_proj(grid, outs, outs, transport, inputs);
+        const std::vector<LayerOutputs> layer = run_o_proj(grid, outs, outs, transport, inputs);
         const std::vector<std::uint64_t> moved = transport.take();
         CHECK(moved == o_proj_work(grid).bytes_between);
+        run_layer_dlogp(grid, layer, 300, transport, inputs);
+        CHECK(transport.take() == dlogp_work(grid, 300).bytes_between);
         // The chain moves planes exactly when there are TP ranks to pass them between.
         const bool any = std::any_of(moved.begin(), moved.end(), [](auto b) { return b > 0; });
         CHECK(any == (tp > 1));

@@ -120,8 +120,9 @@ void print_pair_rows(std::FILE* out, const RunReport& r) {
                "#\n# trainer vs rollout: each prefill case against each paged case at the %llu "
                "decoded tokens (Δ = train - rollout)\n",
                static_cast<unsigned long long>(r.rollout_pairs.front().tokens));
-  std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge", "rollout",
-               "out", "lse", "|Δ| max", "exact KL", "bits");
+  const bool layer = r.rollout_pairs.front().layer.has_value();
+  std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge",
+               "rollout", "out", "lse", layer ? "layer" : "", "|Δ| max", "exact KL", "bits");
   for (const RolloutPair& p : r.rollout_pairs) {
     std::string bits;
     if (p.diagnostic) {
@@ -133,9 +134,10 @@ void print_pair_rows(std::FILE* out, const RunReport& r) {
     } else {
       bits = p.bitwise_equal() ? "equal (not aligned)" : "drift (blocks differ)";
     }
-    std::fprintf(out, "  %-40s %-10s %-44s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
+    std::fprintf(out, "  %-40s %-10s %-44s %-9s %-9s %-9s %-9.2e %-9.2e %s\n", p.trainer.c_str(),
                  p.trainer_merge.c_str(), p.rollout.c_str(), sci(p.out).c_str(), sci(p.lse).c_str(),
-                 p.rl.abs_max, p.rl.kl_exact_mean, bits.c_str());
+                 p.layer ? sci(*p.layer).c_str() : "", p.rl.abs_max, p.rl.kl_exact_mean,
+                 bits.c_str());
   }
 }
 

@@ -220,12 +220,6 @@ void check_layer(const RunOptions& o) {
     bad("--scope layer: q, k and v are the layer's projections; drop --input-distribution");
   if (q.include_backward)
     bad("--scope layer: the layer's backward is not available yet; drop --include-backward");
-  if (q.include_dlogp)
-    bad("--scope layer: the logprobs through the layer's output are not available yet; drop "
-        "--include-dlogp");
-  if (q.runs(RunMode::paged_prefill) || q.runs(RunMode::decode))
-    bad("--scope layer: the layer's rollout side is not available yet; --modes prefill and "
-        "chunked_prefill");
   for (const int cp : q.cp_sizes) {
     if (cp > 8)
       bad("--scope layer: --cp-world-sizes " + std::to_string(cp) +

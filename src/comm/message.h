@@ -31,6 +31,11 @@ enum class MessageKind : std::int32_t {
   layer_partial = 9,      // the layer's o_proj output of a token range folded over the head
                           // groups of heads [head_begin, head_end), candidate then reference:
                           // [2][B][rows][hidden]
+  layer_rows = 10,        // the layer's output of a token range from its owner to another TP
+                          // rank, candidate then reference: [2][B][rows][hidden]
+  vocab_logits = 11,      // the logits of a token range over the vocabulary range
+                          // [head_begin, head_end) the sender holds, to the token owner,
+                          // candidate then reference: [2][B][rows][range]
 };
 const char* to_string(MessageKind);
 

@@ -20,6 +20,8 @@ constexpr EnumName<MessageKind> kMessageKinds[] = {
     {MessageKind::reference_grads, "reference_grads"},
     {MessageKind::reference_forward, "reference_forward"},
     {MessageKind::layer_partial, "layer_partial"},
+    {MessageKind::layer_rows, "layer_rows"},
+    {MessageKind::vocab_logits, "vocab_logits"},
 };
 
 }  // namespace

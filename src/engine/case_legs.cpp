@@ -8,6 +8,7 @@
 #include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/dlogp.h"
+#include "engine/layer_logprobs.h"
 #include "engine/tensor_layout.h"
 
 namespace cpd {
@@ -139,17 +140,15 @@ std::vector<TokenPair> gather_tokens(const RunContext& ctx, const CaseGrid& grid
   return tokens;
 }
 
-// Target-token logprobs of `candidate` vs `reference` (attention outputs per hosted rank) through
-// the synthetic lm_head, over the active tokens: one part of case `name`.
+// Target-token logprobs of the candidate vs the reference (`logprobs`, per hosted token owner),
+// over the active tokens: one part of case `name`.
 void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& name,
-               const std::vector<const AttnShard*>& candidate,
-               const std::vector<const AttnShard*>& reference, CaseSink& sink) {
+               std::vector<TokenLogprobs> logprobs, CaseSink& sink) {
   CasePart o(grid.spec.cp);
   Comparison& c = o.dlogp.emplace();
   std::vector<const Shard*> cand_logp, ref_logp;
   std::map<int, std::array<const Shard*, 3>> owned;  // token owner id -> its shards
-  for (TokenLogprobs& lp :
-       run_dlogp(grid, candidate, reference, ctx.vocab_size, ctx.transport, ctx.inputs)) {
+  for (TokenLogprobs& lp : logprobs) {
     // The active tokens: all but each sequence's first.
     std::vector<float> cand, ref;
     const ShardShape& s = lp.candidate.shape;
@@ -184,6 +183,13 @@ void add_dlogp(const RunContext& ctx, const CaseGrid& grid, const std::string& n
 namespace phase_run {
 
 void dlogp(CaseRun& r) {
+  if (r.grid.problem.layer) {  // through the layer's output, as o_proj wrote it
+    add_dlogp(r.ctx, r.grid, r.record.name,
+              run_layer_dlogp(r.grid, r.layer, r.ctx.vocab_size, r.ctx.transport, r.ctx.inputs),
+              r.sink);
+    r.layer.clear();
+    return;
+  }
   // Candidate: the case's CP output as written (BF16 under --dtype bf16); reference: the FP32
   // CP=1 output cast the same way.
   std::vector<AttnShard> cast;
@@ -191,7 +197,10 @@ void dlogp(CaseRun& r) {
     cast.push_back(final_write(*a, r.ctx.problem.dtype == DType::bf16, r.ctx.pool));
   HostedAttention cast_of;
   for (const AttnShard& c : cast) cast_of.push_back(&c);
-  add_dlogp(r.ctx, r.grid, r.record.name, r.dtype_written, cast_of, r.sink);
+  add_dlogp(
+      r.ctx, r.grid, r.record.name,
+      run_dlogp(r.grid, r.dtype_written, cast_of, r.ctx.vocab_size, r.ctx.transport, r.ctx.inputs),
+      r.sink);
   r.dtype_runs.clear();  // the dtype path's output has served its last phase
   r.dtype_written.clear();
 }

@@ -9,6 +9,7 @@
 #include "engine/case_execution.h"
 #include "engine/case_schedule.h"
 #include "engine/case_sink.h"
+#include "engine/o_proj.h"
 #include "engine/run_context.h"
 
 namespace cpd {
@@ -39,6 +40,8 @@ struct CaseRun {
   TransportCounters reference_traffic;
   // The partial dq the hosted query owners folded.
   std::vector<Received> folded;
+  // The layer's output on the hosted token owners (--scope layer), as written: dlogp reads it.
+  std::vector<LayerOutputs> layer;
 
   /// Frees the CP=1 references (once the reference backward has the rows it needs).
   void release_references() {

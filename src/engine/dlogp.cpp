@@ -45,9 +45,8 @@ FloatBuffer fold_own_heads(const CaseGrid& grid, const LogicalRank& r, const Ran
   return z;
 }
 
-// The chunk's logprobs (and per-token KL) at the token owner, from its logits folded over every
-// head ([2][B][rows][vocab]). Tokens are independent: the pool takes blocks of them, and every
-// token's arithmetic is the same whichever thread runs it.
+}  // namespace
+
 void chunk_logprobs(const Problem& p, const Range& t, const float* z, int vocab, TokenLogprobs& lp,
                     ThreadPool& pool) {
   const WorkTimer timer(WorkKind::logprobs);
@@ -70,8 +69,6 @@ void chunk_logprobs(const Problem& p, const Range& t, const float* z, int vocab,
     }
   });
 }
-
-}  // namespace
 
 std::vector<TokenLogprobs> run_dlogp(const CaseGrid& grid,
                                      const std::vector<const AttnShard*>& candidate,

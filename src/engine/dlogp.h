@@ -20,6 +20,12 @@ struct TokenLogprobs {
   Shard kl;
 };
 
+/// A chunk `tokens` of `lp`'s owner: its logprobs at the targets (and the per-token KL) from
+/// the logits of the whole vocabulary, [2][B][rows][vocab] (candidate, reference). Tokens are
+/// independent: the pool takes blocks of them, the arithmetic of each the same on any thread.
+void chunk_logprobs(const Problem& p, const Range& tokens, const float* z, int vocab,
+                    TokenLogprobs& lp, ThreadPool& pool);
+
 /// `candidate`, `reference`: per hosted rank (hosted_ranks order), the attention outputs the
 /// hidden states come from (the BF16 CP output; the FP32 CP=1 output cast to BF16). Each rank
 /// projects its heads through the store's lm_head and folds their partial logits, in ascending

@@ -19,17 +19,16 @@ void o_proj(CaseRun& r) {
   CasePart part(r.grid.spec.cp);
   Comparison& c = part.layer.emplace();
   std::vector<const Shard*> candidate, reference;
-  for (LayerOutputs& o :
-       run_o_proj(r.grid, r.dtype_written, cast_of, r.ctx.transport, r.ctx.inputs)) {
+  // Kept in the run: dlogp reads it.
+  r.layer = run_o_proj(r.grid, r.dtype_written, cast_of, r.ctx.transport, r.ctx.inputs);
+  for (LayerOutputs& o : r.layer) {
     if (bf16) {
       write_bf16_in_place(o.candidate, r.ctx.pool);
       write_bf16_in_place(o.reference, r.ctx.pool);
     }
-    const Shard& cand = part.held.keep(std::move(o.candidate));
-    const Shard& ref = part.held.keep(std::move(o.reference));
-    c.add(o.rank.cp_rank, cand, ref);
-    candidate.push_back(&cand);
-    reference.push_back(&ref);
+    c.add(o.rank.cp_rank, o.candidate, o.reference);
+    candidate.push_back(&o.candidate);
+    reference.push_back(&o.reference);
   }
   // [B, 1, S, hidden] on the token owners: TP rank 0 of each CP rank.
   const std::string base = case_group(r.record.name) + "/layer/";

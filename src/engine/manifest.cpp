@@ -311,6 +311,57 @@ TpChain layer_chain(const CaseGrid& grid) {
   return TpChain{MessageKind::layer_partial, grid.problem.dims.hidden_size, kLayerChunkRows};
 }
 
+Range vocab_shard(int vocab, int tp, int tp_rank) {
+  const std::int64_t blocks = (vocab + kVocabBlock - 1) / kVocabBlock;
+  const auto edge = [&](int t) {
+    return std::min<std::int64_t>(vocab, blocks * t / tp * kVocabBlock);
+  };
+  return Range{edge(tp_rank), edge(tp_rank + 1)};
+}
+
+TpChain layer_logit_chain(const CaseGrid& grid, int vocab) {
+  const std::uint64_t per_row = 2ULL * static_cast<std::uint64_t>(grid.problem.batch) *
+                                static_cast<std::uint64_t>(vocab) * sizeof(float);
+  return TpChain{MessageKind::vocab_logits, vocab,
+                 std::max<std::int64_t>(kLogitChunkMinRows,
+                                        static_cast<std::int64_t>(kLogitChunkBytes / per_row))};
+}
+
+int layer_dlogp_steps(const CaseGrid& grid, int vocab) {
+  return 2 * (chain_steps(grid, layer_logit_chain(grid, vocab)) - (grid.spec.tp - 1));
+}
+
+std::vector<MessageHeader> expected_layer_logits(const CaseGrid& grid, const LogicalRank& dst,
+                                                 int vocab, int step) {
+  const int tp = grid.spec.tp;
+  if (tp == 1) return {};
+  const TpChain chain = layer_logit_chain(grid, vocab);
+  const LogicalRank& owner = grid.at(0, dst.cp_rank);
+  const std::vector<Range> chunks = chain_chunks(chain, owner);
+  const std::size_t chunk = static_cast<std::size_t>(step / 2);
+  if (chunk >= chunks.size()) return {};
+  const Range& tokens = chunks[chunk];
+  const std::int64_t hidden = grid.problem.dims.hidden_size;
+  std::vector<MessageHeader> out;
+  const auto header = [&](MessageKind kind, const LogicalRank& src, const Range& range,
+                          std::int64_t width) {
+    MessageHeader h = rows_header(grid, kind, src, dst, tokens, range, 2 * width);
+    h.width = static_cast<std::int32_t>(width);
+    h.floats = 2LL * grid.problem.batch * tokens.size() * width;
+    return h;
+  };
+  if (step % 2 == 0) {  // the owner's rows to each other TP rank
+    if (dst.tp_rank > 0) out.push_back(header(MessageKind::layer_rows, owner, Range{0, 1}, hidden));
+  } else if (dst.tp_rank == 0) {  // each other TP rank's logits to the owner, in TP order
+    for (int t = 1; t < tp; ++t) {
+      const Range range = vocab_shard(vocab, tp, t);
+      out.push_back(
+          header(MessageKind::vocab_logits, grid.at(t, dst.cp_rank), range, range.size()));
+    }
+  }
+  return out;
+}
+
 std::vector<MessageHeader> expected_kv_allgather(const CaseGrid& grid, const LogicalRank& dst) {
   std::vector<MessageHeader> out;
   for (int r = 0; r < grid.spec.cp; ++r) {

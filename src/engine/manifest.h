@@ -168,6 +168,21 @@ int dlogp_steps(const CaseGrid& grid, int vocab);
 inline constexpr std::int64_t kLayerChunkRows = 256;
 TpChain layer_chain(const CaseGrid& grid);
 
+/// The layer's logprobs: its lm_head sharded by vocabulary across the TP ranks (Megatron's
+/// vocab-parallel layout), TP rank t holding a contiguous range of kVocabBlock-entry blocks
+/// (vocab_shard). Per chunk of a CP rank's tokens (the chain's chunks, 2·B·rows·V floats of
+/// logits within kLogitChunkBytes), two supersteps: the owner sends the chunk's layer output to
+/// each other TP rank of its CP rank (layer_rows), and each sends back its range's logits
+/// (vocab_logits), which the owner puts in their places of the whole row.
+inline constexpr std::int64_t kVocabBlock = 128;
+Range vocab_shard(int vocab, int tp, int tp_rank);
+TpChain layer_logit_chain(const CaseGrid& grid, int vocab);
+/// Two supersteps a chunk: 2 · the most chunks any CP rank has.
+int layer_dlogp_steps(const CaseGrid& grid, int vocab);
+/// Step `step` (2·chunk: the rows out, 2·chunk + 1: the logits back): what `dst` must receive.
+std::vector<MessageHeader> expected_layer_logits(const CaseGrid& grid, const LogicalRank& dst,
+                                                 int vocab, int step);
+
 /// The CP=1 reference backward is computed once per TP group: CP rank c takes the contiguous
 /// block of ⌈kv / CP⌉ of the group's KV heads starting at kv_heads.begin + c·⌈kv / CP⌉ (the last
 /// ranks fewer, or none), `per_round` of them a round. How many rounds that takes, and the KV

@@ -47,6 +47,8 @@ void CaseMemory::add_phase(std::size_t proc, std::string name,
   const int dim = p.dims.head_dim;
   std::uint64_t lm_head = 0;
   for (const auto& [vocab, head] : m.lm_head) lm_head += tensor_bytes(1, 1, vocab, dim);
+  for (const auto& [begin, end] : m.layer_lm_head)
+    lm_head += tensor_bytes(1, 1, end - begin, p.dims.hidden_size);
   // The layer's weights (LayerWeights): each q, k, v head's rows whose inputs a rank generated,
   // [D][hidden], and o_proj's columns of each head group used, [hidden][G].
   std::uint64_t weights = 0;

@@ -62,6 +62,7 @@ struct ProcessMemos {
   std::uint64_t forward_keys = 0;  // the longest key range of a forward kernel
   std::set<std::pair<int, std::int64_t>> lm_head;
   std::set<std::int64_t> o_proj_groups;  // the layer's o_proj columns the store keeps
+  std::set<std::pair<std::int64_t, std::int64_t>> layer_lm_head;  // its lm_head's row ranges
 
   void touch(TensorId tensor, int batch, const Range& heads);
 };

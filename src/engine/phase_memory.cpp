@@ -259,6 +259,36 @@ void forward_path(CaseMemory& m, const ForwardPath& path) {
   }
 }
 
+// The layer's dlogp, a chunk a step (layer_logit_chain): on the owner the chunk's rows it sends,
+// its range's logits and the whole rows it gathers them into; on each other TP rank the rows it
+// received and its range's logits; on the owners the layer's outputs, kept since o_proj. The
+// vocabulary rows of the lm_head each rank projects onto stay in the input store (the memos).
+static void layer_dlogp(CaseMemory& m, int vocab) {
+  const Problem& p = m.problem();
+  const TpChain chain = layer_logit_chain(m.grid(), vocab);
+  const std::uint64_t hidden = u64(p.dims.hidden_size), batch = u64(p.batch);
+  for (std::size_t proc = 0; proc < m.processes(); ++proc) {
+    std::uint64_t step = 0, outputs = 0;
+    for (const LogicalRank* r : m.hosted(proc)) {
+      std::uint64_t rows = 0, tokens = 0;
+      for (const Range& c : chain_chunks(chain, *r)) rows = std::max(rows, u64(c.size()));
+      for (const Range& t : r->tokens) tokens += u64(t.size());
+      const Range range = vocab_shard(vocab, m.grid().spec.tp, r->tp_rank);
+      m.memos(proc).layer_lm_head.insert({range.begin, range.end});
+      step += 2 * batch * rows * (hidden + u64(range.size())) * kFloat;
+      if (r->tp_rank == 0) {
+        step += 2 * batch * rows * u64(vocab) * kFloat;
+        outputs += 2 * batch * tokens * hidden * kFloat;
+      }
+    }
+    m.add_phase(proc, kDlogpPhase,
+                {{"references", m.references(proc)},
+                 {"outputs kept", m.kept(proc)},
+                 {"the layer outputs", outputs},
+                 {"one chunk's rows and logits", step}});
+  }
+}
+
 // One step's logit planes (dlogp_steps), a chunk's logits folded over heads (2·B·rows·V floats):
 // per hosted rank the one it folds into and sends on and the one it receives, and per token
 // owner the plane it took the logprobs of, kept for its next chunk. And the chunk's hidden rows
@@ -266,6 +296,10 @@ void forward_path(CaseMemory& m, const ForwardPath& path) {
 // the rank's largest chunk (a CP rank's TP ranks share chunks).
 void dlogp(CaseMemory& m, int vocab) {
   const Problem& p = m.problem();
+  if (p.layer) {
+    layer_dlogp(m, vocab);
+    return;
+  }
   for (std::size_t proc = 0; proc < m.processes(); ++proc) {
     std::uint64_t partials = 0, hidden = 0;
     for (const LogicalRank* r : m.hosted(proc)) {

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <functional>
 
+#include "cpdrift/bf16.h"
 #include "cpdrift/logprob_math.h"
 #include "engine/protocol.h"
 #include "engine/run_context.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/inputs.h"
 #include "kernels/cpu/logprob_rows.h"
+#include "kernels/layer_weights.h"
 
 namespace cpd {
 namespace {
@@ -61,15 +63,53 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
   return s;
 }
 
+// Rank 0, --scope layer: the layer's output of every decoded token of `rows` (rows.layer), each
+// head group's o_proj partial folded in ascending group order by the projection tile (the bits
+// of the TP chain, engine/o_proj.cpp), written in the run's dtype; then its logits through the
+// layer's lm_head, [B][q_len][V].
+void add_layer_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore& store,
+                      DecodedRows& rows) {
+  const ModelDims& d = p.dims;
+  const int hidden = d.hidden_size, dim = d.head_dim, gs = d.group_size(), width = gs * dim;
+  const std::int64_t q = w.q_len;
+  rows.layer.resize(static_cast<std::size_t>(p.batch * q * hidden));
+  std::vector<std::vector<float>> group_rows;  // [b][g]: [q_len][G], the group's heads side by side
+  std::vector<FoldedProjectionJob> folds;
+  for (int b = 0; b < p.batch; ++b) {
+    folds.push_back(FoldedProjectionJob{{}, rows.layer.data() + b * q * hidden, false});
+    for (int g = 0; g < d.num_kv_heads; ++g) {
+      std::vector<float>& x = group_rows.emplace_back(static_cast<std::size_t>(q * width));
+      for (int j = 0; j < gs; ++j) {
+        const float* head = rows.out.data() +
+                            ((static_cast<std::size_t>(b) * d.num_q_heads + g * gs + j) * q) * dim;
+        for (std::int64_t i = 0; i < q; ++i)
+          std::copy_n(head + i * dim, dim, x.begin() + (i * gs + j) * dim);
+      }
+      folds.back().heads.push_back(
+          ProjectionJob{x.data(), q, store.problem().weights->o_proj_group(g), width, nullptr});
+    }
+  }
+  store.backend().project_folded(folds, width, hidden);
+  if (p.dtype == DType::bf16) {
+    for (float& x : rows.layer) x = round_bf16(x);
+  }
+  rows.logits.resize(static_cast<std::size_t>(p.batch * q) * vocab);
+  const std::vector<float>& lm = store.layer_lm_head(Range{0, vocab});
+  const ProjectionJob job{rows.layer.data(), p.batch * q, lm.data(), hidden, rows.logits.data()};
+  store.backend().project_heads({&job, 1}, hidden, vocab);
+}
+
 // Rank 0: the logits and the target token's logprob of every decoded token of `rows`, through
-// the run's lm_head of `vocab` (the input store's, each head's columns generated once per run).
+// the run's lm_head of `vocab` (the input store's, each head's columns generated once per run;
+// the layer's, over the layer's output, under --scope layer).
 void add_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore& store,
                 DecodedRows& rows) {
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
   rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);  // [B][q_len][V]
+  if (p.layer) add_layer_logits(p, w, vocab, store, rows);
   std::vector<FoldedProjectionJob> jobs;
-  for (int b = 0; b < p.batch; ++b) {
+  for (int b = 0; b < p.batch && !p.layer; ++b) {
     jobs.push_back(FoldedProjectionJob{{}, rows.logits.data() + b * plane});
     for (int h = 0; h < hq; ++h) {
       const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
@@ -77,7 +117,7 @@ void add_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore&
                                                 store.lm_head(vocab, h).data(), dim, nullptr});
     }
   }
-  store.backend().project_folded(jobs, dim, vocab);
+  if (!jobs.empty()) store.backend().project_folded(jobs, dim, vocab);
   for (int b = 0; b < p.batch; ++b) {
     for (std::int64_t i = 0; i < w.q_len; ++i) {
       const float* logits =

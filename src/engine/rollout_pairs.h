@@ -36,9 +36,14 @@ struct DecodedRows {
   std::vector<float> out;  // [B][Hq][q_len][D]
   std::vector<float> lse;  // [B][Hq][q_len]
   /// Through the synthetic lm_head (per head, folded in ascending head order, exactly as the
-  /// dlogp legs do): the logits and the target token's logprob of each decoded token.
+  /// dlogp legs do; under --scope layer the layer's lm_head over `layer`): the logits and the
+  /// target token's logprob of each decoded token.
   std::vector<float> logits;   // [B][q_len][V]
   std::vector<float> logprob;  // [B][q_len]
+  /// --scope layer: the layer's output of `out`, [B][q_len][hidden] — every head group through
+  /// o_proj in ascending order (the bits of the trainer's TP chain at any TP), written in the
+  /// run's dtype — which the logits above then read, through the layer's lm_head.
+  std::vector<float> layer;
 };
 
 /// What the run's two sides left on rank 0 for the pairs, and the positions to gather.

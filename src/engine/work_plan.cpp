@@ -205,7 +205,13 @@ PhaseWork o_proj_work(const CaseGrid& grid) {
 }
 
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab) {
-  return chain_work(grid, logit_chain(grid, vocab));
+  if (!grid.problem.layer) return chain_work(grid, logit_chain(grid, vocab));
+  PhaseWork w(grid.spec.num_logical_ranks());
+  for (const LogicalRank& dst : grid.ranks) {
+    for (int step = 0; step < layer_dlogp_steps(grid, vocab); ++step)
+      add_all(w, expected_layer_logits(grid, dst, vocab, step));
+  }
+  return w;
 }
 
 PhaseWork reference_forward_work(const CaseGrid& grid) {

@@ -75,7 +75,8 @@ PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain);
 /// The layer's o_proj: the chain's planes, and as "pairs" the (candidate or reference, batch,
 /// token, hidden output, query head) dots of head_dim a rank's kernels compute (2·D FLOPs each).
 PhaseWork o_proj_work(const CaseGrid& grid);
-/// The selected-token logprobs' logit partials over a vocabulary of `vocab`.
+/// The selected-token logprobs' logit partials over a vocabulary of `vocab` (the layer's: its
+/// output's rows out and the vocabulary ranges' logits back).
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab);
 /// This tool's own CP=1 checks, computed where each rank lives (nothing moves), per logical rank,
 /// as an upper bound (a memo may serve them from an earlier case): the FP32 reference forward of

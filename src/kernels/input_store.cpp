@@ -151,4 +151,13 @@ const std::vector<float>& InputStore::lm_head(int vocab, std::int64_t head) {
   return w;
 }
 
+const std::vector<float>& InputStore::layer_lm_head(Range rows) {
+  std::vector<float>& w = layer_lm_head_[{rows.begin, rows.end}];
+  if (w.empty()) {
+    const WorkTimer t(WorkKind::inputs);
+    w = layer_lm_head_rows(problem_, rows, pool_);
+  }
+  return w;
+}
+
 }  // namespace cpd

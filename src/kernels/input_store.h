@@ -37,6 +37,9 @@ class InputStore {
   /// (lm_head_plane): generated once per run and kept, vocab·D floats a head. Valid while the
   /// store lives.
   const std::vector<float>& lm_head(int vocab, std::int64_t head);
+  /// Vocabulary rows `rows` of the layer's lm_head, [rows][hidden] (layer_lm_head_rows):
+  /// generated once per run and kept.
+  const std::vector<float>& layer_lm_head(Range rows);
 
   const Problem& problem() const { return problem_; }
   ThreadPool& pool() { return pool_; }
@@ -59,6 +62,7 @@ class InputStore {
   AttentionBackend* backend_;
   std::map<std::tuple<int, int, std::int64_t>, Plane> planes_;
   std::map<std::pair<int, std::int64_t>, std::vector<float>> lm_head_;  // (vocab, head)
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<float>> layer_lm_head_;
 };
 
 }  // namespace cpd

@@ -39,6 +39,7 @@ RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCap
   pair.out = stats(t.out, r.out);
   pair.lse = stats(t.lse, r.lse);
   pair.logprob = stats(t.logprob, r.logprob);
+  if (!t.layer.empty()) pair.layer = stats(t.layer, r.layer);
   const std::vector<std::int64_t> shard_edges = owner_edges(t.cp_shards);
   std::vector<std::int64_t> split_edges;
   for (const Range& b : t.blocks.front()) {

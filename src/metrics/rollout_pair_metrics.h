@@ -3,6 +3,7 @@
 // decoded positions, with the rollout as the reference and Δ = logp_train − logp_rollout.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,12 @@ struct RolloutPair {
   bool diagnostic = false;  // the rollout's split is auto: reported, never evidence
   std::uint64_t tokens = 0;
   DiffStats out, lse, logprob;
+  std::optional<DiffStats> layer;  // --scope layer: the layer's output
   RlMetrics rl;
 
   bool bitwise_equal() const {
-    return out.bitwise_equal() && lse.bitwise_equal() && logprob.bitwise_equal();
+    return out.bitwise_equal() && lse.bitwise_equal() && logprob.bitwise_equal() &&
+           (!layer || layer->bitwise_equal());
   }
   bool passed() const { return !aligned || bitwise_equal(); }
 };

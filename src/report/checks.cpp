@@ -68,11 +68,14 @@ void check_pair(const RolloutPair& pair, std::vector<std::string>& failed) {
   check_finite(failed, n + ": out", pair.out);
   check_finite(failed, n + ": lse", pair.lse);
   check_finite(failed, n + ": logprob", pair.logprob);
+  if (pair.layer) check_finite(failed, n + ": layer_out", *pair.layer);
   if (pair.aligned && !pair.bitwise_equal()) {
     failed.push_back(n + ": the KV blocks align but the bits differ (out " +
                      std::to_string(pair.out.mismatch_count) + ", lse " +
                      std::to_string(pair.lse.mismatch_count) + ", logprob " +
-                     std::to_string(pair.logprob.mismatch_count) + " elements)");
+                     std::to_string(pair.logprob.mismatch_count) +
+                     (pair.layer ? ", layer " + std::to_string(pair.layer->mismatch_count) : "") +
+                     " elements)");
   }
 }
 

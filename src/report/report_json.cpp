@@ -290,7 +290,7 @@ Value case_json(const RunReport& report, const CaseResult& c) {
       {"per_rank", array_of(c.per_rank, per_rank_json)},
       {"backward", backward_json(report, c)},
       {"layer", layer_case_json(report, c)},
-      {"dlogp", dlogp_case_json(c, report.problem.dtype)},
+      {"dlogp", dlogp_case_json(c, report.problem)},
       {"distributed_p2p_reference", p2p_json(report, c)},
       {"execution", Object{{"seconds", c.seconds},
                            {"messages", c.executed.moved.messages},

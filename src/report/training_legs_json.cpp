@@ -1,8 +1,7 @@
 // The report's training and logprob legs: the `backward` and `dlogp` sections of the report
 // contract.
-#include "report/plan_json.h"
-
 #include "kernels/layer_weights.h"
+#include "report/plan_json.h"
 
 namespace cpd {
 
@@ -168,6 +167,8 @@ Value rollout_pair_json(const RolloutPair& p) {
                 {"out", stats_json(p.out)},
                 {"lse", stats_json(p.lse)},
                 {"logprob", stats_json(p.logprob)},
+                // --scope layer: the layer's output at the decoded tokens (null: the core).
+                {"layer_out", p.layer ? stats_json(*p.layer) : Value()},
                 {"rl_metrics", rl_metrics_json(p.rl)}};
 }
 
@@ -208,12 +209,18 @@ Value layer_case_json(const RunReport& r, const CaseResult& c) {
                 {"out", stats_json(c.layer.out)}};
 }
 
-Value dlogp_case_json(const CaseResult& c, DType dtype) {
+Value dlogp_case_json(const CaseResult& c, const Problem& p) {
   if (!c.dlogp.available) return status_json("not_requested", "run with --include-dlogp");
+  const bool bf16 = p.dtype == DType::bf16;
   return Object{{"status", "available"},
                 {"projection", "synthetic_fp32_lm_head_projection"},
-                {"reference_cast_dtype", torch_dtype_name(dtype)},
-                {"candidate", dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
+                // The layer's lm_head reads its output, sharded by vocabulary over the TP ranks;
+                // the core's reads the attention output, by query head.
+                {"lm_head_input", p.layer ? "layer_output" : "attention_output"},
+                {"lm_head_sharding", p.layer ? "vocabulary" : "query_heads"},
+                {"reference_cast_dtype", torch_dtype_name(p.dtype)},
+                {"candidate", p.layer ? (bf16 ? "bf16_layer_output" : "fp32_layer_output")
+                                      : (bf16 ? "bf16_cp_output" : "fp32_cp_output")},
                 {"vocab_size", c.dlogp.vocab_size},
                 {"active_token_count", c.dlogp.drift.active_count},
                 {"drift", stats_json(c.dlogp.drift)},

@@ -185,4 +185,17 @@ std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t
   return w;
 }
 
+std::vector<float> layer_lm_head_rows(const Problem& problem, Range rows, ThreadPool& pool) {
+  const std::int64_t hidden = problem.dims.hidden_size;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hidden)));
+  std::vector<float> w(static_cast<std::size_t>(rows.size() * hidden));
+  pool.parallel_for(rows.size(), [&](std::int64_t i) {
+    float* row = w.data() + i * hidden;  // hidden is a multiple of 4 (LayerWeights checks it)
+    normal_blocks(problem.seed, TensorId::lm_head,
+                  static_cast<std::uint64_t>((rows.begin + i) * hidden) >> 2, hidden / 4, row);
+    for (std::int64_t c = 0; c < hidden; ++c) row[c] *= scale;
+  });
+  return w;
+}
+
 }  // namespace cpd

@@ -30,4 +30,10 @@ std::vector<float> lm_head_columns(const Problem& problem, int vocab, Range colu
 std::vector<float> lm_head_plane(const Problem& problem, int vocab, std::int64_t head,
                                  ThreadPool& pool);
 
+/// Rows [rows) of the layer's synthetic FP32 lm_head W[vocab, hidden] (--scope layer: it reads
+/// the layer's output), [rows.size()][hidden]: element (v, c) the normal at linear index
+/// v·hidden + c of TensorId::lm_head times float(1/sqrt(hidden)), as lm_head_columns with the
+/// hidden size for the width; generated over `pool` by vocabulary rows.
+std::vector<float> layer_lm_head_rows(const Problem& problem, Range rows, ThreadPool& pool);
+
 }  // namespace cpd
