@@ -154,8 +154,14 @@ TEST_CASE("layer inputs: a shard of heads and tokens is the same slice of the wh
 
 namespace {
 
-// The layer's output [B][S][hidden] of a case (the candidate; the reference is the same input).
-std::vector<float> layer_output(const Problem& p, const CaseSpec& spec) {
+// A case's layer run in one process: the FP32 forward, then o_proj on its output (as candidate
+// and reference both), and, with `vocab`, the layer's logprobs.
+struct LayerRun {
+  std::vector<float> out;      // [B][S][hidden], the candidate
+  std::vector<float> logprob;  // [B][S], the candidate
+};
+
+LayerRun run_layer(const Problem& p, const CaseSpec& spec, int vocab = 0) {
   ThreadPool pool(2);
   InputStore inputs(p, pool);
   InProcessTransport transport;
@@ -163,20 +169,30 @@ std::vector<float> layer_output(const Problem& p, const CaseSpec& spec) {
   const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
   std::vector<const AttnShard*> outs;
   for (const RankOutput& r : fwd) outs.push_back(&r.merged);
+  const std::vector<LayerOutputs> layer = run_o_proj(grid, outs, outs, transport, inputs);
   const int hidden = p.dims.hidden_size;
-  std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len * hidden));
-  for (const LayerOutputs& o : run_o_proj(grid, outs, outs, transport, inputs)) {
+  LayerRun run{std::vector<float>(static_cast<std::size_t>(p.batch * p.seq_len * hidden)),
+               std::vector<float>(static_cast<std::size_t>(p.batch * p.seq_len))};
+  // Every token of an owner's shard `of`, `width` floats each, into its place in `into`.
+  const auto gather = [&](const Shard& of, int width, std::vector<float>& into) {
     for (int b = 0; b < p.batch; ++b) {
-      for (const Range& r : o.candidate.shape.tokens) {
-        for (std::int64_t s = r.begin; s < r.end; ++s) {
-          std::memcpy(all.data() + (b * p.seq_len + s) * hidden,
-                      o.candidate.at(b, 0, o.candidate.shape.local_row(s)),
-                      static_cast<std::size_t>(hidden) * sizeof(float));
-        }
+      for (const Range& r : of.shape.tokens) {
+        for (std::int64_t s = r.begin; s < r.end; ++s)
+          std::memcpy(into.data() + (b * p.seq_len + s) * width, of.at(b, 0, of.shape.local_row(s)),
+                      width * sizeof(float));
       }
     }
+  };
+  for (const LayerOutputs& o : layer) gather(o.candidate, hidden, run.out);
+  if (vocab > 0) {
+    for (const TokenLogprobs& t : run_layer_dlogp(grid, layer, vocab, transport, inputs))
+      gather(t.candidate, 1, run.logprob);
   }
-  return all;
+  return run;
+}
+
+std::vector<float> layer_output(const Problem& p, const CaseSpec& spec) {
+  return run_layer(p, spec).out;
 }
 
 }  // namespace
@@ -237,53 +253,15 @@ TEST_CASE(
   CHECK(std::memcmp(two.data(), ref.data(), ref.size() * sizeof(float)) != 0);
 }
 
-namespace {
-
-// The layer's logprobs of every token [B][S], candidate plane, through the TP ranks' vocabulary
-// shards; `layer_out` also gets the layer's output [B][S][hidden].
-std::vector<float> layer_logprobs(const Problem& p, const CaseSpec& spec, int vocab,
-                                  std::vector<float>* layer_out = nullptr) {
-  ThreadPool pool(2);
-  InputStore inputs(p, pool);
-  InProcessTransport transport;
-  const CaseGrid grid(inputs.problem(), spec);
-  const std::vector<RankOutput> fwd = run_protocol(grid, kFp32, transport, inputs, {});
-  std::vector<const AttnShard*> outs;
-  for (const RankOutput& r : fwd) outs.push_back(&r.merged);
-  const std::vector<LayerOutputs> layer = run_o_proj(grid, outs, outs, transport, inputs);
-  const int hidden = p.dims.hidden_size;
-  std::vector<float> all(static_cast<std::size_t>(p.batch * p.seq_len));
-  if (layer_out) layer_out->assign(static_cast<std::size_t>(p.batch * p.seq_len * hidden), 0);
-  for (const LayerOutputs& o : layer) {
-    for (int b = 0; b < p.batch && layer_out; ++b) {
-      for (const Range& r : o.candidate.shape.tokens) {
-        for (std::int64_t s = r.begin; s < r.end; ++s)
-          std::memcpy(layer_out->data() + (b * p.seq_len + s) * hidden,
-                      o.candidate.at(b, 0, o.candidate.shape.local_row(s)), hidden * sizeof(float));
-      }
-    }
-  }
-  for (const TokenLogprobs& t : run_layer_dlogp(grid, layer, vocab, transport, inputs)) {
-    for (int b = 0; b < p.batch; ++b) {
-      for (const Range& r : t.candidate.shape.tokens) {
-        for (std::int64_t s = r.begin; s < r.end; ++s)
-          all[b * p.seq_len + s] = t.candidate.at(b, 0, t.candidate.shape.local_row(s))[0];
-      }
-    }
-  }
-  return all;
-}
-
-}  // namespace
-
 TEST_CASE("layer dlogp: vocabulary shards over TP 1, 2, 4 and CP 1, 2 give TP = 1's logprobs") {
   // V = 300: three blocks of 128, the last short; at TP 4 one rank holds none. S = 32 and a
   // split of 8: the block grid every CP and layout shares.
   Problem p = small_layer();
   const int vocab = 300;
-  std::vector<float> out;
-  const std::vector<float> ref =
-      layer_logprobs(p, CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, vocab, &out);
+  const LayerRun one =
+      run_layer(p, CaseSpec{1, 1, 8, CpLayout::contiguous, Protocol::ag_rs}, vocab);
+  const std::vector<float>& out = one.out;
+  const std::vector<float>& ref = one.logprob;
   // The definition: each token's whole row of logits, one chain over the hidden dim each, and
   // the log-softmax of the row at its target (the core's, log_softmax_at_lanes).
   ThreadPool pool(1);
@@ -314,7 +292,7 @@ TEST_CASE("layer dlogp: vocabulary shards over TP 1, 2, 4 and CP 1, 2 give TP = 
       CAPTURE(tp);
       CAPTURE(cp);
       const std::vector<float> got =
-          layer_logprobs(p, CaseSpec{tp, cp, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab);
+          run_layer(p, CaseSpec{tp, cp, 8, CpLayout::zigzag, Protocol::ag_rs}, vocab).logprob;
       CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
     }
   }
