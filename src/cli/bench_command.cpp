@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "cli/bench_baselines.h"
+#include "cli/bench_layer.h"
 #include "cli/commands.h"
 #include "cli/kernel_timing.h"
 #include "comm/agree.h"
@@ -279,6 +280,7 @@ int bench_command(const BenchOptions& o, const CommContext& comm) {
   // The backward: 5 matrix products to the forward's 2, so 2.5× the forward's FLOP count.
   print_row("fp32_backward (2.5x flops)", time_backward(p, fp32, reference, o.repeats, pool),
             2.5 * flops, peak);
+  bench_layer_projections(p, o.repeats, peak, pool);
   whole_case(p, pool);
   return kExitOk;
 }
