@@ -1,5 +1,6 @@
 #include "cli/bench_layer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -40,13 +41,10 @@ void bench_layer_projections(const Problem& problem, int repeats, double peak, T
   std::printf("# the layer's projections, S=%lld tokens, hidden %lld (one chain per output)\n",
               static_cast<long long>(s), static_cast<long long>(hidden));
 
-  // q_proj: every query head's D outputs of every token, [head][S][D].
+  // q_proj: every query head's D outputs of every token, [head][S][D], as the run projects q
+  // (layer_inputs.cpp): tasks of kRowsPerTask tokens over the pool, each through every head.
+  constexpr std::int64_t kRowsPerTask = 32;
   std::vector<float> q(static_cast<std::size_t>(s * width));
-  std::vector<ProjectionJob> heads;
-  for (std::int64_t h = 0; h < d.num_q_heads; ++h) {
-    heads.push_back(
-        ProjectionJob{x.data(), s, w.projection(TensorId::q, h), hidden, q.data() + h * s * dim});
-  }
   const auto timed = [&](auto&& run) {
     return times_of(repeats, [&] {
       const auto t = Clock::now();
@@ -54,8 +52,18 @@ void bench_layer_projections(const Problem& problem, int repeats, double peak, T
       return seconds_since(t);
     });
   };
-  const std::vector<double> q_times = timed(
-      [&] { run_projection_jobs(heads, static_cast<int>(hidden), static_cast<int>(dim), pool); });
+  const std::vector<double> q_times = timed([&] {
+    pool.parallel_for((s + kRowsPerTask - 1) / kRowsPerTask, [&](std::int64_t task) {
+      const std::int64_t t0 = task * kRowsPerTask, rows = std::min(kRowsPerTask, s - t0);
+      std::vector<float> z(static_cast<std::size_t>(rows * dim));
+      for (std::int64_t h = 0; h < d.num_q_heads; ++h) {
+        project_rows(ProjectionJob{x.data() + t0 * hidden, rows, w.projection(TensorId::q, h),
+                                   hidden, z.data()},
+                     static_cast<int>(hidden), static_cast<int>(dim));
+        std::memcpy(q.data() + (h * s + t0) * dim, z.data(), z.size() * sizeof(float));
+      }
+    });
+  });
   bool same = true;
   std::vector<float> y(static_cast<std::size_t>(std::max(dim, hidden)));
   for (std::int64_t t = 0; t < s; t += kSampleStride) {
@@ -65,7 +73,7 @@ void bench_layer_projections(const Problem& problem, int repeats, double peak, T
       same = same && std::memcmp(y.data(), q.data() + (h * s + t) * dim, dim * sizeof(float)) == 0;
     }
   }
-  print_projection("q_proj (fp32)", q_times, 2.0 * s * hidden * width, peak, same);
+  print_projection("q_proj (fp32, 32-row tasks)", q_times, 2.0 * s * hidden * width, peak, same);
 
   // o_proj: the q rows stand for the attention output, regrouped [group][S][G], every group
   // folded in ascending order into [S][hidden].
