@@ -93,8 +93,8 @@ Execution and output
   --output PATH                write the JSON report (atomically)
   --scope core|layer           core (default): q, k, v -> attention; layer: the whole attention
                                module, hidden -> q/k/v_proj -> norms -> RoPE -> attention ->
-                               o_proj, synthetic weights (CPU backend; the forward, dlogp and
-                               the rollout side, not yet the backward)
+                               o_proj, from synthetic weights or --weights (CPU backend; the
+                               forward, dlogp and the rollout side, not yet the backward)
   --weights PATH --layer N     the layer's weights: layer N of a Hugging Face checkpoint
                                (index.json + shards, or a .safetensors file), BF16
   --o-proj-order canonical|rank_sums

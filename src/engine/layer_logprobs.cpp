@@ -27,11 +27,12 @@ FloatBuffer range_logits(const Problem& p, const float* x, std::int64_t rows, co
   return z;
 }
 
-// A range's logits into their places of the whole rows ([2][B][rows][vocab]).
+// A range's logits into their places of the whole rows ([2][B][rows][vocab]); an empty range
+// (a TP rank holding no block) has none.
 void place(const FloatBuffer& z, const Range& range, std::int64_t planes_rows, int vocab,
            float* rows) {
   const std::int64_t width = range.size();
-  for (std::int64_t r = 0; r < planes_rows; ++r) {
+  for (std::int64_t r = 0; r < planes_rows && width > 0; ++r) {
     std::memcpy(rows + r * vocab + range.begin, z.data() + r * width,
                 static_cast<std::size_t>(width) * sizeof(float));
   }
