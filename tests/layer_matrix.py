@@ -120,7 +120,13 @@ def check_pairs(args, work):
                       "--include-dlogp"], out)
     if r.returncode != 0:
         return [f"pairs: exit {r.returncode}: {r.stderr[-2000:]}"]
-    pairs = [p for p in load(out)["trainer_vs_rollout"]["pairs"] if p["trainer_merge"] == "canonical"]
+    report = load(out)
+    for c in report["paged_cases"]:  # the rollout's own layer drift, against FP32 on its inputs
+        lo = c["paged"]["drift"]["layer_out"]
+        print(f"paged {c['case_name']}: layer_out max {lo['max_abs']:.3g}")
+        if not (0 < lo["max_abs"] < 0.1):
+            failures.append(f"{c['case_name']}: layer_out max {lo['max_abs']} (BF16 drift expected)")
+    pairs = [p for p in report["trainer_vs_rollout"]["pairs"] if p["trainer_merge"] == "canonical"]
     aligned = [p for p in pairs if p["aligned"]]
     drift = [p for p in pairs if not p["aligned"]]
     for p in pairs:

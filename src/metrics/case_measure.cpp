@@ -139,6 +139,7 @@ PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const st
   r.fp32 = m.stats(o.fp32);
   r.dlogp = m.stats(o.dlogp);
   r.dlogp_rl = compute_rl_metrics(o.dlogp_tokens);
+  if (o.layer) r.layer = m.stats(*o.layer);
   for (const InvarianceCheck& inv : o.invariances)
     r.invariances.push_back(
         Invariance{inv.name, inv.compares, inv.applicable, inv.reason, m.stats(inv.rows)});

@@ -138,6 +138,7 @@ void check_paged_case(const Thresholds& t, const PagedCaseResult& c,
   for (const std::string& e : c.coverage_errors) failed.push_back(n + ": split plan: " + e);
   check_max(failed, n + ": candidate.out", c.candidate.out, t.paged_out_max_abs);
   check_max(failed, n + ": candidate.lse", c.candidate.lse, t.paged_lse_max_abs);
+  if (c.layer) check_finite(failed, n + ": layer_out", *c.layer);
   check_max(failed, n + ": dlogp", c.dlogp, t.paged_dlogp_max_abs);
   check_max(failed, n + ": fp32_split_merge.out", c.fp32.out, t.out_max_abs);
   check_max(failed, n + ": fp32_split_merge.lse", c.fp32.lse, t.lse_max_abs);

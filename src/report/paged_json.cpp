@@ -60,7 +60,9 @@ Value paged_drift_json(const RunReport& r, const PagedCaseResult& c) {
   dlogp["rl_metrics"] = rl_metrics_json(c.dlogp_rl);
   return Object{{"candidate", std::move(cand)},
                 {"fp32_split_merge", std::move(fp32)},
-                {"dlogp", std::move(dlogp)}};
+                {"dlogp", std::move(dlogp)},
+                // --scope layer: the layer's output of the candidate vs the reference cast alike.
+                {"layer_out", c.layer ? stats_json(*c.layer) : Value()}};
 }
 
 }  // namespace

@@ -88,6 +88,11 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   const std::vector<float>& c = o.held.keep(cand.logprob);
   const std::vector<float>& r = o.held.keep(ref.logprob);
   o.dlogp.add(0, c.data(), r.data(), c.size());
+  if (ctx.problem.layer) {  // the layer's output of both, [B][q_len][hidden] on rank 0
+    const std::vector<float>& cl = o.held.keep(cand.layer);
+    const std::vector<float>& rl = o.held.keep(ref.layer);
+    o.layer.emplace().add(0, cl.data(), rl.data(), cl.size());
+  }
   for (std::size_t k = 0; k < c.size(); ++k) {  // rank 0: [B][q_len]
     const int b = static_cast<int>(k / static_cast<std::size_t>(w.q_len));
     const std::int64_t pos = w.queries(b).begin + static_cast<std::int64_t>(k) % w.q_len;

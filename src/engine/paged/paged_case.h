@@ -69,6 +69,8 @@ struct PagedCaseOutputs : PagedCaseFacts {
   OutLseComparison fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   Comparison dlogp;            // target-token logprobs of the candidate vs the reference cast alike
   std::vector<TokenPair> dlogp_tokens;  // the same tokens for the RL metrics (rank 0)
+  /// --scope layer: the layer's output of the candidate vs of the reference cast alike (rank 0)
+  std::optional<Comparison> layer;
   std::vector<InvarianceCheck> invariances;
   std::chrono::steady_clock::time_point started;
   HeldTensors held;
