@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from model_fixtures import finish, refusal_failure
+
 # name: (Hq, Hkv)
 MODELS = {
     "qwen3-8b": (32, 8), "qwen3-4b": (32, 8), "qwen3-14b": (40, 8), "qwen3-32b": (64, 8),
@@ -155,11 +157,8 @@ def check_refusals(args, work):
     out = os.path.join(work, "refused.json")
     for flags, expect in REFUSED:
         r = run(args, 2, ["--scope", "layer", "--seq-len", "64", *flags], out)
-        lines = [l for l in r.stderr.splitlines() if l.startswith("cpdrift")]
-        ok = r.returncode == 2 and len(lines) == 1 and expect in lines[0]
-        print(f"refused {' '.join(flags)}: exit {r.returncode}, {lines}")
-        if not ok or os.path.exists(out):
-            failures.append(f"{flags}: expected status 2 and one line with {expect!r}")
+        if (why := refusal_failure(r, flags, expect, out)) is not None:
+            failures.append(why)
     return failures
 
 
@@ -176,10 +175,7 @@ def main():
         failures += check_pairs(args, work)
         for name in args.models.split(","):
             failures += check_model(args, work, name, *MODELS[name])
-    for f in failures:
-        print("FAIL:", f)
-    print(f"{'FAILED' if failures else 'OK'}: layer matrix ({len(failures)} failures)")
-    return 1 if failures else 0
+    return finish(failures, "layer matrix")
 
 
 if __name__ == "__main__":

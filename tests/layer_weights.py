@@ -20,6 +20,8 @@ import tempfile
 
 import numpy as np
 
+from model_fixtures import finish, refusal_failure
+
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
           "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "vocab_size": 1024}
@@ -135,14 +137,9 @@ def main():
             if os.path.exists(out):
                 os.remove(out)
             r = run(args, 2, flags, out)
-            lines = [l for l in r.stderr.splitlines() if l.startswith("cpdrift")]
-            print(f"refused {' '.join(flags[-3:])}: exit {r.returncode}, {lines}")
-            if r.returncode != 2 or len(lines) != 1 or expect not in lines[0] or os.path.exists(out):
-                failures.append(f"{flags}: expected exit 2 and one line with {expect!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print(f"{'FAILED' if failures else 'OK'}: --weights ({len(failures)} failures)")
-    return 1 if failures else 0
+            if (why := refusal_failure(r, flags[-3:], expect, out)) is not None:
+                failures.append(why)
+    return finish(failures, "--weights")
 
 
 if __name__ == "__main__":

@@ -30,3 +30,22 @@ def job_parser():
 def launch(args):
     """The command prefix that starts cpdrift on the job's processes."""
     return [args.mpirun, "-np", str(args.np), "--oversubscribe", args.cpdrift]
+
+
+def refusal_failure(result, flags, expect, out):
+    """A run that must be refused: exit 2, one `cpdrift` line holding `expect`, nothing at
+    `out`. Prints what happened; returns the failure's text, or None."""
+    import os
+    lines = [l for l in result.stderr.splitlines() if l.startswith("cpdrift")]
+    print(f"refused {' '.join(flags)}: exit {result.returncode}, {lines}")
+    if result.returncode == 2 and len(lines) == 1 and expect in lines[0] and not os.path.exists(out):
+        return None
+    return f"{flags}: expected exit 2 and one line with {expect!r}, nothing written"
+
+
+def finish(failures, what):
+    """Prints the failures and the verdict line; the exit status."""
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{'FAILED' if failures else 'OK'}: {what} ({len(failures)} failures)")
+    return 1 if failures else 0

@@ -18,9 +18,9 @@ namespace cpd {
 /// `cpdrift [run]`: what the engine is asked to compute, and what the CLI does with the result.
 struct RunOptions {
   RunRequest request;
-  std::string output;  // JSON report path; empty: none
-  std::string dump;    // HDF5 tensor dump path; empty: none
-  std::string inputs;  // --inputs: q, k, v from this file (request.problem.inputs once opened)
+  std::string output;   // JSON report path; empty: none
+  std::string dump;     // HDF5 tensor dump path; empty: none
+  std::string inputs;   // --inputs: q, k, v from this file (request.problem.inputs once opened)
   std::string weights;  // --weights: the layer's weights from this checkpoint (--layer N)
   int layer = -1;       // --layer
   bool dump_inputs = false;

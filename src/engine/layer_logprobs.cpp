@@ -57,6 +57,8 @@ std::vector<TokenLogprobs> run_layer_dlogp(const CaseGrid& grid,
     owned[r.id] = result.size();
     result.push_back(TokenLogprobs{r, Shard(shape), Shard(shape), Shard(shape)});
   }
+  std::vector<std::vector<Range>> chunks;  // per CP rank: its owner's chunks, for every TP rank
+  for (int c = 0; c < grid.spec.cp; ++c) chunks.push_back(chain_chunks(chain, grid.at(0, c)));
   const auto expected = [&](int step) {
     return [&grid, vocab, step](const LogicalRank& r) {
       return expected_layer_logits(grid, r, vocab, step);
@@ -67,9 +69,9 @@ std::vector<TokenLogprobs> run_layer_dlogp(const CaseGrid& grid,
     std::map<int, FloatBuffer> rows_of;
     std::vector<Message> outgoing;
     for (const LogicalRank& r : hosted) {
-      const std::vector<Range> chunks = chain_chunks(chain, grid.at(0, r.cp_rank));
-      if (r.tp_rank != 0 || step / 2 >= static_cast<int>(chunks.size())) continue;
-      const Range& tokens = chunks[static_cast<std::size_t>(step / 2)];
+      const std::vector<Range>& mine = chunks[static_cast<std::size_t>(r.cp_rank)];
+      if (r.tp_rank != 0 || step / 2 >= static_cast<int>(mine.size())) continue;
+      const Range& tokens = mine[static_cast<std::size_t>(step / 2)];
       const LayerOutputs& o = *own.at(r.id);
       const std::int64_t n = tokens.size() * hidden,
                          first = o.candidate.shape.local_row(tokens.begin);
@@ -94,9 +96,9 @@ std::vector<TokenLogprobs> run_layer_dlogp(const CaseGrid& grid,
     std::map<int, FloatBuffer> whole;  // owner id -> the chunk's whole rows [2][B][rows][V]
     outgoing.clear();
     for (const LogicalRank& r : hosted) {
-      const std::vector<Range> chunks = chain_chunks(chain, grid.at(0, r.cp_rank));
-      if (step / 2 >= static_cast<int>(chunks.size())) continue;
-      const std::int64_t rows = chunks[static_cast<std::size_t>(step / 2)].size();
+      const std::vector<Range>& mine = chunks[static_cast<std::size_t>(r.cp_rank)];
+      if (step / 2 >= static_cast<int>(mine.size())) continue;
+      const std::int64_t rows = mine[static_cast<std::size_t>(step / 2)].size();
       const Range range = vocab_shard(vocab, tp, r.tp_rank);
       if (r.tp_rank == 0) {
         FloatBuffer& all = whole[r.id];
@@ -115,7 +117,8 @@ std::vector<TokenLogprobs> run_layer_dlogp(const CaseGrid& grid,
     arrived = protocol::superstep(transport, hosted, std::move(outgoing), expected(step + 1));
     for (auto& [id, all] : whole) {
       const LogicalRank& r = grid.ranks[static_cast<std::size_t>(id)];
-      const Range tokens = chain_chunks(chain, r)[static_cast<std::size_t>(step / 2)];
+      const Range& tokens =
+          chunks[static_cast<std::size_t>(r.cp_rank)][static_cast<std::size_t>(step / 2)];
       for (const Message& m : arrived.at(id).take_messages()) {
         place(m.payload, m.header.heads(), 2 * p.batch * tokens.size(), vocab, all.data());
       }
