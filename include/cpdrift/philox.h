@@ -30,7 +30,8 @@ enum class TensorId : std::uint32_t {
   v_proj = 12,
   o_proj = 13,
   q_norm = 14,
-  k_norm = 15
+  k_norm = 15,
+  layer_grad = 16  // the gradient of the layer's output, which the backward starts from
 };
 
 struct Philox4x32 {

@@ -218,8 +218,6 @@ void check_layer(const RunOptions& o) {
     bad("--scope layer: --inputs holds the core's q, k, v; the layer generates its hidden states");
   if (q.problem.distribution != InputDistribution::gaussian)
     bad("--scope layer: q, k and v are the layer's projections; drop --input-distribution");
-  if (q.include_backward)
-    bad("--scope layer: the layer's backward is not available yet; drop --include-backward");
   for (const int cp : q.cp_sizes) {
     if (cp > 8)
       bad("--scope layer: --cp-world-sizes " + std::to_string(cp) +

@@ -36,6 +36,9 @@ enum class MessageKind : std::int32_t {
   vocab_logits = 11,      // the logits of a token range over the vocabulary range
                           // [head_begin, head_end) the sender holds, to the token owner,
                           // candidate then reference: [2][B][rows][range]
+  token_partial = 12,     // a weight gradient's running token sum (engine/token_chain.h): output
+                          // rows [token_begin, token_end) of it, folded through chain stage
+                          // block_index − 1, candidate then reference: [2][rows][inputs]
 };
 const char* to_string(MessageKind);
 

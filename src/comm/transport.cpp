@@ -22,6 +22,7 @@ constexpr EnumName<MessageKind> kMessageKinds[] = {
     {MessageKind::layer_partial, "layer_partial"},
     {MessageKind::layer_rows, "layer_rows"},
     {MessageKind::vocab_logits, "vocab_logits"},
+    {MessageKind::token_partial, "token_partial"},
 };
 
 }  // namespace

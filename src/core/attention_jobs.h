@@ -106,6 +106,26 @@ struct ProjectionJob {
   float* z = nullptr;  // [rows][vocab]
 };
 
+/// One token block of a TokenSumJob: its first row of dy and of x, and its row count.
+struct TokenBlock {
+  const float* dy = nullptr;
+  const float* x = nullptr;
+  std::int64_t rows = 0;
+};
+
+/// A weight gradient's token sums (layer_math.h), continued over some token blocks: for each
+/// block in order, P[o][i] = one fma chain from +0 over its rows ascending of dy[t][o]·x[t][i];
+/// sum[o][i] = sum[o][i] + P[o][i], or P itself for the first block when the job does not
+/// continue. dy's rows are ld_dy floats apart (offset to the job's first output), x's ld_x,
+/// sum's ld_sum ([outputs][inputs] of a wider matrix).
+struct TokenSumJob {
+  std::vector<TokenBlock> blocks;
+  std::int64_t ld_dy = 0, ld_x = 0, ld_sum = 0;
+  int outputs = 0, inputs = 0;
+  float* sum = nullptr;
+  bool continues = false;
+};
+
 /// Logits of `rows` tokens folded over heads in ascending order (logprob_math.h's
 /// fold_head_logits): logits[r][v] = ((z_0[r][v] + z_1[r][v]) + …) + z_last[r][v], z_h the
 /// partial logits of heads[h], whose rows are the same and whose z is not written. With

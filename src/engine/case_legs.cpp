@@ -212,13 +212,15 @@ void reference_backward(CaseRun& r) {
   const TransportCounters before = r.ctx.transport.counters();
   r.reference_gradients = shared_cp1_backward(r.grid, r.ctx.transport, r.ctx.collectives,
                                               r.ctx.inputs, *r.ctx.cp1_backward, r.reference);
-  r.release_references();  // before the case's own backward runs
+  // Before the case's own backward runs; the layer's backward reads the reference's attention.
+  if (!r.grid.problem.layer) r.release_references();
   r.reference_traffic = r.ctx.transport.counters() - before;
 }
 
 void backward(CaseRun& r) {
   std::vector<RankGradients> grads =
       run_backward(r.grid, r.fp32, r.ctx.transport, r.ctx.inputs, r.ctx.te_p2p_backward);
+  if (r.grid.problem.layer) layer_backward(r, grads);
   backward_part(r, grads);
   r.reference_gradients.clear();
 }

@@ -132,6 +132,9 @@ struct CasePart {
   std::vector<LaneComparisons> lanes;  // the production lanes, kProductionLanes' order
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> layer;  // the layer's output (--scope layer) vs the reference's
+  /// --scope layer --include-backward: each gradient of the layer (dx, q_proj, …) vs the one the
+  /// CP=1 reference backward's gradients give, in the report's order.
+  std::vector<std::pair<std::string, Comparison>> layer_backward;
   std::optional<Comparison> dlogp;  // target-token logprobs over the active tokens
   /// With dlogp, on rank 0 only: every active token's pair in (sequence, position) order (the
   /// RL metrics' input; one float pair a token).

@@ -58,6 +58,9 @@ void o_proj(CaseRun& run);
 void dlogp(CaseRun& run);
 void reference_backward(CaseRun& run);
 void backward(CaseRun& run);
+/// --scope layer: the layer's gradients from the core's (`grads`, the candidate's; the run's
+/// reference gradients), published as one part; frees the references.
+void layer_backward(CaseRun& run, const std::vector<RankGradients>& grads);
 }  // namespace phase_run
 
 }  // namespace cpd

@@ -41,6 +41,9 @@ class AttentionBackend {
   /// Whether run_backward_units fills the query blocks' dk_lane / dv_lane (the te_p2p
   /// backward lane's per-rank sums); a backend that does not is never given them.
   virtual bool has_lane_partials() const { return false; }
+  /// The layer's weight gradients: token sums (TokenSumJob). By default the definition on the
+  /// host; the CPU backend tiles it.
+  virtual void token_sums(std::span<const TokenSumJob> jobs);
   /// dlogp's per-head partial logits.
   virtual void project_heads(std::span<const ProjectionJob> jobs, int dim, int vocab) = 0;
   /// dlogp's logits folded over a token owner's heads, the same bits as project_heads followed

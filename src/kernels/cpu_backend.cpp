@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention_backward.h"
 #include "kernels/cpu/inputs.h"
 #include "kernels/cpu/projection.h"
+#include "kernels/cpu/token_sums.h"
 
 namespace cpd {
 
@@ -33,6 +34,10 @@ void AttentionBackend::project_folded(std::span<const FoldedProjectionJob> jobs,
       fold(terms.data(), static_cast<int>(terms.size()), vocab, j.logits + r * vocab);
     }
   }
+}
+
+void AttentionBackend::token_sums(std::span<const TokenSumJob> jobs) {
+  for (const TokenSumJob& j : jobs) token_sums_reference(j);
 }
 
 namespace {
@@ -77,6 +82,10 @@ class CpuBackend final : public AttentionBackend {
   void project_folded(std::span<const FoldedProjectionJob> jobs, int dim, int vocab) override {
     const WorkTimer t(WorkKind::projection);
     run_folded_projection_jobs(jobs, dim, vocab, pool_);
+  }
+  void token_sums(std::span<const TokenSumJob> jobs) override {
+    const WorkTimer t(WorkKind::projection);
+    run_token_sum_jobs(jobs, pool_);
   }
 
  private:

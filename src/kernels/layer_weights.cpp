@@ -120,6 +120,48 @@ const float* LayerWeights::o_proj_group(std::int64_t group) const {
   return block(TensorId::o_proj, group);
 }
 
+const float* LayerWeights::kept(int key, std::int64_t index,
+                                const std::function<std::vector<float>()>& make) const {
+  {
+    const std::lock_guard lock(mutex_);
+    const auto it = blocks_.find({key, index});
+    if (it != blocks_.end()) return it->second.data();
+  }
+  std::vector<float> made = make();  // reads other blocks, each under the lock
+  const std::lock_guard lock(mutex_);
+  std::vector<float>& b = blocks_[{key, index}];
+  if (b.empty()) b = std::move(made);  // another thread may have made it first: the same values
+  return b.data();
+}
+
+const float* LayerWeights::o_proj_group_transposed(std::int64_t group) const {
+  return kept(-static_cast<int>(TensorId::o_proj), group, [&] {
+    const std::int64_t hidden = dims_.hidden_size, width = dims_.group_size() * dims_.head_dim;
+    const float* w = o_proj_group(group);
+    std::vector<float> t(static_cast<std::size_t>(hidden * width));
+    for (std::int64_t o = 0; o < hidden; ++o) {
+      for (std::int64_t c = 0; c < width; ++c) t[c * hidden + o] = w[o * width + c];
+    }
+    return t;
+  });
+}
+
+const float* LayerWeights::qkv_group_transposed(std::int64_t group) const {
+  return kept(-static_cast<int>(TensorId::q_proj), group, [&] {
+    const std::int64_t hidden = dims_.hidden_size, d = dims_.head_dim;
+    const std::int64_t gs = dims_.group_size(), width = (gs + 2) * d;
+    std::vector<float> t(static_cast<std::size_t>(hidden * width));
+    for (std::int64_t f = 0; f < width; ++f) {
+      const std::int64_t head = f / d;  // the group's query heads, then its k and v head
+      const float* row = head < gs    ? projection(TensorId::q, group * gs + head) + (f % d) * hidden
+                         : head == gs ? projection(TensorId::k, group) + (f % d) * hidden
+                                      : projection(TensorId::v, group) + (f % d) * hidden;
+      for (std::int64_t i = 0; i < hidden; ++i) t[i * width + f] = row[i];
+    }
+    return t;
+  });
+}
+
 Problem with_layer_weights(Problem problem) {
   if (problem.layer && !problem.weights)
     problem.weights = std::make_shared<const LayerWeights>(problem.dims, problem.seed);
@@ -131,6 +173,13 @@ void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* ro
   const std::int64_t src = input_sequence(TensorId::q, b, pos, shared_prompt_len(problem));
   bf16_normals(problem.seed, TensorId::hidden,
                static_cast<std::uint64_t>((src * problem.seq_len + pos) * hidden), hidden, 1.0f,
+               0.0f, row);
+}
+
+void layer_grad_row(const Problem& problem, int b, std::int64_t pos, float* row) {
+  const std::int64_t hidden = problem.dims.hidden_size;
+  bf16_normals(problem.seed, TensorId::layer_grad,
+               static_cast<std::uint64_t>((b * problem.seq_len + pos) * hidden), hidden, 1.0f,
                0.0f, row);
 }
 

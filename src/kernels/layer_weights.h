@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,10 +55,20 @@ class LayerWeights {
   /// o_proj's columns of KV head group `group` ((Hq / Hkv)·head_dim of them, the group's query
   /// heads in order): [hidden][group columns].
   const float* o_proj_group(std::int64_t group) const;
+  /// o_proj_group transposed, [group columns][hidden]: the backward's dA reads a column's
+  /// hidden outputs in order (layer_backward_math.h).
+  const float* o_proj_group_transposed(std::int64_t group) const;
+  /// q_proj, k_proj and v_proj's rows of KV head group `group` (its query heads' q rows, then its
+  /// k rows, then its v rows) transposed, [hidden][(Hq / Hkv + 2)·head_dim]: dX's chain over the
+  /// group's features.
+  const float* qkv_group_transposed(std::int64_t group) const;
   /// Where the weights come from: "synthetic", or the checkpoint and layer.
   std::string source() const { return source_->describe(); }
 
  private:
+  // A block derived from others (a transpose), kept under `key` (never a TensorId's).
+  const float* kept(int key, std::int64_t index,
+                    const std::function<std::vector<float>()>& make) const;
   const float* block(TensorId tensor, std::int64_t index) const;
 
   ModelDims dims_;
@@ -72,5 +83,10 @@ Problem with_layer_weights(Problem problem);
 /// The layer's input of sequence `b` at position `pos`: hidden_size BF16-valued floats. Inside
 /// the shared prompt every sequence's are sequence 0's (input_sequence), so their q, k and v are.
 void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* row);
+
+/// The gradient of the layer's output at (b, pos), where the backward starts: hidden_size
+/// BF16-valued standard normals (a BF16 model's gradients are BF16), never shared between
+/// sequences (as the core's dO).
+void layer_grad_row(const Problem& problem, int b, std::int64_t pos, float* row);
 
 }  // namespace cpd

@@ -64,6 +64,9 @@ struct DlogpDrift {
 struct LayerDrift {
   bool available = false;
   DiffStats out;
+  /// With the backward: each gradient of the layer (dx, q_proj, …, q_norm, k_norm) from the
+  /// case's core gradients vs from the CP=1 reference backward's, the same arithmetic.
+  std::vector<std::pair<std::string, DiffStats>> backward;
 };
 
 /// A production lane of a case (report `production_lanes`).

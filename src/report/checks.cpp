@@ -26,7 +26,7 @@ void check_finite(std::vector<std::string>& failed, const std::string& where, co
 // their CP, layout, protocol or TP: compared by digest, so only where digests were taken.
 void check_same_grid_digests(const RunReport& report, std::vector<std::string>& failed) {
   const auto digests = [](const CaseResult& c) {
-    std::vector<std::pair<const char*, std::optional<std::string>>> d = {
+    std::vector<std::pair<std::string, std::optional<std::string>>> d = {
         {"cp_merge_fp32.out", c.cp_merge_fp32.out.digest},
         {"cp_merge_fp32.lse", c.cp_merge_fp32.lse.digest},
         {"dtype_path_vs_fp32.out", c.dtype_path.out.digest},
@@ -38,6 +38,7 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
       d.push_back({"backward.dv", c.backward.dv.digest});
     }
     if (c.layer.available) d.push_back({"layer.out", c.layer.out.digest});
+    for (const auto& [name, s] : c.layer.backward) d.push_back({"layer.backward." + name, s.digest});
     if (c.dlogp.available) d.push_back({"dlogp", c.dlogp.drift.digest});
     return d;
   };
@@ -48,7 +49,7 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
       const auto da = digests(a), db = digests(b);
       for (const auto& [name, x] : da) {
         for (const auto& [other, y] : db) {
-          if (std::string(name) == other && x && y && *x != *y) {
+          if (name == other && x && y && *x != *y) {
             failed.push_back(b.name + ": shares the block grid of " + a.name + " but its " + name +
                              " bits differ");
           }
@@ -123,6 +124,7 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
     check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
   }
   if (c.layer.available) check_finite(failed, n + ": layer.out", c.layer.out);
+  for (const auto& [name, s] : c.layer.backward) check_finite(failed, n + ": layer.backward." + name, s);
   if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
   if (c.topology_required && !c.topology.bitwise_equal()) {
     failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +

@@ -197,6 +197,20 @@ Value rollout_pairs_json(const RunReport& r) {
       {"pairs", array_of(r.rollout_pairs, rollout_pair_json)}};
 }
 
+// The layer's gradients (--include-backward): each from the case's core gradients vs from the
+// CP=1 reference backward's, through the same canonical arithmetic (numerics.md §11).
+Value layer_backward_json(const CaseResult& c) {
+  if (c.layer.backward.empty())
+    return status_json("not_requested", "run with --scope layer --include-backward");
+  Object o{{"status", "available"},
+           {"candidate", "fp32_cp_backward"},
+           {"reference", "fp32_cp1_backward"}};
+  Object grads;
+  for (const auto& [name, s] : c.layer.backward) grads.emplace(name, stats_json(s));
+  o.emplace("gradients", std::move(grads));
+  return o;
+}
+
 Value layer_case_json(const RunReport& r, const CaseResult& c) {
   if (!c.layer.available) return status_json("not_requested", "run with --scope layer");
   const Problem& p = r.problem;
@@ -206,7 +220,8 @@ Value layer_case_json(const RunReport& r, const CaseResult& c) {
                 {"reference_cast_dtype", torch_dtype_name(p.dtype)},
                 {"candidate", p.dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
                 {"hidden_size", p.dims.hidden_size},
-                {"out", stats_json(c.layer.out)}};
+                {"out", stats_json(c.layer.out)},
+                {"backward", layer_backward_json(c)}};
 }
 
 Value dlogp_case_json(const CaseResult& c, const Problem& p) {

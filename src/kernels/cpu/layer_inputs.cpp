@@ -22,22 +22,29 @@ struct HeadWeights {
   const float* bias;  // [D] or null
 };
 
-}  // namespace
-
-Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
-                  InputPrecision precision, ThreadPool& pool) {
+// q, k, v through their last step, or (`pre_norm`) only the projection and its bias; dO.
+Shard project_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                    InputPrecision precision, ThreadPool& pool, bool pre_norm) {
   const Problem made = with_layer_weights(problem);  // shares the run's weights when it has them
   const LayerWeights& weights = *made.weights;
   const ModelDims& dims = problem.dims;
   const int d = dims.head_dim, hidden = dims.hidden_size, half = dims.rotary_dim / 2;
-  const bool rotate = problem.rope && tensor != TensorId::v;
+  const bool grad = tensor == TensorId::d_out;
+  const bool rotate = problem.rope && !pre_norm && (tensor == TensorId::q || tensor == TensorId::k);
   const bool round = precision == InputPrecision::bf16;
-  const float* norm = weights.norm(tensor);
+  const float* norm = grad || pre_norm ? nullptr : weights.norm(tensor);
   const auto eps = static_cast<float>(dims.rms_norm_eps);
   const std::vector<float> inv_freq = rope_inv_freq(dims);
   std::vector<HeadWeights> heads;  // looked up here: the weights are made under a lock
-  for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h)
-    heads.push_back(HeadWeights{weights.projection(tensor, h), weights.bias(tensor, h)});
+  for (std::int64_t h = shape.heads.begin; h < shape.heads.end; ++h) {
+    if (grad) {  // o_proj's columns of head h, transposed: [D][hidden]
+      const std::int64_t gs = dims.group_size();
+      heads.push_back(HeadWeights{
+          weights.o_proj_group_transposed(h / gs) + (h % gs) * d * std::int64_t{hidden}, nullptr});
+    } else {
+      heads.push_back(HeadWeights{weights.projection(tensor, h), weights.bias(tensor, h)});
+    }
+  }
 
   struct Task {
     std::int64_t pos, count, local_row;
@@ -57,7 +64,7 @@ Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& sha
     std::vector<float> y(static_cast<std::size_t>(task.count * d));
     std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
     for (std::int64_t i = 0; i < task.count; ++i)
-      layer_hidden_row(problem, b, task.pos + i, x.data() + i * hidden);
+      (grad ? layer_grad_row : layer_hidden_row)(problem, b, task.pos + i, x.data() + i * hidden);
     for (std::size_t k = 0; k < heads.size(); ++k) {
       project_rows(ProjectionJob{x.data(), task.count, heads[k].w, hidden, y.data()}, hidden, d);
       for (std::int64_t i = 0; i < task.count; ++i) {
@@ -78,6 +85,18 @@ Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& sha
     }
   });
   return shard;
+}
+
+}  // namespace
+
+Shard layer_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                  InputPrecision precision, ThreadPool& pool) {
+  return project_shard(problem, tensor, shape, precision, pool, false);
+}
+
+Shard layer_pre_norm(const Problem& problem, TensorId tensor, const ShardShape& shape,
+                     ThreadPool& pool) {
+  return project_shard(problem, tensor, shape, InputPrecision::fp32, pool, true);
 }
 
 }  // namespace cpd
