@@ -241,6 +241,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   const int world = transport.world_size(), here = transport.process_index();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const LayerWeights& weights = *store.problem().weights;
+  const bool rank_sums = p.o_proj_order == OProjOrder::rank_sums;
 
   // dP of every hosted rank's heads, and its norm partials.
   std::vector<HeadGrads> grads(hosted.size());
@@ -265,7 +266,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
       x[i] = token_rows(p, hosted[i], false, width, store.pool());
     const LogicalRank& any = hosted.empty() ? grid.ranks[0] : hosted[0];
     const std::int64_t qh = any.q_heads.size(), kvh = any.kv_heads.size();
-    const TokenChain chain{(qh + 2 * kvh) * d, width, kPieceRows};
+    const TokenChain chain{(qh + 2 * kvh) * d, width, kPieceRows, rank_sums};
     run_token_chain(
         grid, chain, transport, hosted,
         [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {
@@ -318,7 +319,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
     for (std::size_t i = 0; i < hosted.size(); ++i)
       dy[i] = token_rows(p, hosted[i], true, hidden, store.pool());
     const std::int64_t columns = (hosted.empty() ? grid.ranks[0] : hosted[0]).q_heads.size() * d;
-    const TokenChain chain{hidden, columns, kPieceRows};
+    const TokenChain chain{hidden, columns, kPieceRows, rank_sums};
     run_token_chain(
         grid, chain, transport, hosted,
         [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {

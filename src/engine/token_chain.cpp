@@ -100,7 +100,13 @@ void run_token_chain(const CaseGrid& grid, const TokenChain& chain, Transport& t
           });
           plane = std::move(it->payload);  // the manifest listed it: it arrived
         }
-        fold(i, stages[k], piece, plane.data(), k == 0);
+        if (k > 0 && chain.rank_sums) {
+          FloatBuffer own(plane.size());
+          fold(i, stages[k], piece, own.data(), true);
+          for (std::size_t e = 0; e < own.size(); ++e) plane[e] += own[e];
+        } else {
+          fold(i, stages[k], piece, plane.data(), k == 0);
+        }
         if (k + 1 == stages.size()) {
           finish(i, piece, plane);
           continue;

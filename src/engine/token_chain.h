@@ -29,6 +29,9 @@ std::vector<TokenStage> token_stages(const CaseGrid& grid);
 /// stage k + 1's rank (same TP rank); the last stage's rank keeps the finished piece.
 struct TokenChain {
   std::int64_t outputs = 0, inputs = 0, piece_rows = 0;
+  /// The control (--o-proj-order rank_sums): each stage folds its own blocks from zero and adds
+  /// its sum to the piece it received, a reduce of per-rank partials.
+  bool rank_sums = false;
 };
 std::vector<Range> token_pieces(const TokenChain& chain);
 int token_chain_steps(const CaseGrid& grid, const TokenChain& chain);
