@@ -12,7 +12,9 @@ reads the digests too). The controls show the comparison can fail: o_proj's rank
 at TP 1 and the run says so; and a grid that differs (prefill without a split, CP 1 vs CP 2)
 gives other bits. The rollout side: trainer TP=2 x CP=2 zigzag against the paged decode at rollout
 TP 1, 2 and 4, bitwise in the layer's output and logprobs where the KV blocks align, drifting
-where they do not. What the layer does not run yet is refused in one line.
+where they do not. The backward (--include-backward) is in the matrix too: dX and every weight's
+gradient one digest each; rank_sums makes TP change dX and CP the weight gradients. What the
+layer does not run yet is refused in one line.
 
 Usage: layer_matrix.py --cpdrift BIN --mpirun MPIRUN [--models a,b]
 """
@@ -53,6 +55,15 @@ def layer_digests(path):
     return {c["case_name"]: c["layer"]["out"]["digest"] for c in load(path)["cases"]}
 
 
+def gradient_digests(path):
+    """Per gradient of the layer's backward, its digest in each case."""
+    out = {}
+    for c in load(path)["cases"]:
+        for name, s in c["layer"]["backward"].get("gradients", {}).items():
+            out.setdefault(name, {})[c["case_name"]] = s["digest"]
+    return out
+
+
 def dlogp_digests(path):
     return {c["case_name"]: c["dlogp"]["drift"]["digest"] for c in load(path)["cases"]}
 
@@ -61,10 +72,11 @@ def check_model(args, work, name, hq, hkv):
     failures = []
     flags = [*BASE, "--model", name,
              "--tp-world-sizes", ",".join(map(str, tp_sizes(hq, hkv))),
-             "--cp-world-sizes", "1,2,4", "--cp-layouts", "contiguous,zigzag"]
+             "--cp-world-sizes", "1,2,4", "--cp-layouts", "contiguous,zigzag",
+             "--include-backward"]
     if name == "qwen3-8b":
         flags += ["--protocols", "ag_rs,ring_kv,allgather_kv", "--include-dlogp"]
-    seen, logprobs = set(), set()
+    seen, logprobs, gradients = set(), set(), {}
     for np in (1, 2, 4):
         out = os.path.join(work, f"{name}_np{np}.json")
         r = run(args, np, flags, out)
@@ -74,12 +86,23 @@ def check_model(args, work, name, hq, hkv):
         digests = layer_digests(out)
         seen |= set(digests.values())
         print(f"{name} np={np}: {len(digests)} cases, layer digests {sorted(set(digests.values()))}")
+        for grad, by_case in gradient_digests(out).items():
+            gradients.setdefault(grad, set()).update(by_case.values())
+        print(f"{name} np={np}: gradient digests per gradient: "
+              f"{ {g: len(d) for g, d in sorted(gradients.items())} }")
         if "--include-dlogp" in flags:
             logprobs |= set(dlogp_digests(out).values())
             print(f"{name} np={np}: logprob digests {sorted(logprobs)}")
     if len(seen) != 1:
         failures.append(f"{name}: the layer's output has {len(seen)} digests over the matrix "
                         f"and process counts, not one")
+    expected = {"dx", "q_proj", "k_proj", "v_proj", "o_proj"}
+    if not expected <= set(gradients):
+        failures.append(f"{name}: the backward reported {sorted(gradients)}, not {sorted(expected)}")
+    for grad, digests in sorted(gradients.items()):
+        if len(digests) != 1:
+            failures.append(f"{name}: the layer's {grad} has {len(digests)} digests over the "
+                            f"matrix and process counts, not one")
     if "--include-dlogp" in flags and len(logprobs) != 1:
         failures.append(f"{name}: the logprobs have {len(logprobs)} digests, not one")
     return failures
@@ -88,16 +111,21 @@ def check_model(args, work, name, hq, hkv):
 def check_controls(args, work):
     failures = []
     out = os.path.join(work, "control.json")
-    # o_proj summed per TP rank, then the ranks' sums: TP changes bits, and the run says so.
+    # Each rank's part summed apart, then the ranks' sums: o_proj's and dX's over the TP ranks,
+    # the weight gradients' over the CP ranks. TP and CP change bits, and the run says so.
     r = run(args, 2, [*BASE, "--o-proj-order", "rank_sums", "--tp-world-sizes", "1,2",
-                      "--cp-world-sizes", "1"], out)
+                      "--cp-world-sizes", "1,2", "--include-backward"], out)
+    failed = load(out)["summary"]["failed_checks"] if os.path.exists(out) else []
     digests = layer_digests(out) if os.path.exists(out) else {}
-    said = os.path.exists(out) and any("layer.out bits differ" in f
-                                       for f in load(out)["summary"]["failed_checks"])
-    print(f"control rank_sums: exit {r.returncode}, digests {sorted(set(digests.values()))}, "
-          f"reported: {said}")
-    if r.returncode != 1 or len(set(digests.values())) != 2 or not said:
-        failures.append("control rank_sums: expected exit 1, two digests and the check's line")
+    print(f"control rank_sums: exit {r.returncode}, out digests {sorted(set(digests.values()))}")
+    for f in failed:
+        print(f"  {f}")
+    if r.returncode != 1 or len(set(digests.values())) != 2:
+        failures.append("control rank_sums: expected exit 1 and two output digests")
+    for what in ["layer.out", "layer.backward.dx", "layer.backward.q_proj",
+                 "layer.backward.o_proj", "layer.backward.v_proj"]:
+        if not any(f"{what} bits differ" in f for f in failed):
+            failures.append(f"control rank_sums: the run did not report {what} bits differing")
     # Another block grid: prefill without a split at CP 1 and 2 (the grid follows CP).
     out = os.path.join(work, "grid.json")
     r = run(args, 2, ["--scope", "layer", "--seq-len", "64", "--modes", "prefill",
@@ -145,7 +173,6 @@ def check_pairs(args, work):
 
 # What the layer does not run yet, refused on every process before anything runs.
 REFUSED = [
-    (["--include-backward"], "the layer's backward is not available yet"),
     (["--input-distribution", "sink"], "q, k and v are the layer's projections"),
     (["--cp-world-sizes", "16"], "the layer runs CP up to 8"),
     (["--seq-len", "72"], "is not a multiple of 16"),

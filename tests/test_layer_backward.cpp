@@ -232,8 +232,10 @@ std::map<std::string, std::vector<float>> engine_gradients(const Problem& p, con
   std::map<std::string, std::vector<float>> out;
   for (const LayerGradient& g : run_layer_backward(grid, inputs, transport, collectives, store)) {
     std::vector<float>& all = out[g.name];
-    for (const FloatBuffer& piece : plane == 0 ? g.candidate : g.reference)
-      all.insert(all.end(), piece.data(), piece.data() + piece.size());
+    for (const LayerGradient::Hosted& h : g.hosted) {
+      const float* piece = plane == 0 ? h.candidate : h.reference;
+      all.insert(all.end(), piece, piece + h.count);
+    }
     // dX's pieces are (b, token range) in position order: whole [B][S][hidden] rows already.
   }
   return out;

@@ -213,6 +213,36 @@ void print_layer_rows(std::FILE* out, const RunReport& r) {
   }
 }
 
+// The layer's gradients per case (--scope layer --include-backward): dX's drift, the largest
+// drift among the weights' gradients and which, and one digest of all of their digests, so that
+// the cases of one block grid show the same bits whatever their TP and CP.
+void print_layer_backward_rows(std::FILE* out, const RunReport& r) {
+  if (r.cases.empty() || r.cases.front().layer.backward.empty()) return;
+  std::fprintf(out,
+               "#\n# the layer's backward (dX and every weight's gradient) vs the same arithmetic "
+               "from the CP=1 reference backward's gradients,\n# and the bits of all of them "
+               "(one digest of their digests)\n");
+  std::fprintf(out, "# %-46s %-11s %-23s %s\n", "case", "dX max |Δ|", "weights: max |Δ|",
+               "bits");  // Δ: 2 bytes each
+  for (const CaseResult& c : r.cases) {
+    std::string dx = "-", worst = "-";
+    double largest = -1;
+    std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over the digests, in report order
+    for (const auto& [name, s] : c.layer.backward) {
+      if (name == "dx") {
+        dx = sci(s);
+      } else if (s.max_abs > largest) {
+        largest = s.max_abs;
+        worst = sci(s) + (s.max_abs > 0 ? " " + name : "");
+      }
+      for (const char ch : s.digest.value_or("-"))
+        h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+    }
+    std::fprintf(out, "  %-46s %-10s %-22s %016llx\n", c.name.c_str(), dx.c_str(), worst.c_str(),
+                 static_cast<unsigned long long>(h));
+  }
+}
+
 }  // namespace
 
 void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
@@ -284,6 +314,7 @@ void print_case_row(std::FILE* out, const CaseResult& c) {
 
 void print_footer(std::FILE* out, const RunReport& r) {
   print_layer_rows(out, r);
+  print_layer_backward_rows(out, r);
   print_rl_rows(out, r);
   print_lane_rows(out, r);
   print_paged_rows(out, r);

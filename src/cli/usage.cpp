@@ -94,13 +94,15 @@ Execution and output
   --scope core|layer           core (default): q, k, v -> attention; layer: the whole attention
                                module, hidden -> q/k/v_proj -> norms -> RoPE -> attention ->
                                o_proj, from synthetic weights or --weights (CPU backend; the
-                               forward, dlogp and the rollout side, not yet the backward)
+                               forward, backward, dlogp and the rollout side)
   --weights PATH --layer N     the layer's weights: layer N of a Hugging Face checkpoint
                                (index.json + shards, or a .safetensors file), BF16
   --o-proj-order canonical|rank_sums
-                               the layer's o_proj sum over head groups: one fold across the TP
+                               the layer's sums across ranks (o_proj and dX over head groups,
+                               the weight gradients over token blocks): one fold through the
                                ranks (default), or each rank's sum apart then added (a control)
-  --include-backward           also the FP32 backward (dq, dk, dv) vs the CP=1 reference
+  --include-backward           also the FP32 backward (dq, dk, dv; with --scope layer dX and
+                               every weight's gradient too) vs the CP=1 reference
   --include-lane-backward      also the te_p2p lane's backward (Transformer Engine's ring: each
                                step's gradients written and summed in BF16); CPU backend, needs
                                --include-backward, holds up to CP x the dK/dV totals more

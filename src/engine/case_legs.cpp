@@ -21,8 +21,9 @@ auto each_gradient(Gradients& g) {
 }
 
 // The gradients of the backward (and its te_p2p lane) vs the CP=1 reference backward's, and their
-// BF16 final write: one part of the case.
-void backward_part(CaseRun& run, std::vector<RankGradients>& grads) {
+// BF16 final write: one part of the case. `keep_in_run`: the part reads the gradients where they
+// are (the run's, kept for the layer's backward) instead of taking them.
+void backward_part(CaseRun& run, std::vector<RankGradients>& grads, bool keep_in_run) {
   const RunContext& ctx = run.ctx;
   const CaseGrid& grid = run.grid;
   CasePart o(grid.spec.cp);
@@ -40,8 +41,8 @@ void backward_part(CaseRun& run, std::vector<RankGradients>& grads) {
     const auto refs = each_gradient(run.reference_gradients[i]);
     const auto cands = each_gradient(g);
     for (std::size_t j = 0; j < 3; ++j) {
-      const Shard& rs = o.held.keep(std::move(*refs[j]));
-      const Shard& cs = o.held.keep(std::move(*cands[j]));
+      const Shard& rs = keep_in_run ? *refs[j] : o.held.keep(std::move(*refs[j]));
+      const Shard& cs = keep_in_run ? *cands[j] : o.held.keep(std::move(*cands[j]));
       fp32[j]->add(r, cs, rs);
       bf16[j]->add(r, cs, rs, true);
       candidate[j].push_back(&cs);
@@ -220,8 +221,12 @@ void reference_backward(CaseRun& r) {
 void backward(CaseRun& r) {
   std::vector<RankGradients> grads =
       run_backward(r.grid, r.fp32, r.ctx.transport, r.ctx.inputs, r.ctx.te_p2p_backward);
-  if (r.grid.problem.layer) layer_backward(r, grads);
-  backward_part(r, grads);
+  if (r.grid.problem.layer) {  // published from the run, where the layer's backward reads them
+    r.gradients = std::move(grads);
+    backward_part(r, r.gradients, true);
+    return;
+  }
+  backward_part(r, grads, false);
   r.reference_gradients.clear();
 }
 

@@ -38,6 +38,8 @@ struct CaseRun {
   // tool's check, not the case's traffic).
   std::vector<LocalCp1Backward::Result> reference_gradients;
   TransportCounters reference_traffic;
+  // --scope layer: the backward's gradients, kept for the layer's backward (which publishes them).
+  std::vector<RankGradients> gradients;
   // The partial dq the hosted query owners folded.
   std::vector<Received> folded;
   // The layer's output on the hosted token owners (--scope layer), as written: dlogp reads it.
@@ -58,9 +60,10 @@ void o_proj(CaseRun& run);
 void dlogp(CaseRun& run);
 void reference_backward(CaseRun& run);
 void backward(CaseRun& run);
-/// --scope layer: the layer's gradients from the core's (`grads`, the candidate's; the run's
-/// reference gradients), published as one part; frees the references.
-void layer_backward(CaseRun& run, const std::vector<RankGradients>& grads);
+/// --scope layer: the layer's gradients from the core's (the candidate's and the reference's, which
+/// the backward published and kept in the run), published as one part; frees them and the
+/// references.
+void layer_backward(CaseRun& run);
 }  // namespace phase_run
 
 }  // namespace cpd

@@ -64,6 +64,11 @@ CaseSchedule schedule_case(const CaseGrid& grid, const ScheduleOptions& o) {
         Phase{kBackwardPhase, K::backward, backward_work(grid), backward, R::fp32_backward, false,
               [lane = o.lane_backward](CaseMemory& m) { phase_memory::backward(m, lane); },
               phase_run::backward});
+    if (grid.problem.layer) {
+      s.phases.push_back(Phase{kLayerBackwardPhase, K::layer_backward, layer_backward_work(grid),
+                               2.0 * grid.problem.dims.head_dim, R::fp32, false,
+                               phase_memory::layer_backward, phase_run::layer_backward});
+    }
   }
   return s;
 }

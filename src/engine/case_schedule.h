@@ -18,7 +18,15 @@ namespace cpd {
 struct CaseRun;    // a case being executed (case_run.h)
 class CaseMemory;  // a case's buffers on each process of a run (memory_plan.h)
 
-enum class PhaseKind { reference_forward, forward, o_proj, dlogp, reference_backward, backward };
+enum class PhaseKind {
+  reference_forward,
+  forward,
+  o_proj,
+  dlogp,
+  reference_backward,
+  backward,
+  layer_backward
+};
 /// The rate its kernels run at on a device: FP32 or BF16 forward, or the FP32 backward.
 enum class KernelRate { fp32, bf16, fp32_backward };
 
@@ -66,7 +74,7 @@ struct CaseSchedule {
 ScheduleOptions schedule_options(const RunRequest& request, bool gpu);
 
 /// The phases in the order they run: the CP=1 reference forward, each forward path, the layer's
-/// o_proj (--scope layer), dlogp, the CP=1 reference backward and the backward.
+/// o_proj (--scope layer), dlogp, the CP=1 reference backward, the backward and the layer's.
 CaseSchedule schedule_case(const CaseGrid& grid, const ScheduleOptions& options);
 
 /// The phases' names.
@@ -75,6 +83,7 @@ inline constexpr const char* kOProjPhase = "layer: o_proj";
 inline constexpr const char* kDlogpPhase = "dlogp";
 inline constexpr const char* kReferenceBackwardPhase = "backward: CP=1 reference";
 inline constexpr const char* kBackwardPhase = "backward";
+inline constexpr const char* kLayerBackwardPhase = "layer: backward";
 /// A forward path's phase, "forward: " and the path's name.
 inline constexpr const char* kForwardPhasePrefix = "forward: ";
 

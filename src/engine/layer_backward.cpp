@@ -18,15 +18,13 @@
 namespace cpd {
 namespace {
 
-// Output rows of a token chain's piece: 32 rows of q/k/v_proj's [hidden + 1] sums are 1 MiB a
-// plane, so the chain's stages overlap over many pieces.
-constexpr std::int64_t kPieceRows = 32;
-
 // One hosted rank's gradients of the projections' outputs (dP: after the bias, before the norm),
-// candidate and reference, and its norm weights' (token block, head group) partials.
+// candidate and reference — the core's dq and dk made over in place, its dv as it is — and its
+// norm weights' (token block, head group) partials.
 struct HeadGrads {
-  Shard q[2], k[2];
-  const Shard* v[2] = {nullptr, nullptr};  // v has no norm nor RoPE: dP is the core's dv
+  Shard* q[2] = {nullptr, nullptr};
+  Shard* k[2] = {nullptr, nullptr};
+  const Shard* v[2] = {nullptr, nullptr};
   // Per tensor (q_norm, k_norm) and plane: [its blocks][its groups][D], blocks in (b, position)
   // order.
   std::vector<float> norm_partials[2][2];
@@ -44,12 +42,11 @@ std::vector<std::pair<int, std::int64_t>> blocks_of(const CaseGrid& grid, const 
   return out;
 }
 
-// dP of q (query heads) or k (KV heads) from the core's gradient: RoPE's transpose, then the head
-// norm's backward from the pre-norm rows, each (token block, head group) a task that also makes
-// the norm weight's partial of its block and group.
-void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId tensor,
-                        const Shard* grad[2], Shard out[2], std::vector<float> partials[2],
-                        InputStore& store) {
+// dP of q (query heads) or k (KV heads) from the core's gradient, in place: RoPE's transpose, then
+// the head norm's backward from the pre-norm rows, each (token block, head group) a task that
+// also makes the norm weight's partial of its block and group.
+void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId tensor, Shard* out[2],
+                        std::vector<float> partials[2], InputStore& store) {
   const Problem& p = grid.problem;
   const ModelDims& dims = p.dims;
   const int d = dims.head_dim, half = dims.rotary_dim / 2;
@@ -66,7 +63,6 @@ void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId ten
   const std::vector<std::pair<int, std::int64_t>> blocks = blocks_of(grid, r);
   const std::int64_t bt = layer_token_block(p.seq_len);
   for (int w = 0; w < 2; ++w) {
-    out[w] = Shard(shape, Uninitialized{});
     if (norm != nullptr)
       partials[w].assign(static_cast<std::size_t>(blocks.size() * groups * d), 0.0f);
   }
@@ -76,7 +72,7 @@ void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId ten
     const std::int64_t rest = task % (tasks / 2), g = rest % groups;
     const auto [b, first] = blocks[static_cast<std::size_t>(rest / groups)];
     std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
-    std::vector<float> xhat(static_cast<std::size_t>(d));
+    std::vector<float> xhat(static_cast<std::size_t>(d)), dnormed(xhat.size());
     float* partial = norm != nullptr ? partials[w].data() + rest * d : nullptr;
     for (std::int64_t pos = first; pos < first + bt; ++pos) {
       const std::int64_t row = shape.local_row(pos);
@@ -85,11 +81,10 @@ void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId ten
       }
       for (std::int64_t j = 0; j < per_group; ++j) {
         const std::int64_t h = heads.begin + g * per_group + j;
-        float* dy = out[w].at(b, h, row);
-        std::memcpy(dy, grad[w]->at(b, h, row), static_cast<std::size_t>(d) * sizeof(float));
+        float* dy = out[w]->at(b, h, row);
         if (p.rope) rope_unrotate_row(dy, cos_row.data(), sin_row.data(), half);
         if (norm == nullptr) continue;
-        std::vector<float> dnormed(dy, dy + d);
+        std::memcpy(dnormed.data(), dy, static_cast<std::size_t>(d) * sizeof(float));
         head_rms_norm_backward(pre.at(b, h, row), norm, dnormed.data(), d, eps, dy, xhat.data());
         norm_weight_accumulate(dnormed.data(), xhat.data(), 1, d, partial);
       }
@@ -197,8 +192,7 @@ const LogicalRank& head_owner(const CaseGrid& grid, std::int64_t h, bool kv, int
   throw std::logic_error("layer backward: no TP rank holds the head");
 }
 
-// A gradient's pieces: `piece(k)` is its k-th in global order, `data(k, which)` its candidate
-// (0) or reference (1) rows where hosted here.
+// A gradient to be published: its global tensor, and the hosted pieces as they come, in order.
 LayerGradient& add_gradient(std::vector<LayerGradient>& out, std::string name, std::string shape,
                             int batch, std::int64_t heads, std::int64_t seq, int width) {
   LayerGradient& g = out.emplace_back();
@@ -210,25 +204,33 @@ LayerGradient& add_gradient(std::vector<LayerGradient>& out, std::string name, s
   g.layout.width = width;
   return g;
 }
-void add_piece(LayerGradient& g, const GlobalPiece& piece, int here, FloatBuffer candidate,
-               FloatBuffer reference) {
-  const float* data = nullptr;
-  if (piece.owner == here) {
-    g.candidate.push_back(std::move(candidate));
-    g.reference.push_back(std::move(reference));
-    data = g.candidate.back().data();
+// The next piece in global order; `candidate` and `reference` its rows where this process holds
+// it (`piece.owner == here`).
+void add_piece(LayerGradient& g, const GlobalPiece& piece, int here, const float* candidate,
+               const float* reference) {
+  const bool hosted = piece.owner == here;
+  if (hosted) {
+    g.hosted.push_back(LayerGradient::Hosted{
+        candidate, reference, static_cast<std::size_t>(piece.tokens.size()) * g.layout.width});
   }
-  g.layout.add(piece, data);
-}
-
-FloatBuffer rows_of(const float* from, std::int64_t rows, std::int64_t width, std::int64_t ld) {
-  FloatBuffer out(static_cast<std::size_t>(rows * width));
-  for (std::int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.data() + r * width, from + r * ld, static_cast<std::size_t>(width) * 4);
-  return out;
+  g.layout.add(piece, hosted ? candidate : nullptr);
 }
 
 }  // namespace
+
+TokenChain layer_qkv_chain(const CaseGrid& grid) {
+  const ModelDims& d = grid.problem.dims;
+  const LogicalRank& r = grid.ranks[0];
+  return TokenChain{(r.q_heads.size() + 2 * r.kv_heads.size()) * d.head_dim,
+                    d.hidden_size + (d.qkv_bias ? 1 : 0), kLayerPieceRows,
+                    grid.problem.o_proj_order == OProjOrder::rank_sums};
+}
+
+TokenChain layer_o_chain(const CaseGrid& grid) {
+  const ModelDims& d = grid.problem.dims;
+  return TokenChain{d.hidden_size, grid.ranks[0].q_heads.size() * d.head_dim, kLayerPieceRows,
+                    grid.problem.o_proj_order == OProjOrder::rank_sums};
+}
 
 std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
                                               const std::vector<LayerBackwardInputs>& inputs,
@@ -237,36 +239,36 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   const Problem& p = grid.problem;
   const ModelDims& dims = p.dims;
   const int d = dims.head_dim, hidden = dims.hidden_size, gs = dims.group_size();
-  const int width = hidden + (dims.qkv_bias ? 1 : 0);  // q/k/v_proj's sums, the bias's last
   const int world = transport.world_size(), here = transport.process_index();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, transport);
   const LayerWeights& weights = *store.problem().weights;
-  const bool rank_sums = p.o_proj_order == OProjOrder::rank_sums;
+  const bool bias = dims.qkv_bias;
 
-  // dP of every hosted rank's heads, and its norm partials.
+  // dP of every hosted rank's heads, in place of the core's gradients, and its norm partials.
   std::vector<HeadGrads> grads(hosted.size());
   for (std::size_t i = 0; i < hosted.size(); ++i) {
     const LayerBackwardInputs& in = inputs[i];
-    const Shard* dq[2] = {in.dq[0], in.dq[1]};
-    const Shard* dk[2] = {in.dk[0], in.dk[1]};
-    norm_rope_backward(grid, hosted[i], TensorId::q, dq, grads[i].q, grads[i].norm_partials[0],
-                       store);
-    norm_rope_backward(grid, hosted[i], TensorId::k, dk, grads[i].k, grads[i].norm_partials[1],
-                       store);
-    grads[i].v[0] = in.dv[0];
-    grads[i].v[1] = in.dv[1];
+    HeadGrads& g = grads[i];
+    for (int w = 0; w < 2; ++w) {
+      g.q[w] = in.dq[w];
+      g.k[w] = in.dk[w];
+      g.v[w] = in.dv[w];
+    }
+    norm_rope_backward(grid, hosted[i], TensorId::q, g.q, g.norm_partials[0], store);
+    norm_rope_backward(grid, hosted[i], TensorId::k, g.k, g.norm_partials[1], store);
   }
 
   // q/k/v_proj and their biases: each TP rank's feature rows (its query heads' q rows, then its KV
-  // heads' k and v rows) through its CP ranks' token chain. Held per head slot: [2][D][width].
-  std::vector<std::vector<FloatBuffer>> qkv(hosted.size());
+  // heads' k and v rows) through its CP ranks' token chain, written on the holder straight into
+  // each head slot's published buffers: the weight [2][D][hidden], the bias [2][D].
+  std::vector<std::vector<FloatBuffer>> qkv(hosted.size()), qkv_bias(hosted.size());
+  const std::int64_t qh = grid.ranks[0].q_heads.size(), kvh = grid.ranks[0].kv_heads.size();
   {
+    const TokenChain chain = layer_qkv_chain(grid);
+    const int width = static_cast<int>(chain.inputs);
     std::vector<std::vector<float>> x(hosted.size());
     for (std::size_t i = 0; i < hosted.size(); ++i)
       x[i] = token_rows(p, hosted[i], false, width, store.pool());
-    const LogicalRank& any = hosted.empty() ? grid.ranks[0] : hosted[0];
-    const std::int64_t qh = any.q_heads.size(), kvh = any.kv_heads.size();
-    const TokenChain chain{(qh + 2 * kvh) * d, width, kPieceRows, rank_sums};
     run_token_chain(
         grid, chain, transport, hosted,
         [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {
@@ -275,8 +277,8 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
           for (std::int64_t o = piece.begin; o < piece.end;) {
             const std::int64_t slot = o / d, end = std::min(piece.end, (slot + 1) * d);
             for (int w = 0; w < 2; ++w) {
-              const Shard* dp = slot < qh         ? &grads[i].q[w]
-                                : slot < qh + kvh ? &grads[i].k[w]
+              const Shard* dp = slot < qh         ? grads[i].q[w]
+                                : slot < qh + kvh ? grads[i].k[w]
                                                   : grads[i].v[w];
               const std::int64_t h = slot < qh         ? r.q_heads.begin + slot
                                      : slot < qh + kvh ? r.kv_heads.begin + slot - qh
@@ -297,29 +299,35 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
           store.backend().token_sums(jobs);
         },
         [&](std::size_t i, const Range& piece, const FloatBuffer& plane) {
-          std::vector<FloatBuffer>& slots = qkv[i];
-          if (slots.empty()) slots.resize(static_cast<std::size_t>(chain.outputs / d));
+          if (qkv[i].empty()) {
+            qkv[i].resize(static_cast<std::size_t>(qh + 2 * kvh));
+            qkv_bias[i].resize(qkv[i].size());
+          }
           for (std::int64_t o = piece.begin; o < piece.end; ++o) {
-            FloatBuffer& s = slots[static_cast<std::size_t>(o / d)];
-            if (s.empty()) s.resize(static_cast<std::size_t>(2 * d * width));
+            const auto slot = static_cast<std::size_t>(o / d);
+            FloatBuffer &wb = qkv[i][slot], &bb = qkv_bias[i][slot];
+            if (wb.empty()) wb.resize(static_cast<std::size_t>(2 * d * hidden));
+            if (bias && bb.empty()) bb.resize(static_cast<std::size_t>(2 * d));
             for (int w = 0; w < 2; ++w) {
-              std::memcpy(s.data() + (w * d + o % d) * width,
-                          plane.data() + (w * piece.size() + o - piece.begin) * width,
-                          static_cast<std::size_t>(width) * sizeof(float));
+              const float* row = plane.data() + (w * piece.size() + o - piece.begin) * width;
+              std::memcpy(wb.data() + (w * d + o % d) * hidden, row,
+                          static_cast<std::size_t>(hidden) * sizeof(float));
+              if (bias) bb[static_cast<std::size_t>(w * d + o % d)] = row[hidden];
             }
           }
         });
   }
 
   // o_proj: each TP rank's columns (its query heads') through its CP ranks' token chain, the
-  // output's gradient dY against the forward's attention output. Held: [2][hidden][its columns].
-  std::vector<FloatBuffer> o_proj(hosted.size());
+  // output's gradient dY against the forward's attention output; on the holder each head's
+  // columns go to their published buffer [2][hidden][D].
+  std::vector<std::vector<FloatBuffer>> o_proj(hosted.size());
   {
     std::vector<std::vector<float>> dy(hosted.size());
     for (std::size_t i = 0; i < hosted.size(); ++i)
       dy[i] = token_rows(p, hosted[i], true, hidden, store.pool());
-    const std::int64_t columns = (hosted.empty() ? grid.ranks[0] : hosted[0]).q_heads.size() * d;
-    const TokenChain chain{hidden, columns, kPieceRows, rank_sums};
+    const TokenChain chain = layer_o_chain(grid);
+    const std::int64_t columns = chain.inputs;
     run_token_chain(
         grid, chain, transport, hosted,
         [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {
@@ -328,13 +336,15 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
           for (int w = 0; w < 2; ++w) {
             for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
               const Shard& a = *inputs[i].attention[w];
-              TokenSumJob job;
               // x: the attention rows of head h; dy: the output gradient's rows, at the piece.
               std::vector<TokenBlock> blocks = stage_blocks(
                   grid, r, stage, dy[i].data(), hidden,
                   [&](int b, std::int64_t lr) { return a.at(b, h, lr); });
-              for (TokenBlock& blk : blocks) std::swap(blk.dy, blk.x);
-              for (TokenBlock& blk : blocks) blk.dy += piece.begin;
+              for (TokenBlock& blk : blocks) {
+                std::swap(blk.dy, blk.x);
+                blk.dy += piece.begin;
+              }
+              TokenSumJob job;
               job.blocks = std::move(blocks);
               job.ld_dy = hidden;
               job.ld_x = d;
@@ -349,12 +359,17 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
           store.backend().token_sums(jobs);
         },
         [&](std::size_t i, const Range& piece, const FloatBuffer& plane) {
-          FloatBuffer& s = o_proj[i];
-          if (s.empty()) s.resize(static_cast<std::size_t>(2 * hidden * columns));
-          for (int w = 0; w < 2; ++w) {
-            std::memcpy(s.data() + (w * hidden + piece.begin) * columns,
-                        plane.data() + w * piece.size() * columns,
-                        static_cast<std::size_t>(piece.size() * columns) * sizeof(float));
+          if (o_proj[i].empty()) o_proj[i].resize(static_cast<std::size_t>(qh));
+          for (std::int64_t lh = 0; lh < qh; ++lh) {
+            FloatBuffer& hb = o_proj[i][static_cast<std::size_t>(lh)];
+            if (hb.empty()) hb.resize(static_cast<std::size_t>(2 * hidden * d));
+            for (int w = 0; w < 2; ++w) {
+              for (std::int64_t o = piece.begin; o < piece.end; ++o) {
+                std::memcpy(hb.data() + (w * hidden + o) * d,
+                            plane.data() + (w * piece.size() + o - piece.begin) * columns + lh * d,
+                            static_cast<std::size_t>(d) * sizeof(float));
+              }
+            }
           }
         });
   }
@@ -373,7 +388,8 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
       [&](std::size_t i, const Range& chunk, FloatBuffer z, bool continues) {
         const LogicalRank& r = hosted[i];
         const std::int64_t rows = chunk.size(), plane = rows * hidden;
-        const std::int64_t n = 2 * p.batch * plane, first = grads[i].q[0].shape.local_row(chunk.begin);
+        const std::int64_t n = 2 * p.batch * plane;
+        const std::int64_t first = grads[i].q[0]->shape.local_row(chunk.begin);
         const bool apart = continues && p.o_proj_order == OProjOrder::rank_sums;
         FloatBuffer own;
         FloatBuffer& into = apart ? own : z;
@@ -392,9 +408,9 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
               for (std::int64_t t = 0; t < rows; ++t) {
                 float* row = x.data() + t * features;
                 for (int j = 0; j < gs + 2; ++j) {
-                  const Shard& s = j < gs ? grads[i].q[w] : j == gs ? grads[i].k[w] : *grads[i].v[w];
+                  const Shard& sh = j < gs ? *grads[i].q[w] : j == gs ? *grads[i].k[w] : *grads[i].v[w];
                   const std::int64_t h = j < gs ? g * gs + j : g;
-                  std::memcpy(row + j * d, s.at(b, h, first + t),
+                  std::memcpy(row + j * d, sh.at(b, h, first + t),
                               static_cast<std::size_t>(d) * sizeof(float));
                 }
               }
@@ -425,29 +441,32 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   if (dims.qk_norm) norms = fold_norm_partials(grid, hosted, grads, world, collectives);
   grads.clear();
 
-  // The gradients in the report's order, each as its global tensor's pieces.
+  // The gradients in the report's order, each as its global tensor's pieces, pointing into the
+  // buffers above (moved into the gradient's storage: nothing is copied).
   std::vector<LayerGradient> out;
   {
     LayerGradient& g = add_gradient(out, "dx", "[B, 1, S, hidden]", p.batch, 1, p.seq_len, hidden);
+    std::vector<std::pair<Range, int>> ranges;  // every token range and its CP rank, by position
+    for (int c = 0; c < grid.spec.cp; ++c) {
+      for (const Range& t : grid.at(0, c).tokens) ranges.emplace_back(t, c);
+    }
+    std::sort(ranges.begin(), ranges.end(),
+              [](const auto& x, const auto& y) { return x.first.begin < y.first.begin; });
     for (int b = 0; b < p.batch; ++b) {
-      std::vector<std::pair<Range, int>> ranges;  // every token range and its CP rank, by position
-      for (int c = 0; c < grid.spec.cp; ++c) {
-        for (const Range& t : grid.at(0, c).tokens) ranges.emplace_back(t, c);
-      }
-      std::sort(ranges.begin(), ranges.end(),
-                [](const auto& x, const auto& y) { return x.first.begin < y.first.begin; });
       for (const auto& [tokens, c] : ranges) {
         const LogicalRank& owner = grid.at(0, c);
-        const GlobalPiece piece{b, 0, tokens, process_of(owner.id, world)};
-        FloatBuffer rows[2];
+        const float* rows[2] = {nullptr, nullptr};
         for (auto& [i, shards] : dx) {
           if (hosted[i].id != owner.id) continue;
           for (int w = 0; w < 2; ++w)
-            rows[w] = rows_of(shards[w].at(b, 0, shards[w].shape.local_row(tokens.begin)),
-                              tokens.size(), hidden, hidden);
+            rows[w] = shards[w].at(b, 0, shards[w].shape.local_row(tokens.begin));
         }
-        add_piece(g, piece, here, std::move(rows[0]), std::move(rows[1]));
+        add_piece(g, GlobalPiece{b, 0, tokens, process_of(owner.id, world)}, here, rows[0],
+                  rows[1]);
       }
+    }
+    for (auto& [i, shards] : dx) {
+      for (Shard& s : shards) g.storage.push_back(std::move(s.data));
     }
   }
   const int holder = token_chain_holder(grid);
@@ -460,31 +479,31 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   // q_proj, k_proj, v_proj: [heads, D, hidden] (Hugging Face's [out][in], a head's rows a piece);
   // their biases [heads, D, 1].
   const char* names[3] = {"q", "k", "v"};
-  for (int bias = 0; bias < (dims.qkv_bias ? 2 : 1); ++bias) {
+  for (int is_bias = 0; is_bias < (bias ? 2 : 1); ++is_bias) {
     for (int t = 0; t < 3; ++t) {
       const bool kv = t > 0;
       const std::int64_t heads = kv ? dims.num_kv_heads : dims.num_q_heads;
+      const int width = is_bias ? 1 : hidden;
       LayerGradient& g =
-          add_gradient(out, std::string(names[t]) + (bias ? "_bias" : "_proj"),
-                       bias ? "[heads, head_dim, 1]" : "[heads, head_dim, hidden]", 1, heads, d,
-                       bias ? 1 : hidden);
+          add_gradient(out, std::string(names[t]) + (is_bias ? "_bias" : "_proj"),
+                       is_bias ? "[heads, head_dim, 1]" : "[heads, head_dim, hidden]", 1, heads,
+                       d, width);
       for (std::int64_t h = 0; h < heads; ++h) {
         const LogicalRank& owner = head_owner(grid, h, kv, holder);
-        const GlobalPiece piece{0, h, Range{0, d}, process_of(owner.id, world)};
-        FloatBuffer rows[2];
+        const float* rows[2] = {nullptr, nullptr};
         const std::ptrdiff_t i = hosted_index(owner);
         if (i >= 0) {
-          const std::int64_t qh = owner.q_heads.size(), kvh = owner.kv_heads.size();
           const std::int64_t slot = t == 0   ? h - owner.q_heads.begin
                                     : t == 1 ? qh + h - owner.kv_heads.begin
                                              : qh + kvh + h - owner.kv_heads.begin;
-          const FloatBuffer& s = qkv[static_cast<std::size_t>(i)][static_cast<std::size_t>(slot)];
-          for (int w = 0; w < 2; ++w) {
-            rows[w] = rows_of(s.data() + w * d * width + (bias ? hidden : 0), d, bias ? 1 : hidden,
-                              width);
-          }
+          FloatBuffer& buf = (is_bias ? qkv_bias : qkv)[static_cast<std::size_t>(i)]
+                                                        [static_cast<std::size_t>(slot)];
+          rows[0] = buf.data();
+          rows[1] = buf.data() + d * width;
+          g.storage.push_back(std::move(buf));
         }
-        add_piece(g, piece, here, std::move(rows[0]), std::move(rows[1]));
+        add_piece(g, GlobalPiece{0, h, Range{0, d}, process_of(owner.id, world)}, here, rows[0],
+                  rows[1]);
       }
     }
   }
@@ -494,29 +513,33 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
                      dims.num_q_heads, hidden, d);
     for (std::int64_t h = 0; h < dims.num_q_heads; ++h) {
       const LogicalRank& owner = head_owner(grid, h, false, holder);
-      const GlobalPiece piece{0, h, Range{0, hidden}, process_of(owner.id, world)};
-      FloatBuffer rows[2];
+      const float* rows[2] = {nullptr, nullptr};
       const std::ptrdiff_t i = hosted_index(owner);
       if (i >= 0) {
-        const std::int64_t columns = owner.q_heads.size() * d;
-        const FloatBuffer& s = o_proj[static_cast<std::size_t>(i)];
-        for (int w = 0; w < 2; ++w) {
-          rows[w] = rows_of(s.data() + w * hidden * columns + (h - owner.q_heads.begin) * d,
-                            hidden, d, columns);
-        }
+        FloatBuffer& buf =
+            o_proj[static_cast<std::size_t>(i)][static_cast<std::size_t>(h - owner.q_heads.begin)];
+        rows[0] = buf.data();
+        rows[1] = buf.data() + std::int64_t{hidden} * d;
+        g.storage.push_back(std::move(buf));
       }
-      add_piece(g, piece, here, std::move(rows[0]), std::move(rows[1]));
+      add_piece(g, GlobalPiece{0, h, Range{0, hidden}, process_of(owner.id, world)}, here, rows[0],
+                rows[1]);
     }
   }
-  if (dims.qk_norm) {  // q_norm, k_norm: [head_dim], on rank 0
+  if (dims.qk_norm) {  // q_norm, k_norm: [head_dim], folded on rank 0
     for (int t = 0; t < 2; ++t) {
       LayerGradient& g = add_gradient(out, t == 0 ? "q_norm" : "k_norm", "[head_dim]", 1, 1, 1, d);
-      FloatBuffer rows[2];
+      const float* rows[2] = {nullptr, nullptr};
       if (!norms.empty()) {
+        FloatBuffer buf(static_cast<std::size_t>(2 * d));
         for (int w = 0; w < 2; ++w)
-          rows[w] = rows_of(norms.data() + (w * 2 + t) * d, 1, d, d);
+          std::memcpy(buf.data() + w * d, norms.data() + (w * 2 + t) * d,
+                      static_cast<std::size_t>(d) * sizeof(float));
+        rows[0] = buf.data();
+        rows[1] = buf.data() + d;
+        g.storage.push_back(std::move(buf));
       }
-      add_piece(g, GlobalPiece{0, 0, Range{0, 1}, 0}, here, std::move(rows[0]), std::move(rows[1]));
+      add_piece(g, GlobalPiece{0, 0, Range{0, 1}, 0}, here, rows[0], rows[1]);
     }
   }
   return out;

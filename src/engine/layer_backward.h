@@ -10,26 +10,42 @@
 #include "comm/collectives.h"
 #include "comm/global_tensor.h"
 #include "engine/backward.h"
+#include "engine/token_chain.h"
 
 namespace cpd {
 
-/// One weight gradient (or dX) of the layer: this process's pieces of the candidate and the
-/// reference, and how its pieces sit in the global tensor (`layout`, the candidate's data).
+/// One gradient of the layer (dX or a weight's): its global tensor (`layout`, the candidate's
+/// pieces in global order) and the pieces this process holds, candidate and reference, pointing
+/// into `storage`.
 struct LayerGradient {
-  std::string name;  // "dx", "q_proj", "q_bias", …, "o_proj", "q_norm", "k_norm"
+  std::string name;   // "dx", "q_proj", "q_bias", …, "o_proj", "q_norm", "k_norm"
   std::string shape;  // what the global tensor's axes are
-  std::vector<FloatBuffer> candidate, reference;  // the hosted pieces, layout's order
   GlobalTensor layout;
+  struct Hosted {
+    const float* candidate;
+    const float* reference;
+    std::size_t count;
+  };
+  std::vector<Hosted> hosted;  // layout's order
+  std::vector<FloatBuffer> storage;
 };
 
 /// The inputs of one hosted rank: the core's gradients (candidate and reference, the shapes of
-/// RankGradients') and the forward's FP32 attention output (o_proj's dW reads it).
+/// RankGradients'; dq and dk are made over into the projections' output gradients in place) and
+/// the forward's FP32 attention output (o_proj's dW reads it).
 struct LayerBackwardInputs {
-  const Shard* dq[2];
-  const Shard* dk[2];
+  Shard* dq[2];
+  Shard* dk[2];
   const Shard* dv[2];
   const Shard* attention[2];
 };
+
+/// The token chains of the layer's weight gradients (token_chain.h), the same on every rank:
+/// q/k/v_proj's [(its query heads + 2 · its KV heads)·D][hidden (+ 1, the bias)] and o_proj's
+/// [hidden][its query heads·D] (each TP rank's shard; every TP rank's is the same shape).
+inline constexpr std::int64_t kLayerPieceRows = 32;
+TokenChain layer_qkv_chain(const CaseGrid& grid);
+TokenChain layer_o_chain(const CaseGrid& grid);
 
 /// Every gradient of the layer for the hosted ranks (hosted_ranks order): dX on each CP rank's
 /// token owner (TP rank 0) through the TP chain over the head groups; q/k/v_proj, their biases

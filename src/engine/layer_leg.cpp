@@ -42,34 +42,36 @@ void o_proj(CaseRun& r) {
   r.sink.prefill_part(part);
 }
 
-void layer_backward(CaseRun& r, const std::vector<RankGradients>& grads) {
+void layer_backward(CaseRun& r) {
+  // The core's gradients as the backward published them (kept in the run for this phase); dq and
+  // dk are made over in place.
   std::vector<LayerBackwardInputs> inputs;
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    const RankGradients& c = grads[i];
-    const LocalCp1Backward::Result& ref = r.reference_gradients[i];
+  for (std::size_t i = 0; i < r.gradients.size(); ++i) {
+    RankGradients& c = r.gradients[i];
+    LocalCp1Backward::Result& ref = r.reference_gradients[i];
     inputs.push_back(LayerBackwardInputs{{&c.dq, &ref.dq},
                                          {&c.dk, &ref.dk},
                                          {&c.dv, &ref.dv},
                                          {&r.fp32[i].merged.out, &r.reference[i]->out}});
   }
   // Kept while the part is measured and published: its pieces point into them.
-  std::vector<LayerGradient> layer = run_layer_backward(r.grid, inputs, r.ctx.transport,
-                                                        r.ctx.collectives, r.ctx.inputs);
+  const std::vector<LayerGradient> layer = run_layer_backward(r.grid, inputs, r.ctx.transport,
+                                                              r.ctx.collectives, r.ctx.inputs);
+  r.gradients.clear();
+  r.reference_gradients.clear();
   r.release_references();
   CasePart part(r.grid.spec.cp);
   const std::string base = case_group(r.record.name) + "/layer_backward/";
-  for (LayerGradient& g : layer) {
+  for (const LayerGradient& g : layer) {
     Comparison& c = part.layer_backward.emplace_back(g.name, Comparison{}).second;
-    for (std::size_t k = 0; k < g.candidate.size(); ++k) {
-      c.add(0, g.candidate[k].data(), g.reference[k].data(), g.candidate[k].size());
-    }
+    for (const LayerGradient::Hosted& h : g.hosted) c.add(0, h.candidate, h.reference, h.count);
     c.candidate_tensor = static_cast<int>(part.tensors.size());
     CaseTensor t{base + "candidate/" + g.name, true, false, g.layout, {{"shape", g.shape}}};
     part.tensors.push_back(t);
     // The reference's: the same pieces, its data where hosted.
     std::size_t k = 0;
     for (StreamSegment& s : t.layout.segments) {
-      if (s.data != nullptr) s.data = g.reference[k++].data();
+      if (s.data != nullptr) s.data = g.hosted[k++].reference;
     }
     t.path = base + "reference/" + g.name;
     t.digest = false;

@@ -58,9 +58,13 @@ void CaseMemory::add_phase(std::size_t proc, std::string name,
       if (tensor != static_cast<int>(TensorId::d_out)) heads.insert({tensor, head});
     }
     const int hidden = p.dims.hidden_size, group = p.dims.group_size();
-    weights =
-        tensor_bytes(1, 1, static_cast<std::int64_t>(heads.size()) * dim, hidden) +
-        tensor_bytes(1, 1, static_cast<std::int64_t>(m.o_proj_groups.size()) * group * dim, hidden);
+    const auto groups = [](const std::set<std::int64_t>& s) {
+      return static_cast<std::int64_t>(s.size());
+    };
+    weights = tensor_bytes(1, 1, static_cast<std::int64_t>(heads.size()) * dim, hidden) +
+              tensor_bytes(1, 1, groups(m.o_proj_groups) * group * dim, hidden) +
+              tensor_bytes(1, 1, groups(m.o_proj_transposed) * group * dim, hidden) +
+              tensor_bytes(1, 1, groups(m.qkv_transposed) * (group + 2) * dim, hidden);
   }
   std::vector<MemoryTerm> all{
       {"input memo", m.planes.size() * tensor_bytes(1, 1, p.seq_len, dim)},

@@ -62,6 +62,9 @@ struct ProcessMemos {
   std::uint64_t forward_keys = 0;  // the longest key range of a forward kernel
   std::set<std::pair<int, std::int64_t>> lm_head;
   std::set<std::int64_t> o_proj_groups;  // the layer's o_proj columns the store keeps
+  // The transposes the layer's backward reads (LayerWeights): o_proj's columns of a group (dO)
+  // and q/k/v_proj's rows of a group (dX).
+  std::set<std::int64_t> o_proj_transposed, qkv_transposed;
   std::set<std::pair<std::int64_t, std::int64_t>> layer_lm_head;  // its lm_head's row ranges
 
   void touch(TensorId tensor, int batch, const Range& heads);
@@ -126,6 +129,7 @@ namespace phase_memory {
 void reference_forward(CaseMemory& m);
 void forward_path(CaseMemory& m, const ForwardPath& path);
 void o_proj(CaseMemory& m);
+void layer_backward(CaseMemory& m);
 void dlogp(CaseMemory& m, int vocab);
 void reference_backward(CaseMemory& m);
 void backward(CaseMemory& m, bool lane_backward);

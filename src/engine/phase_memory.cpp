@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpdrift/production_lanes.h"
+#include "engine/layer_backward.h"
 #include "engine/local_cp1.h"
 #include "engine/memory_plan.h"
 #include "engine/protocol_common.h"
@@ -374,6 +375,10 @@ void reference_backward(CaseMemory& m) {
         const Range q_heads{heads.begin * group, heads.end * group};
         memos.touch(TensorId::q, p.batch, q_heads);
         memos.touch(TensorId::d_out, p.batch, q_heads);
+        for (std::int64_t g = heads.begin; p.layer && g < heads.end; ++g) {
+          memos.o_proj_groups.insert(g);  // the layer's dO: o_proj's columns, transposed
+          memos.o_proj_transposed.insert(g);
+        }
         memos.touch(TensorId::k, p.batch, heads);
         memos.touch(TensorId::v, p.batch, heads);
         const std::int64_t h = heads.size(), chunk = std::min<std::int64_t>(per_round, h);
@@ -410,6 +415,10 @@ void backward(CaseMemory& m, bool lane_backward) {
     ProcessMemos& memos = m.memos(proc);
     for (const LogicalRank* r : m.hosted(proc)) {
       for (const TensorId t : {TensorId::q, TensorId::d_out}) memos.touch(t, p.batch, r->q_heads);
+      for (std::int64_t g = r->kv_heads.begin; p.layer && g < r->kv_heads.end; ++g) {
+        memos.o_proj_groups.insert(g);  // the layer's dO: o_proj's columns, transposed
+        memos.o_proj_transposed.insert(g);
+      }
       for (const TensorId t : {TensorId::k, TensorId::v}) memos.touch(t, p.batch, r->kv_heads);
       for (const KvBlock& b : grid.blocks_of(r->cp_rank))
         memos.scratch_keys = std::max(memos.scratch_keys, u64(b.range.size()));
@@ -431,6 +440,7 @@ void backward(CaseMemory& m, bool lane_backward) {
     m.add_phase(
         proc, kBackwardPhase,
         {{"FP32 output kept", m.references(proc)},
+         {"references (the layer's backward reads them)", p.layer ? m.references(proc) : 0},
          {"reference gradients", gradients},
          {"gradients (dq, dk, dv)", gradients},
          {"dK/dV totals per query head",
@@ -438,6 +448,60 @@ void backward(CaseMemory& m, bool lane_backward) {
          {"one round's rows and partial dq", m.backward_round_peak(proc)},
          {"te_p2p lane: each query rank's dK/dV sums per query head", lane_sums},
          {"te_p2p lane: its gradients", lane_backward ? gradients : 0}});
+  }
+}
+
+// The layer's backward (layer_backward.h), at its widest: the FP32 output and the references,
+// both gradients; dP of q and k, candidate and reference; the layer input's rows (then the output
+// gradient's, in their place); on the token chains' holder the weight gradients and their
+// published copies; on the token owners dX and its copies; a step's chain planes and a chunk's
+// group rows. The transposed weights stay in the store (the memos).
+void layer_backward(CaseMemory& m) {
+  const Problem& p = m.problem();
+  const CaseGrid& grid = m.grid();
+  const std::uint64_t hidden = u64(p.dims.hidden_size), batch = u64(p.batch);
+  const std::uint64_t dim = u64(p.dims.head_dim), group = u64(p.dims.group_size());
+  const TokenChain qkv = layer_qkv_chain(grid), o = layer_o_chain(grid);
+  const int holder = token_chain_holder(grid);
+  const std::vector<TokenStage> stages = token_stages(grid);
+  for (std::size_t proc = 0; proc < m.processes(); ++proc) {
+    std::uint64_t rows = 0, weights = 0, dx = 0, planes = 0, group_rows = 0;
+    for (const LogicalRank* r : m.hosted(proc)) {
+      const std::uint64_t tokens = u64(rows_of(r->tokens));
+      // The q rows before the norm (its backward's input), then the layer input's rows (and then
+      // the output gradient's) in their place.
+      const std::uint64_t pre = p.dims.qk_norm ? sizes_of(p, *r).q : 0;
+      rows += std::max(pre, batch * tokens * std::max(u64(qkv.inputs), hidden) * kFloat);
+      if (r->cp_rank == holder) {
+        weights += 2 * 2 * (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) *
+                   kFloat;
+      }
+      if (r->tp_rank == 0) dx += 2 * 2 * batch * tokens * hidden * kFloat;
+      std::uint64_t mine = 0;  // the rank's stages: each a piece received and one sent a step
+      for (const TokenStage& s : stages) mine += s.cp_rank == r->cp_rank ? 1 : 0;
+      planes += 2 * mine * 2 * u64(kLayerPieceRows) * u64(qkv.inputs) * kFloat;
+      std::uint64_t chunk = 0;
+      for (const Range& c : chain_chunks(layer_chain(grid), *r)) chunk = std::max(chunk, u64(c.size()));
+      const std::uint64_t plane = 2 * batch * chunk * hidden * kFloat;
+      planes += (r->tp_rank == 0 ? 3 : 2) * plane;
+      group_rows = std::max(group_rows, 2 * batch * u64(r->kv_heads.size()) * chunk *
+                                            (group + 2) * dim * kFloat);
+      for (std::int64_t g = r->kv_heads.begin; g < r->kv_heads.end; ++g)
+        m.memos(proc).qkv_transposed.insert(g);
+    }
+    const std::uint64_t gradients =
+        each(m, proc, [](const LogicalRank&, RankSizes s) { return s.q + 2 * s.kv; });
+    m.add_phase(proc, kLayerBackwardPhase,
+                {{"FP32 output kept", m.references(proc)},
+                 {"references (their attention output)", m.references(proc)},
+                 {"gradients and reference gradients", 2 * gradients},
+                 {"dP of q and k, candidate and reference",
+                  each(m, proc, [](const LogicalRank&, RankSizes s) { return 2 * (s.q + s.kv); })},
+                 {"the pre-norm q rows, then the input's or output gradient's", rows},
+                 {"weight gradients and their published copies", weights},
+                 {"dX and its published copy", dx},
+                 {"one step's chain planes", planes},
+                 {"a chunk's group rows", group_rows}});
   }
 }
 

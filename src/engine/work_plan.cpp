@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/plan.h"
+#include "engine/layer_backward.h"
 
 namespace cpd {
 namespace {
@@ -200,6 +201,31 @@ PhaseWork o_proj_work(const CaseGrid& grid) {
     w.pairs[static_cast<std::size_t>(r.id)] = 2 * static_cast<std::uint64_t>(p.batch) * tokens *
                                               static_cast<std::uint64_t>(p.dims.hidden_size) *
                                               static_cast<std::uint64_t>(r.q_heads.size());
+  }
+  return w;
+}
+
+PhaseWork layer_backward_work(const CaseGrid& grid) {
+  PhaseWork w = chain_work(grid, layer_chain(grid));
+  for (const TokenChain& chain : {layer_qkv_chain(grid), layer_o_chain(grid)}) {
+    const int steps = token_chain_steps(grid, chain);
+    for (const LogicalRank& dst : grid.ranks) {
+      for (int step = 0; step < steps; ++step)
+        add_all(w, expected_token_partials(grid, chain, dst, step));
+    }
+  }
+  const Problem& p = grid.problem;
+  const std::uint64_t hidden = static_cast<std::uint64_t>(p.dims.hidden_size);
+  const std::uint64_t width = static_cast<std::uint64_t>(layer_qkv_chain(grid).inputs);
+  for (const LogicalRank& r : grid.ranks) {
+    std::uint64_t tokens = 0;
+    for (const Range& t : r.tokens) tokens += static_cast<std::uint64_t>(t.size());
+    const std::uint64_t heads = static_cast<std::uint64_t>(r.q_heads.size() + 2 * r.kv_heads.size());
+    // Per token: dX's hidden outputs over the heads' features, q/k/v_proj's features over the
+    // input (and bias) columns, o_proj's hidden outputs over the query heads' columns.
+    w.pairs[static_cast<std::size_t>(r.id)] =
+        2 * static_cast<std::uint64_t>(p.batch) * tokens *
+        (hidden * heads + heads * width + hidden * static_cast<std::uint64_t>(r.q_heads.size()));
   }
   return w;
 }

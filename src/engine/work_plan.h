@@ -75,6 +75,9 @@ PhaseWork chain_work(const CaseGrid& grid, const TpChain& chain);
 /// The layer's o_proj: the chain's planes, and as "pairs" the (candidate or reference, batch,
 /// token, hidden output, query head) dots of head_dim a rank's kernels compute (2·D FLOPs each).
 PhaseWork o_proj_work(const CaseGrid& grid);
+/// The layer's backward: its two token chains, the dX chain over the TP ranks, and per rank the
+/// D-long dots of dX, q/k/v_proj's and o_proj's gradients, candidate and reference.
+PhaseWork layer_backward_work(const CaseGrid& grid);
 /// The selected-token logprobs' logit partials over a vocabulary of `vocab` (the layer's: its
 /// output's rows out and the vocabulary ranges' logits back).
 PhaseWork dlogp_work(const CaseGrid& grid, int vocab);
