@@ -218,18 +218,27 @@ void add_piece(LayerGradient& g, const GlobalPiece& piece, int here, const float
 
 }  // namespace
 
+namespace {
+
+TokenChain layer_chain_of(const CaseGrid& grid, std::int64_t outputs, std::int64_t inputs) {
+  const auto stages = static_cast<std::int64_t>(token_stages(grid).size());
+  const std::int64_t pieces = stages == 1 ? 1 : kPiecesPerStage * stages;
+  const std::int64_t rows = ((outputs + pieces - 1) / pieces + 15) / 16 * 16;
+  return TokenChain{outputs, inputs, rows, grid.problem.o_proj_order == OProjOrder::rank_sums};
+}
+
+}  // namespace
+
 TokenChain layer_qkv_chain(const CaseGrid& grid) {
   const ModelDims& d = grid.problem.dims;
   const LogicalRank& r = grid.ranks[0];
-  return TokenChain{(r.q_heads.size() + 2 * r.kv_heads.size()) * d.head_dim,
-                    d.hidden_size + (d.qkv_bias ? 1 : 0), kLayerPieceRows,
-                    grid.problem.o_proj_order == OProjOrder::rank_sums};
+  return layer_chain_of(grid, (r.q_heads.size() + 2 * r.kv_heads.size()) * d.head_dim,
+                        d.hidden_size + (d.qkv_bias ? 1 : 0));
 }
 
 TokenChain layer_o_chain(const CaseGrid& grid) {
   const ModelDims& d = grid.problem.dims;
-  return TokenChain{d.hidden_size, grid.ranks[0].q_heads.size() * d.head_dim, kLayerPieceRows,
-                    grid.problem.o_proj_order == OProjOrder::rank_sums};
+  return layer_chain_of(grid, d.hidden_size, grid.ranks[0].q_heads.size() * d.head_dim);
 }
 
 std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,

@@ -42,8 +42,11 @@ struct LayerBackwardInputs {
 
 /// The token chains of the layer's weight gradients (token_chain.h), the same on every rank:
 /// q/k/v_proj's [(its query heads + 2 · its KV heads)·D][hidden (+ 1, the bias)] and o_proj's
-/// [hidden][its query heads·D] (each TP rank's shard; every TP rank's is the same shape).
-inline constexpr std::int64_t kLayerPieceRows = 32;
+/// [hidden][its query heads·D] (each TP rank's shard; every TP rank's is the same shape). A chain
+/// of several stages is cut into kPiecesPerStage pieces a stage (rows a multiple of 16), so the
+/// stages overlap for all but about 1/kPiecesPerStage of it while the supersteps stay few; one
+/// stage (CP = 1) takes one piece.
+inline constexpr std::int64_t kPiecesPerStage = 8;
 TokenChain layer_qkv_chain(const CaseGrid& grid);
 TokenChain layer_o_chain(const CaseGrid& grid);
 

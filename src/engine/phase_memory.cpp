@@ -479,7 +479,7 @@ void layer_backward(CaseMemory& m) {
       if (r->tp_rank == 0) dx += 2 * 2 * batch * tokens * hidden * kFloat;
       std::uint64_t mine = 0;  // the rank's stages: each a piece received and one sent a step
       for (const TokenStage& s : stages) mine += s.cp_rank == r->cp_rank ? 1 : 0;
-      planes += 2 * mine * 2 * u64(kLayerPieceRows) * u64(qkv.inputs) * kFloat;
+      planes += 2 * mine * 2 * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
       std::uint64_t chunk = 0;
       for (const Range& c : chain_chunks(layer_chain(grid), *r)) chunk = std::max(chunk, u64(c.size()));
       const std::uint64_t plane = 2 * batch * chunk * hidden * kFloat;

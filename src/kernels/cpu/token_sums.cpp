@@ -10,50 +10,65 @@ namespace cpd {
 namespace {
 
 constexpr int kLanes = 16;  // an F16
-constexpr int kTileOutputs = 4;
-constexpr int kTileLanes = 2 * kLanes;
+constexpr int kTileOutputs = 8;
+constexpr int kTileColumns = 2 * kLanes;
+// A task's columns: its x panel of a block (256 rows × 256 columns, 256 KiB) stays in L2 while
+// every output tile of the job passes over it.
+constexpr int kTaskColumns = 256;
 
-// Outputs [o0, o0 + n) (n ≤ kTileOutputs), inputs [i0, i0 + kTileLanes) over every block.
-void full_tile(const TokenSumJob& j, int o0, int n, int i0) {
-  for (std::size_t b = 0; b < j.blocks.size(); ++b) {
-    const TokenBlock& block = j.blocks[b];
-    simd::F16 acc[kTileOutputs][2];
-    for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
-    for (std::int64_t t = 0; t < block.rows; ++t) {
-      const float* x = block.x + t * j.ld_x + i0;
-      const simd::F16 x0 = simd::in_register(simd::load(x));
-      const simd::F16 x1 = simd::in_register(simd::load(x + kLanes));
-      const float* dy = block.dy + t * j.ld_dy + o0;
-      for (int r = 0; r < n; ++r) {
-        const simd::F16 a = simd::splat(dy[r]);
-        acc[r][0] = simd::fma(a, x0, acc[r][0]);
-        acc[r][1] = simd::fma(a, x1, acc[r][1]);
-      }
+// Outputs [o0, o0 + N), columns [i0, i0 + kTileColumns) of one block: the block's partials in
+// registers over its rows, then stored (`store`) or added to the sums.
+template <int N>
+void tile(const TokenSumJob& j, const TokenBlock& block, int o0, int i0, bool store) {
+  simd::F16 acc[N][2];
+  for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
+  for (std::int64_t t = 0; t < block.rows; ++t) {
+    const float* x = block.x + t * j.ld_x + i0;
+    const simd::F16 x0 = simd::in_register(simd::load(x));
+    const simd::F16 x1 = simd::in_register(simd::load(x + kLanes));
+    const float* dy = block.dy + t * j.ld_dy + o0;
+    for (int r = 0; r < N; ++r) {
+      const simd::F16 a = simd::splat(dy[r]);
+      acc[r][0] = simd::fma(a, x0, acc[r][0]);
+      acc[r][1] = simd::fma(a, x1, acc[r][1]);
     }
-    const bool store = b == 0 && !j.continues;
-    for (int r = 0; r < n; ++r) {
-      float* sum = j.sum + (o0 + r) * j.ld_sum + i0;
-      for (int h = 0; h < 2; ++h) {
-        float* s = sum + h * kLanes;
-        simd::store(s, store ? acc[r][h] : simd::add(simd::load(s), acc[r][h]));
-      }
+  }
+  for (int r = 0; r < N; ++r) {
+    float* sum = j.sum + (o0 + r) * j.ld_sum + i0;
+    for (int h = 0; h < 2; ++h) {
+      float* s = sum + h * kLanes;
+      simd::store(s, store ? acc[r][h] : simd::add(simd::load(s), acc[r][h]));
     }
   }
 }
 
-// The inputs past the last full tile, element by element.
-void tail(const TokenSumJob& j, int o0, int n, int i0) {
-  for (int o = o0; o < o0 + n; ++o) {
-    for (int i = i0; i < j.inputs; ++i) {
+// Columns [i0, i1) of every output of one block, element by element (past the last full tile).
+void tail(const TokenSumJob& j, const TokenBlock& block, int i0, int i1, bool store) {
+  for (int o = 0; o < j.outputs; ++o) {
+    for (int i = i0; i < i1; ++i) {
+      float acc = 0.0f;
+      for (std::int64_t t = 0; t < block.rows; ++t)
+        acc = fma_f32(block.dy[t * j.ld_dy + o], block.x[t * j.ld_x + i], acc);
       float& s = j.sum[o * j.ld_sum + i];
-      for (std::size_t b = 0; b < j.blocks.size(); ++b) {
-        const TokenBlock& block = j.blocks[b];
-        float acc = 0.0f;
-        for (std::int64_t t = 0; t < block.rows; ++t)
-          acc = fma_f32(block.dy[t * j.ld_dy + o], block.x[t * j.ld_x + i], acc);
-        s = b == 0 && !j.continues ? acc : s + acc;
-      }
+      s = store ? acc : s + acc;
     }
+  }
+}
+
+// Columns [i0, i1) of a job: block by block in order, every output over them.
+void columns(const TokenSumJob& j, int i0, int i1) {
+  const int full = i0 + (i1 - i0) / kTileColumns * kTileColumns;
+  for (std::size_t b = 0; b < j.blocks.size(); ++b) {
+    const TokenBlock& block = j.blocks[b];
+    const bool store = b == 0 && !j.continues;
+    int o = 0;
+    for (; o + kTileOutputs <= j.outputs; o += kTileOutputs) {
+      for (int i = i0; i < full; i += kTileColumns) tile<kTileOutputs>(j, block, o, i, store);
+    }
+    for (; o < j.outputs; ++o) {
+      for (int i = i0; i < full; i += kTileColumns) tile<1>(j, block, o, i, store);
+    }
+    tail(j, block, full, i1, store);
   }
 }
 
@@ -62,19 +77,16 @@ void tail(const TokenSumJob& j, int o0, int n, int i0) {
 void run_token_sum_jobs(std::span<const TokenSumJob> jobs, ThreadPool& pool) {
   struct Task {
     const TokenSumJob* job;
-    int o0;
+    int i0, i1;
   };
   std::vector<Task> tasks;
   for (const TokenSumJob& j : jobs) {
-    for (int o = 0; o < j.outputs; o += kTileOutputs) tasks.push_back(Task{&j, o});
+    for (int i = 0; i < j.inputs; i += kTaskColumns)
+      tasks.push_back(Task{&j, i, std::min(j.inputs, i + kTaskColumns)});
   }
   pool.parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t k) {
     const Task& task = tasks[static_cast<std::size_t>(k)];
-    const TokenSumJob& j = *task.job;
-    const int n = std::min(kTileOutputs, j.outputs - task.o0);
-    const int full = j.inputs / kTileLanes * kTileLanes;
-    for (int i = 0; i < full; i += kTileLanes) full_tile(j, task.o0, n, i);
-    tail(j, task.o0, n, full);
+    columns(*task.job, task.i0, task.i1);
   });
 }
 
