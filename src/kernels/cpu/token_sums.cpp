@@ -42,6 +42,42 @@ void tile(const TokenSumJob& j, const TokenBlock& block, int o0, int i0, bool st
   }
 }
 
+// The same tile over every block at once, for jobs of few rows: the running sums stay in
+// registers too (from the sums when the job continues), written once after the last block,
+// where the tile above reads and writes them once a block.
+template <int N>
+void tile_all_blocks(const TokenSumJob& j, int o0, int i0) {
+  simd::F16 run[N][2];
+  for (int r = 0; r < N; ++r) {
+    for (int h = 0; h < 2; ++h)
+      run[r][h] = j.continues ? simd::load(j.sum + (o0 + r) * j.ld_sum + i0 + h * kLanes)
+                              : simd::splat(0.0f);  // replaced by the first block's partials
+  }
+  for (std::size_t b = 0; b < j.blocks.size(); ++b) {
+    const TokenBlock& block = j.blocks[b];
+    simd::F16 acc[N][2];
+    for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
+    for (std::int64_t t = 0; t < block.rows; ++t) {
+      const float* x = block.x + t * j.ld_x + i0;
+      const simd::F16 x0 = simd::in_register(simd::load(x));
+      const simd::F16 x1 = simd::in_register(simd::load(x + kLanes));
+      const float* dy = block.dy + t * j.ld_dy + o0;
+      for (int r = 0; r < N; ++r) {
+        const simd::F16 a = simd::splat(dy[r]);
+        acc[r][0] = simd::fma(a, x0, acc[r][0]);
+        acc[r][1] = simd::fma(a, x1, acc[r][1]);
+      }
+    }
+    const bool first = b == 0 && !j.continues;
+    for (int r = 0; r < N; ++r) {
+      for (int h = 0; h < 2; ++h) run[r][h] = first ? acc[r][h] : simd::add(run[r][h], acc[r][h]);
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    for (int h = 0; h < 2; ++h) simd::store(j.sum + (o0 + r) * j.ld_sum + i0 + h * kLanes, run[r][h]);
+  }
+}
+
 // Columns [i0, i1) of every output of one block, element by element (past the last full tile).
 void tail(const TokenSumJob& j, const TokenBlock& block, int i0, int i1, bool store) {
   for (int o = 0; o < j.outputs; ++o) {
@@ -55,9 +91,25 @@ void tail(const TokenSumJob& j, const TokenBlock& block, int i0, int i1, bool st
   }
 }
 
-// Columns [i0, i1) of a job: block by block in order, every output over them.
+// Columns [i0, i1) of a job: block by block in order, every output over them; for a job whose
+// rows' x over a tile's columns fit in L1 (kFewRows), every block at once.
+constexpr std::int64_t kFewRows = 128;
 void columns(const TokenSumJob& j, int i0, int i1) {
   const int full = i0 + (i1 - i0) / kTileColumns * kTileColumns;
+  std::int64_t rows = 0;
+  for (const TokenBlock& b : j.blocks) rows += b.rows;
+  if (rows <= kFewRows && !j.blocks.empty()) {
+    int o = 0;
+    for (; o + kTileOutputs <= j.outputs; o += kTileOutputs) {
+      for (int i = i0; i < full; i += kTileColumns) tile_all_blocks<kTileOutputs>(j, o, i);
+    }
+    for (; o < j.outputs; ++o) {
+      for (int i = i0; i < full; i += kTileColumns) tile_all_blocks<1>(j, o, i);
+    }
+    for (std::size_t b = 0; b < j.blocks.size(); ++b)
+      tail(j, j.blocks[b], full, i1, b == 0 && !j.continues);
+    return;
+  }
   for (std::size_t b = 0; b < j.blocks.size(); ++b) {
     const TokenBlock& block = j.blocks[b];
     const bool store = b == 0 && !j.continues;
