@@ -14,6 +14,7 @@
 #include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/dlogp.h"
+#include "engine/layer_backward.h"
 #include "engine/layer_logprobs.h"
 #include "engine/local_run.h"
 #include "engine/memory_plan.h"
@@ -130,7 +131,7 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
   CHECK(checked >= 40);
 }
 
-TEST_CASE("plan: the layer's o_proj and dlogp move exactly the bytes their schedule says") {
+TEST_CASE("plan: the layer's o_proj, dlogp and backward move exactly the bytes their schedule says") {
   Problem p = testing::small_problem();
   p.seq_len = 48;
   p.layer = true;
@@ -153,6 +154,21 @@ TEST_CASE("plan: the layer's o_proj and dlogp move exactly the bytes their sched
         CHECK(moved == o_proj_work(grid).bytes_between);
         run_layer_dlogp(grid, layer, 300, transport, inputs);
         CHECK(transport.take() == dlogp_work(grid, 300).bytes_between);
+        // The backward's gradients, twice (the layer makes its planes over in place), through the
+        // layer's backward: its token chains and the dX chain.
+        std::vector<RankGradients> grads = run_backward(grid, fwd, transport, inputs);
+        CHECK(transport.take() == backward_work(grid).bytes_between);
+        std::vector<RankGradients> again = grads;
+        std::vector<LayerBackwardInputs> layer_in;
+        for (std::size_t i = 0; i < grads.size(); ++i) {
+          layer_in.push_back(LayerBackwardInputs{{&grads[i].dq, &again[i].dq},
+                                                 {&grads[i].dk, &again[i].dk},
+                                                 {&grads[i].dv, &again[i].dv},
+                                                 {&fwd[i].merged.out, &fwd[i].merged.out}});
+        }
+        const LocalCollectives collectives;
+        run_layer_backward(grid, layer_in, transport, collectives, inputs);
+        CHECK(transport.take() == layer_backward_work(grid).bytes_between);
         // The chain moves planes exactly when there are TP ranks to pass them between.
         const bool any = std::any_of(moved.begin(), moved.end(), [](auto b) { return b > 0; });
         CHECK(any == (tp > 1));

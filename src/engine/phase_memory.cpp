@@ -451,11 +451,12 @@ void backward(CaseMemory& m, bool lane_backward) {
   }
 }
 
-// The layer's backward (layer_backward.h), at its widest: the FP32 output and the references,
-// both gradients; dP of q and k, candidate and reference; the layer input's rows (then the output
-// gradient's, in their place); on the token chains' holder the weight gradients and their
-// published copies; on the token owners dX and its copies; a step's chain planes and a chunk's
-// group rows. The transposed weights stay in the store (the memos).
+// The layer's backward (layer_backward.h), at its widest: the FP32 output and the references
+// (o_proj's gradient reads their attention output), both gradients (dq and dk made over into dP
+// in place); the weight gradients on the token chains' holder; first the token chains' rows —
+// the pre-norm q rows, then the layer input's, then the output gradient's, each in the last's
+// place — and a step's pieces; then, on the token owners, dX and the dX chain's planes and a
+// chunk's group rows. The transposed weights stay in the store (the memos).
 void layer_backward(CaseMemory& m) {
   const Problem& p = m.problem();
   const CaseGrid& grid = m.grid();
@@ -465,27 +466,22 @@ void layer_backward(CaseMemory& m) {
   const int holder = token_chain_holder(grid);
   const std::vector<TokenStage> stages = token_stages(grid);
   for (std::size_t proc = 0; proc < m.processes(); ++proc) {
-    std::uint64_t rows = 0, weights = 0, dx = 0, planes = 0, group_rows = 0;
+    std::uint64_t chains = 0, dx = 0, weights = 0;
     for (const LogicalRank* r : m.hosted(proc)) {
       const std::uint64_t tokens = u64(rows_of(r->tokens));
-      // The q rows before the norm (its backward's input), then the layer input's rows (and then
-      // the output gradient's) in their place.
       const std::uint64_t pre = p.dims.qk_norm ? sizes_of(p, *r).q : 0;
-      rows += std::max(pre, batch * tokens * std::max(u64(qkv.inputs), hidden) * kFloat);
-      if (r->cp_rank == holder) {
-        weights += 2 * 2 * (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) *
-                   kFloat;
-      }
-      if (r->tp_rank == 0) dx += 2 * 2 * batch * tokens * hidden * kFloat;
       std::uint64_t mine = 0;  // the rank's stages: each a piece received and one sent a step
       for (const TokenStage& s : stages) mine += s.cp_rank == r->cp_rank ? 1 : 0;
-      planes += 2 * mine * 2 * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
+      chains += std::max(pre, batch * tokens * std::max(u64(qkv.inputs), hidden) * kFloat) +
+                2 * mine * 2 * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
+      if (r->cp_rank == holder)
+        weights += 2 * (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) * kFloat;
       std::uint64_t chunk = 0;
-      for (const Range& c : chain_chunks(layer_chain(grid), *r)) chunk = std::max(chunk, u64(c.size()));
-      const std::uint64_t plane = 2 * batch * chunk * hidden * kFloat;
-      planes += (r->tp_rank == 0 ? 3 : 2) * plane;
-      group_rows = std::max(group_rows, 2 * batch * u64(r->kv_heads.size()) * chunk *
-                                            (group + 2) * dim * kFloat);
+      for (const Range& c : chain_chunks(layer_chain(grid), *r))
+        chunk = std::max(chunk, u64(c.size()));
+      dx += (r->tp_rank == 0 ? 2 * batch * tokens * hidden * kFloat : 0) +
+            (r->tp_rank == 0 ? 3 : 2) * 2 * batch * chunk * hidden * kFloat +
+            2 * batch * u64(r->kv_heads.size()) * chunk * (group + 2) * dim * kFloat;
       for (std::int64_t g = r->kv_heads.begin; g < r->kv_heads.end; ++g)
         m.memos(proc).qkv_transposed.insert(g);
     }
@@ -494,14 +490,10 @@ void layer_backward(CaseMemory& m) {
     m.add_phase(proc, kLayerBackwardPhase,
                 {{"FP32 output kept", m.references(proc)},
                  {"references (their attention output)", m.references(proc)},
-                 {"gradients and reference gradients", 2 * gradients},
-                 {"dP of q and k, candidate and reference",
-                  each(m, proc, [](const LogicalRank&, RankSizes s) { return 2 * (s.q + s.kv); })},
-                 {"the pre-norm q rows, then the input's or output gradient's", rows},
-                 {"weight gradients and their published copies", weights},
-                 {"dX and its published copy", dx},
-                 {"one step's chain planes", planes},
-                 {"a chunk's group rows", group_rows}});
+                 {"gradients and reference gradients (dq, dk made dP in place)", 2 * gradients},
+                 {"weight gradients", weights},
+                 {"the token chains' rows and pieces, then dX, its planes and group rows",
+                  std::max(chains, dx)}});
   }
 }
 
