@@ -343,7 +343,8 @@ std::map<std::string, std::vector<float>> defined_gradients(const Problem& p,
   std::vector<float>& oh = out["o_proj"];
   for (int h = 0; h < d.num_q_heads; ++h) {
     for (int r = 0; r < hidden; ++r)
-      oh.insert(oh.end(), o.begin() + r * columns + h * dim, o.begin() + r * columns + h * dim + dim);
+      oh.insert(oh.end(), o.begin() + r * columns + h * dim,
+                o.begin() + r * columns + h * dim + dim);
   }
   // dX: o_proj_groups' fold over the groups of [Hkv][(gs + 2)·D] features per token.
   const int features = (gs + 2) * dim;
@@ -360,15 +361,15 @@ std::map<std::string, std::vector<float>> defined_gradients(const Problem& p,
     for (std::int64_t pos = 0; pos < seq; ++pos) {
       for (int g = 0; g < d.num_kv_heads; ++g) {
         for (int j = 0; j < gs + 2; ++j) {
-          const float* src =
-              j < gs    ? dpq.data() + ((b * d.num_q_heads + g * gs + j) * seq + pos) * dim
-              : j == gs ? dpk.data() + ((b * d.num_kv_heads + g) * seq + pos) * dim
-                        : dpv.data() + ((b * d.num_kv_heads + g) * seq + pos) * dim;
+          const float* src = j < gs
+                                 ? dpq.data() + ((b * d.num_q_heads + g * gs + j) * seq + pos) * dim
+                             : j == gs ? dpk.data() + ((b * d.num_kv_heads + g) * seq + pos) * dim
+                                       : dpv.data() + ((b * d.num_kv_heads + g) * seq + pos) * dim;
           std::memcpy(a.data() + g * features + j * dim, src, dim * sizeof(float));
         }
       }
-      o_proj_groups(a.data(), w_cat.data(), d.num_kv_heads * features, features, 0,
-                    d.num_kv_heads, hidden, true, y.data());
+      o_proj_groups(a.data(), w_cat.data(), d.num_kv_heads * features, features, 0, d.num_kv_heads,
+                    hidden, true, y.data());
       dx.insert(dx.end(), y.begin(), y.end());
     }
   }
@@ -410,14 +411,14 @@ TEST_CASE("layer backward: rank_sums changes dX at TP 2 and the weight gradients
   const std::map<std::string, std::vector<float>> want = defined_gradients(p, core, 0);
   p.o_proj_order = OProjOrder::rank_sums;
   // One rank on each axis: the same fold.
-  const auto one = engine_gradients(p, CaseSpec{1, 1, 16, CpLayout::contiguous, Protocol::ag_rs},
-                                    core, 0);
+  const auto one =
+      engine_gradients(p, CaseSpec{1, 1, 16, CpLayout::contiguous, Protocol::ag_rs}, core, 0);
   for (const auto& [name, values] : want) CHECK(same_bits(one.at(name), values));
-  const auto tp2 = engine_gradients(p, CaseSpec{2, 1, 16, CpLayout::contiguous, Protocol::ag_rs},
-                                    core, 0);
+  const auto tp2 =
+      engine_gradients(p, CaseSpec{2, 1, 16, CpLayout::contiguous, Protocol::ag_rs}, core, 0);
   CHECK_FALSE(same_bits(tp2.at("dx"), want.at("dx")));
-  const auto cp2 = engine_gradients(p, CaseSpec{1, 2, 16, CpLayout::zigzag, Protocol::ag_rs},
-                                    core, 0);
+  const auto cp2 =
+      engine_gradients(p, CaseSpec{1, 2, 16, CpLayout::zigzag, Protocol::ag_rs}, core, 0);
   for (const char* name : {"q_proj", "k_proj", "v_proj", "q_bias", "o_proj"}) {
     CAPTURE(name);
     CHECK_FALSE(same_bits(cp2.at(name), want.at(name)));

@@ -131,7 +131,8 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
   CHECK(checked >= 40);
 }
 
-TEST_CASE("plan: the layer's o_proj, dlogp and backward move exactly the bytes their schedule says") {
+TEST_CASE(
+    "plan: the layer's o_proj, dlogp and backward move exactly the bytes their schedule says") {
   Problem p = testing::small_problem();
   p.seq_len = 48;
   p.layer = true;

@@ -28,6 +28,45 @@ void print_projection(const char* name, const std::vector<double>& times, double
   std::fflush(stdout);
 }
 
+// q_proj's weight gradient: the token sums of the q rows (standing for dP, [head][S][D]) against
+// the hidden rows `x` over the token blocks in order, a job per head as the backward runs them.
+void bench_token_sums(const Problem& p, const std::vector<float>& q, const std::vector<float>& x,
+                      int repeats, double peak, ThreadPool& pool) {
+  const ModelDims& d = p.dims;
+  const std::int64_t s = p.seq_len, hidden = d.hidden_size, dim = d.head_dim;
+  const std::int64_t width = std::int64_t{d.num_q_heads} * dim;
+  const std::int64_t bt = layer_token_block(s);
+  std::vector<float> dw(static_cast<std::size_t>(width * hidden));
+  std::vector<TokenSumJob> jobs;
+  for (std::int64_t h = 0; h < d.num_q_heads; ++h) {
+    TokenSumJob job;
+    for (std::int64_t t = 0; bt > 0 && t < s; t += bt)
+      job.blocks.push_back(TokenBlock{q.data() + (h * s + t) * dim, x.data() + t * hidden, bt});
+    job.ld_dy = dim;
+    job.ld_x = job.ld_sum = hidden;
+    job.outputs = static_cast<int>(dim);
+    job.inputs = static_cast<int>(hidden);
+    job.sum = dw.data() + h * dim * hidden;
+    jobs.push_back(std::move(job));
+  }
+  const std::vector<double> dw_times = times_of(repeats, [&] {
+    const auto t = Clock::now();
+    run_token_sum_jobs(jobs, pool);
+    return seconds_since(t);
+  });
+  bool same = true;
+  for (std::int64_t h = 0; h < d.num_q_heads; h += 7) {  // four rows of every 7th head
+    TokenSumJob job = jobs[static_cast<std::size_t>(h)];
+    job.outputs = 4;
+    std::vector<float> defined(static_cast<std::size_t>(4 * hidden));
+    job.sum = defined.data();
+    token_sums_reference(job);
+    same = same && std::memcmp(defined.data(), dw.data() + h * dim * hidden,
+                               defined.size() * sizeof(float)) == 0;
+  }
+  print_projection("q_proj dW (token sums)", dw_times, 2.0 * s * width * hidden, peak, same);
+}
+
 }  // namespace
 
 void bench_layer_projections(const Problem& problem, int repeats, double peak, ThreadPool& pool) {
@@ -112,35 +151,7 @@ void bench_layer_projections(const Problem& problem, int repeats, double peak, T
     same = same && std::memcmp(y.data(), out.data() + t * hidden, hidden * sizeof(float)) == 0;
   }
   print_projection("o_proj (fp32, group fold)", o_times, 2.0 * s * width * hidden, peak, same);
-
-  // q_proj's weight gradient: the token sums of the q rows (standing for dP, [head][S][D]) against
-  // the hidden rows over the token blocks in order, a job per head as the backward runs them.
-  const std::int64_t bt = layer_token_block(s);
-  std::vector<float> dw(static_cast<std::size_t>(width * hidden));
-  std::vector<TokenSumJob> jobs;
-  for (std::int64_t h = 0; h < d.num_q_heads; ++h) {
-    TokenSumJob job;
-    for (std::int64_t t = 0; bt > 0 && t < s; t += bt)
-      job.blocks.push_back(TokenBlock{q.data() + (h * s + t) * dim, x.data() + t * hidden, bt});
-    job.ld_dy = dim;
-    job.ld_x = job.ld_sum = hidden;
-    job.outputs = static_cast<int>(dim);
-    job.inputs = static_cast<int>(hidden);
-    job.sum = dw.data() + h * dim * hidden;
-    jobs.push_back(std::move(job));
-  }
-  const std::vector<double> dw_times = timed([&] { run_token_sum_jobs(jobs, pool); });
-  same = true;
-  for (std::int64_t h = 0; h < d.num_q_heads; h += 7) {  // four rows of every 7th head
-    TokenSumJob job = jobs[static_cast<std::size_t>(h)];
-    job.outputs = 4;
-    std::vector<float> defined(static_cast<std::size_t>(4 * hidden));
-    job.sum = defined.data();
-    token_sums_reference(job);
-    same = same && std::memcmp(defined.data(), dw.data() + h * dim * hidden,
-                               defined.size() * sizeof(float)) == 0;
-  }
-  print_projection("q_proj dW (token sums)", dw_times, 2.0 * s * width * hidden, peak, same);
+  bench_token_sums(p, q, x, repeats, peak, pool);
 }
 
 }  // namespace cpd

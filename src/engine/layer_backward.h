@@ -57,7 +57,7 @@ TokenChain layer_o_chain(const CaseGrid& grid);
 /// partial. Collective over the run's processes.
 std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
                                               const std::vector<LayerBackwardInputs>& inputs,
-                                              Transport& transport,
-                                              const Collectives& collectives, InputStore& store);
+                                              Transport& transport, const Collectives& collectives,
+                                              InputStore& store);
 
 }  // namespace cpd

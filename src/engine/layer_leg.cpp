@@ -55,8 +55,8 @@ void layer_backward(CaseRun& r) {
                                          {&r.fp32[i].merged.out, &r.reference[i]->out}});
   }
   // Kept while the part is measured and published: its pieces point into them.
-  const std::vector<LayerGradient> layer = run_layer_backward(r.grid, inputs, r.ctx.transport,
-                                                              r.ctx.collectives, r.ctx.inputs);
+  const std::vector<LayerGradient> layer =
+      run_layer_backward(r.grid, inputs, r.ctx.transport, r.ctx.collectives, r.ctx.inputs);
   r.gradients.clear();
   r.reference_gradients.clear();
   r.release_references();

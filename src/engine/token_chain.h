@@ -44,8 +44,7 @@ int token_chain_holder(const CaseGrid& grid);
 
 /// `fold(i, stage, piece, plane, first)`: hosted rank i folds its stage's blocks into `plane`
 /// ([2][piece rows][inputs]); `first`: the chain's first stage, whose first block is stored.
-using TokenFold =
-    std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool)>;
+using TokenFold = std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool)>;
 /// `finish(i, piece, plane)`: the holder, hosted rank i, with a finished piece.
 using TokenFinish = std::function<void(std::size_t, const Range&, const FloatBuffer&)>;
 

@@ -220,7 +220,8 @@ PhaseWork layer_backward_work(const CaseGrid& grid) {
   for (const LogicalRank& r : grid.ranks) {
     std::uint64_t tokens = 0;
     for (const Range& t : r.tokens) tokens += static_cast<std::uint64_t>(t.size());
-    const std::uint64_t heads = static_cast<std::uint64_t>(r.q_heads.size() + 2 * r.kv_heads.size());
+    const std::uint64_t heads =
+        static_cast<std::uint64_t>(r.q_heads.size() + 2 * r.kv_heads.size());
     // Per token: dX's hidden outputs over the heads' features, q/k/v_proj's features over the
     // input (and bias) columns, o_proj's hidden outputs over the query heads' columns.
     w.pairs[static_cast<std::size_t>(r.id)] =

@@ -153,7 +153,7 @@ const float* LayerWeights::qkv_group_transposed(std::int64_t group) const {
     std::vector<float> t(static_cast<std::size_t>(hidden * width));
     for (std::int64_t f = 0; f < width; ++f) {
       const std::int64_t head = f / d;  // the group's query heads, then its k and v head
-      const float* row = head < gs    ? projection(TensorId::q, group * gs + head) + (f % d) * hidden
+      const float* row = head < gs ? projection(TensorId::q, group * gs + head) + (f % d) * hidden
                          : head == gs ? projection(TensorId::k, group) + (f % d) * hidden
                                       : projection(TensorId::v, group) + (f % d) * hidden;
       for (std::int64_t i = 0; i < hidden; ++i) t[i * width + f] = row[i];
@@ -179,8 +179,8 @@ void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* ro
 void layer_grad_row(const Problem& problem, int b, std::int64_t pos, float* row) {
   const std::int64_t hidden = problem.dims.hidden_size;
   bf16_normals(problem.seed, TensorId::layer_grad,
-               static_cast<std::uint64_t>((b * problem.seq_len + pos) * hidden), hidden, 1.0f,
-               0.0f, row);
+               static_cast<std::uint64_t>((b * problem.seq_len + pos) * hidden), hidden, 1.0f, 0.0f,
+               row);
 }
 
 }  // namespace cpd

@@ -106,7 +106,8 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
     into.layer.available = true;
     into.layer.out = m.stats(*part.layer);
   }
-  for (const auto& [name, c] : part.layer_backward) into.layer.backward.emplace_back(name, m.stats(c));
+  for (const auto& [name, c] : part.layer_backward)
+    into.layer.backward.emplace_back(name, m.stats(c));
   if (part.dlogp) {
     into.dlogp.available = true;
     into.dlogp.drift = m.stats(*part.dlogp);

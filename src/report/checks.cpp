@@ -38,7 +38,8 @@ void check_same_grid_digests(const RunReport& report, std::vector<std::string>& 
       d.push_back({"backward.dv", c.backward.dv.digest});
     }
     if (c.layer.available) d.push_back({"layer.out", c.layer.out.digest});
-    for (const auto& [name, s] : c.layer.backward) d.push_back({"layer.backward." + name, s.digest});
+    for (const auto& [name, s] : c.layer.backward)
+      d.push_back({"layer.backward." + name, s.digest});
     if (c.dlogp.available) d.push_back({"dlogp", c.dlogp.drift.digest});
     return d;
   };
@@ -124,7 +125,8 @@ void check_case(const RunReport& report, const CaseResult& c, std::vector<std::s
     check_finite(failed, n + ": cublas_unfused.lse", c.cublas_unfused->lse);
   }
   if (c.layer.available) check_finite(failed, n + ": layer.out", c.layer.out);
-  for (const auto& [name, s] : c.layer.backward) check_finite(failed, n + ": layer.backward." + name, s);
+  for (const auto& [name, s] : c.layer.backward)
+    check_finite(failed, n + ": layer.backward." + name, s);
   if (c.dlogp.available) check_max(failed, n + ": dlogp.drift", c.dlogp.drift, t.dlogp_max_abs);
   if (c.topology_required && !c.topology.bitwise_equal()) {
     failed.push_back(n + ": topology_invariance not bitwise equal to " + c.topology_reference +

@@ -74,7 +74,8 @@ void tile_all_blocks(const TokenSumJob& j, int o0, int i0) {
     }
   }
   for (int r = 0; r < N; ++r) {
-    for (int h = 0; h < 2; ++h) simd::store(j.sum + (o0 + r) * j.ld_sum + i0 + h * kLanes, run[r][h]);
+    for (int h = 0; h < 2; ++h)
+      simd::store(j.sum + (o0 + r) * j.ld_sum + i0 + h * kLanes, run[r][h]);
   }
 }
 
