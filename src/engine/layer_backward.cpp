@@ -1,8 +1,10 @@
 #include "engine/layer_backward.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 
 #include "engine/layer_backward_parts.h"
 #include "engine/protocol_common.h"
