@@ -13,7 +13,8 @@ at TP 1 and the run says so; and a grid that differs (prefill without a split, C
 gives other bits. The rollout side: trainer TP=2 x CP=2 zigzag against the paged decode at rollout
 TP 1, 2 and 4, bitwise in the layer's output and logprobs where the KV blocks align, drifting
 where they do not. The backward (--include-backward): Qwen3-8B at every TP, CP 1/2/4, both
-layouts, on 1 and 4 processes, every other model at every valid TP, CP 1 and 4, zigzag, on 4;
+layouts on 4 processes (CP 1 and 4, zigzag, on 1), every other model at its least and largest
+TP, CP 1 and 4, zigzag, on 4;
 dX and every weight's gradient one digest each; rank_sums makes TP change dX and CP the weight
 gradients. What the layer does not run yet is refused in
 one line.
@@ -73,23 +74,30 @@ def dlogp_digests(path):
 def check_model(args, work, name, hq, hkv, backward):
     """The forward (and the logprobs, for Qwen3-8B over the three protocols) on 1, 2 and 4
     processes; or, with `backward`, the layer's gradients: Qwen3-8B's at every TP, CP 1/2/4 and
-    both layouts on 1 and 4 processes, every other model's at every valid TP, CP 1 and 4, zigzag,
-    on 4 (each case computes and digests every weight's gradient, a second or so at S = 64: the
-    whole matrix on every model would double the suite's time). The backward moves its data
+    both layouts on 4 processes and at every TP, CP 1 and 4, zigzag on 1; every other model's at
+    its least and largest TP, CP 1 and 4, zigzag, on 4 (each case computes and digests every
+    weight's gradient, a second or so at S = 64: the whole matrix on every model would double
+    the suite's time). The backward moves its data
     ag_rs-style whatever the forward's protocol, whose output the forward matrix shows the same."""
     failures = []
-    full = not backward or name == "qwen3-8b"
-    flags = [*BASE, "--model", name,
-             "--tp-world-sizes", ",".join(map(str, tp_sizes(hq, hkv))),
+    tps = tp_sizes(hq, hkv)
+
+    def flags_for(np):
+        full = not backward or (name == "qwen3-8b" and np == 4)
+        sizes = tps if full or name == "qwen3-8b" else [tps[0], tps[-1]]
+        f = [*BASE, "--model", name, "--tp-world-sizes", ",".join(map(str, sizes)),
              "--cp-world-sizes", "1,2,4" if full else "1,4",
              "--cp-layouts", "contiguous,zigzag" if full else "zigzag"]
-    if backward:
-        flags += ["--include-backward"]
-    elif name == "qwen3-8b":
-        flags += ["--protocols", "ag_rs,ring_kv,allgather_kv", "--include-dlogp"]
+        if backward:
+            f += ["--include-backward"]
+        elif name == "qwen3-8b":
+            f += ["--protocols", "ag_rs,ring_kv,allgather_kv", "--include-dlogp"]
+        return f
+
     seen, logprobs, gradients = set(), set(), {}
-    for np in ((1, 4) if full else (4,)) if backward else (1, 2, 4):
+    for np in ((1, 4) if name == "qwen3-8b" else (4,)) if backward else (1, 2, 4):
         out = os.path.join(work, f"{name}_np{np}{'_bwd' if backward else ''}.json")
+        flags = flags_for(np)
         r = run(args, np, flags, out)
         if r.returncode != 0:
             failures.append(f"{name} np={np}: exit {r.returncode}: {r.stderr[-2000:]}")
