@@ -42,6 +42,24 @@ inline Problem small_problem() {
   return p;
 }
 
+/// A small attention layer (--scope layer) with every piece: qk norms, a qkv bias, GQA groups of
+/// two (TP 1, 2, 4 valid), hidden 96, head_dim 64 (the CPU tile's smallest); B = 2, S = 32.
+inline Problem small_layer() {
+  Problem p;
+  p.dims.name = "test-layer";
+  p.dims.hidden_size = 96;
+  p.dims.num_q_heads = 8;
+  p.dims.num_kv_heads = 4;
+  p.dims.head_dim = 64;
+  p.dims.rotary_dim = 64;
+  p.dims.qk_norm = true;
+  p.dims.qkv_bias = true;
+  p.batch = 2;
+  p.seq_len = 32;
+  p.layer = true;
+  return p;
+}
+
 inline constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
 inline constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
 

@@ -21,25 +21,9 @@
 
 using namespace cpd;
 using testing::kFp32;
+using testing::small_layer;
 
 namespace {
-
-// A small layer with every piece: qk norms, a qkv bias, GQA groups of two (TP 1, 2, 4 valid).
-Problem small_layer() {
-  Problem p;
-  p.dims.name = "test-layer";
-  p.dims.hidden_size = 96;
-  p.dims.num_q_heads = 8;
-  p.dims.num_kv_heads = 4;
-  p.dims.head_dim = 64;  // the CPU tile's smallest
-  p.dims.rotary_dim = 64;
-  p.dims.qk_norm = true;
-  p.dims.qkv_bias = true;
-  p.batch = 2;
-  p.seq_len = 32;
-  p.layer = true;
-  return p;
-}
 
 ShardShape whole(const Problem& p, TensorId t) {
   return ShardShape{p.batch, Range{0, heads_of(p.dims, t)}, {Range{0, p.seq_len}}, p.dims.head_dim};

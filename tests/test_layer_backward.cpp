@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "case_digests.h"
 #include "comm/transport.h"
 #include "cpdrift/layer_backward_math.h"
 #include "cpdrift/layer_math.h"
@@ -147,21 +148,10 @@ TEST_CASE("token sums: the CPU tiles give the definition's bits; the definition 
 
 namespace {
 
-// A small layer with every piece (qk norms, a qkv bias, GQA groups of two), S = 64: token
-// blocks of layer_token_block(64) = 4.
+// The tests' small layer at S = 64: token blocks of layer_token_block(64) = 4.
 Problem small_layer() {
-  Problem p;
-  p.dims.name = "test-layer";
-  p.dims.hidden_size = 96;
-  p.dims.num_q_heads = 8;
-  p.dims.num_kv_heads = 4;
-  p.dims.head_dim = 64;
-  p.dims.rotary_dim = 64;
-  p.dims.qk_norm = true;
-  p.dims.qkv_bias = true;
-  p.batch = 2;
+  Problem p = testing::small_layer();
   p.seq_len = 64;
-  p.layer = true;
   return p;
 }
 

@@ -133,19 +133,10 @@ TEST_CASE("plan: bytes between ranks and kernel pairs are exactly what runs") {
 
 TEST_CASE(
     "plan: the layer's o_proj, dlogp and backward move exactly the bytes their schedule says") {
-  // A small layer (hidden 96, GQA groups of two, qk norms and a qkv bias): every piece of the
-  // layer's traffic at a fraction of Qwen3-8B's weights (whose gradients each case would make).
-  Problem p = testing::small_problem();
-  p.dims.name = "test-layer";
-  p.dims.hidden_size = 96;
-  p.dims.num_q_heads = 8;
-  p.dims.num_kv_heads = 4;
-  p.dims.head_dim = 64;
-  p.dims.rotary_dim = 64;
-  p.dims.qk_norm = true;
-  p.dims.qkv_bias = true;
+  // The tests' small layer: every piece of the layer's traffic at a fraction of Qwen3-8B's
+  // weights (whose gradients each case would make).
+  Problem p = testing::small_layer();
   p.seq_len = 48;
-  p.layer = true;
   ThreadPool pool(2);
   InputStore inputs(p, pool);  // the weights made once for every case
   int checked = 0;

@@ -122,8 +122,8 @@ void print_estimate(std::FILE* out, const CasePlan& c) {
   std::fprintf(out,
                "  estimate: forward %s (slowest process per FP32 pass: compute %s + messages %s)",
                forward.c_str(), duration(pass.compute).c_str(), duration(pass.comm).c_str());
-  for (const PhaseKind kind : {PhaseKind::o_proj, PhaseKind::dlogp, PhaseKind::backward,
-                               PhaseKind::layer_backward}) {
+  for (const PhaseKind kind :
+       {PhaseKind::o_proj, PhaseKind::dlogp, PhaseKind::backward, PhaseKind::layer_backward}) {
     if (const Phase* ph = c.schedule.find(kind))
       std::fprintf(out, "; %s %s", ph->name.c_str(), duration(c.estimate_of(ph).total()).c_str());
   }

@@ -16,11 +16,11 @@ constexpr int kTileColumns = 2 * kLanes;
 // every output tile of the job passes over it.
 constexpr int kTaskColumns = 256;
 
-// Outputs [o0, o0 + N), columns [i0, i0 + kTileColumns) of one block: the block's partials in
-// registers over its rows, then stored (`store`) or added to the sums.
+// One block's partials of outputs [o0, o0 + N), columns [i0, i0 + kTileColumns): one fma chain
+// from +0 over the block's rows per element, in registers.
 template <int N>
-void tile(const TokenSumJob& j, const TokenBlock& block, int o0, int i0, bool store) {
-  simd::F16 acc[N][2];
+void block_partials(const TokenSumJob& j, const TokenBlock& block, int o0, int i0,
+                    simd::F16 (&acc)[N][2]) {
   for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
   for (std::int64_t t = 0; t < block.rows; ++t) {
     const float* x = block.x + t * j.ld_x + i0;
@@ -33,6 +33,14 @@ void tile(const TokenSumJob& j, const TokenBlock& block, int o0, int i0, bool st
       acc[r][1] = simd::fma(a, x1, acc[r][1]);
     }
   }
+}
+
+// Outputs [o0, o0 + N), columns [i0, i0 + kTileColumns) of one block: the block's partials in
+// registers over its rows, then stored (`store`) or added to the sums.
+template <int N>
+void tile(const TokenSumJob& j, const TokenBlock& block, int o0, int i0, bool store) {
+  simd::F16 acc[N][2];
+  block_partials<N>(j, block, o0, i0, acc);
   for (int r = 0; r < N; ++r) {
     float* sum = j.sum + (o0 + r) * j.ld_sum + i0;
     for (int h = 0; h < 2; ++h) {
@@ -56,18 +64,7 @@ void tile_all_blocks(const TokenSumJob& j, int o0, int i0) {
   for (std::size_t b = 0; b < j.blocks.size(); ++b) {
     const TokenBlock& block = j.blocks[b];
     simd::F16 acc[N][2];
-    for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
-    for (std::int64_t t = 0; t < block.rows; ++t) {
-      const float* x = block.x + t * j.ld_x + i0;
-      const simd::F16 x0 = simd::in_register(simd::load(x));
-      const simd::F16 x1 = simd::in_register(simd::load(x + kLanes));
-      const float* dy = block.dy + t * j.ld_dy + o0;
-      for (int r = 0; r < N; ++r) {
-        const simd::F16 a = simd::splat(dy[r]);
-        acc[r][0] = simd::fma(a, x0, acc[r][0]);
-        acc[r][1] = simd::fma(a, x1, acc[r][1]);
-      }
-    }
+    block_partials<N>(j, block, o0, i0, acc);
     const bool first = b == 0 && !j.continues;
     for (int r = 0; r < N; ++r) {
       for (int h = 0; h < 2; ++h) run[r][h] = first ? acc[r][h] : simd::add(run[r][h], acc[r][h]);
