@@ -24,6 +24,7 @@
 #include "inputs/input_files.h"
 #include "io/tensor_dump.h"
 #include "kernels/cpu/inputs.h"
+#include "kernels/layer_weights.h"
 #include "temp_dir.h"
 
 using namespace cpd;
@@ -105,7 +106,7 @@ Problem problem() {
 Shard read(const std::string& path, TensorId t, const ShardShape& shape,
            InputPrecision prec = InputPrecision::fp32) {
   Problem p = problem();
-  p.inputs = open_input_file(path, p.dims, true);
+  p.inputs = open_input_file(path, p.dims, false, true);
   REQUIRE(p.inputs->info().batch == kBatch);
   REQUIRE(p.inputs->info().seq_len == kSeq);
   ThreadPool pool(2);
@@ -114,7 +115,7 @@ Shard read(const std::string& path, TensorId t, const ShardShape& shape,
 
 std::string error_of(const std::string& path) {
   try {
-    open_input_file(path, ModelDims{}, false);
+    open_input_file(path, ModelDims{}, false, false);
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -147,7 +148,7 @@ TEST_CASE("safetensors F32 after RoPE: the generator's tensors back bit for bit,
   }
   const Problem with = [&] {
     Problem q = p;
-    q.inputs = open_input_file(path, p.dims, true);
+    q.inputs = open_input_file(path, p.dims, false, true);
     return q;
   }();
   CHECK(with.inputs->info().format == "safetensors");
@@ -258,7 +259,7 @@ TEST_CASE(".npy directory and HDF5 (cpdrift's own dump writer): the same tensors
   const ShardShape all{kBatch, Range{0, 32}, {Range{0, kSeq}}, kDim};
   CHECK(same_bits(read(npy, TensorId::q, all).data, whole(p, TensorId::q).data));
   // The fingerprint covers every file the inputs come from: inputs.json, then q, k, v.
-  const auto info = [&] { return open_input_file(npy, p.dims, true)->info(); };
+  const auto info = [&] { return open_input_file(npy, p.dims, false, true)->info(); };
   const std::string json = "{\"rope_applied\": true}";
   CHECK(info().sha256 == sha256_hex(json + qkv));
   CHECK(info().size_bytes == json.size() + qkv.size());
@@ -310,7 +311,7 @@ TEST_CASE("--inputs: one parse, then the file's B and S settle what needs the se
         {command, "--inputs", path, "--kv-chunk-sizes", "none,20", "--round-rows", "24"});
     RunOptions& run = cl.command == CommandLine::Command::run ? cl.run : cl.plan.run;
     CHECK(run.request.problem.inputs == nullptr);
-    const auto source = open_input_file(path, ModelDims{}, false);
+    const auto source = open_input_file(path, ModelDims{}, false, false);
     use_input_file(run, source);
     CHECK(run.request.problem.batch == kBatch);
     CHECK(run.request.problem.seq_len == kSeq);
@@ -324,8 +325,8 @@ TEST_CASE("--inputs: one parse, then the file's B and S settle what needs the se
         std::tuple{"--round-rows", "25", "--round-rows: must be from 1 to 24"}}) {
     CAPTURE(flag);
     CommandLine cl = parse_command_line({"--inputs", path, flag, value});
-    const std::string error =
-        usage_error([&] { use_input_file(cl.run, open_input_file(path, ModelDims{}, false)); });
+    const std::string error = usage_error(
+        [&] { use_input_file(cl.run, open_input_file(path, ModelDims{}, false, false)); });
     CHECK(error.rfind(says, 0) == 0);
   }
   // Negative control: without --inputs the generator's 16 tokens refuse the split at once.
@@ -376,4 +377,64 @@ TEST_CASE("malformed input files: one line naming the file and what is wrong") {
   CHECK(error_of(garbage).find(garbage + ": not HDF5, safetensors or a .npy directory") == 0);
   CHECK(error_of((dir.path / "missing").string()) ==
         "--inputs " + (dir.path / "missing").string() + ": no such file or directory");
+}
+
+TEST_CASE(
+    "the layer's hidden states from a file: its rows exactly, and the generator's q when "
+    "it holds the generator's rows") {
+  TempDir dir;
+  Problem gen = problem();
+  gen.layer = true;
+  const std::int64_t hidden = gen.dims.hidden_size;
+  std::vector<float> x(static_cast<std::size_t>(kBatch * kSeq * hidden));
+  for (int b = 0; b < kBatch; ++b)
+    layer_hidden_rows(gen, b, Range{0, kSeq}, x.data() + b * kSeq * hidden);
+  const std::string shape = "\"shape\": [" + std::to_string(kBatch) + ", " + std::to_string(kSeq) +
+                            ", " + std::to_string(hidden) + "]";
+  const std::string path = dir.write(
+      "hidden.safetensors",
+      safetensors({{"hidden", encode(x, "BF16")}}, {"\"dtype\": \"BF16\", " + shape}, "{}"));
+  Problem file = gen;
+  file.inputs = open_input_file(path, gen.dims, true, true);
+  CHECK(file.inputs->info().hidden);
+  CHECK(file.inputs->info().dtype == "bfloat16");
+  CHECK(file.inputs->info().seq_len == kSeq);
+  // Rows 5..11 of sequence 1: the stored values (BF16-valued, so exact).
+  std::vector<float> rows(static_cast<std::size_t>(7 * hidden));
+  layer_hidden_rows(file, 1, Range{5, 12}, rows.data());
+  CHECK(same_bits(rows, std::span<const float>(x).subspan(
+                            static_cast<std::size_t>((kSeq + 5) * hidden), rows.size())));
+  // A process's slice of q (projection, q_norm, RoPE, BF16): the generator's bits.
+  const ShardShape slice{kBatch, Range{1, 3}, {Range{2, 7}, Range{15, 24}}, kDim};
+  ThreadPool pool(2);
+  CHECK(same_bits(generate_shard(file, TensorId::q, slice, InputPrecision::bf16, pool).data,
+                  generate_shard(gen, TensorId::q, slice, InputPrecision::bf16, pool).data));
+  // The control: one value changed in the file changes the projection's bits.
+  x[static_cast<std::size_t>((kSeq + 3) * hidden + 17)] += 0.5f;
+  const std::string other = dir.write(
+      "other.safetensors",
+      safetensors({{"hidden", encode(x, "BF16")}}, {"\"dtype\": \"BF16\", " + shape}, "{}"));
+  Problem changed = gen;
+  changed.inputs = open_input_file(other, gen.dims, true, false);
+  CHECK(!same_bits(generate_shard(changed, TensorId::q, slice, InputPrecision::bf16, pool).data,
+                   generate_shard(gen, TensorId::q, slice, InputPrecision::bf16, pool).data));
+
+  // The wrong kind of file, either way: one line saying which --scope reads it.
+  const auto refused = [&](const std::string& f, bool layer) {
+    try {
+      open_input_file(f, gen.dims, layer, false);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refused(path, false) ==
+        path + ": no q, k, v (this file holds the layer's hidden states: add --scope layer)");
+  const std::string core = write_safetensors(dir, problem(), "F32", "core.safetensors");
+  CHECK(refused(core, true).find(core + ": no hidden [B, S, hidden]") == 0);
+  const std::string narrow = dir.write(
+      "narrow.safetensors", safetensors({{"hidden", std::string(2 * 16 * 64 * 4, '\0')}},
+                                        {"\"dtype\": \"F32\", \"shape\": [2, 16, 64]"}, "{}"));
+  CHECK(refused(narrow, true) ==
+        narrow + ": hidden has shape [2, 16, 64]; qwen3-8b needs [B, S, 4096]");
 }

@@ -38,7 +38,8 @@ int cli_main(const std::vector<std::string>& argv, const CommContext& comm) {
     RunOptions& run = running ? cl.run : cl.plan.run;
     if ((running || cl.command == CommandLine::Command::plan) && !run.inputs.empty()) {
       agree_or_throw(comm, true, "", [&] {
-        use_input_file(run, open_input_file(run.inputs, run.request.problem.dims, root && running));
+        use_input_file(run, open_input_file(run.inputs, run.request.problem.dims,
+                                            run.request.problem.layer, root && running));
       });
     }
     // --weights: every process opens the checkpoint and checks the layer's tensors alike; each

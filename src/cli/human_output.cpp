@@ -255,8 +255,10 @@ void print_header(std::FILE* out, const RunReport& r, std::size_t case_count,
   if (p.inputs) {
     const InputFileInfo& f = p.inputs->info();
     inputs = "inputs " + f.path + " (" + f.format + " " + f.dtype + ", " +
-             (f.rope_applied ? "after RoPE" : "RoPE applied here") + ", sha256 " +
-             f.sha256.substr(0, 12) + ")";
+             (f.hidden         ? "the layer's hidden states"
+              : f.rope_applied ? "after RoPE"
+                               : "RoPE applied here") +
+             ", sha256 " + f.sha256.substr(0, 12) + ")";
   }
   const std::string rope = p.rope ? "RoPE " + rope_text(p.dims.rope) : "no RoPE";
   std::string extras;

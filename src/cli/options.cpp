@@ -214,8 +214,6 @@ void check_layer(const RunOptions& o) {
   if (o.weights.empty() != (o.layer < 0))
     bad(o.weights.empty() ? "--layer N needs --weights PATH (the checkpoint it is a layer of)"
                           : "--weights PATH needs --layer N (which layer of the checkpoint)");
-  if (!o.inputs.empty())
-    bad("--scope layer: --inputs holds the core's q, k, v; the layer generates its hidden states");
   if (q.problem.distribution != InputDistribution::gaussian)
     bad("--scope layer: q, k and v are the layer's projections; drop --input-distribution");
   for (const int cp : q.cp_sizes) {
@@ -226,8 +224,8 @@ void check_layer(const RunOptions& o) {
 }
 
 // What depends on the sequence length, once it is known: the splits (a default that would cut
-// nothing is halved; a given one that cuts nothing is 'none' under another name) and the
-// options bounded by the sequence.
+// nothing is halved; a given one that cuts nothing is 'none' under another name), the options
+// bounded by the sequence, and the layer's 16-token multiple.
 void settle_sequence(RunOptions& o) {
   RunRequest& q = o.request;
   const std::int64_t seq = q.problem.seq_len;
@@ -246,6 +244,11 @@ void settle_sequence(RunOptions& o) {
   if (q.round_rows > 0)
     check_range("--round-rows", q.round_rows, 1, seq,
                 "at most --seq-len: a round holds at most the sequence");
+  if (q.problem.layer && seq % 16 != 0) {
+    bad("--scope layer: " + (o.inputs.empty() ? "--seq-len" : "--inputs " + o.inputs + ": S =") +
+        " " + std::to_string(seq) +
+        " is not a multiple of 16 (the layer's token-block grid, docs/numerics.md §11)");
+  }
 }
 
 // `extra`: the flags of a command that takes the run's flags and more (plan).
@@ -279,10 +282,6 @@ RunOptions parse_run(FlagReader& r, const std::vector<std::string>& args, std::s
     if (!o.splits_given) q.splits = {std::nullopt, 1};
   }
   settle_sequence(o);
-  if (q.problem.layer && q.problem.seq_len % 16 != 0) {
-    bad("--scope layer: --seq-len " + std::to_string(q.problem.seq_len) +
-        " is not a multiple of 16 (the layer's token-block grid, docs/numerics.md §11)");
-  }
   return o;
 }
 

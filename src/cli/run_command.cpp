@@ -17,6 +17,7 @@
 #include "engine/memory_plan.h"
 #include "engine/run_session.h"
 #include "kernels/cpu/inputs.h"
+#include "kernels/layer_weights.h"
 #include "report/run_recorder.h"
 
 namespace cpd {
@@ -35,9 +36,28 @@ std::unique_ptr<TensorDump> open_dump(const RunOptions& options, const CommConte
   return dump;
 }
 
+// The layer's hidden states [B, S, hidden] (FP32), what --inputs reads under --scope layer. The
+// dump's pieces are [B, H, S] rows; here a token stands for H and a unit for S: a row a piece.
+void dump_hidden(TensorDump& dump, const Problem& p) {
+  const std::int64_t hidden = p.dims.hidden_size;
+  dump.begin("/inputs/hidden", {p.batch, p.seq_len, hidden},
+             {{"shape", std::string("[B, S, hidden]")},
+              {"original_dtype", std::string(p.inputs ? p.inputs->info().dtype : "bfloat16")}});
+  std::vector<float> row(static_cast<std::size_t>(hidden));
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t s = 0; s < p.seq_len; ++s) {
+      layer_hidden_row(p, b, s, row.data());
+      dump.write(GlobalPiece{b, s, Range{0, hidden}, 0}, row.data());
+    }
+  }
+  dump.end();
+}
+
 // q, k, v after RoPE (FP32) written by rank 0 itself, a block of positions at a time: the
-// inputs are a function of their coordinates, so nothing needs to travel.
+// inputs are a function of their coordinates, so nothing needs to travel. The layer's: its
+// hidden states.
 void dump_inputs(TensorDump& dump, const Problem& p, ThreadPool& pool) {
+  if (p.layer) return dump_hidden(dump, p);
   constexpr std::int64_t kRows = 256;
   for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v}) {
     const int heads = heads_of(p.dims, t);

@@ -44,7 +44,8 @@ Problem
                                (docs/input-distributions.md)
   --inputs PATH                run and plan: q, k, v from a model (HDF5, safetensors, or a
                                directory of .npy files; docs/inputs.md) instead of generated;
-                               B and S are the file's; each process reads only its rows
+                               with --scope layer, the hidden states [B, S, hidden]; B and S
+                               are the file's; each process reads only its rows
 Cases (every combination runs, in this order)
   --tp-world-sizes LIST        tensor-parallel sizes, dividing the model's query and KV heads
                                (qwen3-8b: 32 and 8; default 1,2)
@@ -112,7 +113,8 @@ Execution and output
                                each TP rank holding its heads' columns; plan counts them)
   --json                       print the JSON report on stdout (the table goes to stderr)
   --dump PATH                  write the tensors (HDF5) from rank 0, one piece at a time
-  --dump-inputs                also dump q, k, v (after RoPE) into the --dump file
+  --dump-inputs                also dump q, k, v (after RoPE; the layer: its hidden states)
+                               into the --dump file
   --overwrite                  let --dump replace an existing file (refused otherwise)
   --quiet                      only the verdict line and errors
   --progress                   progress on stderr (each case's phases, the share of the run's

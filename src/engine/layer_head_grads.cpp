@@ -61,7 +61,8 @@ void norm_rope_backward(const CaseGrid& grid, const LogicalRank& r, TensorId ten
     for (std::int64_t pos = first; pos < first + bt; ++pos) {
       const std::int64_t row = shape.local_row(pos);
       if (p.rope) {
-        for (int f = 0; f < half; ++f) rope_cos_sin(pos, inv_freq[f], cos_row[f], sin_row[f]);
+        const std::int64_t at = layer_rope_position(p, b, pos);
+        for (int f = 0; f < half; ++f) rope_cos_sin(at, inv_freq[f], cos_row[f], sin_row[f]);
       }
       for (std::int64_t j = 0; j < per_group; ++j) {
         const std::int64_t h = heads.begin + g * per_group + j;

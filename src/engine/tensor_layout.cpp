@@ -74,7 +74,7 @@ CaseTensor case_tensor(const CaseGrid& grid, const Transport& transport, std::st
   t.bf16 = bf16;
   t.layout =
       global_tensor(grid, transport.world_size(), transport.process_index(), width, hosted, heads);
-  t.attributes = {{"shape", per_token   ? "[B, 1, S]"
+  t.attributes = {{"shape", per_token   ? (width > 1 ? "[B, 1, S, hidden]" : "[B, 1, S]")
                             : width > 1 ? "[B, H, S, D]"
                                         : "[B, H, S]"},
                   {"heads", per_token               ? "none (one value per token)"

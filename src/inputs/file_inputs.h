@@ -16,12 +16,16 @@ using RowReader = std::function<void(int b, std::int64_t h, Range tokens, float*
 
 class FileInputs : public InputSource {
  public:
-  RowReader q, k, v;
+  RowReader q, k, v, hidden;            // hidden: in a file of the layer's hidden states (h is 0)
   std::vector<std::int64_t> positions;  // [B][S], empty: the token index
   InputFileInfo file;
 
   void read_rows(TensorId tensor, int b, std::int64_t h, Range tokens, float* out) const override {
-    (tensor == TensorId::q ? q : tensor == TensorId::k ? k : v)(b, h, tokens, out);
+    const RowReader& r = tensor == TensorId::hidden ? hidden
+                         : tensor == TensorId::q    ? q
+                         : tensor == TensorId::k    ? k
+                                                    : v;
+    r(b, h, tokens, out);
   }
   std::int64_t rope_position(int b, std::int64_t pos) const override {
     return positions.empty() ? pos : positions[static_cast<std::size_t>(b * file.seq_len + pos)];
@@ -35,13 +39,25 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
                   const std::vector<std::int64_t>& k, const std::vector<std::int64_t>& v,
                   const ModelDims& dims, InputFileInfo& file);
 
+/// Checks hidden's shape against the model ([B, S, hidden_size]) and sets file.batch,
+/// file.seq_len and file.hidden; a UsageError naming `path` otherwise.
+void check_hidden_shape(const std::string& path, const std::vector<std::int64_t>& shape,
+                        const ModelDims& dims, InputFileInfo& file);
+
+/// The file lacks the tensors `layer` needs (the layer's hidden, or the core's q, k, v): a
+/// UsageError saying which the run reads and, when `has_other`, that the file holds the other
+/// kind and which --scope reads it.
+[[noreturn]] void wrong_kind(const std::string& path, bool layer, bool has_other);
+
 /// Checks positions' shape [B, S] and that every value is ≥ 0 and < 2^24 (exact as FP32, which
 /// RoPE's angle needs), then makes them `in`'s RoPE positions.
 void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
                    std::vector<std::int64_t> values, FileInputs& in);
 
-void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in);
-void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in);
-void open_npy_directory(const std::string& path, const ModelDims& dims, FileInputs& in);
+/// Each format's opener: q, k and v, or (`layer`) hidden, and the positions when the file has
+/// them.
+void open_hdf5(const std::string& path, const ModelDims& dims, bool layer, FileInputs& in);
+void open_safetensors(const std::string& path, const ModelDims& dims, bool layer, FileInputs& in);
+void open_npy_directory(const std::string& path, const ModelDims& dims, bool layer, FileInputs& in);
 
 }  // namespace cpd::input_files

@@ -1,5 +1,6 @@
-// HDF5 inputs: q, k, v at / or under /inputs (what --dump-inputs writes), read a hyperslab of
-// rows at a time. HDF5 (serial) is not thread-safe: one lock around the library per file.
+// HDF5 inputs: q, k, v — or the layer's hidden — at / or under /inputs (what --dump-inputs
+// writes), read a hyperslab of rows at a time. HDF5 (serial) is not thread-safe: one lock around
+// the library per file.
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,16 +25,23 @@ struct H5Tensor {
   std::shared_ptr<const h5::Dataset> set;
   StoredType type = StoredType::f32;
 
+  // [B, H, S, D] rows of (b, h), or [B, S, hidden] rows of b (h is 0).
   void read_rows(int b, std::int64_t h, Range tokens, float* out) const {
     const std::lock_guard<std::mutex> guard(file->lock);
-    const hsize_t start[4] = {static_cast<hsize_t>(b), static_cast<hsize_t>(h),
-                              static_cast<hsize_t>(tokens.begin), 0};
-    const hsize_t count[4] = {1, 1, static_cast<hsize_t>(tokens.size()),
-                              static_cast<hsize_t>(set->shape()[3])};
+    const std::vector<std::int64_t>& shape = set->shape();
+    const bool per_head = shape.size() == 4;
+    std::vector<hsize_t> start{static_cast<hsize_t>(b)}, count{1};
+    if (per_head) {
+      start.push_back(static_cast<hsize_t>(h));
+      count.push_back(1);
+    }
+    start.insert(start.end(), {static_cast<hsize_t>(tokens.begin), 0});
+    count.insert(count.end(),
+                 {static_cast<hsize_t>(tokens.size()), static_cast<hsize_t>(shape.back())});
     try {
-      if (type != StoredType::bf16) return set->read_block(start, count, out);
-      std::vector<std::uint16_t> raw(count[2] * count[3]);
-      set->read_block(start, count, raw.data());
+      if (type != StoredType::bf16) return set->read_block(start.data(), count.data(), out);
+      std::vector<std::uint16_t> raw(static_cast<std::size_t>(tokens.size() * shape.back()));
+      set->read_block(start.data(), count.data(), raw.data());
       for (std::size_t i = 0; i < raw.size(); ++i) out[i] = bf16_to_f32(raw[i]);
     } catch (const h5::FileError& e) {
       // Checked at open; a failure here is the file changing under the run: a runtime error.
@@ -86,25 +94,35 @@ H5Tensor open_tensor(const std::shared_ptr<H5File>& file, const std::string& pat
 
 }  // namespace
 
-void open_hdf5(const std::string& path, const ModelDims& dims, FileInputs& in) {
+void open_hdf5(const std::string& path, const ModelDims& dims, bool layer, FileInputs& in) {
   auto file = std::make_shared<H5File>();
   file->id = h5::open_file(path);
   const hid_t id = file->id.get();
   const std::string base = h5::exists(id, "inputs") ? "/inputs/" : "/";
-  const H5Tensor q = open_tensor(file, path, base + "q"), k = open_tensor(file, path, base + "k"),
-                 v = open_tensor(file, path, base + "v");
-  check_shapes(path, q.set->shape(), k.set->shape(), v.set->shape(), dims, in.file);
-  const std::optional<std::int64_t> rope_q = attribute<std::int64_t>(*q.set, "rope_applied");
-  if ((rope_q != 0 && rope_q != 1) || attribute<std::int64_t>(*k.set, "rope_applied") != rope_q) {
-    throw UsageError(path + ": " + base + "q and " + base +
-                     "k need an integer attribute rope_applied, 1 or 0, the same on both (are "
-                     "they stored after RoPE?)");
+  const bool has_qkv = h5::exists(id, base + "q"), has_hidden = h5::exists(id, base + "hidden");
+  if (layer ? !has_hidden : !has_qkv && has_hidden)
+    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
+  if (layer) {
+    const H5Tensor x = open_tensor(file, path, base + "hidden");
+    check_hidden_shape(path, x.set->shape(), dims, in.file);
+    in.file.dtype = type_name(x.type);
+    in.hidden = std::bind_front(&H5Tensor::read_rows, x);
+  } else {
+    const H5Tensor q = open_tensor(file, path, base + "q"), k = open_tensor(file, path, base + "k"),
+                   v = open_tensor(file, path, base + "v");
+    check_shapes(path, q.set->shape(), k.set->shape(), v.set->shape(), dims, in.file);
+    const std::optional<std::int64_t> rope_q = attribute<std::int64_t>(*q.set, "rope_applied");
+    if ((rope_q != 0 && rope_q != 1) || attribute<std::int64_t>(*k.set, "rope_applied") != rope_q) {
+      throw UsageError(path + ": " + base + "q and " + base +
+                       "k need an integer attribute rope_applied, 1 or 0, the same on both (are "
+                       "they stored after RoPE?)");
+    }
+    in.file.rope_applied = rope_q == 1;
+    in.file.dtype = type_name(q.type);
+    in.q = std::bind_front(&H5Tensor::read_rows, q);
+    in.k = std::bind_front(&H5Tensor::read_rows, k);
+    in.v = std::bind_front(&H5Tensor::read_rows, v);
   }
-  in.file.rope_applied = rope_q == 1;
-  in.file.dtype = type_name(q.type);
-  in.q = std::bind_front(&H5Tensor::read_rows, q);
-  in.k = std::bind_front(&H5Tensor::read_rows, k);
-  in.v = std::bind_front(&H5Tensor::read_rows, v);
   const std::string positions = base + "positions";
   if (h5::exists(id, positions)) {
     const h5::Dataset set(id, positions, path);

@@ -1,5 +1,6 @@
 // A directory of .npy files: q.npy, k.npy, v.npy (float32 or float16, C order), optional
-// positions.npy (integers, [B, S]), and inputs.json {"rope_applied": true|false}.
+// positions.npy (integers, [B, S]), and inputs.json {"rope_applied": true|false}; or, for the
+// layer, hidden.npy [B, S, hidden] and optional positions.npy (no inputs.json needed).
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -32,9 +33,22 @@ NpyHeader header_of(const RawFile& file) {
   return h;
 }
 
-}  // namespace
+// `p`, a float32 or float16 .npy file, as a RawTensor of its shape.
+RawTensor float_tensor(const std::filesystem::path& p) {
+  RawTensor r;
+  r.file = std::make_shared<RawFile>(p.string());
+  const NpyHeader h = header_of(*r.file);
+  if (h.kind != 'f' || h.itemsize == 8)
+    throw UsageError(p.string() +
+                     ": must hold float32 or float16 (a bfloat16 file: HDF5 or safetensors)");
+  r.type = h.itemsize == 4 ? StoredType::f32 : StoredType::f16;
+  r.shape = h.shape;
+  r.offset = h.data_offset;
+  return r;
+}
 
-void open_npy_directory(const std::string& path, const ModelDims& dims, FileInputs& in) {
+// q.npy, k.npy, v.npy and inputs.json's rope_applied.
+void open_qkv(const std::string& path, const ModelDims& dims, FileInputs& in) {
   namespace fs = std::filesystem;
   const fs::path dir(path);
   const fs::path meta = dir / "inputs.json";
@@ -61,19 +75,28 @@ void open_npy_directory(const std::string& path, const ModelDims& dims, FileInpu
   for (int i = 0; i < 3; ++i) {
     const fs::path p = dir / (std::string(names[i]) + ".npy");
     if (!fs::exists(p)) throw UsageError(path + ": no " + names[i] + ".npy");
-    RawTensor& r = tensors[i];
-    r.file = std::make_shared<RawFile>(p.string());
-    const NpyHeader h = header_of(*r.file);
-    if (h.kind != 'f' || h.itemsize == 8)
-      throw UsageError(p.string() +
-                       ": must hold float32 or float16 (a bfloat16 file: HDF5 or "
-                       "safetensors)");
-    r.type = h.itemsize == 4 ? StoredType::f32 : StoredType::f16;
-    r.shape = h.shape;
-    r.offset = h.data_offset;
+    tensors[i] = float_tensor(p);
   }
   check_shapes(path, tensors[0].shape, tensors[1].shape, tensors[2].shape, dims, in.file);
   use_raw_tensors(in, tensors);
+}
+
+}  // namespace
+
+void open_npy_directory(const std::string& path, const ModelDims& dims, bool layer,
+                        FileInputs& in) {
+  namespace fs = std::filesystem;
+  const fs::path dir(path);
+  const bool has_qkv = fs::exists(dir / "q.npy"), has_hidden = fs::exists(dir / "hidden.npy");
+  if (layer ? !has_hidden : !has_qkv && has_hidden)
+    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
+  if (layer) {
+    RawTensor hidden = float_tensor(dir / "hidden.npy");
+    check_hidden_shape(path, hidden.shape, dims, in.file);
+    use_raw_hidden(in, std::move(hidden));
+  } else {
+    open_qkv(path, dims, in);
+  }
 
   const fs::path pos = dir / "positions.npy";
   if (fs::exists(pos)) {

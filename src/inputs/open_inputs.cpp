@@ -33,6 +33,30 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
   file.seq_len = q[2];
 }
 
+void check_hidden_shape(const std::string& path, const std::vector<std::int64_t>& shape,
+                        const ModelDims& dims, InputFileInfo& file) {
+  if (shape.size() != 3 || shape[0] < 1 || shape[1] < 1 || shape[2] != dims.hidden_size) {
+    throw UsageError(path + ": hidden has shape " + shape_text(shape) + "; " + dims.name +
+                     " needs [B, S, " + std::to_string(dims.hidden_size) + "]");
+  }
+  if (shape[0] > (1 << 20))
+    throw UsageError(path + ": B = " + std::to_string(shape[0]) + " sequences");
+  file.batch = static_cast<int>(shape[0]);
+  file.seq_len = shape[1];
+  file.hidden = true;
+}
+
+void wrong_kind(const std::string& path, bool layer, bool has_other) {
+  if (layer) {
+    throw UsageError(
+        path + ": no hidden [B, S, hidden]: --scope layer reads the layer's hidden " + "states" +
+        (has_other ? " (this file holds the core's q, k, v: drop --scope layer)" : ""));
+  }
+  throw UsageError(
+      path + ": no q, k, v" +
+      (has_other ? " (this file holds the layer's hidden states: add --scope layer)" : ""));
+}
+
 void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,
                    std::vector<std::int64_t> values, FileInputs& in) {
   const InputFileInfo& file = in.file;
@@ -54,7 +78,7 @@ void use_positions(const std::string& path, const std::vector<std::int64_t>& sha
 }  // namespace input_files
 
 std::shared_ptr<const InputSource> open_input_file(const std::string& path, const ModelDims& dims,
-                                                   bool fingerprint) {
+                                                   bool layer, bool fingerprint) {
   namespace fs = std::filesystem;
   using namespace input_files;
   std::error_code ec;
@@ -65,10 +89,13 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
   std::vector<std::string> files{path};
   if (fs::is_directory(st)) {
     in->file.format = "npy";
-    open_npy_directory(path, dims, *in);
+    open_npy_directory(path, dims, layer, *in);
     // Every file the directory's inputs are read from, in a fixed order.
     files.clear();
-    for (const char* name : {"inputs.json", "q.npy", "k.npy", "v.npy", "positions.npy"}) {
+    const std::vector<const char*> names =
+        layer ? std::vector<const char*>{"inputs.json", "hidden.npy", "positions.npy"}
+              : std::vector<const char*>{"inputs.json", "q.npy", "k.npy", "v.npy", "positions.npy"};
+    for (const char* name : names) {
       const fs::path f = fs::path(path) / name;
       if (fs::exists(f, ec)) files.push_back(f.string());
     }
@@ -81,7 +108,7 @@ std::shared_ptr<const InputSource> open_input_file(const std::string& path, cons
                       std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0;
     std::fclose(f);
     in->file.format = hdf5 ? "hdf5" : "safetensors";
-    hdf5 ? open_hdf5(path, dims, *in) : open_safetensors(path, dims, *in);
+    hdf5 ? open_hdf5(path, dims, layer, *in) : open_safetensors(path, dims, layer, *in);
   }
   for (const std::string& f : files) in->file.size_bytes += fs::file_size(f, ec);
   if (fingerprint) in->file.sha256 = sha256_files(files).sha256;

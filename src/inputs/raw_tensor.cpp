@@ -70,7 +70,9 @@ void RawFile::read(std::uint64_t offset, void* out, std::size_t bytes) const {
 }
 
 void RawTensor::read_rows(int b, std::int64_t h, Range tokens, float* out) const {
-  const std::int64_t heads = shape[1], seq = shape[2], dim = shape[3];
+  const bool per_head = shape.size() == 4;
+  const std::int64_t heads = per_head ? shape[1] : 1, seq = shape[per_head ? 2 : 1],
+                     dim = shape.back();
   const int size = type_bytes(type);
   const std::uint64_t first =
       static_cast<std::uint64_t>(((b * heads + h) * seq + tokens.begin) * dim);
@@ -89,6 +91,11 @@ void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]) {
   in.q = std::bind_front(&RawTensor::read_rows, tensors[0]);
   in.k = std::bind_front(&RawTensor::read_rows, tensors[1]);
   in.v = std::bind_front(&RawTensor::read_rows, tensors[2]);
+}
+
+void use_raw_hidden(FileInputs& in, RawTensor hidden) {
+  in.file.dtype = type_name(hidden.type);
+  in.hidden = std::bind_front(&RawTensor::read_rows, std::move(hidden));
 }
 
 std::vector<std::int64_t> read_integers(const RawFile& file, std::uint64_t offset,

@@ -43,13 +43,15 @@ struct RawTensor {
   std::shared_ptr<RawFile> file;
   std::uint64_t offset = 0;  // of element [0, 0, 0, 0]
   StoredType type = StoredType::f32;
-  std::vector<std::int64_t> shape;  // [B, H, S, D]
+  std::vector<std::int64_t> shape;  // [B, H, S, D], or [B, S, hidden]: one head
   /// Rows `tokens` of (b, h) into out ([tokens.size()][D]).
   void read_rows(int b, std::int64_t h, Range tokens, float* out) const;
 };
 
 /// Points `in`'s q, k and v readers at the three tensors and records their dtype (q's).
 void use_raw_tensors(FileInputs& in, const RawTensor (&tensors)[3]);
+/// Points `in`'s hidden reader at `hidden` ([B, S, hidden]) and records its dtype.
+void use_raw_hidden(FileInputs& in, RawTensor hidden);
 
 /// A safetensors file (an 8-byte little-endian header length N, N bytes of JSON {name: {dtype,
 /// shape, data_offsets}}, then the tensors' bytes): its header, and where the bytes begin.

@@ -63,52 +63,72 @@ SafetensorsFile open_safetensors_file(const std::string& path, const std::string
   return f;
 }
 
-void open_safetensors(const std::string& path, const ModelDims& dims, FileInputs& in) {
+namespace {
+
+// Tensor `name`'s dtype and shape (its bytes are placed once the shapes are checked).
+RawTensor tensor_entry(const json::Value& header, const std::string& path, const char* name) {
+  const std::string where = path + ": tensor " + name;
+  if (!header.contains(name)) throw UsageError(path + ": no tensor \"" + name + "\"");
+  const json::Value& t = header.at(name);
+  if (!t.is_object() || !t.contains("dtype") || !t.at("dtype").is_string())
+    throw UsageError(where + ": no dtype");
+  const std::string dtype = t.at("dtype").as_string();
+  if (dtype != "F32" && dtype != "F16" && dtype != "BF16")
+    throw UsageError(where + ": dtype " + dtype + " (reads F32, F16 and BF16)");
+  RawTensor r;
+  r.type = dtype == "F32" ? StoredType::f32 : dtype == "F16" ? StoredType::f16 : StoredType::bf16;
+  r.shape = shape_of(t, where);
+  return r;
+}
+
+// Where tensor `name` (`r`, its shape checked) begins in the file.
+void place(RawTensor& r, const SafetensorsFile& st, const std::string& path, const char* name) {
+  std::uint64_t count = 1;
+  for (const std::int64_t d : r.shape) count *= static_cast<std::uint64_t>(d);
+  r.file = st.file;
+  r.offset = offset_of(st.header.at(name), st.base, count * type_bytes(r.type), *st.file,
+                       path + ": tensor " + name);
+}
+
+}  // namespace
+
+void open_safetensors(const std::string& path, const ModelDims& dims, bool layer, FileInputs& in) {
   const SafetensorsFile st =
       open_safetensors_file(path, "not HDF5, safetensors or a .npy directory");
   const std::shared_ptr<RawFile>& file = st.file;
   const json::Value& header = st.header;
   const std::uint64_t base = st.base;
+  const bool has_qkv = header.contains("q"), has_hidden = header.contains("hidden");
+  if (layer ? !has_hidden : !has_qkv && has_hidden)
+    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
 
-  // RoPE: stated in the metadata, or the file is refused.
-  const json::Value* meta = header.contains("__metadata__") ? &header.at("__metadata__") : nullptr;
-  if (meta == nullptr || !meta->is_object() || !meta->contains("rope_applied") ||
-      !meta->at("rope_applied").is_string()) {
-    throw UsageError(path +
-                     ": __metadata__ must say \"rope_applied\": \"true\" or \"false\" "
-                     "(are q and k stored after RoPE?)");
-  }
-  const std::string rope = meta->at("rope_applied").as_string();
-  if (rope != "true" && rope != "false" && rope != "1" && rope != "0")
-    throw UsageError(path + ": __metadata__ rope_applied is \"" + rope + "\", not true or false");
-  in.file.rope_applied = rope == "true" || rope == "1";
+  if (layer) {  // the layer applies RoPE itself: no rope_applied to say
+    RawTensor hidden = tensor_entry(header, path, "hidden");
+    check_hidden_shape(path, hidden.shape, dims, in.file);
+    place(hidden, st, path, "hidden");
+    use_raw_hidden(in, std::move(hidden));
+  } else {
+    // RoPE: stated in the metadata, or the file is refused.
+    const json::Value* meta =
+        header.contains("__metadata__") ? &header.at("__metadata__") : nullptr;
+    if (meta == nullptr || !meta->is_object() || !meta->contains("rope_applied") ||
+        !meta->at("rope_applied").is_string()) {
+      throw UsageError(path +
+                       ": __metadata__ must say \"rope_applied\": \"true\" or \"false\" "
+                       "(are q and k stored after RoPE?)");
+    }
+    const std::string rope = meta->at("rope_applied").as_string();
+    if (rope != "true" && rope != "false" && rope != "1" && rope != "0")
+      throw UsageError(path + ": __metadata__ rope_applied is \"" + rope + "\", not true or false");
+    in.file.rope_applied = rope == "true" || rope == "1";
 
-  RawTensor tensors[3];
-  const char* names[3] = {"q", "k", "v"};
-  for (int i = 0; i < 3; ++i) {
-    const std::string where = path + ": tensor " + names[i];
-    if (!header.contains(names[i])) throw UsageError(path + ": no tensor \"" + names[i] + "\"");
-    const json::Value& t = header.at(names[i]);
-    if (!t.is_object() || !t.contains("dtype") || !t.at("dtype").is_string())
-      throw UsageError(where + ": no dtype");
-    const std::string dtype = t.at("dtype").as_string();
-    if (dtype != "F32" && dtype != "F16" && dtype != "BF16")
-      throw UsageError(where + ": dtype " + dtype + " (reads F32, F16 and BF16)");
-    tensors[i].type = dtype == "F32"   ? StoredType::f32
-                      : dtype == "F16" ? StoredType::f16
-                                       : StoredType::bf16;
-    tensors[i].shape = shape_of(t, where);
+    const char* names[3] = {"q", "k", "v"};
+    RawTensor tensors[3];
+    for (int i = 0; i < 3; ++i) tensors[i] = tensor_entry(header, path, names[i]);
+    check_shapes(path, tensors[0].shape, tensors[1].shape, tensors[2].shape, dims, in.file);
+    for (int i = 0; i < 3; ++i) place(tensors[i], st, path, names[i]);
+    use_raw_tensors(in, tensors);
   }
-  check_shapes(path, tensors[0].shape, tensors[1].shape, tensors[2].shape, dims, in.file);
-  for (int i = 0; i < 3; ++i) {
-    RawTensor& r = tensors[i];
-    std::uint64_t count = 1;
-    for (const std::int64_t d : r.shape) count *= static_cast<std::uint64_t>(d);
-    r.file = file;
-    r.offset = offset_of(header.at(names[i]), base, count * type_bytes(r.type), *file,
-                         path + ": tensor " + names[i]);
-  }
-  use_raw_tensors(in, tensors);
 
   if (header.contains("positions")) {
     const json::Value& t = header.at("positions");

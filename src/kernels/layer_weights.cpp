@@ -169,11 +169,19 @@ Problem with_layer_weights(Problem problem) {
 }
 
 void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* row) {
+  layer_hidden_rows(problem, b, Range{pos, pos + 1}, row);
+}
+
+void layer_hidden_rows(const Problem& problem, int b, Range tokens, float* rows) {
+  if (problem.inputs) return problem.inputs->read_rows(TensorId::hidden, b, 0, tokens, rows);
   const std::int64_t hidden = problem.dims.hidden_size;
-  const std::int64_t src = input_sequence(TensorId::q, b, pos, shared_prompt_len(problem));
-  bf16_normals(problem.seed, TensorId::hidden,
-               static_cast<std::uint64_t>((src * problem.seq_len + pos) * hidden), hidden, 1.0f,
-               0.0f, row);
+  for (std::int64_t pos = tokens.begin; pos < tokens.end; ++pos) {
+    float* row = rows + (pos - tokens.begin) * hidden;
+    const std::int64_t src = input_sequence(TensorId::q, b, pos, shared_prompt_len(problem));
+    bf16_normals(problem.seed, TensorId::hidden,
+                 static_cast<std::uint64_t>((src * problem.seq_len + pos) * hidden), hidden, 1.0f,
+                 0.0f, row);
+  }
 }
 
 void layer_grad_row(const Problem& problem, int b, std::int64_t pos, float* row) {

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/input_source.h"
 #include "core/model.h"
 
 namespace cpd {
@@ -82,7 +83,16 @@ Problem with_layer_weights(Problem problem);
 
 /// The layer's input of sequence `b` at position `pos`: hidden_size BF16-valued floats. Inside
 /// the shared prompt every sequence's are sequence 0's (input_sequence), so their q, k and v are.
+/// From a file (--inputs, problem.inputs), the stored values widened exactly to FP32.
 void layer_hidden_row(const Problem& problem, int b, std::int64_t pos, float* row);
+/// Rows `tokens` of sequence `b` ([tokens.size()][hidden_size]): layer_hidden_row's, a file's
+/// read at once.
+void layer_hidden_rows(const Problem& problem, int b, Range tokens, float* rows);
+
+/// The RoPE position of token `pos` of sequence `b`: the input file's, else pos.
+inline std::int64_t layer_rope_position(const Problem& problem, int b, std::int64_t pos) {
+  return problem.inputs ? problem.inputs->rope_position(b, pos) : pos;
+}
 
 /// The gradient of the layer's output at (b, pos), where the backward starts: hidden_size
 /// BF16-valued standard normals (a BF16 model's gradients are BF16), never shared between

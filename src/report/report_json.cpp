@@ -307,6 +307,7 @@ Value inputs_json(const InputFileInfo& f) {
                 {"dtype", f.dtype},
                 {"size_bytes", f.size_bytes},
                 {"sha256", f.sha256},
+                {"tensors", f.hidden ? "hidden" : "q, k, v"},
                 {"rope_applied", f.rope_applied},
                 {"positions", f.positions ? "from the file" : "token index"}};
 }

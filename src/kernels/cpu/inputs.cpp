@@ -79,9 +79,9 @@ Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& 
   if (d % 4 != 0) throw std::invalid_argument("generate_shard: head_dim must be a multiple of 4");
   if (tensor == TensorId::lm_head)
     throw std::invalid_argument("generate_shard: lm_head is not a [B, H, S, D] tensor");
+  if (problem.layer) return layer_shard(problem, tensor, shape, precision, pool);
   if (problem.inputs && tensor != TensorId::d_out)
     return read_shard(problem, tensor, shape, precision, pool);
-  if (problem.layer) return layer_shard(problem, tensor, shape, precision, pool);
   const bool rotate = problem.rope && (tensor == TensorId::q || tensor == TensorId::k);
   const bool round = precision == InputPrecision::bf16;
   const bool shaped = problem.distribution != InputDistribution::gaussian &&

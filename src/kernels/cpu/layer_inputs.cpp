@@ -63,8 +63,12 @@ Shard project_shard(const Problem& problem, TensorId tensor, const ShardShape& s
     std::vector<float> x(static_cast<std::size_t>(task.count * hidden));
     std::vector<float> y(static_cast<std::size_t>(task.count * d));
     std::vector<float> cos_row(static_cast<std::size_t>(half)), sin_row(cos_row.size());
-    for (std::int64_t i = 0; i < task.count; ++i)
-      (grad ? layer_grad_row : layer_hidden_row)(problem, b, task.pos + i, x.data() + i * hidden);
+    if (grad) {
+      for (std::int64_t i = 0; i < task.count; ++i)
+        layer_grad_row(problem, b, task.pos + i, x.data() + i * hidden);
+    } else {
+      layer_hidden_rows(problem, b, Range{task.pos, task.pos + task.count}, x.data());
+    }
     for (std::size_t k = 0; k < heads.size(); ++k) {
       project_rows(ProjectionJob{x.data(), task.count, heads[k].w, hidden, y.data()}, hidden, d);
       for (std::int64_t i = 0; i < task.count; ++i) {
@@ -75,7 +79,8 @@ Shard project_shard(const Problem& problem, TensorId tensor, const ShardShape& s
         if (norm) head_rms_norm(row, norm, d, eps, row);
         if (rotate) {
           for (int f = 0; f < half; ++f)
-            rope_cos_sin(task.pos + i, inv_freq[f], cos_row[f], sin_row[f]);
+            rope_cos_sin(layer_rope_position(problem, b, task.pos + i), inv_freq[f], cos_row[f],
+                         sin_row[f]);
           rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
         }
         if (round) {
