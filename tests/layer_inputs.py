@@ -10,9 +10,10 @@ per-sequence RoPE positions, through a small Qwen3-shaped checkpoint (layer_weig
   same oracle at the token index (the positions ignored) is outside it (the control).
 - --dump-inputs under the layer writes /inputs/hidden, and --inputs on that dump gives the
   generated run's bits; one value changed gives other bits (the control).
+- cpdrift-inspect reads the layer's dump: its recomputed figures are the report's.
 - Wrong files are refused: status 2, one line naming the file, nothing written.
 
-usage: layer_inputs.py --cpdrift BIN --mpirun MPIRUN --np N
+usage: layer_inputs.py --cpdrift BIN --inspect INSPECT_BIN --mpirun MPIRUN --np N
 """
 import json
 import os
@@ -120,7 +121,9 @@ def oracle(x, positions, w):
 
 
 def main():
-    args = job_parser().parse_args()
+    parser = job_parser()
+    parser.add_argument("--inspect", required=True)
+    args = parser.parse_args()
     failures = []
 
     def check(ok, what):
@@ -163,12 +166,13 @@ def main():
             return d, report
 
         # The four formats: the same bits, and the report says what was read.
-        digests = {}
+        digests, reports = {}, {}
         for fmt, path in files.items():
             flags = layer + grid + ["--inputs", path]
             if fmt == "hdf5":
                 flags += ["--dump", os.path.join(tmp, "d.h5")]
             digests[fmt], report = bits(flags, fmt.replace(" ", "_"))
+            reports[fmt] = report
             if report is not None:
                 t = report["target"]
                 check(t["batch"] == B and t["seq_len"] == S and t["inputs"]["tensors"] == "hidden"
@@ -198,6 +202,26 @@ def main():
             check(worst <= 1, f"{case}: reference out vs NumPy FP64: within the bound ({worst:.3f} of it)")
             control = np.max(np.abs(got - ignored) / bound)
             check(control > 1, f"the oracle at the token index instead: outside it ({control:.1f}x, the control)")
+            # cpdrift-inspect reads the layer's tensors back: its figures recomputed from the dump
+            # are the report's (the layer output's and every gradient's max |Δ| and digest).
+            r = subprocess.run([args.inspect, "summary", "--json", os.path.join(tmp, "d.h5")],
+                               capture_output=True, text=True)
+            if r.returncode == 0 and reports["hdf5"] is not None:
+                figures = {(c["case_name"], f["figure"]): f["stats"]
+                           for c in json.loads(r.stdout)["cases"] for f in c["figures"]}
+                want, got = {}, {}
+                for c in reports["hdf5"]["cases"]:
+                    named = {"layer.out": c["layer"]["out"]}
+                    for g, v in c["layer"]["backward"]["gradients"].items():
+                        named["layer.backward.gradients." + g] = v
+                    for name, v in named.items():
+                        want[(c["case_name"], name)] = (v["max_abs"], v["digest"])
+                        f = figures.get((c["case_name"], name), {})
+                        got[(c["case_name"], name)] = (f.get("max_abs"), f.get("digest"))
+                check(len(want) >= 8 * 8 and got == want,
+                      f"cpdrift-inspect summary: the layer's {len(want)} figures are the report's")
+            else:
+                check(False, f"cpdrift-inspect summary: exit {r.returncode}: {r.stderr[-500:]}")
         else:
             check(False, "the hdf5 run wrote its dump")
 

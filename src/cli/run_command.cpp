@@ -101,6 +101,7 @@ void annotate_file(TensorDump& dump, const RunReport& r) {
        {"num_query_heads", std::int64_t{p.dims.num_q_heads}},
        {"num_kv_heads", std::int64_t{p.dims.num_kv_heads}},
        {"head_dim", std::int64_t{p.dims.head_dim}},
+       {"hidden_size", std::int64_t{p.dims.hidden_size}},
        {"seed", static_cast<std::int64_t>(p.seed)},
        {"dtype", std::string(to_string(p.dtype))},
        {"rope", p.rope ? "gpt_neox_rotate_half " + rope_text(p.dims.rope) : "not_composed"},

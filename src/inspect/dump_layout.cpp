@@ -72,6 +72,9 @@ DumpProblem read_problem(const DumpAttributes& root, const std::string& file) {
   p.dims.num_q_heads = static_cast<int>(positive(root, "num_query_heads", file, "/"));
   p.dims.num_kv_heads = static_cast<int>(positive(root, "num_kv_heads", file, "/"));
   p.dims.head_dim = static_cast<int>(positive(root, "head_dim", file, "/"));
+  // Absent in dumps written before the layer's tensors had a dump (none of theirs to check).
+  if (find_attribute(root, "hidden_size") != nullptr)
+    p.dims.hidden_size = static_cast<int>(positive(root, "hidden_size", file, "/"));
   // The model names the cases (a dump of another model than the default says which).
   if (const std::string model = optional_text(root, "model"); !model.empty()) p.dims.name = model;
   if (const std::string source = optional_text(root, "model_source"); !source.empty())
@@ -119,14 +122,45 @@ std::int64_t paged_q_len(const DumpAttributes& a, const std::string& file,
   return positive(a, "q_len", file, group);
 }
 
+namespace {
+
+// The extents of the layer's tensors (--scope layer: its output and input, the backward's
+// gradients; engine/layer_leg.cpp), by their shape attribute; empty for a shape not the layer's.
+std::vector<std::int64_t> layer_extents(const TensorInfo& t, const std::string& shape,
+                                        const Problem& p) {
+  const std::int64_t hidden = p.dims.hidden_size, d = p.dims.head_dim;
+  const std::string name = t.path.substr(t.path.rfind('/') + 1);
+  const std::int64_t heads = name[0] == 'q' ? p.dims.num_q_heads : p.dims.num_kv_heads;
+  if (shape == "[B, 1, S, hidden]") return {p.batch, 1, p.seq_len, hidden};
+  if (shape == "[B, S, hidden]") return {p.batch, p.seq_len, hidden};
+  if (shape == "[heads, head_dim, hidden]") return {1, heads, d, hidden};
+  if (shape == "[heads, head_dim, 1]") return {1, heads, d, 1};
+  if (shape == "[heads, hidden, head_dim] (o_proj's columns of each head)")
+    return {1, p.dims.num_q_heads, hidden, d};
+  if (shape == "[head_dim]") return {1, 1, 1, d};
+  return {};
+}
+
+}  // namespace
+
 void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_t q_len,
                   const std::string& file) {
   const DumpAttributes& a = t.attributes;
   const std::string& shape = text(a, "shape", file, t.path);
+  const std::vector<std::int64_t> layer = layer_extents(t, shape, problem);
+  if (!layer.empty()) {
+    if (problem.dims.hidden_size < 1)
+      throw InspectError(file + ": " + t.path + " is the layer's, but / has no hidden_size");
+    if (t.shape != layer) {
+      throw InspectError(file + ": " + t.path + " is " + shape_text(t.shape) + "; the run's " +
+                         shape + " is " + shape_text(layer));
+    }
+  }
   const bool four = t.shape.size() == 4;
   // What the writers call each axis: S a sequence, Q a paged case's query rows, D the head dim.
-  const bool known = four ? shape == "[B, H, S, D]" || shape == "[B, H, Q, D]"
-                          : shape == "[B, H, S]" || shape == "[B, 1, S]" || shape == "[B, H, Q]";
+  const bool known = !layer.empty() ||
+                     (four ? shape == "[B, H, S, D]" || shape == "[B, H, Q, D]"
+                           : shape == "[B, H, S]" || shape == "[B, 1, S]" || shape == "[B, H, Q]");
   if (!known) {
     throw InspectError(file + ": " + t.path + " has rank " + std::to_string(t.shape.size()) +
                        " but its shape attribute says " + shape);
@@ -141,6 +175,7 @@ void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_
       text(a, "stored_dtype", file, t.path) != "float32") {
     throw InspectError(file + ": " + t.path + ": stored_dtype is not float32");
   }
+  if (!layer.empty()) return;  // its extents checked above
   // The extents the problem implies: heads by the `heads` attribute (the inputs by name).
   std::int64_t heads = problem.dims.num_q_heads;
   const std::string kind = optional_text(a, "heads");

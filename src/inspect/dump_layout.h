@@ -11,7 +11,8 @@
 namespace cpd::inspect::layout {
 
 /// The root's attributes: schema_version (this tool's schema), batch, seq_len, num_query_heads,
-/// num_kv_heads, head_dim, seed, dtype; producer, created_at_utc and command when present.
+/// num_kv_heads, head_dim, seed, dtype; producer, created_at_utc, command and hidden_size when
+/// present.
 DumpProblem read_problem(const DumpAttributes& root, const std::string& file);
 
 /// A prefill case group's attributes: tp_world_size, cp_world_size, split (an integer or
@@ -25,7 +26,8 @@ std::int64_t paged_q_len(const DumpAttributes& attributes, const std::string& fi
 
 /// A tensor's attributes (shape, original_dtype, stored_dtype, heads) and extents against the
 /// problem: [B, H, S(, D)] with H the query heads, KV heads or 1 as `heads` says, S the
-/// sequence (q_len in paged cases). Sets `t.bf16`.
+/// sequence (q_len in paged cases); the layer's by their shape attribute ([B, 1, S, hidden],
+/// [B, S, hidden], the weight gradients'), against the root's hidden_size. Sets `t.bf16`.
 void check_tensor(TensorInfo& t, const Problem& problem, bool paged, std::int64_t q_len,
                   const std::string& file);
 

@@ -177,9 +177,18 @@ struct DumpFile::Impl {
     }
   }
 
+  // A leg's tensors; the layer's legs (layer, layer_backward) hold a group each for the
+  // candidate and the reference (layer/candidate/out), one level deeper.
   void load_tensors(const std::string& group, const CaseInfo* in_case, std::int64_t q_len = 0) {
+    const std::string leg = group.substr(group.rfind('/') + 1);
+    const bool layer_leg = in_case != nullptr && (leg == "layer" || leg == "layer_backward");
     for (const h5::Member& m : h5::members(file.get(), group, path)) {
       const std::string at = group + "/" + m.name;
+      if (layer_leg && m.kind == h5::Kind::group &&
+          (m.name == "candidate" || m.name == "reference")) {
+        load_tensors(at, nullptr);
+        continue;
+      }
       if (m.kind != h5::Kind::dataset) throw InspectError(path + ": " + at + " is not a dataset");
       TensorInfo t = describe(at);
       layout::check_tensor(t, problem.problem, in_case != nullptr && in_case->paged, q_len, path);

@@ -89,6 +89,14 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
     add(lane + "vs_canonical_bf16." + g, "candidate_fp32/" + g, base + "te_p2p_backward/" + g,
         false, std::nullopt, true);
   }
+  // The layer (--scope layer): its output, and the backward's every gradient, against the same
+  // arithmetic from the CP=1 reference.
+  add("layer.out", "layer/candidate/out", base + "layer/reference/out", true);
+  for (const std::string g : {"dx", "q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias",
+                              "v_bias", "q_norm", "k_norm"}) {
+    add("layer.backward.gradients." + g, "layer_backward/candidate/" + g,
+        base + "layer_backward/reference/" + g, true);
+  }
   // The logprobs' active tokens: every sequence's but its first.
   add("dlogp.drift", "candidate/logp", base + "reference/logp", true,
       std::vector<Range>{Range{1, p.seq_len}});
