@@ -1,19 +1,22 @@
 // The CUDA backend against the CPU backend: bitwise where the contract says bitwise (inputs,
-// the FP32 forward, fold, merge, backward, projection), a stated tolerance for the tensor-core
-// and cuBLAS paths, topology invariance on the GPU with a negative control, and the paged
-// (rollout) lanes and their invariances.
+// the FP32 forward, fold, merge, backward, projection, the layer), a stated tolerance for the
+// tensor-core and cuBLAS paths, topology invariance on the GPU with a negative control, and the
+// paged (rollout) lanes and their invariances.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "case_digests.h"
+#include "cpdrift/bf16.h"
 #include "engine/backward.h"
 #include "engine/case_runner.h"
 #include "engine/paged/paged_case.h"
 #include "fp64_attention.h"
 #include "kernels/attention_backend.h"
+#include "kernels/layer_weights.h"
 #include "random_rows.h"
 #include "recorded_run.h"
 #include "report/run_report.h"
@@ -301,4 +304,88 @@ TEST_CASE(
       CHECK(inv.bitwise_equal());
     }
   }
+}
+
+TEST_CASE(
+    "the layer on the GPU: q, k, v and dO from its projections, the output and every gradient, "
+    "bit for bit the CPU's") {
+  // --dtype fp32: the candidate is the FP32 path, whose bits the contract fixes on both devices
+  // (the BF16 one is the tensor-core kernel's own).
+  Problem p = testing::small_layer();
+  p.dtype = DType::fp32;
+  p.seq_len = 640;  // the device's projection tasks of 512 rows: more than one
+  const ShardShape part{p.batch, Range{2, 6}, {Range{0, 600}, Range{620, 640}}, p.dims.head_dim};
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
+    for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16}) {
+      CAPTURE(static_cast<int>(t));
+      const ShardShape shape = t == TensorId::k || t == TensorId::v
+                                   ? ShardShape{p.batch, Range{1, 3}, part.tokens, part.width}
+                                   : part;
+      CHECK(same_bits(backends().gpu->generate_shard(p, t, shape, prec).data,
+                      backends().cpu->generate_shard(p, t, shape, prec).data));
+    }
+  }
+  p.seq_len = 64;
+  const auto run = [&](AttentionBackend& backend) {
+    InputStore inputs(p, backends().pool, backend);
+    InProcessTransport transport;
+    LocalCp1Results cp1;
+    LocalCp1Backward cp1_backward;
+    const LocalCollectives one;
+    RunContext ctx{p, backends().pool, inputs, transport, one, cp1};
+    ctx.cp1_backward = &cp1_backward;
+    return testing::recorded_case(ctx, CaseSpec{2, 2, 16, CpLayout::zigzag, Protocol::ag_rs});
+  };
+  const CaseResult gpu = run(*backends().gpu), cpu = run(*backends().cpu);
+  REQUIRE(gpu.layer.available);
+  REQUIRE(cpu.layer.available);
+  CHECK(gpu.layer.out.digest == cpu.layer.out.digest);
+  REQUIRE(gpu.layer.backward.size() == cpu.layer.backward.size());
+  CHECK(gpu.layer.backward.size() >= 8);
+  for (std::size_t i = 0; i < gpu.layer.backward.size(); ++i) {
+    CAPTURE(gpu.layer.backward[i].first);
+    CHECK(gpu.layer.backward[i].second.digest == cpu.layer.backward[i].second.digest);
+  }
+}
+
+TEST_CASE(
+    "the layer's cuBLAS BF16 projection: within FP32 accumulation of the BF16 products, "
+    "the same bits run to run") {
+  // A q_proj head's shape: rows of the hidden size against D weight rows. The products of BF16
+  // values are exact in FP32, so in any order the sum is within (hidden − 1)·u·Σ|x·w| of FP64's.
+  constexpr int kHidden = 4096, kOut = 128;
+  constexpr std::int64_t kRows = 96;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(kRows * kHidden), w(kOut * kHidden);
+  for (float& v : x) v = normal(gen);
+  for (float& v : w) v = normal(gen) / 64;
+  std::vector<float> z(kRows * kOut), again(z.size());
+  REQUIRE(backends().gpu->has_bf16_gemm_projection());
+  CHECK_FALSE(backends().cpu->has_bf16_gemm_projection());
+  const ProjectionJob job{x.data(), kRows, w.data(), kHidden, z.data()};
+  backends().gpu->project_heads_bf16_gemm({&job, 1}, kHidden, kOut);
+  const ProjectionJob job2{x.data(), kRows, w.data(), kHidden, again.data()};
+  backends().gpu->project_heads_bf16_gemm({&job2, 1}, kHidden, kOut);
+  CHECK(same_bits(z, again));
+  const double u = std::ldexp(1.0, -24);
+  double worst = 0;
+  for (std::int64_t r = 0; r < kRows; ++r) {
+    for (int o = 0; o < kOut; ++o) {
+      double exact = 0, magnitude = 0;
+      for (int i = 0; i < kHidden; ++i) {
+        const double t =
+            static_cast<double>(round_bf16(x[r * kHidden + i])) * round_bf16(w[o * kHidden + i]);
+        exact += t;
+        magnitude += std::fabs(t);
+      }
+      worst = std::max(worst, std::fabs(z[r * kOut + o] - exact) / ((kHidden - 1) * u * magnitude));
+    }
+  }
+  CHECK(worst <= 1.0);
+  // The canonical FP32 projection of the unrounded values is another result (the control).
+  std::vector<float> canonical(z.size());
+  const ProjectionJob fp32{x.data(), kRows, w.data(), kHidden, canonical.data()};
+  backends().gpu->project_heads({&fp32, 1}, kHidden, kOut);
+  CHECK_FALSE(same_bits(z, canonical));
 }

@@ -15,7 +15,9 @@
 #include "cpdrift/rope.h"
 #include "engine/layer_logprobs.h"
 #include "engine/o_proj.h"
+#include "kernels/attention_backend.h"
 #include "kernels/cpu/inputs.h"
+#include "kernels/cpu/layer_inputs.h"
 #include "kernels/cpu/logprob_rows.h"
 #include "kernels/layer_weights.h"
 
@@ -108,6 +110,54 @@ TEST_CASE("layer inputs: the projection against FP64, within n·u·Σ|x·w| + u�
   }
   CHECK(worst <= 1.0);
   CHECK(worst > 0.0);  // the oracle sees the FP32 rounding: it is a comparison, not a copy
+}
+
+TEST_CASE(
+    "layer inputs: a device's projector (the CUDA backend's seam) gives the CPU tiles' bits") {
+  // What the CUDA backend does (kernels/cuda/cuda_backend.cu): layer_shard with its projections
+  // handed to a backend's project_heads, tasks of 512 rows one at a time. Here the CPU backend's
+  // project_heads stands in for the device's; the GPU suite checks the device's (test_gpu.cpp).
+  ThreadPool pool(2);
+  Problem p = small_layer();
+  p.seq_len = 1200;  // tasks of 512, 512 and 176 rows in the first range
+  const std::unique_ptr<AttentionBackend> cpu = make_cpu_backend(pool);
+  int calls = 0;
+  const LayerProjector projector = [&](std::span<const ProjectionJob> jobs, int dim, int out) {
+    ++calls;
+    cpu->project_heads(jobs, dim, out);
+  };
+  const ShardShape part{p.batch, Range{2, 6}, {Range{0, 1100}, Range{1150, 1200}}, p.dims.head_dim};
+  for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
+    for (const InputPrecision precision : {InputPrecision::fp32, InputPrecision::bf16}) {
+      CAPTURE(static_cast<int>(t));
+      const ShardShape shape = t == TensorId::k || t == TensorId::v
+                                   ? ShardShape{p.batch, Range{1, 3}, part.tokens, part.width}
+                                   : part;
+      calls = 0;
+      const Shard via = layer_shard(p, t, shape, precision, pool, projector);
+      CHECK(calls == p.batch * 4);  // (3 + 1 tasks) per sequence, every head in one call
+      CHECK(std::memcmp(via.data.data(), generate_shard(p, t, shape, precision, pool).data.data(),
+                        via.data.size() * sizeof(float)) == 0);
+    }
+  }
+  // The control: a split-K projector (two half sums added, what a shape-dependent GEMM may do).
+  const LayerProjector split_k = [](std::span<const ProjectionJob> jobs, int dim, int out) {
+    const int half = dim / 2;
+    for (const ProjectionJob& j : jobs) {
+      for (std::int64_t r = 0; r < j.rows; ++r) {
+        for (int v = 0; v < out; ++v) {
+          const float* x = j.hidden + r * dim;
+          const float* w = j.w + v * j.ldw;
+          j.z[r * out + v] = dot_seq(x, w, half) + dot_seq(x + half, w + half, dim - half);
+        }
+      }
+    }
+  };
+  CHECK(std::memcmp(
+            layer_shard(p, TensorId::q, part, InputPrecision::fp32, pool, split_k).data.data(),
+            generate_shard(p, TensorId::q, part, InputPrecision::fp32, pool).data.data(),
+            static_cast<std::size_t>(part.batch * part.heads.size() * 1150 * p.dims.head_dim) *
+                sizeof(float)) != 0);
 }
 
 TEST_CASE("layer inputs: a shard of heads and tokens is the same slice of the whole") {

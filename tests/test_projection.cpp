@@ -10,10 +10,12 @@
 #include <random>
 #include <vector>
 
+#include "cpdrift/bf16.h"
 #include "cpdrift/logprob_math.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/logprob_rows.h"
 #include "kernels/cpu/projection.h"
+#include "kernels/projection_gemm.h"
 #include "random_rows.h"
 #include "split_mix.h"
 
@@ -298,4 +300,58 @@ TEST_CASE("max_in_order_by_lanes is log_softmax_at's maximum, bit for bit") {
     }
   }
   CHECK(zero_sign_differs > 0);
+}
+
+// cuBLAS's column-major C = op(A) · B, in FP64, as its documentation defines it.
+std::vector<double> column_major_gemm(const ColumnMajorGemm& g, const std::vector<double>& a,
+                                      const std::vector<double>& b) {
+  std::vector<double> c(static_cast<std::size_t>(g.ldc) * g.n);
+  for (int j = 0; j < g.n; ++j) {
+    for (int i = 0; i < g.m; ++i) {
+      double sum = 0;
+      for (int l = 0; l < g.k; ++l) {
+        const double op_a = g.transpose_a ? a[static_cast<std::size_t>(i) * g.lda + l]
+                                          : a[static_cast<std::size_t>(l) * g.lda + i];
+        sum += op_a * b[static_cast<std::size_t>(j) * g.ldb + l];
+      }
+      c[static_cast<std::size_t>(j) * g.ldc + i] = sum;
+    }
+  }
+  return c;
+}
+
+TEST_CASE("the cuBLAS BF16 projection's GEMM: its column-major C is the job's row-major z") {
+  // The GPU runs this shape (kernels/cuda/bf16_projection.cu); here cuBLAS's definition of it
+  // over the packed BF16 values must give z[r][o] = Σ_i x[r][i]·w[o][i] exactly (BF16 products
+  // are exact in FP64 and both sums run over i in order).
+  constexpr int kRows = 5, kDim = 24, kOut = 7, kLdw = 40;
+  std::vector<float> x = random_rows(kRows, 3, kDim), w = random_rows(kOut, 4, kLdw);
+  std::vector<float> z(kRows * kOut);
+  const ProjectionJob job{x.data(), kRows, w.data(), kLdw, z.data()};
+  std::vector<std::uint16_t> xb, wb;
+  pack_projection_bf16(job, kDim, kOut, xb, wb);
+  REQUIRE(xb.size() == std::size_t{kRows * kDim});
+  REQUIRE(wb.size() == std::size_t{kOut * kDim});
+  const auto widen = [](const std::vector<std::uint16_t>& v) {
+    std::vector<double> out;
+    for (const std::uint16_t b : v) out.push_back(bf16_to_f32(b));
+    return out;
+  };
+  const ColumnMajorGemm g = projection_gemm(kRows, kDim, kOut);
+  const std::vector<double> c = column_major_gemm(g, widen(wb), widen(xb));
+  int differ = 0;
+  for (int r = 0; r < kRows; ++r) {
+    for (int o = 0; o < kOut; ++o) {
+      double want = 0;
+      for (int i = 0; i < kDim; ++i)
+        want += static_cast<double>(round_bf16(x[r * kDim + i])) * round_bf16(w[o * kLdw + i]);
+      differ += c[static_cast<std::size_t>(r) * kOut + o] != want;
+    }
+  }
+  CHECK(differ == 0);
+  // The control: A not transposed reads the weights across their rows.
+  ColumnMajorGemm wrong = g;
+  wrong.transpose_a = false;
+  wrong.lda = kOut;
+  CHECK(column_major_gemm(wrong, widen(wb), widen(xb)) != c);
 }

@@ -54,7 +54,7 @@ PagedKvCache paged_copy(const Problem& p, const Inputs& in, int page_size) {
 // "123.4 GFLOP/s" for the FP32 reference (a one-thread-per-row canonical fold), TFLOP/s for
 // the tensor-core and cuBLAS paths.
 std::string throughput(const std::string& path, double flops, double seconds) {
-  const bool giga = path == "fp32_reference";
+  const bool giga = path.find("fp32") != std::string::npos;
   char text[32];
   std::snprintf(text, sizeof text, "%.2f %s", flops / seconds * (giga ? 1e-9 : 1e-12),
                 giga ? "GFLOP/s" : "TFLOP/s");
@@ -64,8 +64,8 @@ std::string throughput(const std::string& path, double flops, double seconds) {
 // The GPU paths at each sequence length, with PyTorch's fastest SDPA backend as the yardstick.
 int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens) {
   std::printf(
-      "# cpdrift bench --device cuda: causal forward, B=%d Hq=%d Hkv=%d D=%d, cuda:0; median of %d "
-      "runs\n",
+      "# cpdrift bench --device cuda: causal forward and the layer's q_proj, B=%d Hq=%d Hkv=%d "
+      "D=%d, cuda:0; median of %d runs\n",
       o.problem.batch, o.problem.dims.num_q_heads, o.problem.dims.num_kv_heads,
       o.problem.dims.head_dim, o.repeats);
   std::printf("# %-8s %-34s %12s %16s\n", "S", "path", "median (ms)", "throughput");
@@ -76,7 +76,8 @@ int bench_cuda(const BenchOptions& o, const std::vector<std::int64_t>& seq_lens)
     double bf16_seconds = 0;
     for (const DeviceBenchFigure& f : cuda_bench(p, o.repeats, 0)) {
       std::printf("  %-8lld %-34s %12.3f %16s\n", static_cast<long long>(s), f.name.c_str(),
-                  f.seconds * 1e3, throughput(f.name, flops, f.seconds).c_str());
+                  f.seconds * 1e3,
+                  throughput(f.name, f.flops > 0 ? f.flops : flops, f.seconds).c_str());
       if (f.name == "bf16_kernel") bf16_seconds = f.seconds;
       std::fflush(stdout);
     }

@@ -119,11 +119,6 @@ RunSession::RunSession(const RunRequest& request, const CommContext& comm)
     }
     context_->te_p2p_backward = true;
   }
-  if (request.problem.layer && std::string(backend_->name()) != "cpu") {
-    throw UsageError(std::string("--scope layer: the layer's projections run on the CPU backend "
-                                 "only for now, not the ") +
-                     backend_->name() + " one (--device cpu)");
-  }
   if (request.include_dlogp) context_->vocab_size = request.vocab_size;
   context_->round_rows = request.round_rows;
   // On a GPU, the FP32 path runs on the CPU too: the report shows the two agree bit for bit.

@@ -51,6 +51,12 @@ class AttentionBackend {
   /// vocabulary block in cache as the heads' partials come out of its projection tile.
   virtual void project_folded(std::span<const FoldedProjectionJob> jobs, int dim, int vocab);
 
+  /// The layer's projections as a production stack runs them: z = x · wᵀ, x and w rounded to
+  /// BF16, one cuBLAS GEMM per job with FP32 compute and output (kernels/projection_gemm.h; not
+  /// the canonical order). GPU backends only.
+  virtual bool has_bf16_gemm_projection() const { return false; }
+  virtual void project_heads_bf16_gemm(std::span<const ProjectionJob> jobs, int dim, int outputs);
+
   /// The cublas_unfused path (design §3): QKᵀ and P·V as BF16 GEMMs with FP32 compute, the
   /// softmax in its own kernel; the jobs' q, k, v hold BF16 values. GPU backends only.
   virtual bool has_unfused_gemm() const { return false; }
@@ -65,10 +71,11 @@ std::unique_ptr<AttentionBackend> make_cpu_backend(ThreadPool& pool);
 std::unique_ptr<AttentionBackend> make_cuda_backend(int device);
 
 /// One timed figure of `cpdrift bench --device cuda`: the median seconds of one causal CP=1
-/// forward over the whole problem.
+/// forward over the whole problem, or of the layer's q_proj over every token.
 struct DeviceBenchFigure {
-  std::string name;  // fp32_reference, bf16_kernel, cublas_unfused
+  std::string name;  // fp32_reference, bf16_kernel, cublas_unfused, q_proj fp32_canonical, …
   double seconds = 0;
+  double flops = 0;  // the figure's work; 0: the attention forward's
 };
 
 /// Times the CUDA paths on `device` with device-resident inputs (CUDA events, median of

@@ -17,6 +17,10 @@ void AttentionBackend::run_unfused_jobs(std::span<const BlockJob>, int, float) {
   throw std::logic_error(std::string("the ") + name() + " backend has no cublas_unfused path");
 }
 
+void AttentionBackend::project_heads_bf16_gemm(std::span<const ProjectionJob>, int, int) {
+  throw std::logic_error(std::string("the ") + name() + " backend has no cuBLAS BF16 projection");
+}
+
 void AttentionBackend::project_folded(std::span<const FoldedProjectionJob> jobs, int dim,
                                       int vocab) {
   for (const FoldedProjectionJob& j : jobs) {

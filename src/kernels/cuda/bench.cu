@@ -1,5 +1,6 @@
 // `cpdrift bench --device cuda`: device-resident inputs, CUDA-event timing of the FP32 canonical
-// kernel, the tensor-core bf16 kernel and the cuBLAS unfused path on the causal CP=1 problem.
+// kernel, the tensor-core bf16 kernel and the cuBLAS unfused path on the causal CP=1 problem, and
+// of the layer's q_proj (canonical FP32 and cuBLAS BF16).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include "kernels/cuda/device_buffer.cuh"
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/cuda/unfused.cuh"
+#include "kernels/layer_weights.h"
+#include "kernels/projection_gemm.h"
 
 namespace cpd {
 namespace {
@@ -190,6 +193,70 @@ double time_cublas(const Problem& p, int repeats, cudaStream_t stream,
   return time_median(repeats, stream, work);
 }
 
+// The layer's q_proj over every token: X [B·S][hidden] against W [Hq·D][hidden], the layer's own
+// hidden states and weights. The canonical FP32 projection (one sequential fma chain an output:
+// the kernel the layer runs on the device) one job a head; the cuBLAS BF16 path as a production
+// stack runs it, one GEMM for the whole projection (kernels/projection_gemm.h).
+std::vector<DeviceBenchFigure> time_q_proj(const Problem& problem, int repeats,
+                                           cudaStream_t stream) {
+  Problem p = with_layer_weights([&] {
+    Problem l = problem;
+    l.layer = true;
+    return l;
+  }());
+  const int hidden = p.dims.hidden_size, d = p.dims.head_dim, hq = p.dims.num_q_heads;
+  const long long rows = static_cast<long long>(p.batch) * p.seq_len, width = hq * d;
+  std::vector<float> x(static_cast<std::size_t>(rows) * hidden),
+      w(static_cast<std::size_t>(width) * hidden);
+  for (int b = 0; b < p.batch; ++b)
+    layer_hidden_rows(p, b, Range{0, p.seq_len}, x.data() + b * p.seq_len * hidden);
+  for (int h = 0; h < hq; ++h) {
+    std::copy_n(p.weights->projection(TensorId::q, h), static_cast<std::size_t>(d) * hidden,
+                w.data() + static_cast<std::size_t>(h) * d * hidden);
+  }
+  const auto dx = DeviceBuffer<float>::from(x), dw = DeviceBuffer<float>::from(w);
+  DeviceBuffer<float> z(static_cast<std::size_t>(rows) * width);
+  const double flops = 2.0 * static_cast<double>(rows) * hidden * static_cast<double>(width);
+  std::vector<DeviceBenchFigure> figures;
+
+  std::vector<cuda::DeviceProjectionJob> jobs;
+  std::vector<Task> tasks;
+  for (int h = 0; h < hq; ++h) {
+    jobs.push_back(cuda::DeviceProjectionJob{
+        dx.data(), rows, dw.data() + static_cast<std::size_t>(h) * d * hidden, hidden,
+        z.data() + static_cast<std::size_t>(h) * rows * d});
+    for (long long r = 0; r < rows; ++r) tasks.push_back(Task{h, static_cast<int>(r)});
+  }
+  const auto dev_jobs = DeviceBuffer<cuda::DeviceProjectionJob>::from(jobs);
+  const auto dev_tasks = DeviceBuffer<Task>::from(tasks);
+  figures.push_back({"q_proj fp32_canonical",
+                     time_median(repeats, stream,
+                                 [&] {
+                                   cuda::project(dev_jobs.data(), dev_tasks.data(),
+                                                 static_cast<long long>(tasks.size()), hidden, d,
+                                                 stream);
+                                 }),
+                     flops});
+
+  const DeviceBuffer<std::uint16_t> x16 = bf16_copy(dx, stream), w16 = bf16_copy(dw, stream);
+  const Cublas owned_handle;
+  CPD_CUBLAS_CHECK(cublasSetStream(owned_handle.h, stream));
+  CPD_CUBLAS_CHECK(cublasSetAtomicsMode(owned_handle.h, CUBLAS_ATOMICS_NOT_ALLOWED));
+  const ColumnMajorGemm g = projection_gemm(rows, hidden, static_cast<int>(width));
+  const float one = 1.0f, zero = 0.0f;
+  figures.push_back({"q_proj cublas_bf16",
+                     time_median(repeats, stream,
+                                 [&] {
+                                   CPD_CUBLAS_CHECK(cublasGemmEx(
+                                       owned_handle.h, CUBLAS_OP_T, CUBLAS_OP_N, g.m, g.n, g.k,
+                                       &one, w16.data(), CUDA_R_16BF, g.lda, x16.data(),
+                                       CUDA_R_16BF, g.ldb, &zero, z.data(), CUDA_R_32F, g.ldc,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                 }),
+                     flops});
+  return figures;
+}
+
 }  // namespace
 
 std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int device) {
@@ -212,6 +279,7 @@ std::vector<DeviceBenchFigure> cuda_bench(const Problem& p, int repeats, int dev
                                     v16 = bf16_copy(v, stream);
   figures.push_back({"bf16_kernel", time_flash(p, repeats, stream, q16, k16, v16, out, lse)});
   figures.push_back({"cublas_unfused", time_cublas(p, repeats, stream, q16, k16, v16)});
+  for (DeviceBenchFigure& f : time_q_proj(p, repeats, stream)) figures.push_back(std::move(f));
   CPD_CUDA_CHECK(cudaStreamSynchronize(stream));
   return figures;
 }

@@ -1,6 +1,7 @@
 // The CUDA backend: the engine's jobs, moved to the device, run by the kernels of this folder,
-// and moved back. The FP32 paths give the CPU backend's bits; the bf16_kernel path is the
-// tensor-core kernel; cublas_unfused is cuBLAS with the softmax in its own kernel.
+// and moved back. The FP32 paths give the CPU backend's bits (the layer's projections too); the
+// bf16_kernel path is the tensor-core kernel; cublas_unfused is cuBLAS with the softmax in its
+// own kernel.
 
 #include <algorithm>
 #include <array>
@@ -9,6 +10,7 @@
 #include "core/errors.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/inputs.h"
+#include "kernels/cpu/layer_inputs.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/cuda/staging.cuh"
@@ -42,6 +44,15 @@ class CudaBackend final : public AttentionBackend {
 
   Shard generate_shard(const Problem& problem, TensorId tensor, const ShardShape& shape,
                        InputPrecision precision) override {
+    if (problem.layer) {
+      // The layer's q, k, v and dO: its projections on the device (project_heads, every output
+      // one fma chain: the CPU's bits), the rows' bias, norm, RoPE and rounding on the host.
+      ThreadPool pool(1);
+      return layer_shard(problem, tensor, shape, precision, pool,
+                         [this](std::span<const ProjectionJob> jobs, int dim, int outputs) {
+                           project_heads(jobs, dim, outputs);
+                         });
+    }
     if (problem.inputs && tensor != TensorId::d_out) {
       // Read from the file on the host (--inputs): the CPU's reader and rounding, the same bits.
       ThreadPool pool(1);
@@ -275,6 +286,11 @@ class CudaBackend final : public AttentionBackend {
     launch_rows(jobs, dev, out, [&](auto* dev_jobs, auto* tasks, long long ntasks) {
       cuda::project(dev_jobs, tasks, ntasks, dim, vocab, stream_);
     });
+  }
+
+  bool has_bf16_gemm_projection() const override { return true; }
+  void project_heads_bf16_gemm(std::span<const ProjectionJob> jobs, int dim, int outputs) override {
+    cuda::project_bf16_gemm(cublas_, stream_, jobs, dim, outputs);
   }
 
   bool has_unfused_gemm() const override { return true; }

@@ -25,4 +25,9 @@ void softmax_rows(const float* s, std::uint16_t* p, float* l, float* lse,
 void run_unfused(cublasHandle_t handle, cudaStream_t stream, std::span<const BlockJob> jobs,
                  int dim, float scale);
 
+/// The layer's projections as one cuBLAS BF16 GEMM per job (bf16_projection.cu): z = x · wᵀ
+/// with x and w rounded to BF16, FP32 compute and output (kernels/projection_gemm.h).
+void project_bf16_gemm(cublasHandle_t handle, cudaStream_t stream,
+                       std::span<const ProjectionJob> jobs, int dim, int outputs);
+
 }  // namespace cpd::cuda
