@@ -14,12 +14,12 @@ gives other bits. The rollout side: trainer TP=2 x CP=2 zigzag against the paged
 TP 1, 2 and 4, bitwise in the layer's output and logprobs where the KV blocks align, drifting
 where they do not. The backward (--include-backward): Qwen3-8B at every TP, CP 1/2/4, both
 layouts on 4 processes (CP 1 and 4, zigzag, on 1), every other model at its least and largest
-TP, CP 1 and 4, zigzag, on 4;
-dX and every weight's gradient one digest each; rank_sums makes TP change dX and CP the weight
+TP, CP 1 and 4, zigzag, on 4 (--full-backward, suite long: every model's whole matrix on 1, 2
+and 4 processes); dX and every weight's gradient one digest each; rank_sums makes TP change dX and CP the weight
 gradients. What the layer does not run yet is refused in
 one line.
 
-Usage: layer_matrix.py --cpdrift BIN --mpirun MPIRUN [--models a,b]
+Usage: layer_matrix.py --cpdrift BIN --mpirun MPIRUN [--models a,b] [--full-backward]
 """
 import argparse
 import json
@@ -83,7 +83,7 @@ def check_model(args, work, name, hq, hkv, backward):
     tps = tp_sizes(hq, hkv)
 
     def flags_for(np):
-        full = not backward or (name == "qwen3-8b" and np == 4)
+        full = not backward or args.full_backward or (name == "qwen3-8b" and np == 4)
         sizes = tps if full or name == "qwen3-8b" else [tps[0], tps[-1]]
         f = [*BASE, "--model", name, "--tp-world-sizes", ",".join(map(str, sizes)),
              "--cp-world-sizes", "1,2,4" if full else "1,4",
@@ -95,7 +95,8 @@ def check_model(args, work, name, hq, hkv, backward):
         return f
 
     seen, logprobs, gradients = set(), set(), {}
-    for np in ((1, 4) if name == "qwen3-8b" else (4,)) if backward else (1, 2, 4):
+    nps = (1, 4) if name == "qwen3-8b" else (4,)
+    for np in nps if backward and not args.full_backward else (1, 2, 4):
         out = os.path.join(work, f"{name}_np{np}{'_bwd' if backward else ''}.json")
         flags = flags_for(np)
         r = run(args, np, flags, out)
@@ -214,9 +215,16 @@ def main():
     parser.add_argument("--cpdrift", required=True)
     parser.add_argument("--mpirun", required=True)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--full-backward", action="store_true",
+                        help="the backward alone, every model's whole matrix on 1, 2 and 4 "
+                             "processes (suite long)")
     args = parser.parse_args()
     failures = []
     with tempfile.TemporaryDirectory() as work:
+        if args.full_backward:
+            for name in args.models.split(","):
+                failures += check_model(args, work, name, *MODELS[name], backward=True)
+            return finish(failures, "layer backward, the whole matrix")
         failures += check_refusals(args, work)
         failures += check_controls(args, work)
         failures += check_pairs(args, work)

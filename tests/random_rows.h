@@ -1,5 +1,5 @@
-// Test support for the kernel tests: seeded rows of standard normals, and bit-for-bit
-// comparison of float buffers.
+// Test support for the kernel tests: seeded rows of standard normals (std's or the generator's),
+// and bit-for-bit comparison of float buffers.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpdrift/bf16.h"
+#include "cpdrift/philox.h"
 
 namespace cpd::testing {
 
@@ -19,6 +20,14 @@ inline std::vector<float> random_rows(std::int64_t rows, std::uint64_t seed, int
   std::normal_distribution<float> normal;
   std::vector<float> v(static_cast<std::size_t>(rows) * dim);
   for (float& x : v) x = bf16 ? round_bf16(normal(rng)) : normal(rng);
+  return v;
+}
+
+/// n of the counter-based generator's standard normals (stream `tensor` of `seed`), times scale.
+inline std::vector<float> philox_normals(std::uint64_t seed, TensorId tensor, std::size_t n,
+                                         float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = normal_at(seed, tensor, i) * scale;
   return v;
 }
 

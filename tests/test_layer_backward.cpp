@@ -22,30 +22,20 @@
 #include "kernels/cpu/token_sums.h"
 #include "kernels/input_store.h"
 #include "kernels/layer_weights.h"
+#include "random_rows.h"
 
 using namespace cpd;
-
-namespace {
+using cpd::testing::philox_normals;
+using cpd::testing::same_bits;
 
 constexpr double kU = 1.0 / (1 << 24);  // FP32's unit roundoff
-
-std::vector<float> normals(std::uint64_t seed, std::size_t n, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = normal_at(seed, TensorId::k, i) * scale;
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-}  // namespace
 
 TEST_CASE("RoPE backward: the rotation's transpose, within 2u of each product's magnitude") {
   // dx1 = dy1·c + dy2·s, dx2 = dy2·c − dy1·s: two rounded products and one rounded sum, so
   // |error| ≤ u·(|a| + |b|)·(1 + u) + u·|a ± b| ≤ 2.01·u·(|a| + |b|).
   const int half = 64;
-  const std::vector<float> g = normals(11, 2 * half), angles = normals(12, half, 3.0f);
+  const std::vector<float> g = philox_normals(11, TensorId::k, 2 * half),
+                           angles = philox_normals(12, TensorId::k, half, 3.0f);
   std::vector<float> c(half), s(half), dx = g;
   for (int i = 0; i < half; ++i) sincos_f32(angles[i], s[i], c[i]);
   rope_unrotate_row(dx.data(), c.data(), s.data(), half);
@@ -68,8 +58,9 @@ TEST_CASE("head norm backward: against FP64's textbook gradient, within (D + 16)
   // dx = r·w·dy − x·r³·Σ(w·dy·x)/D. The FP32 definition's error: r within (D/2 + 8)·u, m a chain
   // of D fmas, a handful of roundings per element: (D + 16)·u of the terms' magnitudes bounds it.
   for (const int dim : {64, 128}) {
-    const std::vector<float> x = normals(21 + dim, dim, 2.0f), dy = normals(22 + dim, dim);
-    std::vector<float> w = normals(23 + dim, dim, 0.125f);
+    const std::vector<float> x = philox_normals(21 + dim, TensorId::k, dim, 2.0f),
+                             dy = philox_normals(22 + dim, TensorId::k, dim);
+    std::vector<float> w = philox_normals(23 + dim, TensorId::k, dim, 0.125f);
     for (float& v : w) v += 1.0f;
     const float eps = 1e-6f;
     std::vector<float> dx(dim), xhat(dim);
@@ -102,8 +93,10 @@ TEST_CASE("token sums: the CPU tiles give the definition's bits; the definition 
     const std::vector<std::int64_t> rows = {16, 5, 32};
     std::int64_t total = 0;
     for (const std::int64_t r : rows) total += r;
-    const std::vector<float> dy = normals(31, static_cast<std::size_t>(total * ld_dy));
-    const std::vector<float> x = normals(32, static_cast<std::size_t>(total * inputs));
+    const std::vector<float> dy =
+        philox_normals(31, TensorId::k, static_cast<std::size_t>(total * ld_dy));
+    const std::vector<float> x =
+        philox_normals(32, TensorId::k, static_cast<std::size_t>(total * inputs));
     TokenSumJob job;
     std::int64_t t = 0;
     for (const std::int64_t r : rows) {
@@ -115,7 +108,8 @@ TEST_CASE("token sums: the CPU tiles give the definition's bits; the definition 
     job.outputs = outputs;
     job.inputs = inputs;
     for (const bool continues : {false, true}) {
-      std::vector<float> tiled = normals(33, static_cast<std::size_t>(outputs * inputs));
+      std::vector<float> tiled =
+          philox_normals(33, TensorId::k, static_cast<std::size_t>(outputs * inputs));
       std::vector<float> defined = tiled;
       const std::vector<float> start = tiled;
       job.continues = continues;
@@ -169,10 +163,10 @@ CoreTensors core_tensors(const Problem& p) {
   };
   CoreTensors t;
   for (int w = 0; w < 2; ++w) {
-    t.dq[w] = normals(100 + w, n(d.num_q_heads), 0.01f);
-    t.dk[w] = normals(110 + w, n(d.num_kv_heads), 0.01f);
-    t.dv[w] = normals(120 + w, n(d.num_kv_heads), 0.01f);
-    t.attention[w] = normals(130 + w, n(d.num_q_heads));
+    t.dq[w] = philox_normals(100 + w, TensorId::k, n(d.num_q_heads), 0.01f);
+    t.dk[w] = philox_normals(110 + w, TensorId::k, n(d.num_kv_heads), 0.01f);
+    t.dv[w] = philox_normals(120 + w, TensorId::k, n(d.num_kv_heads), 0.01f);
+    t.attention[w] = philox_normals(130 + w, TensorId::k, n(d.num_q_heads));
   }
   return t;
 }

@@ -11,32 +11,22 @@
 #include "cpdrift/layer_math.h"
 #include "cpdrift/philox.h"
 #include "kernels/cpu/projection.h"
+#include "random_rows.h"
 
 using namespace cpd;
-
-namespace {
+using cpd::testing::philox_normals;
+using cpd::testing::same_bits;
 
 constexpr double kU = 1.0 / (1 << 24);  // FP32's unit roundoff
-
-std::vector<float> normals(std::uint64_t seed, std::size_t n, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = normal_at(seed, TensorId::q, i) * scale;
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-}  // namespace
 
 TEST_CASE("projection: one fma chain per output, within its FP64 bound") {
   // A sequential chain of n fmas from +0 is within γ_n·Σ|x_i w_i| ≈ n·u·Σ|x_i w_i| of the exact
   // sum; the bias add rounds once more (u of the result).
   const int in = 4096, outputs = 24;
-  const std::vector<float> x = normals(1, in),
-                           w = normals(2, static_cast<std::size_t>(outputs) * in, 0.015625f);
-  const std::vector<float> bias = normals(3, outputs);
+  const std::vector<float> x = philox_normals(1, TensorId::q, in),
+                           w = philox_normals(2, TensorId::q,
+                                              static_cast<std::size_t>(outputs) * in, 0.015625f);
+  const std::vector<float> bias = philox_normals(3, TensorId::q, outputs);
   std::vector<float> y(outputs);
   project_row(x.data(), w.data(), in, in, outputs, bias.data(), y.data());
   for (int o = 0; o < outputs; ++o) {
@@ -58,11 +48,13 @@ TEST_CASE("projection: the tiled CPU kernel gives the definition's bits at the l
   // row are the same whatever rows share the call and whichever shard holds the output.
   for (const int in : {2560, 4096}) {
     const int outputs = 200;  // not a multiple of the kernel's vocabulary block
-    const std::vector<float> w = normals(5, static_cast<std::size_t>(outputs) * in, 0.0156f);
+    const std::vector<float> w =
+        philox_normals(5, TensorId::q, static_cast<std::size_t>(outputs) * in, 0.0156f);
     for (const std::int64_t rows : {1, 17, 40}) {
       CAPTURE(in);
       CAPTURE(rows);
-      const std::vector<float> x = normals(6 + rows, static_cast<std::size_t>(rows) * in);
+      const std::vector<float> x =
+          philox_normals(6 + rows, TensorId::q, static_cast<std::size_t>(rows) * in);
       std::vector<float> tiled(static_cast<std::size_t>(rows) * outputs);
       project_rows(ProjectionJob{x.data(), rows, w.data(), in, tiled.data()}, in, outputs);
       std::vector<float> scalar(tiled.size());
@@ -88,9 +80,9 @@ TEST_CASE("head RMSNorm: within its FP64 bound, in place or not") {
   // add, a sqrt, a division and two products, one rounding each: |y - y64| ≤ (D/2 + 8)·u·|y64|.
   const int dim = 128;
   const float eps = 1e-6f;
-  const std::vector<float> w = normals(9, dim, 0.25f);
+  const std::vector<float> w = philox_normals(9, TensorId::q, dim, 0.25f);
   for (const float scale : {1.0f, 1e-3f, 30.0f}) {
-    const std::vector<float> x = normals(10, dim, scale);
+    const std::vector<float> x = philox_normals(10, TensorId::q, dim, scale);
     std::vector<float> y(dim), in_place = x;
     head_rms_norm(x.data(), w.data(), dim, eps, y.data());
     head_rms_norm(in_place.data(), w.data(), dim, eps, in_place.data());
@@ -111,8 +103,9 @@ TEST_CASE("head RMSNorm: within its FP64 bound, in place or not") {
 TEST_CASE("o_proj: the group fold is the same bits over every TP split; controls differ") {
   // Qwen3-8B's shape: 32 query heads in 8 groups of 4 (G = 512 columns), 96 outputs of a row.
   const int groups = 8, width = 512, cols = groups * width, outputs = 96;
-  const std::vector<float> a = normals(11, cols),
-                           w = normals(12, static_cast<std::size_t>(outputs) * cols, 0.0156f);
+  const std::vector<float> a = philox_normals(11, TensorId::q, cols),
+                           w = philox_normals(12, TensorId::q,
+                                              static_cast<std::size_t>(outputs) * cols, 0.0156f);
   std::vector<float> whole(outputs);
   o_proj_groups(a.data(), w.data(), cols, width, 0, groups, outputs, true, whole.data());
   // FP64 oracle: Σ over all columns, within (G + groups)·u·Σ|a w|.
@@ -176,8 +169,10 @@ TEST_CASE(
   // partials of the blocks it owns and the running sum visiting them in ascending block order.
   const std::int64_t seq = 256, block = layer_token_block(seq);
   const int outputs = 12, inputs = 40;
-  const std::vector<float> dy = normals(21, static_cast<std::size_t>(seq) * outputs);
-  const std::vector<float> x = normals(22, static_cast<std::size_t>(seq) * inputs);
+  const std::vector<float> dy =
+      philox_normals(21, TensorId::q, static_cast<std::size_t>(seq) * outputs);
+  const std::vector<float> x =
+      philox_normals(22, TensorId::q, static_cast<std::size_t>(seq) * inputs);
   const std::size_t n = static_cast<std::size_t>(outputs) * inputs;
   const auto dw_by_blocks = [&](const std::vector<std::int64_t>& order) {
     std::vector<float> running(n), p(n);
