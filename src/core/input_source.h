@@ -18,7 +18,7 @@ struct InputFileInfo {
   std::string path, format;  // format: "hdf5", "safetensors" or "npy"
   std::string dtype;         // as stored: "float32", "float16" or "bfloat16"
   std::uint64_t size_bytes = 0;
-  std::string sha256;  // of the file (of q, k, v's files in that order for a .npy directory)
+  std::string sha256;  // of the file (of its files in a fixed order for a .npy directory)
   bool rope_applied = false;
   bool positions = false;  // the file gives RoPE positions
   bool hidden = false;     // the layer's hidden states [B, S, hidden], not the core's q, k, v

@@ -49,7 +49,7 @@ void check_hidden_shape(const std::string& path, const std::vector<std::int64_t>
 void wrong_kind(const std::string& path, bool layer, bool has_other) {
   if (layer) {
     throw UsageError(
-        path + ": no hidden [B, S, hidden]: --scope layer reads the layer's hidden " + "states" +
+        path + ": no hidden [B, S, hidden]: --scope layer reads the layer's hidden states" +
         (has_other ? " (this file holds the core's q, k, v: drop --scope layer)" : ""));
   }
   throw UsageError(

@@ -89,9 +89,8 @@ Shard project_shard(const Problem& problem, TensorId tensor, const ShardShape& s
         for (int e = 0; e < d; ++e) row[e] = heads[k].bias ? acc[e] + heads[k].bias[e] : acc[e];
         if (norm) head_rms_norm(row, norm, d, eps, row);
         if (rotate) {
-          for (int f = 0; f < half; ++f)
-            rope_cos_sin(layer_rope_position(problem, b, task.pos + i), inv_freq[f], cos_row[f],
-                         sin_row[f]);
+          const std::int64_t at = layer_rope_position(problem, b, task.pos + i);
+          for (int f = 0; f < half; ++f) rope_cos_sin(at, inv_freq[f], cos_row[f], sin_row[f]);
           rope_rotate_row(row, cos_row.data(), sin_row.data(), half);
         }
         if (round) {
