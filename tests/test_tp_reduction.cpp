@@ -86,3 +86,55 @@ TEST_CASE("ring chunks: loops of ranks · chunk_elems elements, chunk c at its c
   CHECK(ring_chunk_of(4095, 4, 1024) == 3);
   CHECK(ring_chunk_of(4096, 4, 1024) == 0);
 }
+
+TEST_CASE(
+    "vLLM's custom all-reduce: FP32 sums in rank order (one stage) or from the part's "
+    "owner (two stages), one rounding; which it takes") {
+  // One rounding of an FP32 sum of n terms: |error| ≤ (n − 1)·2^-24·Σ|x|·1.01 + 2^-8·|sum|.
+  for (const int ranks : {2, 4, 8}) {
+    const std::vector<float> x = random_rows(2048, 21 + ranks, ranks, true);
+    double worst = 0;
+    int order_differs = 0;
+    for (int e = 0; e < 2048; ++e) {
+      const float* by = x.data() + e * ranks;
+      double exact = 0, magnitude = 0;
+      float in_order = 0.0f;
+      for (int r = 0; r < ranks; ++r) {
+        exact += by[r];
+        magnitude += std::fabs(by[r]);
+        in_order = r == 0 ? by[0] : in_order + by[r];
+      }
+      const float one = vllm_one_stage_sum(by, ranks, WireType::bf16);
+      CHECK(bits_of(one) == bits_of(round_bf16(in_order)));
+      const double bound =
+          (ranks - 1) * std::ldexp(1.0, -24) * magnitude * 1.01 + kBf16U * std::fabs(exact);
+      worst = std::max(worst, std::fabs(one - exact) / bound);
+      // Two stages from owner 1: the rotation by one, the same single rounding.
+      std::vector<float> rotated(by, by + ranks);
+      std::rotate(rotated.begin(), rotated.begin() + 1, rotated.end());
+      CHECK(bits_of(vllm_two_stage_sum(by, ranks, 1, WireType::bf16)) ==
+            bits_of(vllm_one_stage_sum(rotated.data(), ranks, WireType::bf16)));
+      // The control: BF16 values 2^0 … 2^-20 apart, whose FP32 sums round, so the start
+      // shows (normals of one scale sum exactly in FP32 and no order could).
+      std::vector<float> spread(by, by + ranks);
+      for (int r = 0; r < ranks; ++r) spread[r] = std::ldexp(spread[r], -((e * 7 + r * 5) % 21));
+      order_differs += bits_of(vllm_two_stage_sum(spread.data(), ranks, 1, WireType::fp32)) !=
+                       bits_of(vllm_one_stage_sum(spread.data(), ranks, WireType::fp32));
+    }
+    CAPTURE(ranks);
+    CHECK(worst <= 1.0);
+    CHECK(worst > 0.0);
+    if (ranks > 2) CHECK(order_differs > 0);  // two ranks: one addition, commutative
+  }
+  // The parts of 4 ranks over 100 elements: 12 packs of 8 (and 4 left over) → 3 packs a part,
+  // the last part taking the rest.
+  CHECK(vllm_two_stage_owner(0, 100, 4) == 0);
+  CHECK(vllm_two_stage_owner(23, 100, 4) == 0);
+  CHECK(vllm_two_stage_owner(24, 100, 4) == 1);
+  CHECK(vllm_two_stage_owner(72, 100, 4) == 3);
+  CHECK(vllm_two_stage_owner(99, 100, 4) == 3);
+  CHECK(vllm_custom_allreduce_stages(2, 1 << 30) == 1);
+  CHECK(vllm_custom_allreduce_stages(4, 256 * 1024) == 1);
+  CHECK(vllm_custom_allreduce_stages(4, 512 * 1024) == 2);
+  CHECK(vllm_custom_allreduce_stages(8, 256 * 1024) == 2);
+}

@@ -50,4 +50,42 @@ CPD_HD int ring_chunk_of(std::int64_t i, int ranks, std::int64_t chunk_elems) {
   return static_cast<int>((i / chunk_elems) % ranks);
 }
 
+// vLLM's custom all-reduce (read at vllm-project/vllm 036bb685581dbedcd6cf7fc845fe87268c7d1191,
+// csrc/custom_all_reduce.cuh): every rank reads the others' buffers over NVLink and sums a packed
+// element (16 bytes: 8 BF16 values) upcast to FP32, rounding once to the dtype at the end.
+// `CustomAllreduce::allreduce` runs one stage for 2 ranks, and with full NVLink for ≤ 4 ranks
+// under 512 KiB or ≤ 8 ranks under 256 KiB; two stages otherwise with full NVLink (the half
+// butterfly without it, not emulated).
+
+/// The stages vLLM's custom all-reduce takes for `bytes` over `ranks` fully NVLink-connected
+/// ranks: 1 (cross_device_reduce_1stage) or 2 (cross_device_reduce_2stage).
+CPD_HD int vllm_custom_allreduce_stages(int ranks, std::int64_t bytes) {
+  if (ranks == 2) return 1;
+  return (ranks <= 4 && bytes < 512 * 1024) || (ranks <= 8 && bytes < 256 * 1024) ? 1 : 2;
+}
+
+/// One stage: ranks 0, 1, …, n − 1 in that order on every rank ("we don't reorder the address
+/// so the accumulation order is the same for all ranks"), in FP32, then one rounding.
+CPD_HD float vllm_one_stage_sum(const float* by_rank, int ranks, WireType dtype) {
+  float sum = by_rank[0];
+  for (int r = 1; r < ranks; ++r) sum = sum + by_rank[r];
+  return to_wire(sum, dtype);
+}
+
+/// Two stages: the buffer's packs (`pack_elems` elements each, 8 for BF16) cut into `ranks`
+/// parts of ⌊packs / ranks⌋ packs, the last part taking the rest; element `i`'s part owner.
+CPD_HD int vllm_two_stage_owner(std::int64_t i, std::int64_t count, int ranks, int pack_elems = 8) {
+  const std::int64_t part = count / pack_elems / ranks;
+  const std::int64_t owner = part == 0 ? ranks - 1 : (i / pack_elems) / part;
+  return static_cast<int>(owner < ranks - 1 ? owner : ranks - 1);
+}
+
+/// The owner's reduce-scatter sum of its part: ranks owner, owner + 1, … (mod n), in FP32,
+/// then one rounding; the all-gather copies it.
+CPD_HD float vllm_two_stage_sum(const float* by_rank, int ranks, int owner, WireType dtype) {
+  float sum = by_rank[owner];
+  for (int k = 1; k < ranks; ++k) sum = sum + by_rank[(owner + k) % ranks];
+  return to_wire(sum, dtype);
+}
+
 }  // namespace cpd
