@@ -60,6 +60,14 @@ inline Problem small_layer() {
   return p;
 }
 
+/// `part`'s shape for `t`: the KV heads 1 and 2 for k and v (a KV head has fewer heads than
+/// `part`'s query heads), `part` itself for q and dO.
+inline ShardShape layer_tensor_shape(TensorId t, const ShardShape& part) {
+  return t == TensorId::k || t == TensorId::v
+             ? ShardShape{part.batch, Range{1, 3}, part.tokens, part.width}
+             : part;
+}
+
 inline constexpr PathSpec kFp32{InputPrecision::fp32, ProbRounding::none};
 inline constexpr PathSpec kBf16Kernel{InputPrecision::bf16, ProbRounding::bf16};
 

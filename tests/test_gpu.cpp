@@ -318,9 +318,7 @@ TEST_CASE(
   for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
     for (const InputPrecision prec : {InputPrecision::fp32, InputPrecision::bf16}) {
       CAPTURE(static_cast<int>(t));
-      const ShardShape shape = t == TensorId::k || t == TensorId::v
-                                   ? ShardShape{p.batch, Range{1, 3}, part.tokens, part.width}
-                                   : part;
+      const ShardShape shape = testing::layer_tensor_shape(t, part);
       CHECK(same_bits(backends().gpu->generate_shard(p, t, shape, prec).data,
                       backends().cpu->generate_shard(p, t, shape, prec).data));
     }

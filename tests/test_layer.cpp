@@ -130,9 +130,7 @@ TEST_CASE(
   for (const TensorId t : {TensorId::q, TensorId::k, TensorId::v, TensorId::d_out}) {
     for (const InputPrecision precision : {InputPrecision::fp32, InputPrecision::bf16}) {
       CAPTURE(static_cast<int>(t));
-      const ShardShape shape = t == TensorId::k || t == TensorId::v
-                                   ? ShardShape{p.batch, Range{1, 3}, part.tokens, part.width}
-                                   : part;
+      const ShardShape shape = testing::layer_tensor_shape(t, part);
       calls = 0;
       const Shard via = layer_shard(p, t, shape, precision, pool, projector);
       CHECK(calls == p.batch * 4);  // (3 + 1 tasks) per sequence, every head in one call

@@ -44,10 +44,10 @@ void check_shapes(const std::string& path, const std::vector<std::int64_t>& q,
 void check_hidden_shape(const std::string& path, const std::vector<std::int64_t>& shape,
                         const ModelDims& dims, InputFileInfo& file);
 
-/// The file lacks the tensors `layer` needs (the layer's hidden, or the core's q, k, v): a
-/// UsageError saying which the run reads and, when `has_other`, that the file holds the other
-/// kind and which --scope reads it.
-[[noreturn]] void wrong_kind(const std::string& path, bool layer, bool has_other);
+/// A UsageError when the file lacks the tensors `layer` needs (the layer's hidden, or the core's
+/// q, k, v) — saying which the run reads and, when the file holds the other kind, which --scope
+/// reads it. A file of neither kind passes: the core's opener names the tensor it misses.
+void check_kind(const std::string& path, bool layer, bool has_qkv, bool has_hidden);
 
 /// Checks positions' shape [B, S] and that every value is ≥ 0 and < 2^24 (exact as FP32, which
 /// RoPE's angle needs), then makes them `in`'s RoPE positions.

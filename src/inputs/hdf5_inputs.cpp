@@ -100,8 +100,7 @@ void open_hdf5(const std::string& path, const ModelDims& dims, bool layer, FileI
   const hid_t id = file->id.get();
   const std::string base = h5::exists(id, "inputs") ? "/inputs/" : "/";
   const bool has_qkv = h5::exists(id, base + "q"), has_hidden = h5::exists(id, base + "hidden");
-  if (layer ? !has_hidden : !has_qkv && has_hidden)
-    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
+  check_kind(path, layer, has_qkv, has_hidden);
   if (layer) {
     const H5Tensor x = open_tensor(file, path, base + "hidden");
     check_hidden_shape(path, x.set->shape(), dims, in.file);

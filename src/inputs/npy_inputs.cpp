@@ -88,8 +88,7 @@ void open_npy_directory(const std::string& path, const ModelDims& dims, bool lay
   namespace fs = std::filesystem;
   const fs::path dir(path);
   const bool has_qkv = fs::exists(dir / "q.npy"), has_hidden = fs::exists(dir / "hidden.npy");
-  if (layer ? !has_hidden : !has_qkv && has_hidden)
-    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
+  check_kind(path, layer, has_qkv, has_hidden);
   if (layer) {
     RawTensor hidden = float_tensor(dir / "hidden.npy");
     check_hidden_shape(path, hidden.shape, dims, in.file);

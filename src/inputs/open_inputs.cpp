@@ -46,15 +46,16 @@ void check_hidden_shape(const std::string& path, const std::vector<std::int64_t>
   file.hidden = true;
 }
 
-void wrong_kind(const std::string& path, bool layer, bool has_other) {
-  if (layer) {
-    throw UsageError(
-        path + ": no hidden [B, S, hidden]: --scope layer reads the layer's hidden states" +
-        (has_other ? " (this file holds the core's q, k, v: drop --scope layer)" : ""));
+void check_kind(const std::string& path, bool layer, bool has_qkv, bool has_hidden) {
+  if (layer && !has_hidden) {
+    throw UsageError(path +
+                     ": no hidden [B, S, hidden]: --scope layer reads the layer's hidden states" +
+                     (has_qkv ? " (this file holds the core's q, k, v: drop --scope layer)" : ""));
   }
-  throw UsageError(
-      path + ": no q, k, v" +
-      (has_other ? " (this file holds the layer's hidden states: add --scope layer)" : ""));
+  // A core file without q: refused here when it is the layer's, else by the opener naming q.
+  if (!layer && !has_qkv && has_hidden)
+    throw UsageError(path +
+                     ": no q, k, v (this file holds the layer's hidden states: add --scope layer)");
 }
 
 void use_positions(const std::string& path, const std::vector<std::int64_t>& shape,

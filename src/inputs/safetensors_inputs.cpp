@@ -99,8 +99,7 @@ void open_safetensors(const std::string& path, const ModelDims& dims, bool layer
   const json::Value& header = st.header;
   const std::uint64_t base = st.base;
   const bool has_qkv = header.contains("q"), has_hidden = header.contains("hidden");
-  if (layer ? !has_hidden : !has_qkv && has_hidden)
-    wrong_kind(path, layer, layer ? has_qkv : has_hidden);
+  check_kind(path, layer, has_qkv, has_hidden);
 
   if (layer) {  // the layer applies RoPE itself: no rope_applied to say
     RawTensor hidden = tensor_entry(header, path, "hidden");

@@ -20,8 +20,8 @@ constexpr int kTaskColumns = 256;
 // from +0 over the block's rows per element, in registers (inlined: `acc` must not live in
 // memory, which halves the throughput).
 template <int N>
-[[gnu::always_inline]] inline void block_partials(const TokenSumJob& j, const TokenBlock& block, int o0, int i0,
-                    simd::F16 (&acc)[N][2]) {
+[[gnu::always_inline]] inline void block_partials(const TokenSumJob& j, const TokenBlock& block,
+                                                  int o0, int i0, simd::F16 (&acc)[N][2]) {
   for (auto& row : acc) row[0] = row[1] = simd::splat(0.0f);
   for (std::int64_t t = 0; t < block.rows; ++t) {
     const float* x = block.x + t * j.ld_x + i0;
