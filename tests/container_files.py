@@ -44,20 +44,9 @@ def expand(text, values):
 
 def dockerfile_instructions(text):
     """(keyword, arguments) per instruction: continuations joined, comments dropped."""
-    out, buf = [], ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("#") or (not line and not buf):
-            continue
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        buf += line
-        keyword, _, rest = buf.partition(" ")
-        out.append((keyword.upper(), rest.strip()))
-        buf = ""
-    if buf:
-        keyword, _, rest = buf.partition(" ")
+    out = []
+    for line in shell_text(text.splitlines()):
+        keyword, _, rest = line.partition(" ")
         out.append((keyword.upper(), rest.strip()))
     return out
 
