@@ -13,6 +13,7 @@
 #include "comm/transport.h"
 #include "core/plan.h"
 #include "cpdrift/production_lanes.h"
+#include "cpdrift/tp_lanes.h"
 #include "engine/comparison.h"
 
 namespace cpd {
@@ -110,6 +111,13 @@ struct LaneComparisons {
   OutLseComparison vs_reference, vs_canonical;
 };
 
+/// A TP-reduction lane of the layer (numerics.md §12): the stack's sum of the TP ranks' o_proj
+/// partials vs the reference's layer output, and vs the canonical layer output.
+struct TpLaneComparisons {
+  TpLane lane;
+  Comparison vs_reference, vs_canonical;
+};
+
 /// A part of a prefill case that is complete: the comparisons it makes and the tensors it
 /// publishes. The engine hands a case's parts to the sink as they complete and frees each once
 /// the sink returns, so no more than one part's tensors are alive beyond what later parts need.
@@ -132,6 +140,7 @@ struct CasePart {
   std::vector<LaneComparisons> lanes;  // the production lanes, kProductionLanes' order
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> layer;  // the layer's output (--scope layer) vs the reference's
+  std::vector<TpLaneComparisons> tp_lanes;  // with layer: kTrainerTpLanes' order
   /// --scope layer --include-backward: each gradient of the layer (dx, q_proj, …) vs the one the
   /// CP=1 reference backward's gradients give, in the report's order.
   std::vector<std::pair<std::string, Comparison>> layer_backward;

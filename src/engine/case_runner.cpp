@@ -142,7 +142,8 @@ void capture_decoded(const CaseRun& r, const HostedAttention& written,
                      const char* merge = "canonical") {
   if (r.ctx.decoded == nullptr) return;
   DecodedRows rows =
-      gather_trainer_rows(r.ctx, r.grid, r.record.name, written, r.ctx.decoded->workload);
+      gather_trainer_rows(r.ctx, r.grid, r.record.name, written, r.ctx.decoded->workload,
+                          std::string(merge) == "canonical");
   rows.merge = merge;
   r.ctx.decoded->trainer.push_back(std::move(rows));
 }

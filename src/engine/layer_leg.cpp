@@ -39,6 +39,20 @@ void o_proj(CaseRun& r) {
                                      hidden, HeadKind::token, bf16, true));
   part.tensors.push_back(case_tensor(r.grid, r.ctx.transport, base + "reference/out", reference,
                                      hidden, HeadKind::token, bf16, false));
+  // The TP-reduction lanes: already in the model's dtype (their collective's wire type).
+  for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
+    TpLaneComparisons& lane = part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], {}, {}});
+    std::vector<const Shard*> rows;
+    for (LayerOutputs& o : r.layer) {
+      lane.vs_reference.add(o.rank.cp_rank, o.tp_lanes[k], o.reference);
+      lane.vs_canonical.add(o.rank.cp_rank, o.tp_lanes[k], o.candidate);
+      rows.push_back(&o.tp_lanes[k]);
+    }
+    lane.vs_reference.candidate_tensor = static_cast<int>(part.tensors.size());
+    part.tensors.push_back(case_tensor(r.grid, r.ctx.transport,
+                                       base + "tp_lanes/" + to_string(kTrainerTpLanes[k]), rows,
+                                       hidden, HeadKind::token, bf16, true));
+  }
   r.sink.prefill_part(part);
 }
 

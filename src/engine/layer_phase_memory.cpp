@@ -2,6 +2,7 @@
 // and the layer's backward (the layer's dlogp is dlogp's, phase_memory.cpp).
 #include <algorithm>
 
+#include "cpdrift/tp_lanes.h"
 #include "engine/layer_backward.h"
 #include "engine/memory_plan.h"
 #include "engine/phase_memory_util.h"
@@ -12,8 +13,8 @@ using namespace phase_memory_util;
 
 // The layer's o_proj, a chunk of tokens a step (layer_chain): per hosted rank the plane it folds
 // into and sends on and the one it receives (the owner also the one it copies out; a continuing
-// rank under rank_sums its own sum too), [2][B][rows][hidden] each; the chunk's group rows and
-// the CPU tile's transposed copy of them; the owners' layer outputs. o_proj's columns of the
+// rank under rank_sums its own sum too), [2 + TP][B][rows][hidden] each; the chunk's group rows
+// and the CPU tile's transposed copy of them; the owners' layer outputs and TP-reduction lanes. o_proj's columns of the
 // ranks' head groups stay in the input store for the run (the memos).
 void o_proj(CaseMemory& m) {
   const Problem& p = m.problem();
@@ -25,13 +26,14 @@ void o_proj(CaseMemory& m) {
     for (const LogicalRank* r : m.hosted(proc)) {
       std::uint64_t chunk = 0;
       for (const Range& c : chain_chunks(chain, *r)) chunk = std::max(chunk, u64(c.size()));
-      const std::uint64_t plane = 2 * batch * chunk * hidden * kFloat;
+      const std::uint64_t plane = u64(chain.planes) * batch * chunk * hidden * kFloat;
       planes += (r->tp_rank == 0 ? 3 : 2 + extra) * plane;
       rows = std::max(
           rows, 2 * 2 * batch * u64(r->q_heads.size()) * chunk * u64(p.dims.head_dim) * kFloat);
       std::uint64_t tokens = 0;
       for (const Range& t : r->tokens) tokens += u64(t.size());
-      if (r->tp_rank == 0) outputs += 2 * batch * tokens * hidden * kFloat;
+      // The canonical output and the reference's, and the trainer's TP-reduction lanes'.
+      if (r->tp_rank == 0) outputs += (2 + kTrainerTpLanes.size()) * batch * tokens * hidden * kFloat;
       for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
         m.memos(proc).o_proj_groups.insert(h / p.dims.group_size());
     }

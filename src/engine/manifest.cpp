@@ -272,7 +272,7 @@ std::vector<MessageHeader> expected_chain_partials(const CaseGrid& grid, const T
   MessageHeader h = rows_header(grid, chain.kind, src, dst, tokens,
                                 Range{owner.q_heads.begin, src.q_heads.end}, 2 * chain.width);
   h.width = static_cast<std::int32_t>(chain.width);
-  h.floats = 2LL * grid.problem.batch * tokens.size() * chain.width;  // one plane, every head
+  h.floats = chain.planes * grid.problem.batch * tokens.size() * chain.width;  // every head
   return {h};
 }
 
@@ -308,7 +308,8 @@ int dlogp_steps(const CaseGrid& grid, int vocab) {
 }
 
 TpChain layer_chain(const CaseGrid& grid) {
-  return TpChain{MessageKind::layer_partial, grid.problem.dims.hidden_size, kLayerChunkRows};
+  return TpChain{MessageKind::layer_partial, grid.problem.dims.hidden_size, kLayerChunkRows,
+                 2 + grid.spec.tp};
 }
 
 Range vocab_shard(int vocab, int tp, int tp_rank) {

@@ -137,6 +137,7 @@ struct TpChain {
   MessageKind kind;
   std::int64_t width;       // floats of a plane's row
   std::int64_t chunk_rows;  // rows of a chunk, the same for every rank of the case
+  int planes = 2;           // [planes][B][rows][width]: candidate, reference, and any carried
 };
 /// Each rank's chunks: its token ranges cut into pieces of chunk_rows, in order.
 std::vector<Range> chain_chunks(const TpChain& chain, const LogicalRank& r);
@@ -164,7 +165,9 @@ std::int64_t largest_logit_chunk(const CaseGrid& grid, const LogicalRank& r, int
 int logit_steps(const CaseGrid& grid, int vocab);
 int dlogp_steps(const CaseGrid& grid, int vocab);
 
-/// o_proj's chain (the layer): chunks of kLayerChunkRows tokens, a plane [2][B][rows][hidden].
+/// o_proj's chain (the layer): chunks of kLayerChunkRows tokens, a plane [2 + TP][B][rows][hidden]:
+/// the canonical fold of the candidate and of the reference, then each TP rank's own partial of
+/// the candidate (the TP-reduction lanes' inputs, numerics.md §12).
 inline constexpr std::int64_t kLayerChunkRows = 256;
 TpChain layer_chain(const CaseGrid& grid);
 

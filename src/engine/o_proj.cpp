@@ -30,8 +30,10 @@ std::vector<float> group_rows(const AttnShard& a, int b, std::int64_t group, con
 }
 
 // Rank r's step on a chunk: its head groups' partials folded in ascending order into z
-// ([2][B][rows][hidden], candidate then reference), started or continued. Under rank_sums, a
-// continuing rank folds its own groups from zero and adds the sum to the plane it received.
+// ([2 + TP][B][rows][hidden]: candidate, reference, then each TP rank's own partial of the
+// candidate), started or continued; its own partial into its plane 2 + tp_rank. Under
+// rank_sums, a continuing rank folds its own groups from zero and adds the sum to the plane it
+// received.
 FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Range& tokens,
                             const AttnShard& cand, const AttnShard& ref, OProjOrder order,
                             InputStore& store, FloatBuffer z, bool continues) {
@@ -40,12 +42,17 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
   const int width = dims.group_size() * dims.head_dim;
   const std::int64_t plane = tokens.size() * hidden, n = 2 * batch * plane;
   const bool apart = continues && order == OProjOrder::rank_sums;
+  if (!continues) {
+    z.resize(static_cast<std::size_t>(layer_chain(grid).planes * batch * plane));
+    mark_unwritten(z);
+  }
   FloatBuffer own;
   FloatBuffer& into = apart ? own : z;
-  if (!continues || apart) {
-    into.resize(static_cast<std::size_t>(n));
-    mark_unwritten(into);
+  if (apart) {
+    own.resize(static_cast<std::size_t>(n));
+    mark_unwritten(own);
   }
+  float* lane = z.data() + (2 + r.tp_rank) * batch * plane;  // this rank's partial
   const LayerWeights& weights = *store.problem().weights;
   const Range groups{r.q_heads.begin / dims.group_size(), r.q_heads.end / dims.group_size()};
   std::vector<std::vector<float>> rows;  // kept while the jobs read them
@@ -58,14 +65,45 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
         fold.heads.push_back(ProjectionJob{rows.back().data(), tokens.size(),
                                            weights.o_proj_group(g), width, nullptr});
       }
+      // A rank that starts the plane folds its own partial there already; the others again.
+      if (which == 0 && continues) folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
       folds.push_back(std::move(fold));
     }
   }
   store.backend().project_folded(folds, width, hidden);
+  if (!continues) std::memcpy(lane, z.data(), static_cast<std::size_t>(batch * plane) * sizeof(float));
   if (apart) {
     for (std::int64_t e = 0; e < n; ++e) z[static_cast<std::size_t>(e)] += own[e];
   }
   return z;
+}
+
+// The owner's TP-reduction lanes of a finished chunk (kTrainerTpLanes' order), from the TP ranks'
+// partials in z: Megatron's buffer is the CP rank's [S_cp][B][hidden] (sequence-major), so a
+// token's row is its local row · B + b.
+void reduce_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z,
+                  LayerOutputs& out) {
+  const Problem& p = grid.problem;
+  const int tp = grid.spec.tp, batch = p.batch, hidden = p.dims.hidden_size;
+  const std::int64_t rows = chunk.size(), plane = rows * hidden;
+  const std::int64_t first = out.candidate.shape.local_row(chunk.begin);
+  const TpBuffer buffer{out.candidate.shape.rows() * batch * hidden,
+                        p.dtype == DType::bf16 ? WireType::bf16 : WireType::fp32};
+  float partials[8];
+  for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
+    Shard& s = out.tp_lanes[k];
+    for (int b = 0; b < batch; ++b) {
+      for (std::int64_t row = 0; row < rows; ++row) {
+        float* dst = s.at(b, 0, first + row);
+        const std::int64_t base = ((first + row) * batch + b) * hidden;
+        for (int col = 0; col < hidden; ++col) {
+          const std::int64_t e = b * plane + row * hidden + col;
+          for (int t = 0; t < tp; ++t) partials[t] = z[static_cast<std::size_t>((2 + t) * batch * plane + e)];
+          dst[col] = tp_lane_sum(kTrainerTpLanes[k], partials, tp, base + col, buffer);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -84,7 +122,10 @@ std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
     if (r.tp_rank != 0) continue;
     const ShardShape shape{p.batch, Range{0, 1}, r.tokens, hidden};
     owned[i] = result.size();
-    result.push_back(LayerOutputs{r, Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})});
+    result.push_back(
+        LayerOutputs{r, Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{}), {}});
+    for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k)
+      result.back().tp_lanes.emplace_back(shape, Uninitialized{});
   }
   run_tp_chain(
       grid, layer_chain(grid), transport, hosted,
@@ -102,6 +143,7 @@ std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
                         static_cast<std::size_t>(rows * hidden) * sizeof(float));
           }
         }
+        reduce_lanes(grid, chunk, z, out);
       });
   return result;
 }

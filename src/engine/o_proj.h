@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "cpdrift/tp_lanes.h"
 #include "engine/protocol.h"
 #include "kernels/input_store.h"
 
@@ -15,6 +16,9 @@ namespace cpd {
 struct LayerOutputs {
   LogicalRank rank;
   Shard candidate, reference;
+  /// The candidate's TP-reduction lanes (kTrainerTpLanes' order, numerics.md §12): the TP
+  /// ranks' partials written in the model's dtype and summed as each stack's collective does.
+  std::vector<Shard> tp_lanes;
 };
 
 /// o_proj of `candidate` and `reference`, per hosted rank (hosted_ranks order) the attention

@@ -65,10 +65,8 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
 
 // Rank 0, --scope layer: the layer's output of every decoded token of `rows` (rows.layer), each
 // head group's o_proj partial folded in ascending group order by the projection tile (the bits
-// of the TP chain, engine/o_proj.cpp), written in the run's dtype; then its logits through the
-// layer's lm_head, [B][q_len][V].
-void add_layer_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore& store,
-                      DecodedRows& rows) {
+// of the TP chain, engine/o_proj.cpp), written in the run's dtype.
+void add_layer(const Problem& p, const PagedWorkload& w, InputStore& store, DecodedRows& rows) {
   const ModelDims& d = p.dims;
   const int hidden = d.hidden_size, dim = d.head_dim, gs = d.group_size(), width = gs * dim;
   const std::int64_t q = w.q_len;
@@ -93,40 +91,65 @@ void add_layer_logits(const Problem& p, const PagedWorkload& w, int vocab, Input
   if (p.dtype == DType::bf16) {
     for (float& x : rows.layer) x = round_bf16(x);
   }
-  rows.logits.resize(static_cast<std::size_t>(p.batch * q) * vocab);
+}
+
+// Rank 0: the target token's logprob of every decoded token from its logits ([B][q_len][V]).
+std::vector<float> target_logprobs(const Problem& p, const PagedWorkload& w, int vocab,
+                                   const std::vector<float>& logits) {
+  std::vector<float> logprob;
+  for (int b = 0; b < p.batch; ++b) {
+    for (std::int64_t i = 0; i < w.q_len; ++i) {
+      const float* row = logits.data() + (static_cast<std::size_t>(b) * w.q_len + i) * vocab;
+      const std::int64_t pos = w.queries(b).begin + i;
+      logprob.push_back(log_softmax_at_lanes(row, vocab, logprob_target(b, pos, p.seq_len, vocab)));
+    }
+  }
+  return logprob;
+}
+
+// Rank 0: the logits of a layer output of the decoded tokens ([B][q_len][hidden]) through the
+// layer's lm_head, [B][q_len][V].
+std::vector<float> layer_logits(const Problem& p, const PagedWorkload& w, int vocab,
+                                InputStore& store, const std::vector<float>& layer) {
+  std::vector<float> logits(static_cast<std::size_t>(p.batch * w.q_len) * vocab);
   const std::vector<float>& lm = store.layer_lm_head(Range{0, vocab});
-  const ProjectionJob job{rows.layer.data(), p.batch * q, lm.data(), hidden, rows.logits.data()};
-  store.backend().project_heads({&job, 1}, hidden, vocab);
+  const ProjectionJob job{layer.data(), p.batch * w.q_len, lm.data(), p.dims.hidden_size,
+                          logits.data()};
+  store.backend().project_heads({&job, 1}, p.dims.hidden_size, vocab);
+  return logits;
 }
 
 // Rank 0: the logits and the target token's logprob of every decoded token of `rows`, through
 // the run's lm_head of `vocab` (the input store's, each head's columns generated once per run;
-// the layer's, over the layer's output, under --scope layer).
+// the layer's, over the layer's output, under --scope layer — and over each of `tp`'s lanes).
 void add_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore& store,
-                DecodedRows& rows) {
+                const TpCollective* tp, DecodedRows& rows) {
   const int hq = p.dims.num_q_heads, dim = p.dims.head_dim;
   const std::size_t plane = static_cast<std::size_t>(w.q_len) * vocab;
-  rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);  // [B][q_len][V]
-  if (p.layer) add_layer_logits(p, w, vocab, store, rows);
-  std::vector<FoldedProjectionJob> jobs;
-  for (int b = 0; b < p.batch && !p.layer; ++b) {
-    jobs.push_back(FoldedProjectionJob{{}, rows.logits.data() + b * plane});
-    for (int h = 0; h < hq; ++h) {
-      const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
-      jobs.back().heads.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
-                                                store.lm_head(vocab, h).data(), dim, nullptr});
+  if (p.layer) {
+    add_layer(p, w, store, rows);
+    rows.logits = layer_logits(p, w, vocab, store, rows.layer);
+    for (const TpLane lane : tp != nullptr ? tp->lanes : std::vector<TpLane>{}) {
+      DecodedRows::TpLaneRows& l = rows.tp_lanes.emplace_back();
+      l.lane = lane;
+      l.layer = tp_lane_layer(p, store, rows.out, w.q_len, *tp, lane);
+      l.logits = layer_logits(p, w, vocab, store, l.layer);
+      l.logprob = target_logprobs(p, w, vocab, l.logits);
     }
-  }
-  if (!jobs.empty()) store.backend().project_folded(jobs, dim, vocab);
-  for (int b = 0; b < p.batch; ++b) {
-    for (std::int64_t i = 0; i < w.q_len; ++i) {
-      const float* logits =
-          rows.logits.data() + (static_cast<std::size_t>(b) * w.q_len + i) * vocab;
-      const std::int64_t pos = w.queries(b).begin + i;
-      rows.logprob.push_back(
-          log_softmax_at_lanes(logits, vocab, logprob_target(b, pos, p.seq_len, vocab)));
+  } else {
+    rows.logits.resize(static_cast<std::size_t>(p.batch) * plane);  // [B][q_len][V]
+    std::vector<FoldedProjectionJob> jobs;
+    for (int b = 0; b < p.batch; ++b) {
+      jobs.push_back(FoldedProjectionJob{{}, rows.logits.data() + b * plane});
+      for (int h = 0; h < hq; ++h) {
+        const std::size_t bh = static_cast<std::size_t>(b) * hq + h;
+        jobs.back().heads.push_back(ProjectionJob{rows.out.data() + bh * w.q_len * dim, w.q_len,
+                                                  store.lm_head(vocab, h).data(), dim, nullptr});
+      }
     }
+    store.backend().project_folded(jobs, dim, vocab);
   }
+  rows.logprob = target_logprobs(p, w, vocab, rows.logits);
 }
 
 }  // namespace
@@ -134,7 +157,7 @@ void add_logits(const Problem& p, const PagedWorkload& w, int vocab, InputStore&
 DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
                                 const std::string& name,
                                 const std::vector<const AttnShard*>& written,
-                                const PagedWorkload& w) {
+                                const PagedWorkload& w, bool tp_lanes) {
   const Problem& p = ctx.problem;
   const int world = ctx.transport.world_size();
   const std::vector<LogicalRank> hosted = hosted_ranks(grid, ctx.transport);
@@ -167,7 +190,19 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs, rows);
+  if (!ctx.collectives.root()) return rows;
+  // Megatron's buffer: the CP rank's tokens, [S_cp][B][hidden] (sequence-major).
+  TpCollective tp{grid.spec.tp, {kTrainerTpLanes.begin(), kTrainerTpLanes.end()},
+                  [&](int b, std::int64_t i) {
+                    const std::int64_t pos = w.queries(b).begin + i;
+                    for (const std::vector<Range>& shard : rows.cp_shards) {
+                      const ShardShape s{p.batch, Range{0, 1}, shard, 1};
+                      if (s.local_row(pos) >= 0)
+                        return CollectiveRow{s.local_row(pos) * p.batch + b, s.rows() * p.batch};
+                    }
+                    return CollectiveRow{};
+                  }};
+  add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs, tp_lanes ? &tp : nullptr, rows);
   return rows;
 }
 
@@ -175,7 +210,7 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
                                 const std::string& name, bool auto_split,
                                 const std::vector<std::vector<Range>>& plans,
                                 const std::vector<int>& head_owner, const AttnShard* lane,
-                                int vocab) {
+                                int vocab, const TpCollective* tp) {
   DecodedRows rows;
   rows.case_name = name;
   rows.rollout = true;
@@ -192,7 +227,7 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, vocab, ctx.inputs, rows);
+  if (ctx.collectives.root()) add_logits(ctx.problem, w, vocab, ctx.inputs, tp, rows);
   return rows;
 }
 

@@ -13,6 +13,7 @@
 #include "engine/case_outputs.h"
 #include "engine/manifest.h"
 #include "engine/paged/paged_workload.h"
+#include "engine/tp_lane_rows.h"
 
 namespace cpd {
 
@@ -44,6 +45,14 @@ struct DecodedRows {
   /// o_proj in ascending order (the bits of the trainer's TP chain at any TP), written in the
   /// run's dtype — which the logits above then read, through the layer's lm_head.
   std::vector<float> layer;
+  /// --scope layer, rank 0: the layer's output through the side's TP-reduction lanes
+  /// (numerics.md §12; the trainer's canonical merge: kTrainerTpLanes, the rollout's candidate:
+  /// kRolloutTpLanes), and its logits and logprobs as above.
+  struct TpLaneRows {
+    TpLane lane;
+    std::vector<float> layer, logits, logprob;
+  };
+  std::vector<TpLaneRows> tp_lanes;
 };
 
 /// What the run's two sides left on rank 0 for the pairs, and the positions to gather.
@@ -54,22 +63,23 @@ struct DecodedCapture {
 };
 
 /// A prefill case's rows at the decoded positions, streamed to rank 0 from the logical ranks
-/// that own them, and their logprobs; `written` per hosted rank (hosted_ranks order).
-/// Collective; filled on rank 0.
+/// that own them, and their logprobs; `written` per hosted rank (hosted_ranks order); with
+/// `tp_lanes` (and --scope layer) the trainer's TP-reduction lanes too. Collective; filled on
+/// rank 0.
 DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
                                 const std::string& name,
                                 const std::vector<const AttnShard*>& written,
-                                const PagedWorkload& w);
+                                const PagedWorkload& w, bool tp_lanes);
 
 /// A paged lane's rows `lane` ([B][heads][q_len][D] of this process's query heads; null when it
 /// computes none) streamed to rank 0, and their logits and logprobs through the synthetic
-/// lm_head of `vocab`; `head_owner`: the process of each query head. Collective; filled on
-/// rank 0.
+/// lm_head of `vocab`; `head_owner`: the process of each query head; under --scope layer, the
+/// lanes of `tp` (none when null). Collective; filled on rank 0.
 DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
                                 const std::string& name, bool auto_split,
                                 const std::vector<std::vector<Range>>& plans,
                                 const std::vector<int>& head_owner, const AttnShard* lane,
-                                int vocab);
+                                int vocab, const TpCollective* tp);
 
 /// Whether the row of every decoded position merges the same KV blocks on both sides (block
 /// starts at or before it equal): then the two sides' bits must be equal.

@@ -59,11 +59,19 @@ struct DlogpDrift {
   RlMetrics rl;     // the same tokens in the figures RL frameworks log (rank 0)
 };
 
+/// A TP-reduction lane of the layer (report `layer.tp_lanes`, numerics.md §12).
+struct TpLaneDrift {
+  TpLane lane;
+  DiffStats vs_reference;  // vs the reference's layer output (the digest: the lane's bits)
+  DiffStats vs_canonical;  // vs the canonical layer output: mismatch_count, the bits that differ
+};
+
 /// The layer (--scope layer, report `layer`): the layer's output from the case's attention output
 /// vs from the FP32 CP=1 reference cast alike, through the same o_proj.
 struct LayerDrift {
   bool available = false;
   DiffStats out;
+  std::vector<TpLaneDrift> tp_lanes;  // kTrainerTpLanes' order (paged: kRolloutTpLanes')
   /// With the backward: each gradient of the layer (dx, q_proj, …, q_norm, k_norm) from the
   /// case's core gradients vs from the CP=1 reference backward's, the same arithmetic.
   std::vector<std::pair<std::string, DiffStats>> backward;
@@ -124,6 +132,7 @@ struct PagedCaseResult : PagedCaseFacts {
   DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
   RlMetrics dlogp_rl;     // the same tokens in the RL frameworks' figures
   std::optional<DiffStats> layer;  // --scope layer: the layer's output, the same two
+  std::vector<TpLaneDrift> layer_tp_lanes;  // --scope layer: kRolloutTpLanes' order
   std::vector<Invariance> invariances;
   double seconds = 0.0;
 };

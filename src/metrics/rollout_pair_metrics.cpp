@@ -27,19 +27,38 @@ DiffStats stats(const std::vector<float>& candidate, const std::vector<float>& r
   return compute_diff_stats({&part, 1});
 }
 
-RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCapture& capture) {
+// A side's layer output, logits and logprobs: its canonical ones, or one TP-reduction lane's.
+struct Side {
+  const std::vector<float>& layer;
+  const std::vector<float>& logits;
+  const std::vector<float>& logprob;
+  std::string reduction;
+};
+Side side(const DecodedRows& rows, const DecodedRows::TpLaneRows* lane) {
+  if (lane == nullptr) return Side{rows.layer, rows.logits, rows.logprob, "canonical"};
+  return Side{lane->layer, lane->logits, lane->logprob, to_string(lane->lane)};
+}
+
+RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCapture& capture,
+                    const DecodedRows::TpLaneRows* t_lane = nullptr,
+                    const DecodedRows::TpLaneRows* r_lane = nullptr) {
   const PagedWorkload& w = capture.workload;
   const int vocab = capture.vocab_size;
+  const Side ts = side(t, t_lane), rs = side(r, r_lane);
   RolloutPair pair;
   pair.trainer = t.case_name;
   pair.rollout = r.case_name;
   pair.trainer_merge = t.merge;
+  pair.trainer_tp_reduction = ts.reduction;
+  pair.rollout_tp_reduction = rs.reduction;
   pair.diagnostic = r.auto_split;
-  pair.aligned = t.merge == "canonical" && !r.auto_split && aligned(t, r, w);
+  // A TP lane regroups the o_proj sums as its stack does: equal blocks do not make equal bits.
+  pair.aligned = t.merge == "canonical" && t_lane == nullptr && r_lane == nullptr &&
+                 !r.auto_split && aligned(t, r, w);
   pair.out = stats(t.out, r.out);
   pair.lse = stats(t.lse, r.lse);
-  pair.logprob = stats(t.logprob, r.logprob);
-  if (!t.layer.empty()) pair.layer = stats(t.layer, r.layer);
+  pair.logprob = stats(ts.logprob, rs.logprob);
+  if (!t.layer.empty()) pair.layer = stats(ts.layer, rs.layer);
   const std::vector<std::int64_t> shard_edges = owner_edges(t.cp_shards);
   std::vector<std::int64_t> split_edges;
   for (const Range& b : t.blocks.front()) {
@@ -57,10 +76,10 @@ RolloutPair compare(const DecodedRows& t, const DecodedRows& r, const DecodedCap
           if (s.contains(tok.position)) tok.cp_rank = static_cast<int>(c);
         }
       }
-      tok.train = t.logprob[k];
-      tok.rollout = r.logprob[k];
+      tok.train = ts.logprob[k];
+      tok.rollout = rs.logprob[k];
       tok.kl = static_cast<float>(
-          kl_divergence(r.logits.data() + k * vocab, t.logits.data() + k * vocab, vocab));
+          kl_divergence(rs.logits.data() + k * vocab, ts.logits.data() + k * vocab, vocab));
       tok.shard_distance = boundary_distance(shard_edges, tok.position);
       tok.split_distance = boundary_distance(split_edges, tok.position);
       tokens.push_back(tok);
@@ -77,6 +96,16 @@ std::vector<RolloutPair> compare_rollout_pairs(const DecodedCapture& capture) {
   std::vector<RolloutPair> pairs;
   for (const DecodedRows& t : capture.trainer) {
     for (const DecodedRows& r : capture.rollout) pairs.push_back(compare(t, r, capture));
+  }
+  // --scope layer: each trainer TP-reduction lane against each rollout one (the stacks users
+  // run on both sides), after the canonical pairs.
+  for (const DecodedRows& t : capture.trainer) {
+    for (const DecodedRows& r : capture.rollout) {
+      for (const DecodedRows::TpLaneRows& tl : t.tp_lanes) {
+        for (const DecodedRows::TpLaneRows& rl : r.tp_lanes)
+          pairs.push_back(compare(t, r, capture, &tl, &rl));
+      }
+    }
   }
   return pairs;
 }

@@ -16,6 +16,9 @@ namespace cpd {
 struct RolloutPair {
   std::string trainer, rollout;
   std::string trainer_merge;  // "canonical" or the production lane's name
+  /// --scope layer: each side's sum over its TP ranks in o_proj: "canonical" or the
+  /// TP-reduction lane's name (numerics.md §12)
+  std::string trainer_tp_reduction = "canonical", rollout_tp_reduction = "canonical";
   /// The row of every decoded position merges the same KV blocks on both sides: the bits must
   /// be equal, and `passed` says whether they are. Never for a production lane: its merge
   /// regroups the states, so equal blocks do not make equal bits.

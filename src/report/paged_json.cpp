@@ -62,7 +62,9 @@ Value paged_drift_json(const RunReport& r, const PagedCaseResult& c) {
                 {"fp32_split_merge", std::move(fp32)},
                 {"dlogp", std::move(dlogp)},
                 // --scope layer: the layer's output of the candidate vs the reference cast alike.
-                {"layer_out", c.layer ? stats_json(*c.layer) : Value()}};
+                {"layer_out", c.layer ? stats_json(*c.layer) : Value()},
+                // --scope layer: the candidate's layer output through the rollout's TP lanes.
+                {"layer_tp_lanes", c.layer ? tp_lanes_json(c.layer_tp_lanes) : Value()}};
 }
 
 }  // namespace

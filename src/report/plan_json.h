@@ -43,6 +43,8 @@ json::Value plan_set_json(const Problem& p, const CaseSpec& spec, const CaseExec
 /// the report's `trainer_vs_rollout` block (how the pairs are made, and one entry per pair).
 json::Value backward_json(const RunReport& r, const CaseResult& c);
 json::Value layer_case_json(const RunReport& r, const CaseResult& c);
+/// The layer's TP-reduction lanes (numerics.md §12): each lane's upstream, collective and drift.
+json::Value tp_lanes_json(const std::vector<TpLaneDrift>& lanes);
 json::Value dlogp_case_json(const CaseResult& c, const Problem& p);
 json::Value dlogp_root_json(const RunReport& r);
 json::Value rollout_pairs_json(const RunReport& r);

@@ -158,7 +158,9 @@ const char* pair_status(const RolloutPair& p) {
 Value rollout_pair_json(const RolloutPair& p) {
   return Object{{"trainer", p.trainer},
                 {"trainer_merge", p.trainer_merge},
+                {"trainer_tp_reduction", p.trainer_tp_reduction},
                 {"rollout", p.rollout},
+                {"rollout_tp_reduction", p.rollout_tp_reduction},
                 {"aligned", p.aligned},
                 {"bitwise_equal", p.bitwise_equal()},
                 {"status", pair_status(p)},
@@ -211,6 +213,24 @@ Value layer_backward_json(const CaseResult& c) {
   return o;
 }
 
+Value tp_lanes_json(const std::vector<TpLaneDrift>& lanes) {
+  json::Array a;
+  for (const TpLaneDrift& l : lanes) {
+    const TpLaneInfo& info = info_of(l.lane);
+    const double share = l.vs_canonical.active_count == 0
+                             ? 0.0
+                             : static_cast<double>(l.vs_canonical.mismatch_count) /
+                                   static_cast<double>(l.vs_canonical.active_count);
+    a.push_back(Object{{"lane", to_string(l.lane)},
+                       {"upstream", info.upstream},
+                       {"collective", info.collective},
+                       {"vs_reference", stats_json(l.vs_reference)},
+                       {"vs_canonical", stats_json(l.vs_canonical)},
+                       {"bits_differing_from_canonical", share}});
+  }
+  return a;
+}
+
 Value layer_case_json(const RunReport& r, const CaseResult& c) {
   if (!c.layer.available) return status_json("not_requested", "run with --scope layer");
   const Problem& p = r.problem;
@@ -221,6 +241,7 @@ Value layer_case_json(const RunReport& r, const CaseResult& c) {
                 {"candidate", p.dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
                 {"hidden_size", p.dims.hidden_size},
                 {"out", stats_json(c.layer.out)},
+                {"tp_lanes", tp_lanes_json(c.layer.tp_lanes)},
                 {"backward", layer_backward_json(c)}};
 }
 

@@ -81,10 +81,19 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   // each token's KL(reference ‖ candidate).
   const bool auto_split = spec.split.policy == SplitPolicy::auto_select;
   const std::vector<int> owners = paged::head_owners(ctx.problem, spec.tp, ctx.collectives.size());
+  // The rollout's TP collective (vLLM's flattened tokens, sequence-major): a decode step's
+  // buffer holds one token of each sequence, a prefill call all of the call's tokens.
+  const bool decode = spec.mode == PagedMode::decode;
+  const TpCollective tp{spec.tp, {kRolloutTpLanes.begin(), kRolloutTpLanes.end()},
+                        [&](int b, std::int64_t i) {
+                          return decode ? CollectiveRow{b, w.sequences()}
+                                        : CollectiveRow{b * w.q_len + i, w.sequences() * w.q_len};
+                        }};
   DecodedRows cand = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
-                                         local ? &candidate : nullptr, o.vocab_size);
-  const DecodedRows ref = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
-                                              local ? &in.reference_cast : nullptr, o.vocab_size);
+                                         local ? &candidate : nullptr, o.vocab_size, &tp);
+  const DecodedRows ref =
+      gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
+                          local ? &in.reference_cast : nullptr, o.vocab_size, nullptr);
   const std::vector<float>& c = o.held.keep(cand.logprob);
   const std::vector<float>& r = o.held.keep(ref.logprob);
   o.dlogp.add(0, c.data(), r.data(), c.size());
@@ -92,6 +101,15 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     const std::vector<float>& cl = o.held.keep(cand.layer);
     const std::vector<float>& rl = o.held.keep(ref.layer);
     o.layer.emplace().add(0, cl.data(), rl.data(), cl.size());
+    for (const TpLane lane : kRolloutTpLanes) {
+      TpLaneComparisons& c = o.layer_tp_lanes.emplace_back(TpLaneComparisons{lane, {}, {}});
+      const std::vector<float>* rows = &o.held.keep(std::vector<float>{});  // none off rank 0
+      for (const DecodedRows::TpLaneRows& l : cand.tp_lanes) {
+        if (l.lane == lane) rows = &l.layer;
+      }
+      c.vs_reference.add(0, rows->data(), rl.data(), rows->size());
+      c.vs_canonical.add(0, rows->data(), cl.data(), rows->size());
+    }
   }
   for (std::size_t k = 0; k < c.size(); ++k) {  // rank 0: [B][q_len]
     const int b = static_cast<int>(k / static_cast<std::size_t>(w.q_len));

@@ -71,6 +71,9 @@ struct PagedCaseOutputs : PagedCaseFacts {
   std::vector<TokenPair> dlogp_tokens;  // the same tokens for the RL metrics (rank 0)
   /// --scope layer: the layer's output of the candidate vs of the reference cast alike (rank 0)
   std::optional<Comparison> layer;
+  /// --scope layer: the candidate's layer output through the rollout's TP-reduction lanes
+  /// (kRolloutTpLanes' order) vs the reference's and vs the canonical one (rank 0)
+  std::vector<TpLaneComparisons> layer_tp_lanes;
   std::vector<InvarianceCheck> invariances;
   std::chrono::steady_clock::time_point started;
   HeldTensors held;
