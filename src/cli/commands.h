@@ -60,5 +60,9 @@ void print_header(std::FILE* out, const RunReport& report, std::size_t case_coun
                   std::size_t paged_count);
 void print_case_row(std::FILE* out, const CaseResult& c);
 void print_footer(std::FILE* out, const RunReport& report);
+/// --scope layer: the stacks' sums over TP ranks in o_proj (numerics.md §12), per case, and the
+/// trainer-vs-rollout pairs through them (cli/human_tp_lanes.cpp).
+void print_tp_lane_rows(std::FILE* out, const RunReport& report);
+void print_tp_lane_pairs(std::FILE* out, const RunReport& report);
 
 }  // namespace cpd

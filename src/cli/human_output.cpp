@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "cli/commands.h"
+#include "cli/human_format.h"
 
 namespace cpd {
 namespace {
@@ -20,13 +21,6 @@ std::string memory_range(const std::vector<std::uint64_t>& bytes) {
          (giga ? " GB" : " MB");
 }
 
-std::string sci(const DiffStats& s) {
-  if (!s.finite()) return "nonfinite";
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%.2e", s.max_abs);
-  return buf;
-}
-
 std::string topology_cell(const CaseResult& c) {
   const bool equal = c.topology.bitwise_equal();
   if (equal) return c.topology_required ? "bitwise" : "bitwise*";
@@ -34,34 +28,20 @@ std::string topology_cell(const CaseResult& c) {
   return "~" + sci(c.topology.out);
 }
 
-// `s` padded with spaces to `width`; a line without its trailing spaces.
-std::string padded(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
-  return s;
-}
-std::string trimmed(std::string s) {
-  s.erase(s.find_last_not_of(' ') + 1);
-  return s;
-}
-
-// "17.4%": the share of the compared elements whose bits differ.
-std::string differing(const DiffStats& s) {
-  const double share = static_cast<double>(s.mismatch_count) /
-                       static_cast<double>(std::max<std::uint64_t>(s.active_count, 1));
-  char text[16];
-  std::snprintf(text, sizeof text, "%.1f%%", share * 100.0);
-  return text;
-}
-
 // The paged cases' section: a header, then one row per case.
 void print_paged_rows(std::FILE* out, const RunReport& r) {
   if (r.paged_cases.empty()) return;
   const PagedWorkload& w = r.paged_cases.front().workload;
+  std::string tp;  // the rollout's TP sizes, as the cases ran them
+  for (const PagedCaseResult& c : r.paged_cases) {
+    const std::string t = std::to_string(c.spec.tp);
+    if (("," + tp + ",").find("," + t + ",") == std::string::npos) tp += (tp.empty() ? "" : ",") + t;
+  }
   std::fprintf(
       out,
-      "#\n# paged (rollout side, TP=1): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
+      "#\n# paged (rollout side, TP=%s): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
       "shared prompt %lld tokens (%d page%s cached once)\n",
-      w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
+      tp.c_str(), w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
       static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
       static_cast<long long>(shared_prompt_len(r.problem)), w.prefix_pages(),
       w.prefix_pages() == 1 ? "" : "s");
@@ -124,6 +104,7 @@ void print_pair_rows(std::FILE* out, const RunReport& r) {
   std::fprintf(out, "# %-40s %-10s %-44s %-9s %-9s %-9s %-10s %-9s %s\n", "trainer", "merge",
                "rollout", "out", "lse", layer ? "layer" : "", "|Δ| max", "exact KL", "bits");
   for (const RolloutPair& p : r.rollout_pairs) {
+    if (p.trainer_tp_reduction != "canonical" || p.rollout_tp_reduction != "canonical") continue;
     std::string bits;
     if (p.diagnostic) {
       bits = "diagnostic (split-KV auto)";
@@ -321,6 +302,8 @@ void print_footer(std::FILE* out, const RunReport& r) {
   print_lane_rows(out, r);
   print_paged_rows(out, r);
   print_pair_rows(out, r);
+  print_tp_lane_rows(out, r);
+  print_tp_lane_pairs(out, r);
   std::fprintf(out, "#\n");
   if (!r.cases.empty()) {
     std::fprintf(

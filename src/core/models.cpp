@@ -90,8 +90,9 @@ std::string model_problem(const ModelDims& m) {
     return n(m.num_kv_heads) + " KV heads do not divide the " + n(m.num_q_heads) +
            " query heads (GQA groups of equal size)";
   }
-  if (m.head_dim < 4 || m.head_dim % 4 != 0 || m.head_dim > kMaxHeadDim) {
-    return "head dim " + n(m.head_dim) + ": the kernels take a multiple of 4 from 4 to " +
+  // The CPU attention tiles (forward and backward) hold a row in 64-float steps.
+  if (m.head_dim < 64 || m.head_dim % 64 != 0 || m.head_dim > kMaxHeadDim) {
+    return "head dim " + n(m.head_dim) + ": the kernels take a multiple of 64 from 64 to " +
            n(kMaxHeadDim);
   }
   if (m.rotary_dim != m.head_dim) return "a rotary dim other than the head dim is not supported";

@@ -12,8 +12,8 @@
 
 namespace cpd {
 
-/// The largest head dim the program takes (the CPU kernels take any multiple of 4; the CUDA
-/// tensor-core kernel 128 only, and it says so).
+/// The largest head dim the program takes (the CPU attention tiles take a multiple of 64; the
+/// CUDA tensor-core kernel 128 only, and it says so).
 inline constexpr int kMaxHeadDim = 256;
 
 /// The table, in the order docs/models.md lists it; the first entry is the default (ModelDims{}).
