@@ -214,6 +214,8 @@ def main():
                     named = {"layer.out": c["layer"]["out"]}
                     for g, v in c["layer"]["backward"]["gradients"].items():
                         named["layer.backward.gradients." + g] = v
+                    for lane in c["layer"]["tp_lanes"]:  # the reduction lanes (numerics.md §12)
+                        named[f"layer.tp_lanes.{lane['lane']}.{lane['tensor']}"] = lane["vs_reference"]
                     for name, v in named.items():
                         want[(c["case_name"], name)] = (v["max_abs"], v["digest"])
                         f = figures.get((c["case_name"], name), {})
@@ -237,7 +239,8 @@ def main():
         if r.returncode == 0:
             with open(out) as f:
                 pairs = [p for p in json.load(f)["trainer_vs_rollout"]["pairs"]
-                         if p["trainer_merge"] == "canonical"]
+                         if p["trainer_merge"] == "canonical"
+                         and p["trainer_tp_reduction"] == "canonical"]
             aligned = [p for p in pairs if p["aligned"]]
             check(len(aligned) == 2 and all(p["layer_out"]["bitwise_equal"] and
                                             p["logprob"]["bitwise_equal"] for p in aligned),

@@ -177,7 +177,8 @@ def check_pairs(args, work):
         print(f"paged {c['case_name']}: layer_out max {lo['max_abs']:.3g}")
         if not (0 < lo["max_abs"] < 0.1):
             failures.append(f"{c['case_name']}: layer_out max {lo['max_abs']} (BF16 drift expected)")
-    pairs = [p for p in report["trainer_vs_rollout"]["pairs"] if p["trainer_merge"] == "canonical"]
+    pairs = [p for p in report["trainer_vs_rollout"]["pairs"]
+             if p["trainer_merge"] == "canonical" and p["trainer_tp_reduction"] == "canonical"]
     aligned = [p for p in pairs if p["aligned"]]
     drift = [p for p in pairs if not p["aligned"]]
     for p in pairs:

@@ -7,6 +7,10 @@ Qwen3-shaped checkpoint NumPy writes (8 query heads, 4 KV heads: TP up to 4).
   two lanes have one digest over CP and layouts (one addition, commutative); at TP = 4 their bits
   vary with CP and the layout (which ring chunk a token falls in) where the canonical output's
   do not, and differ from the canonical output's.
+- dX's lanes (Megatron's column-parallel backward, --include-backward): the same at TP = 1, 2
+  and 4 against the canonical dX written in BF16.
+- The weight gradients' reduce-scatter over DP x CP (FP32 and BF16): the canonical bits at
+  CP = 1, other bits at CP = 2, the FP32 one drifting far less than the BF16 one.
 - Each lane equals NumPy's FP64 o_proj of the dumped attention output within the bound of its
   roundings (below); the oracle with every head read against the next head's o_proj columns is
   outside it (the control).
@@ -80,6 +84,7 @@ def main():
                  "--kv-chunk-sizes", "16", "--tp-world-sizes", "1,2,4", "--cp-world-sizes", "1,2",
                  "--cp-layouts", "contiguous,zigzag", "--rollout-tp-sizes", "1,2,4",
                  "--split-kv-policies", "fixed", "--fixed-split-size", "16", "--include-dlogp",
+                 "--include-backward",
                  "--dump", dump, "--output", out, "--quiet"]
         r = subprocess.run(launch(args) + flags, capture_output=True, text=True, timeout=600)
         if r.returncode != 0 or not os.path.exists(out):
@@ -93,26 +98,48 @@ def main():
         canonical = {c["layer"]["out"]["digest"] for c in cases.values()}
         check(len(cases) >= 10 and len(canonical) == 1,
               f"{len(cases)} cases: one canonical layer output over TP 1/2/4 x CP 1/2 x layouts")
-        lanes = {(n, l["lane"]): l for n, c in cases.items() for l in c["layer"]["tp_lanes"]}
-        check({l for _, l in lanes} == {"megatron_ar", "megatron_sp"},
-              "every prefill case reports Megatron's two lanes")
-        check(all(l["upstream"] and l["collective"] for l in lanes.values()),
+        every = [(n, l) for n, c in cases.items() for l in c["layer"]["tp_lanes"]]
+        weights = ("q_proj", "k_proj", "v_proj", "o_proj")
+        check({(l["lane"], l["tensor"]) for _, l in every} ==
+              {(k, t) for k in ("megatron_ar", "megatron_sp") for t in ("out", "dx")} |
+              {(k, t) for k in ("megatron_grad_fp32", "megatron_grad_bf16") for t in weights},
+              "every prefill case reports Megatron's TP lanes for the output and dX, and its "
+              "gradient reduce-scatter lanes for every weight")
+        check(all(l["upstream"] and l["collective"] for _, l in every),
               "each lane names its upstream and collective")
-        ones = [l for (n, _), l in lanes.items() if tp_of[n] == 1]
-        check(len(ones) >= 4 and all(l["vs_reference"]["digest"] in canonical
-                                     and l["bits_differing_from_canonical"] == 0 for l in ones),
-              "TP = 1: every lane's bits are the canonical output's")
-        twos = {l["vs_reference"]["digest"] for (n, _), l in lanes.items() if tp_of[n] == 2}
-        check(len(twos) == 1 and not twos & canonical,
-              "TP = 2: one digest for both Megatron lanes over CP and layouts, not the canonical one")
-        for lane in ("megatron_ar", "megatron_sp"):
-            fours = {l["vs_reference"]["digest"] for (n, k), l in lanes.items()
-                     if tp_of[n] == 4 and k == lane}
-            share = min(l["bits_differing_from_canonical"] for (n, k), l in lanes.items()
-                        if tp_of[n] == 4 and k == lane)
-            check(len(fours) > 1 and share > 0.1,
-                  f"TP = 4, {lane}: {len(fours)} digests over CP and layouts where the canonical "
-                  f"output has one; at least {share:.0%} of its bits differ from canonical")
+        for tensor in ("out", "dx"):
+            lanes = {(n, l["lane"]): l for n, l in every if l["tensor"] == tensor}
+            ones = [l for (n, _), l in lanes.items() if tp_of[n] == 1]
+            check(len(ones) >= 4 and len({l["vs_reference"]["digest"] for l in ones}) == 1
+                  and all(l["bits_differing_from_canonical"] == 0 for l in ones)
+                  and (tensor == "dx" or ones[0]["vs_reference"]["digest"] in canonical),
+                  f"{tensor}, TP = 1: every lane's bits are the canonical ones (written in BF16)")
+            twos = {l["vs_reference"]["digest"] for (n, _), l in lanes.items() if tp_of[n] == 2}
+            check(len(twos) == 1 and not twos & canonical,
+                  f"{tensor}, TP = 2: one digest for both Megatron lanes over CP and layouts, "
+                  "not the canonical one")
+            for lane in ("megatron_ar", "megatron_sp"):
+                fours = {l["vs_reference"]["digest"] for (n, k), l in lanes.items()
+                         if tp_of[n] == 4 and k == lane}
+                share = min(l["bits_differing_from_canonical"] for (n, k), l in lanes.items()
+                            if tp_of[n] == 4 and k == lane)
+                check(len(fours) > 1 and share > 0.1,
+                      f"{tensor}, TP = 4, {lane}: {len(fours)} digests over CP and layouts where "
+                      f"the canonical one has one; at least {share:.0%} of its bits differ")
+
+        # The weight gradients' reduce-scatter over CP: at CP = 1 the canonical gradient (the FP32
+        # lane's bits; the BF16 lane's, its BF16 write); at CP = 2 other bits.
+        grads = [(n, l) for n, l in every if l["tensor"] in weights]
+        cp_of = {n: int(n.split("_cp")[1].split("_")[0]) for n in cases}
+        check(all((l["bits_differing_from_canonical"] == 0) == (cp_of[n] == 1) for n, l in grads),
+              "weight gradients: the reduce-scatter lanes' bits are the canonical ones at CP = 1 "
+              "only")
+        fp32 = [l for n, l in grads if l["lane"] == "megatron_grad_fp32" and cp_of[n] == 2]
+        bf16 = [l for n, l in grads if l["lane"] == "megatron_grad_bf16" and cp_of[n] == 2]
+        check(max(l["vs_reference"]["max_abs"] for l in fp32) * 100 <
+              max(l["vs_reference"]["max_abs"] for l in bf16),
+              "CP = 2: the FP32 reduce-scatter drifts far less than the BF16 one (its FP32 sums "
+              "against BF16 writes and hops)")
 
         # The FP64 oracle: o_proj of the attention output the layer read (the BF16-written CP
         # output), each TP rank's heads apart. Each partial P_r is an FP32 fold of K = Hq·D/n

@@ -19,16 +19,24 @@ enum class TpLane : std::uint8_t {
   megatron_sp,  // the same with sequence parallelism: NCCL ring reduce-scatter over sequence
   vllm_ar,      // vLLM's TP all-reduce: custom all-reduce below its size limit, else NCCL
   vllm_bi,      // vLLM's batch-invariant mode: NCCL tree, one channel, no custom all-reduce
+  // The weight gradients' sum over DP × CP (Megatron's distributed optimizer): NCCL ring
+  // reduce-scatter of each rank's partial, FP32 (grad_reduce_in_fp32) or BF16 gradients.
+  megatron_grad_fp32,
+  megatron_grad_bf16,
 };
 
 inline constexpr std::array<TpLane, 2> kTrainerTpLanes{TpLane::megatron_ar, TpLane::megatron_sp};
 inline constexpr std::array<TpLane, 2> kRolloutTpLanes{TpLane::vllm_ar, TpLane::vllm_bi};
+inline constexpr std::array<TpLane, 2> kGradientLanes{TpLane::megatron_grad_fp32,
+                                                      TpLane::megatron_grad_bf16};
 
 inline constexpr EnumName<TpLane> kTpLaneNames[] = {
     {TpLane::megatron_ar, "megatron_ar"},
     {TpLane::megatron_sp, "megatron_sp"},
     {TpLane::vllm_ar, "vllm_ar"},
     {TpLane::vllm_bi, "vllm_bi"},
+    {TpLane::megatron_grad_fp32, "megatron_grad_fp32"},
+    {TpLane::megatron_grad_bf16, "megatron_grad_bf16"},
 };
 inline const char* to_string(TpLane l) { return name_of(kTpLaneNames, l); }
 
@@ -61,6 +69,19 @@ inline constexpr TpLaneInfo kTpLaneInfo[] = {
      "each TP rank's GEMM output in the model dtype, then NCCL tree all-reduce: on one node a "
      "chain rooted at rank 0, the last rank's value first (NVIDIA/nccl 5067397 "
      "src/device/all_reduce.h runTreeUpDown, src/graph/connect.cc)"},
+    {TpLane::megatron_grad_fp32,
+     "NVIDIA/Megatron-LM 0011998 megatron/core/distributed/param_and_grad_buffer.py "
+     "_ParamAndGradBucketGroup.start_grad_sync (reduce_scatter_tensor over the DP x CP group; "
+     "grad_reduce_in_fp32)",
+     "each CP rank's FP32 weight gradient over its tokens, NCCL ring reduce-scatter over DP x CP "
+     "(DP = 1 here) in FP32; the weight's gradient its own buffer, cut in equal parts"},
+    {TpLane::megatron_grad_bf16,
+     "NVIDIA/Megatron-LM 0011998 megatron/core/distributed/param_and_grad_buffer.py "
+     "_ParamAndGradBucketGroup.start_grad_sync (reduce_scatter_tensor over the DP x CP group; "
+     "BF16 gradients)",
+     "each CP rank's weight gradient over its tokens written in BF16, NCCL ring reduce-scatter "
+     "over DP x CP (DP = 1 here) in BF16; the weight's gradient its own buffer, cut in equal "
+     "parts"},
 };
 inline const TpLaneInfo& info_of(TpLane lane) {
   for (const TpLaneInfo& i : kTpLaneInfo) {
@@ -99,14 +120,21 @@ CPD_HD int nccl_ring_chunk(std::int64_t i, std::int64_t count, int ranks, int el
 /// (`partials[r]`: rank r's GEMM output before it is written in the wire type). One rank: its
 /// partial written in the wire type — the canonical grid's value.
 CPD_HD float tp_lane_sum(TpLane lane, const float* partials, int ranks, std::int64_t i,
-                         const TpBuffer& buf) {
-  float written[8] = {};  // TP ≤ 8: the head groups of the models cpdrift runs
+                         TpBuffer buf) {
+  if (lane == TpLane::megatron_grad_fp32) buf.wire = WireType::fp32;  // the lane's own wire
+  if (lane == TpLane::megatron_grad_bf16) buf.wire = WireType::bf16;
+  float written[8] = {};  // TP and CP ≤ 8: what cpdrift runs the layer at
   for (int r = 0; r < ranks; ++r) written[r] = to_wire(partials[r], buf.wire);
   if (ranks == 1) return written[0];
   const std::int64_t bytes = buf.count * buf.elem_bytes();
+  // A reduce-scatter's part r (count / ranks elements; the last takes any rest) ends on rank r.
+  const std::int64_t part = buf.count / ranks == 0 ? ranks - 1 : i / (buf.count / ranks);
   switch (lane) {
-    case TpLane::megatron_sp:  // part r of the buffer ends on rank r
-      return ring_chunk_sum(written, ranks, static_cast<int>(i / (buf.count / ranks)), buf.wire);
+    case TpLane::megatron_sp:
+    case TpLane::megatron_grad_fp32:
+    case TpLane::megatron_grad_bf16:
+      return ring_chunk_sum(written, ranks, static_cast<int>(part < ranks ? part : ranks - 1),
+                            buf.wire);
     case TpLane::vllm_ar:
       if (bytes < kVllmCustomAllreduceMaxBytes && bytes % 16 == 0) {
         if (vllm_custom_allreduce_stages(ranks, bytes) == 1)

@@ -115,6 +115,7 @@ struct LaneComparisons {
 /// partials vs the reference's layer output, and vs the canonical layer output.
 struct TpLaneComparisons {
   TpLane lane;
+  std::string tensor;  // "out" (o_proj's all-reduce) or "dx" (the column-parallel backward's)
   Comparison vs_reference, vs_canonical;
 };
 
@@ -140,7 +141,8 @@ struct CasePart {
   std::vector<LaneComparisons> lanes;  // the production lanes, kProductionLanes' order
   std::optional<BackwardComparisons> backward;
   std::optional<Comparison> layer;  // the layer's output (--scope layer) vs the reference's
-  std::vector<TpLaneComparisons> tp_lanes;  // with layer: kTrainerTpLanes' order
+  /// With layer: kTrainerTpLanes' order, the output's; with its backward, dX's after them.
+  std::vector<TpLaneComparisons> tp_lanes;
   /// --scope layer --include-backward: each gradient of the layer (dx, q_proj, …) vs the one the
   /// CP=1 reference backward's gradients give, in the report's order.
   std::vector<std::pair<std::string, Comparison>> layer_backward;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/layer_backward_parts.h"
+#include "engine/o_proj.h"
 #include "engine/protocol_common.h"
 #include "engine/tp_chain.h"
 #include "kernels/attention_backend.h"
@@ -51,37 +52,51 @@ void add_piece(LayerGradient& g, const GlobalPiece& piece, int here, const float
   g.layout.add(piece, hosted ? candidate : nullptr);
 }
 
-// dX on the token owners (TP rank 0), candidate and reference: per chunk, each TP rank's head
-// groups (one chain over a group's q, k, v features each) folded in ascending group order into a
-// plane [2][B][rows][hidden] travelling the TP ranks.
-std::map<std::size_t, std::array<Shard, 2>> dx_grads(const CaseGrid& grid,
-                                                     const std::vector<LogicalRank>& hosted,
-                                                     const std::vector<HeadGrads>& grads,
-                                                     Transport& transport, InputStore& store) {
+// dX on the token owners (TP rank 0), candidate and reference, and the candidate's TP-reduction
+// lanes (Megatron's column-parallel backward: each TP rank's partial dX all-reduced or
+// reduce-scattered over TP): per chunk, each TP rank's head groups (one chain over a group's q, k,
+// v features each) folded in ascending group order into a plane [2 + TP][B][rows][hidden]
+// travelling the TP ranks, each rank's own partial of the candidate in its plane 2 + tp_rank.
+struct DxGrads {
+  std::array<Shard, 2> dx;
+  std::vector<Shard> tp_lanes;  // kTrainerTpLanes' order
+};
+std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+                                        const std::vector<HeadGrads>& grads, Transport& transport,
+                                        InputStore& store) {
   const Problem& p = grid.problem;
   const int d = p.dims.head_dim, hidden = p.dims.hidden_size, gs = p.dims.group_size();
   const LayerWeights& weights = *store.problem().weights;
-  std::map<std::size_t, std::array<Shard, 2>> dx;  // hosted index of a token owner → its dX
+  std::map<std::size_t, DxGrads> dx;  // hosted index of a token owner → its dX
   for (std::size_t i = 0; i < hosted.size(); ++i) {
     if (hosted[i].tp_rank != 0) continue;
     const ShardShape shape{p.batch, Range{0, 1}, hosted[i].tokens, hidden};
-    dx[i] = {Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};
+    DxGrads& g = dx[i];
+    g.dx = {Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};
+    for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k)
+      g.tp_lanes.emplace_back(shape, Uninitialized{});
   }
   const int features = (gs + 2) * d;
+  const TpChain chain = layer_chain(grid);
   run_tp_chain(
-      grid, layer_chain(grid), transport, hosted,
+      grid, chain, transport, hosted,
       [&](std::size_t i, const Range& chunk, FloatBuffer z, bool continues) {
         const LogicalRank& r = hosted[i];
         const std::int64_t rows = chunk.size(), plane = rows * hidden;
         const std::int64_t n = 2 * p.batch * plane;
         const std::int64_t first = grads[i].q[0]->shape.local_row(chunk.begin);
         const bool apart = continues && p.o_proj_order == OProjOrder::rank_sums;
+        if (!continues) {
+          z.resize(static_cast<std::size_t>(chain.planes * p.batch * plane));
+          mark_unwritten(z);
+        }
         FloatBuffer own;
         FloatBuffer& into = apart ? own : z;
-        if (!continues || apart) {
-          into.resize(static_cast<std::size_t>(n));
-          mark_unwritten(into);
+        if (apart) {
+          own.resize(static_cast<std::size_t>(n));
+          mark_unwritten(own);
         }
+        float* lane = z.data() + (2 + r.tp_rank) * p.batch * plane;  // this rank's partial
         std::vector<std::vector<float>> xs;
         std::vector<FoldedProjectionJob> folds;
         for (int w = 0; w < 2; ++w) {
@@ -104,17 +119,24 @@ std::map<std::size_t, std::array<Shard, 2>> dx_grads(const CaseGrid& grid,
               fold.heads.push_back(ProjectionJob{x.data(), rows, weights.qkv_group_transposed(g),
                                                  features, nullptr});
             }
+            // A rank that starts the plane folds its own partial there already; the others
+            // again, from zero.
+            if (w == 0 && continues)
+              folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
             folds.push_back(std::move(fold));
           }
         }
         store.backend().project_folded(folds, features, hidden);
+        if (!continues)
+          std::memcpy(lane, z.data(), static_cast<std::size_t>(p.batch * plane) * sizeof(float));
         if (apart) {
           for (std::int64_t e = 0; e < n; ++e) z[static_cast<std::size_t>(e)] += own[e];
         }
         return z;
       },
       [&](std::size_t i, const Range& chunk, const FloatBuffer& z) {
-        std::array<Shard, 2>& out = dx.at(i);
+        reduce_tp_lanes(grid, chunk, z, dx.at(i).tp_lanes);
+        std::array<Shard, 2>& out = dx.at(i).dx;
         const std::int64_t rows = chunk.size(), first = out[0].shape.local_row(chunk.begin);
         for (int w = 0; w < 2; ++w) {
           for (int b = 0; b < p.batch; ++b) {
@@ -124,6 +146,13 @@ std::map<std::size_t, std::array<Shard, 2>> dx_grads(const CaseGrid& grid,
         }
       });
   return dx;
+}
+
+// A weight buffer's lane planes (after its candidate and reference, each `plane` floats).
+std::vector<const float*> lane_rows(const FloatBuffer& buf, std::int64_t plane) {
+  std::vector<const float*> rows;
+  for (std::size_t k = 0; k < kGradientLanes.size(); ++k) rows.push_back(buf.data() + (2 + k) * plane);
+  return rows;
 }
 
 // q_proj, k_proj, v_proj: [heads, D, hidden] (Hugging Face's [out][in], a head's rows a piece),
@@ -154,6 +183,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
       LayerGradient& g = add_gradient(
           out, std::string(names[t]) + (is_bias ? "_bias" : "_proj"),
           is_bias ? "[heads, head_dim, 1]" : "[heads, head_dim, hidden]", 1, heads, d, width);
+      g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
       for (std::int64_t h = 0; h < heads; ++h) {
         const LogicalRank& owner = head_owner(grid, h, kv, holder);
         const float* rows[2] = {nullptr, nullptr};
@@ -167,6 +197,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
                        : qkv)[static_cast<std::size_t>(i)][static_cast<std::size_t>(slot)];
           rows[0] = buf.data();
           rows[1] = buf.data() + d * width;
+          g.tp_lanes.push_back(lane_rows(buf, d * width));
           g.storage.push_back(std::move(buf));
         }
         add_piece(g, GlobalPiece{0, h, Range{0, d}, process_of(owner.id, world)}, here, rows[0],
@@ -178,6 +209,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
     LayerGradient& g =
         add_gradient(out, "o_proj", "[heads, hidden, head_dim] (o_proj's columns of each head)", 1,
                      dims.num_q_heads, hidden, d);
+    g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
     for (std::int64_t h = 0; h < dims.num_q_heads; ++h) {
       const LogicalRank& owner = head_owner(grid, h, false, holder);
       const float* rows[2] = {nullptr, nullptr};
@@ -187,6 +219,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
             o_proj[static_cast<std::size_t>(i)][static_cast<std::size_t>(h - owner.q_heads.begin)];
         rows[0] = buf.data();
         rows[1] = buf.data() + std::int64_t{hidden} * d;
+        g.tp_lanes.push_back(lane_rows(buf, std::int64_t{hidden} * d));
         g.storage.push_back(std::move(buf));
       }
       add_piece(g, GlobalPiece{0, h, Range{0, hidden}, process_of(owner.id, world)}, here, rows[0],
@@ -211,7 +244,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   QkvGrads qkv_grads = qkv_weight_grads(grid, hosted, grads, transport, store);
   std::vector<std::vector<FloatBuffer>> o_proj =
       o_proj_weight_grads(grid, hosted, inputs, transport, store);
-  std::map<std::size_t, std::array<Shard, 2>> dx = dx_grads(grid, hosted, grads, transport, store);
+  std::map<std::size_t, DxGrads> dx = dx_grads(grid, hosted, grads, transport, store);
   std::vector<float> norms;
   if (dims.qk_norm) norms = fold_norm_partials(grid, hosted, grads, world, collectives);
   grads.clear();
@@ -221,6 +254,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   std::vector<LayerGradient> out;
   {
     LayerGradient& g = add_gradient(out, "dx", "[B, 1, S, hidden]", p.batch, 1, p.seq_len, hidden);
+    g.lanes.assign(kTrainerTpLanes.begin(), kTrainerTpLanes.end());
     std::vector<std::pair<Range, int>> ranges;  // every token range and its CP rank, by position
     for (int c = 0; c < grid.spec.cp; ++c) {
       for (const Range& t : grid.at(0, c).tokens) ranges.emplace_back(t, c);
@@ -231,17 +265,21 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
       for (const auto& [tokens, c] : ranges) {
         const LogicalRank& owner = grid.at(0, c);
         const float* rows[2] = {nullptr, nullptr};
-        for (auto& [i, shards] : dx) {
+        std::vector<const float*> lanes(kTrainerTpLanes.size(), nullptr);
+        for (auto& [i, grads_of] : dx) {
           if (hosted[i].id != owner.id) continue;
-          for (int w = 0; w < 2; ++w)
-            rows[w] = shards[w].at(b, 0, shards[w].shape.local_row(tokens.begin));
+          const std::int64_t row = grads_of.dx[0].shape.local_row(tokens.begin);
+          for (int w = 0; w < 2; ++w) rows[w] = grads_of.dx[w].at(b, 0, row);
+          for (std::size_t k = 0; k < lanes.size(); ++k) lanes[k] = grads_of.tp_lanes[k].at(b, 0, row);
         }
         add_piece(g, GlobalPiece{b, 0, tokens, process_of(owner.id, world)}, here, rows[0],
                   rows[1]);
+        if (rows[0] != nullptr) g.tp_lanes.push_back(std::move(lanes));
       }
     }
-    for (auto& [i, shards] : dx) {
-      for (Shard& s : shards) g.storage.push_back(std::move(s.data));
+    for (auto& [i, grads_of] : dx) {
+      for (Shard& s : grads_of.dx) g.storage.push_back(std::move(s.data));
+      for (Shard& s : grads_of.tp_lanes) g.storage.push_back(std::move(s.data));
     }
   }
   publish_weights(grid, hosted, qkv_grads, o_proj, world, here, out);

@@ -4,6 +4,8 @@
 // reference alike.
 #pragma once
 
+#include "cpdrift/tp_lanes.h"
+
 #include <string>
 #include <vector>
 
@@ -27,6 +29,11 @@ struct LayerGradient {
     std::size_t count;
   };
   std::vector<Hosted> hosted;  // layout's order
+  /// The reduction lanes of this gradient (numerics.md §12): dX's over TP (kTrainerTpLanes), the
+  /// weights' over DP × CP (kGradientLanes); none for the norms'.
+  std::vector<TpLane> lanes;
+  /// Per hosted piece, the candidate through each of `lanes`.
+  std::vector<std::vector<const float*>> tp_lanes;
   std::vector<FloatBuffer> storage;
 };
 

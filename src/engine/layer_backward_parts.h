@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "cpdrift/tp_lanes.h"
 #include "engine/layer_backward.h"
 
 namespace cpd::layer_backward_parts {
@@ -33,9 +34,13 @@ std::vector<float> fold_norm_partials(const CaseGrid& grid, const std::vector<Lo
                                       const std::vector<HeadGrads>& grads, int world,
                                       const Collectives& collectives);
 
+/// The planes of a weight gradient's buffers on the holder: candidate, reference, then each of
+/// kGradientLanes' (the DP × CP reduce-scatter of the CP ranks' partials, numerics.md §12).
+inline constexpr int kWeightPlanes = 2 + static_cast<int>(kGradientLanes.size());
+
 /// q/k/v_proj's gradients and their biases through each TP rank's token chain, on the holder per
 /// hosted rank and head slot (its query heads, then its KV heads' k, then v): the weight
-/// [2][D][hidden] and the bias [2][D] (a model with one). Collective.
+/// [kWeightPlanes][D][hidden] and the bias [kWeightPlanes][D] (a model with one). Collective.
 struct QkvGrads {
   std::vector<std::vector<FloatBuffer>> weight, bias;
 };
@@ -44,7 +49,7 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
                           InputStore& store);
 
 /// o_proj's gradient through each TP rank's token chain, on the holder per hosted rank and query
-/// head: its columns [2][hidden][D]. Collective.
+/// head: its columns [kWeightPlanes][hidden][D]. Collective.
 std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
     const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
     const std::vector<LayerBackwardInputs>& inputs, Transport& transport, InputStore& store);

@@ -5,6 +5,7 @@
 #include "engine/layer_backward.h"
 #include "engine/o_proj.h"
 #include "engine/tensor_layout.h"
+#include "cpdrift/bf16.h"
 
 namespace cpd {
 namespace phase_run {
@@ -41,7 +42,7 @@ void o_proj(CaseRun& r) {
                                      hidden, HeadKind::token, bf16, false));
   // The TP-reduction lanes: already in the model's dtype (their collective's wire type).
   for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
-    TpLaneComparisons& lane = part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], {}, {}});
+    TpLaneComparisons& lane = part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], "out", {}, {}});
     std::vector<const Shard*> rows;
     for (LayerOutputs& o : r.layer) {
       lane.vs_reference.add(o.rank.cp_rank, o.tp_lanes[k], o.reference);
@@ -54,6 +55,42 @@ void o_proj(CaseRun& r) {
                                        hidden, HeadKind::token, bf16, true));
   }
   r.sink.prefill_part(part);
+}
+
+// A gradient's reduction lanes (numerics.md §12: dX's over TP, Megatron's column-parallel
+// backward; the weights' over DP × CP, its distributed optimizer's reduce-scatter): each lane vs
+// the reference's gradient, and vs the canonical gradient written in the lane's wire type (dX:
+// the run's dtype, a BF16 model's dgrad GEMM writes BF16; a weight: the lane's own); published
+// beside the gradient, `t` its tensor's layout.
+void add_lanes(const Problem& p, const LayerGradient& g, CaseTensor t, const std::string& base,
+               HeldTensors& written, CasePart& part) {
+  for (std::size_t k = 0; k < g.lanes.size(); ++k) {
+    const TpLane id = g.lanes[k];
+    const bool bf16 = id == TpLane::megatron_grad_bf16 ||
+                      (id != TpLane::megatron_grad_fp32 && p.dtype == DType::bf16);
+    TpLaneComparisons& lane = part.tp_lanes.emplace_back(TpLaneComparisons{id, g.name, {}, {}});
+    for (std::size_t j = 0; j < g.hosted.size(); ++j) {
+      const LayerGradient::Hosted& h = g.hosted[j];
+      const float* mine = g.tp_lanes[j][k];
+      lane.vs_reference.add(0, mine, h.reference, h.count, bf16);
+      const float* canonical = h.candidate;
+      if (bf16) {
+        std::vector<float> rounded(h.candidate, h.candidate + h.count);
+        for (float& x : rounded) x = round_bf16(x);
+        canonical = written.keep(std::move(rounded)).data();
+      }
+      lane.vs_canonical.add(0, mine, canonical, h.count, bf16);
+    }
+    std::size_t j = 0;
+    for (StreamSegment& s : t.layout.segments) {
+      if (s.data != nullptr) s.data = g.tp_lanes[j++][k];
+    }
+    t.path = base + "tp_lanes/" + to_string(id) + "/" + g.name;
+    t.digest = true;
+    t.bf16 = bf16;
+    lane.vs_reference.candidate_tensor = static_cast<int>(part.tensors.size());
+    part.tensors.push_back(t);
+  }
 }
 
 void layer_backward(CaseRun& r) {
@@ -75,6 +112,7 @@ void layer_backward(CaseRun& r) {
   r.reference_gradients.clear();
   r.release_references();
   CasePart part(r.grid.spec.cp);
+  HeldTensors written;  // dX's canonical BF16 write, which its lanes are compared with
   const std::string base = case_group(r.record.name) + "/layer_backward/";
   for (const LayerGradient& g : layer) {
     Comparison& c = part.layer_backward.emplace_back(g.name, Comparison{}).second;
@@ -89,7 +127,8 @@ void layer_backward(CaseRun& r) {
     }
     t.path = base + "reference/" + g.name;
     t.digest = false;
-    part.tensors.push_back(std::move(t));
+    part.tensors.push_back(t);
+    if (!g.lanes.empty()) add_lanes(r.ctx.problem, g, t, base, written, part);
   }
   r.sink.prefill_part(part);
 }

@@ -4,6 +4,7 @@
 
 #include "cpdrift/tp_lanes.h"
 #include "engine/layer_backward.h"
+#include "engine/layer_backward_parts.h"
 #include "engine/memory_plan.h"
 #include "engine/phase_memory_util.h"
 
@@ -69,15 +70,17 @@ void layer_backward(CaseMemory& m) {
       std::uint64_t mine = 0;  // the rank's stages: each a piece received and one sent a step
       for (const TokenStage& s : stages) mine += s.cp_rank == r->cp_rank ? 1 : 0;
       chains += std::max(pre, batch * tokens * std::max(u64(qkv.inputs), hidden) * kFloat) +
-                2 * mine * 2 * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
-      if (r->cp_rank == holder)
-        weights +=
-            2 * (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) * kFloat;
+                2 * mine * u64(qkv.planes) * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
+      if (r->cp_rank == holder)  // candidate, reference and the gradient lanes
+        weights += u64(layer_backward_parts::kWeightPlanes) *
+                   (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) * kFloat;
       std::uint64_t chunk = 0;
       for (const Range& c : chain_chunks(layer_chain(grid), *r))
         chunk = std::max(chunk, u64(c.size()));
-      dx += (r->tp_rank == 0 ? 2 * batch * tokens * hidden * kFloat : 0) +
-            (r->tp_rank == 0 ? 3 : 2) * 2 * batch * chunk * hidden * kFloat +
+      const std::uint64_t owned = 2 + kTrainerTpLanes.size();  // dX, its reference, its lanes
+      dx += (r->tp_rank == 0 ? owned * batch * tokens * hidden * kFloat : 0) +
+            (r->tp_rank == 0 ? 3 : 2) * u64(layer_chain(grid).planes) * batch * chunk * hidden *
+                kFloat +
             2 * batch * u64(r->kv_heads.size()) * chunk * (group + 2) * dim * kFloat;
       for (std::int64_t g = r->kv_heads.begin; g < r->kv_heads.end; ++g)
         m.memos(proc).qkv_transposed.insert(g);

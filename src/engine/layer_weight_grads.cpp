@@ -15,7 +15,8 @@ TokenChain layer_chain_of(const CaseGrid& grid, std::int64_t outputs, std::int64
   const auto stages = static_cast<std::int64_t>(token_stages(grid).size());
   const std::int64_t pieces = stages == 1 ? 1 : kPiecesPerStage * stages;
   const std::int64_t rows = ((outputs + pieces - 1) / pieces + 15) / 16 * 16;
-  return TokenChain{outputs, inputs, rows, grid.problem.o_proj_order == OProjOrder::rank_sums};
+  return TokenChain{outputs, inputs, rows, grid.problem.o_proj_order == OProjOrder::rank_sums,
+                    2 + grid.spec.cp};
 }
 
 }  // namespace
@@ -34,6 +35,20 @@ TokenChain layer_o_chain(const CaseGrid& grid) {
 
 namespace layer_backward_parts {
 namespace {
+
+// `n` consecutive elements of a weight gradient through gradient lane `lane`: each CP rank's
+// partial of element j at own[c · stride + j] (the chain's planes 2 + c), the buffer's element
+// index of the first `first` of `count` (this TP rank's weight, its own buffer).
+void reduce_gradient_lanes(const CaseGrid& grid, TpLane lane, const float* own,
+                           std::int64_t stride, std::int64_t n, std::int64_t first,
+                           std::int64_t count, float* out) {
+  const int cp = grid.spec.cp;
+  float partials[8];
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (int c = 0; c < cp; ++c) partials[c] = own[c * stride + j];
+    out[j] = tp_lane_sum(lane, partials, cp, first + j, TpBuffer{count, WireType::fp32});
+  }
+}
 
 // Rows [B·T][width] of one hosted rank's tokens, (b, local row) order: the layer's input (with a
 // column of ones after it when the model has a bias: its gradient is the token sum of dP) or its
@@ -95,15 +110,17 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
       x[i] = token_rows(p, hosted[i], false, width, store.pool());
     run_token_chain(
         grid, chain, transport, hosted,
-        [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {
+        [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first,
+            float* own, bool own_continues) {
           const LogicalRank& r = hosted[i];
           std::vector<TokenSumJob> jobs;
           for (std::int64_t o = piece.begin; o < piece.end;) {
             const std::int64_t slot = o / d, end = std::min(piece.end, (slot + 1) * d);
-            for (int w = 0; w < 2; ++w) {
-              const Shard* dp = slot < qh         ? grads[i].q[w]
-                                : slot < qh + kvh ? grads[i].k[w]
-                                                  : grads[i].v[w];
+            for (int w = 0; w < 3; ++w) {  // candidate, reference, the candidate's own partial
+              const int of = w == 2 ? 0 : w;
+              const Shard* dp = slot < qh         ? grads[i].q[of]
+                                : slot < qh + kvh ? grads[i].k[of]
+                                                  : grads[i].v[of];
               const std::int64_t h = slot < qh         ? r.q_heads.begin + slot
                                      : slot < qh + kvh ? r.kv_heads.begin + slot - qh
                                                        : r.kv_heads.begin + slot - qh - kvh;
@@ -115,8 +132,9 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
               job.ld_x = job.ld_sum = width;
               job.outputs = static_cast<int>(end - o);
               job.inputs = width;
-              job.sum = plane + (w * piece.size() + (o - piece.begin)) * width;
-              job.continues = !first;
+              job.sum = w == 2 ? own + (o - piece.begin) * width
+                               : plane + (w * piece.size() + (o - piece.begin)) * width;
+              job.continues = w == 2 ? own_continues : !first;
               jobs.push_back(std::move(job));
             }
             o = end;
@@ -131,13 +149,26 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
           for (std::int64_t o = piece.begin; o < piece.end; ++o) {
             const auto slot = static_cast<std::size_t>(o / d);
             FloatBuffer &wb = qkv[i][slot], &bb = qkv_bias[i][slot];
-            if (wb.empty()) wb.resize(static_cast<std::size_t>(2 * d * hidden));
-            if (bias && bb.empty()) bb.resize(static_cast<std::size_t>(2 * d));
+            if (wb.empty()) wb.resize(static_cast<std::size_t>(kWeightPlanes * d * hidden));
+            if (bias && bb.empty()) bb.resize(static_cast<std::size_t>(kWeightPlanes * d));
             for (int w = 0; w < 2; ++w) {
               const float* row = plane.data() + (w * piece.size() + o - piece.begin) * width;
               std::memcpy(wb.data() + (w * d + o % d) * hidden, row,
                           static_cast<std::size_t>(hidden) * sizeof(float));
               if (bias) bb[static_cast<std::size_t>(w * d + o % d)] = row[hidden];
+            }
+            // The gradient lanes: this TP rank's weight [outputs][hidden] and bias [outputs],
+            // each its own buffer of the reduce-scatter.
+            const float* own = plane.data() + (2 * piece.size() + o - piece.begin) * width;
+            const std::int64_t own_plane = piece.size() * width;
+            for (std::size_t k = 0; k < kGradientLanes.size(); ++k) {
+              float* lane = wb.data() + ((2 + k) * d + o % d) * hidden;
+              reduce_gradient_lanes(grid, kGradientLanes[k], own, own_plane, hidden,
+                                    o * hidden, chain.outputs * hidden, lane);
+              if (bias) {
+                reduce_gradient_lanes(grid, kGradientLanes[k], own + hidden, own_plane, 1, o,
+                                      chain.outputs, &bb[(2 + k) * d + o % d]);
+              }
             }
           }
         });
@@ -163,12 +194,13 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
     const std::int64_t columns = chain.inputs;
     run_token_chain(
         grid, chain, transport, hosted,
-        [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first) {
+        [&](std::size_t i, const TokenStage& stage, const Range& piece, float* plane, bool first,
+            float* own, bool own_continues) {
           const LogicalRank& r = hosted[i];
           std::vector<TokenSumJob> jobs;
-          for (int w = 0; w < 2; ++w) {
+          for (int w = 0; w < 3; ++w) {  // candidate, reference, the candidate's own partial
             for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
-              const Shard& a = *inputs[i].attention[w];
+              const Shard& a = *inputs[i].attention[w == 2 ? 0 : w];
               // x: the attention rows of head h; dy: the output gradient's rows, at the piece.
               std::vector<TokenBlock> blocks =
                   stage_blocks(grid, r, stage, dy[i].data(), hidden,
@@ -184,8 +216,9 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
               job.ld_sum = columns;
               job.outputs = static_cast<int>(piece.size());
               job.inputs = d;
-              job.sum = plane + w * piece.size() * columns + (h - r.q_heads.begin) * d;
-              job.continues = !first;
+              job.sum = (w == 2 ? own : plane + w * piece.size() * columns) +
+                        (h - r.q_heads.begin) * d;
+              job.continues = w == 2 ? own_continues : !first;
               jobs.push_back(std::move(job));
             }
           }
@@ -195,12 +228,22 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
           if (o_proj[i].empty()) o_proj[i].resize(static_cast<std::size_t>(qh));
           for (std::int64_t lh = 0; lh < qh; ++lh) {
             FloatBuffer& hb = o_proj[i][static_cast<std::size_t>(lh)];
-            if (hb.empty()) hb.resize(static_cast<std::size_t>(2 * hidden * d));
+            if (hb.empty()) hb.resize(static_cast<std::size_t>(kWeightPlanes * hidden * d));
             for (int w = 0; w < 2; ++w) {
               for (std::int64_t o = piece.begin; o < piece.end; ++o) {
                 std::memcpy(hb.data() + (w * hidden + o) * d,
                             plane.data() + (w * piece.size() + o - piece.begin) * columns + lh * d,
                             static_cast<std::size_t>(d) * sizeof(float));
+              }
+            }
+            // The gradient lanes: this TP rank's o_proj weight [hidden][columns] one buffer.
+            for (std::int64_t o = piece.begin; o < piece.end; ++o) {
+              const float* own =
+                  plane.data() + (2 * piece.size() + o - piece.begin) * columns + lh * d;
+              for (std::size_t k = 0; k < kGradientLanes.size(); ++k) {
+                reduce_gradient_lanes(grid, kGradientLanes[k], own, piece.size() * columns, d,
+                                      o * columns + lh * d, hidden * columns,
+                                      hb.data() + ((2 + k) * hidden + o) * d);
               }
             }
           }

@@ -78,20 +78,19 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
   return z;
 }
 
-// The owner's TP-reduction lanes of a finished chunk (kTrainerTpLanes' order), from the TP ranks'
-// partials in z: Megatron's buffer is the CP rank's [S_cp][B][hidden] (sequence-major), so a
-// token's row is its local row · B + b.
-void reduce_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z,
-                  LayerOutputs& out) {
+}  // namespace
+
+void reduce_tp_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z,
+                     std::vector<Shard>& lanes) {
   const Problem& p = grid.problem;
   const int tp = grid.spec.tp, batch = p.batch, hidden = p.dims.hidden_size;
   const std::int64_t rows = chunk.size(), plane = rows * hidden;
-  const std::int64_t first = out.candidate.shape.local_row(chunk.begin);
-  const TpBuffer buffer{out.candidate.shape.rows() * batch * hidden,
+  const std::int64_t first = lanes.front().shape.local_row(chunk.begin);
+  const TpBuffer buffer{lanes.front().shape.rows() * batch * hidden,
                         p.dtype == DType::bf16 ? WireType::bf16 : WireType::fp32};
   float partials[8];
   for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
-    Shard& s = out.tp_lanes[k];
+    Shard& s = lanes[k];
     for (int b = 0; b < batch; ++b) {
       for (std::int64_t row = 0; row < rows; ++row) {
         float* dst = s.at(b, 0, first + row);
@@ -105,8 +104,6 @@ void reduce_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z
     }
   }
 }
-
-}  // namespace
 
 std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
                                      const std::vector<const AttnShard*>& candidate,
@@ -143,7 +140,7 @@ std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
                         static_cast<std::size_t>(rows * hidden) * sizeof(float));
           }
         }
-        reduce_lanes(grid, chunk, z, out);
+        reduce_tp_lanes(grid, chunk, z, out.tp_lanes);
       });
   return result;
 }

@@ -21,6 +21,13 @@ struct LayerOutputs {
   std::vector<Shard> tp_lanes;
 };
 
+/// The owner's TP-reduction lanes of a finished chunk of a layer chain (layer_chain: plane 2 + t
+/// holds TP rank t's partial of the candidate) into `lanes` (kTrainerTpLanes' order, each shaped
+/// as the owner's output): Megatron's buffer is the CP rank's [S_cp][B][hidden]
+/// (sequence-major), so a token's row is its local row · B + b.
+void reduce_tp_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z,
+                     std::vector<Shard>& lanes);
+
 /// o_proj of `candidate` and `reference`, per hosted rank (hosted_ranks order) the attention
 /// outputs of its heads, in the problem's o_proj_order. Collective.
 std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,

@@ -51,7 +51,7 @@ MessageHeader token_header(const CaseGrid& grid, const TokenChain& chain, const 
   h.token_end = piece.end;
   h.batch = grid.problem.batch;
   h.width = static_cast<std::int32_t>(chain.inputs);
-  h.floats = 2 * piece.size() * chain.inputs;
+  h.floats = chain.planes * piece.size() * chain.inputs;
   return h;
 }
 
@@ -90,8 +90,9 @@ void run_token_chain(const CaseGrid& grid, const TokenChain& chain, Transport& t
           continue;
         const Range& piece = pieces[static_cast<std::size_t>(p)];
         FloatBuffer plane;
+        const std::int64_t size = piece.size() * chain.inputs;
         if (k == 0) {
-          plane.resize(static_cast<std::size_t>(2 * piece.size() * chain.inputs));
+          plane.resize(static_cast<std::size_t>(chain.planes * size));
           mark_unwritten(plane);  // the first block stores every element
         } else {
           std::vector<Message>& in = received[r.id];
@@ -100,12 +101,17 @@ void run_token_chain(const CaseGrid& grid, const TokenChain& chain, Transport& t
           });
           plane = std::move(it->payload);  // the manifest listed it: it arrived
         }
+        // This CP rank's own partial: its plane, continued after the rank's earlier stage.
+        float* own = chain.planes > 2 ? plane.data() + (2 + r.cp_rank) * size : nullptr;
+        const bool own_continues = std::any_of(stages.begin(), stages.begin() + k, [&](const auto& s) {
+          return s.cp_rank == r.cp_rank;
+        });
         if (k > 0 && chain.rank_sums) {
-          FloatBuffer own(plane.size());
-          fold(i, stages[k], piece, own.data(), true);
-          for (std::size_t e = 0; e < own.size(); ++e) plane[e] += own[e];
+          FloatBuffer sums(static_cast<std::size_t>(2 * size));
+          fold(i, stages[k], piece, sums.data(), true, own, own_continues);
+          for (std::size_t e = 0; e < sums.size(); ++e) plane[e] += sums[e];
         } else {
-          fold(i, stages[k], piece, plane.data(), k == 0);
+          fold(i, stages[k], piece, plane.data(), k == 0, own, own_continues);
         }
         if (k + 1 == stages.size()) {
           finish(i, piece, plane);

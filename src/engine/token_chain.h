@@ -32,6 +32,10 @@ struct TokenChain {
   /// The control (--o-proj-order rank_sums): each stage folds its own blocks from zero and adds
   /// its sum to the piece it received, a reduce of per-rank partials.
   bool rank_sums = false;
+  /// A piece's planes: candidate and reference, then (2 + CP for the layer's chains) each CP
+  /// rank's own partial of the candidate — the gradient reduce-scatter lanes' inputs
+  /// (numerics.md §12).
+  int planes = 2;
 };
 std::vector<Range> token_pieces(const TokenChain& chain);
 int token_chain_steps(const CaseGrid& grid, const TokenChain& chain);
@@ -42,9 +46,12 @@ std::vector<MessageHeader> expected_token_partials(const CaseGrid& grid, const T
 /// The CP rank that holds the finished gradient: the last stage's.
 int token_chain_holder(const CaseGrid& grid);
 
-/// `fold(i, stage, piece, plane, first)`: hosted rank i folds its stage's blocks into `plane`
-/// ([2][piece rows][inputs]); `first`: the chain's first stage, whose first block is stored.
-using TokenFold = std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool)>;
+/// `fold(i, stage, piece, plane, first, own, own_continues)`: hosted rank i folds its stage's
+/// blocks into `plane` ([2][piece rows][inputs]); `first`: the chain's first stage, whose first
+/// block is stored. With planes > 2 also the candidate's alone into `own` (its CP rank's
+/// partial, [piece rows][inputs]), continued when the rank had a stage before (`own_continues`).
+using TokenFold = std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool,
+                                     float*, bool)>;
 /// `finish(i, piece, plane)`: the holder, hosted rank i, with a finished piece.
 using TokenFinish = std::function<void(std::size_t, const Range&, const FloatBuffer&)>;
 

@@ -178,8 +178,10 @@ struct DumpFile::Impl {
   }
 
   // A leg's tensors; the layer's legs (layer, layer_backward) hold a group each for the
-  // candidate and the reference (layer/candidate/out), one level deeper.
-  void load_tensors(const std::string& group, const CaseInfo* in_case, std::int64_t q_len = 0) {
+  // candidate and the reference (layer/candidate/out), one level deeper, and one of the
+  // reduction lanes (layer/tp_lanes/<lane>, layer_backward/tp_lanes/<lane>/<gradient>).
+  void load_tensors(const std::string& group, const CaseInfo* in_case, std::int64_t q_len = 0,
+                    int lane_depth = 0) {
     const std::string leg = group.substr(group.rfind('/') + 1);
     const bool layer_leg = in_case != nullptr && (leg == "layer" || leg == "layer_backward");
     for (const h5::Member& m : h5::members(file.get(), group, path)) {
@@ -187,6 +189,11 @@ struct DumpFile::Impl {
       if (layer_leg && m.kind == h5::Kind::group &&
           (m.name == "candidate" || m.name == "reference")) {
         load_tensors(at, nullptr);
+        continue;
+      }
+      if (m.kind == h5::Kind::group &&
+          ((layer_leg && m.name == "tp_lanes") || (lane_depth == 1 && leg == "tp_lanes"))) {
+        load_tensors(at, nullptr, 0, lane_depth + 1);  // the lanes, then a lane's gradients
         continue;
       }
       if (m.kind != h5::Kind::dataset) throw InspectError(path + ": " + at + " is not a dataset");

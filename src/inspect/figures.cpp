@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "cpdrift/production_lanes.h"
+#include "cpdrift/tp_lanes.h"
 #include "metrics/digest.h"
 
 namespace cpd::inspect {
@@ -96,6 +97,20 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
                               "v_bias", "q_norm", "k_norm"}) {
     add("layer.backward.gradients." + g, "layer_backward/candidate/" + g,
         base + "layer_backward/reference/" + g, true);
+  }
+  // The reduction lanes (numerics.md §12): each lane's tensor against the reference's, with the
+  // lane's digest.
+  for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::megatron_grad_fp32,
+                            TpLane::megatron_grad_bf16}) {
+    const std::string name = to_string(lane), prefix = "layer.tp_lanes." + name + ".";
+    add(prefix + "out", "layer/tp_lanes/" + name, base + "layer/reference/out", true);
+    for (const std::string g :
+         {"dx", "q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias", "v_bias"}) {
+      const std::string at = "layer_backward/tp_lanes/" + name + "/" + g;
+      const TensorInfo* t = dump.find(base + at);
+      add(prefix + g, at, base + "layer_backward/reference/" + g, true, std::nullopt,
+          t != nullptr && t->bf16);
+    }
   }
   // The logprobs' active tokens: every sequence's but its first.
   add("dlogp.drift", "candidate/logp", base + "reference/logp", true,

@@ -108,7 +108,7 @@ void measure_case_part(const CasePart& part, std::span<const std::string> digest
   }
   for (const TpLaneComparisons& c : part.tp_lanes)
     into.layer.tp_lanes.push_back(
-        TpLaneDrift{c.lane, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
+        TpLaneDrift{c.lane, c.tensor, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
   for (const auto& [name, c] : part.layer_backward)
     into.layer.backward.emplace_back(name, m.stats(c));
   if (part.dlogp) {
@@ -146,7 +146,8 @@ PagedCaseResult measure_paged_case(const PagedCaseOutputs& o, std::span<const st
   r.dlogp_rl = compute_rl_metrics(o.dlogp_tokens);
   if (o.layer) r.layer = m.stats(*o.layer);
   for (const TpLaneComparisons& c : o.layer_tp_lanes)
-    r.layer_tp_lanes.push_back(TpLaneDrift{c.lane, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
+    r.layer_tp_lanes.push_back(
+        TpLaneDrift{c.lane, c.tensor, m.stats(c.vs_reference), m.stats(c.vs_canonical)});
   for (const InvarianceCheck& inv : o.invariances)
     r.invariances.push_back(
         Invariance{inv.name, inv.compares, inv.applicable, inv.reason, m.stats(inv.rows)});

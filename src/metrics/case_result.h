@@ -62,6 +62,7 @@ struct DlogpDrift {
 /// A TP-reduction lane of the layer (report `layer.tp_lanes`, numerics.md §12).
 struct TpLaneDrift {
   TpLane lane;
+  std::string tensor;      // "out" or "dx"
   DiffStats vs_reference;  // vs the reference's layer output (the digest: the lane's bits)
   DiffStats vs_canonical;  // vs the canonical layer output: mismatch_count, the bits that differ
 };

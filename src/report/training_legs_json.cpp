@@ -222,6 +222,7 @@ Value tp_lanes_json(const std::vector<TpLaneDrift>& lanes) {
                              : static_cast<double>(l.vs_canonical.mismatch_count) /
                                    static_cast<double>(l.vs_canonical.active_count);
     a.push_back(Object{{"lane", to_string(l.lane)},
+                       {"tensor", l.tensor},
                        {"upstream", info.upstream},
                        {"collective", info.collective},
                        {"vs_reference", stats_json(l.vs_reference)},

@@ -102,7 +102,7 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     const std::vector<float>& rl = o.held.keep(ref.layer);
     o.layer.emplace().add(0, cl.data(), rl.data(), cl.size());
     for (const TpLane lane : kRolloutTpLanes) {
-      TpLaneComparisons& c = o.layer_tp_lanes.emplace_back(TpLaneComparisons{lane, {}, {}});
+      TpLaneComparisons& c = o.layer_tp_lanes.emplace_back(TpLaneComparisons{lane, "out", {}, {}});
       const std::vector<float>* rows = &o.held.keep(std::vector<float>{});  // none off rank 0
       for (const DecodedRows::TpLaneRows& l : cand.tp_lanes) {
         if (l.lane == lane) rows = &l.layer;
