@@ -47,6 +47,33 @@ TEST_CASE("NCCL's ring chunks: the last loop cut in ranks parts of whole 16-byte
   CHECK(nccl_ring_chunk(8, 10, 2, 4) == 1);
 }
 
+TEST_CASE("Megatron's all-reduce: NCCL's 2 MiB chunks in loops, not the reduce-scatter's parts") {
+  // 16 MiB of BF16 over 2 ranks: 4 loops of 2 chunks of 1 Mi elements; the sequence-parallel
+  // reduce-scatter cuts the same buffer in 2 halves.
+  const std::int64_t count = 8 << 20, chunk = kNcclSimpleChunkBytes / 2;
+  CHECK(chunk == (1 << 20));
+  CHECK(nccl_ring_chunk(chunk - 1, count, 2, 2, chunk) == 0);
+  CHECK(nccl_ring_chunk(chunk, count, 2, 2, chunk) == 1);
+  CHECK(nccl_ring_chunk(2 * chunk, count, 2, 2, chunk) == 0);  // the second loop
+  // 32 MiB over 4 ranks: element 1 Mi is in the all-reduce's chunk 1 (its ring starts on rank 2)
+  // and the reduce-scatter's part 0 (its ring starts on rank 1).
+  const TpBuffer buffer{2 * count, WireType::bf16};
+  const std::vector<float> x = random_rows(256, 31, 4);
+  int differ = 0;
+  for (int e = 0; e < 256; ++e) {
+    const float* p = x.data() + e * 4;
+    std::vector<float> from2(p, p + 4), from1(p, p + 4);
+    std::rotate(from2.begin(), from2.begin() + 2, from2.end());
+    std::rotate(from1.begin(), from1.begin() + 1, from1.end());
+    const float ar = tp_lane_sum(TpLane::megatron_ar, p, 4, chunk, buffer);
+    const float sp = tp_lane_sum(TpLane::megatron_sp, p, 4, chunk, buffer);
+    CHECK(bits_of(ar) == bits_of(bf16_fold(from2)));
+    CHECK(bits_of(sp) == bits_of(bf16_fold(from1)));
+    differ += bits_of(ar) != bits_of(sp);
+  }
+  CHECK(differ > 0);
+}
+
 TEST_CASE("TP lanes at one rank: the partial written in the wire type, the canonical value") {
   const std::vector<float> x = random_rows(256, 3, 1);
   for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::vllm_ar,

@@ -50,8 +50,9 @@ inline constexpr TpLaneInfo kTpLaneInfo[] = {
     {TpLane::megatron_ar,
      "NVIDIA/Megatron-LM 000c4ac megatron/core/tensor_parallel/layers.py "
      "RowParallelLinear.forward -> reduce_from_tensor_model_parallel_region",
-     "each TP rank's GEMM output in the model dtype, then NCCL all-reduce (ring, 1 channel, the "
-     "buffer [S_cp, B, hidden] in one loop; NVIDIA/nccl 0e35f5d src/device/all_reduce.h runRing)"},
+     "each TP rank's GEMM output in the model dtype, then NCCL all-reduce (ring, 1 channel, Simple "
+     "protocol: loops of TP x 2 MiB chunks over the buffer [S_cp, B, hidden], the last loop cut "
+     "as runRing does; NVIDIA/nccl 0e35f5d src/device/all_reduce.h runRing)"},
     {TpLane::megatron_sp,
      "NVIDIA/Megatron-LM 000c4ac megatron/core/tensor_parallel/layers.py "
      "RowParallelLinear.forward -> reduce_scatter_to_sequence_parallel_region",
@@ -89,6 +90,10 @@ inline const TpLaneInfo& info_of(TpLane lane) {
   }
   return kTpLaneInfo[0];
 }
+
+/// NCCL's ring chunk on one channel with the Simple protocol: NCCL_STEPS (8) steps of the 4 MiB
+/// default buffer, ALLREDUCE_CHUNKSTEPS (4) of them a chunk (src/enqueue.cc, src/init.cc).
+inline constexpr std::int64_t kNcclSimpleChunkBytes = (4 << 20) / 8 * 4;
 
 /// vLLM's custom all-reduce is used below this many bytes (CustomAllreduce's max_size).
 inline constexpr std::int64_t kVllmCustomAllreduceMaxBytes = 8192 * 1024;
@@ -151,7 +156,8 @@ CPD_HD float tp_lane_sum(TpLane lane, const float* partials, int ranks, std::int
     case TpLane::megatron_ar:
       break;
   }
-  const int chunk = nccl_ring_chunk(i, buf.count, ranks, buf.elem_bytes());
+  const int chunk = nccl_ring_chunk(i, buf.count, ranks, buf.elem_bytes(),
+                                    kNcclSimpleChunkBytes / buf.elem_bytes());
   return ring_chunk_sum(written, ranks, chunk, buf.wire);
 }
 
