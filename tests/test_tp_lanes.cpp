@@ -84,6 +84,13 @@ TEST_CASE("TP lanes at one rank: the partial written in the wire type, the canon
       CHECK(bits_of(tp_lane_sum(lane, p, 1, i, TpBuffer{4096, WireType::fp32})) == bits_of(*p));
     }
   }
+  // The gradient lanes carry their own wire, whatever the buffer says.
+  for (std::int64_t i = 0; i < 256; ++i) {
+    const float* p = x.data() + i;
+    CHECK(bits_of(tp_lane_sum(TpLane::megatron_grad_fp32, p, 1, i, kBuffer)) == bits_of(*p));
+    CHECK(bits_of(tp_lane_sum(TpLane::megatron_grad_bf16, p, 1, i,
+                              TpBuffer{4096, WireType::fp32})) == bits_of(round_bf16(*p)));
+  }
 }
 
 TEST_CASE("TP lanes against FP64: within the partials' writes and the sums' roundings") {
@@ -93,7 +100,7 @@ TEST_CASE("TP lanes against FP64: within the partials' writes and the sums' roun
   for (const int ranks : {2, 4, 8}) {
     const std::vector<float> x = random_rows(kBuffer.count, 17 + ranks, ranks);
     for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::vllm_ar,
-                              TpLane::vllm_bi}) {
+                              TpLane::vllm_bi, TpLane::megatron_grad_bf16}) {
       double worst = 0;
       for (std::int64_t i = 0; i < kBuffer.count; ++i) {
         const float* p = x.data() + i * ranks;
@@ -110,6 +117,34 @@ TEST_CASE("TP lanes against FP64: within the partials' writes and the sums' roun
       CHECK(worst <= 1.0);
       CHECK(worst > 0.0);  // the oracle sees the roundings
     }
+  }
+}
+
+TEST_CASE("the FP32 gradient reduce-scatter: FP32 hops from part r's rank r + 1, within FP32's bound") {
+  // n − 1 FP32 roundings of partial sums: (n − 1)·2^-24·Σ|x|·1.01; the order by rotation.
+  for (const int ranks : {2, 4, 8}) {
+    const std::vector<float> x = random_rows(kBuffer.count, 41 + ranks, ranks);
+    double worst = 0;
+    for (std::int64_t i = 0; i < kBuffer.count; ++i) {
+      const float* p = x.data() + i * ranks;
+      double exact = 0, magnitude = 0;
+      for (int r = 0; r < ranks; ++r) {
+        exact += p[r];
+        magnitude += std::fabs(p[r]);
+      }
+      const float got = tp_lane_sum(TpLane::megatron_grad_fp32, p, ranks, i, kBuffer);
+      const double bound = (ranks - 1) * std::ldexp(1.0, -24) * magnitude * 1.01;
+      worst = std::max(worst, std::fabs(got - exact) / bound);
+      const int part = static_cast<int>(i / (kBuffer.count / ranks));
+      std::vector<float> order(p, p + ranks);
+      std::rotate(order.begin(), order.begin() + (part + 1) % ranks, order.end());
+      float fold = order[0];
+      for (int k = 1; k < ranks; ++k) fold += order[k];
+      CHECK(bits_of(got) == bits_of(fold));
+    }
+    CAPTURE(ranks);
+    CHECK(worst <= 1.0);
+    CHECK(worst > 0.0);
   }
 }
 
