@@ -211,7 +211,8 @@ TEST_CASE("config.json: what cannot run is refused in one line naming the field"
   CHECK(refusal(R"({"model_type": "qwen2", "hidden_size": 2048, "num_attention_heads": 16,
       "vocab_size": "big"})") == "c.json: 'vocab_size' must be a positive integer");
   CHECK(refusal(R"({"model_type": "qwen2", "hidden_size": 96, "num_attention_heads": 16,
-      "vocab_size": 10})") == "c.json: head dim 6: the kernels take a multiple of 64 from 64 to 256");
+      "vocab_size": 10})") ==
+        "c.json: head dim 6: the kernels take a multiple of 64 from 64 to 256");
   // 32: a multiple of 4 the CPU attention tiles cannot take (it ran into them, status 3).
   CHECK(refusal(R"({"model_type": "qwen3", "hidden_size": 128, "num_attention_heads": 8,
       "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 10})") ==

@@ -76,8 +76,8 @@ TEST_CASE("Megatron's all-reduce: NCCL's 2 MiB chunks in loops, not the reduce-s
 
 TEST_CASE("TP lanes at one rank: the partial written in the wire type, the canonical value") {
   const std::vector<float> x = random_rows(256, 3, 1);
-  for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::vllm_ar,
-                            TpLane::vllm_bi}) {
+  for (const TpLane lane :
+       {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::vllm_ar, TpLane::vllm_bi}) {
     for (std::int64_t i = 0; i < 256; ++i) {
       const float* p = x.data() + i;
       CHECK(bits_of(tp_lane_sum(lane, p, 1, i, kBuffer)) == bits_of(round_bf16(*p)));
@@ -120,7 +120,8 @@ TEST_CASE("TP lanes against FP64: within the partials' writes and the sums' roun
   }
 }
 
-TEST_CASE("the FP32 gradient reduce-scatter: FP32 hops from part r's rank r + 1, within FP32's bound") {
+TEST_CASE(
+    "the FP32 gradient reduce-scatter: FP32 hops from part r's rank r + 1, within FP32's bound") {
   // n − 1 FP32 roundings of partial sums: (n − 1)·2^-24·Σ|x|·1.01; the order by rotation.
   for (const int ranks : {2, 4, 8}) {
     const std::vector<float> x = random_rows(kBuffer.count, 41 + ranks, ranks);
@@ -193,8 +194,8 @@ TEST_CASE("TP lanes: another collective, another ring start, an FP32 wire change
     tree_vs_ring += bits_of(ring) != bits_of(tp_lane_sum(TpLane::vllm_bi, p, ranks, i, kBuffer));
     // The same elements a chunk later: another rank starts their ring.
     const std::int64_t later = (i + 1024) % kBuffer.count;
-    other_start += bits_of(ring) != bits_of(tp_lane_sum(TpLane::megatron_ar, p, ranks, later,
-                                                        kBuffer));
+    other_start +=
+        bits_of(ring) != bits_of(tp_lane_sum(TpLane::megatron_ar, p, ranks, later, kBuffer));
     const TpBuffer fp32{kBuffer.count, WireType::fp32};
     fp32_wire += bits_of(ring) != bits_of(tp_lane_sum(TpLane::megatron_ar, p, ranks, i, fp32));
     // Two ranks: one addition of two BF16 values, commutative: every lane the same bits.

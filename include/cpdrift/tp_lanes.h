@@ -147,7 +147,8 @@ CPD_HD float tp_lane_sum(TpLane lane, const float* partials, int ranks, std::int
         const int owner = vllm_two_stage_owner(i, buf.count, ranks, 16 / buf.elem_bytes());
         return vllm_two_stage_sum(written, ranks, owner, buf.wire);
       }
-      break;  // NCCL's ring, as Megatron's
+      // From its size limit, NCCL's ring, as Megatron's.
+      break;
     case TpLane::vllm_bi: {  // the chain's leaf (the last rank) first, rank 0 last
       float sum = written[ranks - 1];
       for (int r = ranks - 2; r >= 0; --r) sum = to_wire(sum + written[r], buf.wire);

@@ -35,14 +35,16 @@ void print_paged_rows(std::FILE* out, const RunReport& r) {
   std::string tp;  // the rollout's TP sizes, as the cases ran them
   for (const PagedCaseResult& c : r.paged_cases) {
     const std::string t = std::to_string(c.spec.tp);
-    if (("," + tp + ",").find("," + t + ",") == std::string::npos) tp += (tp.empty() ? "" : ",") + t;
+    if (("," + tp + ",").find("," + t + ",") == std::string::npos)
+      tp += (tp.empty() ? "" : ",") + t;
   }
   std::fprintf(
       out,
       "#\n# paged (rollout side, TP=%s): %d sequence%s, kv_len %lld..%lld, page %d, q_len %lld, "
       "shared prompt %lld tokens (%d page%s cached once)\n",
-      tp.c_str(), w.sequences(), w.sequences() == 1 ? "" : "s", static_cast<long long>(w.kv_lens.front()),
-      static_cast<long long>(w.kv_lens.back()), w.page_size, static_cast<long long>(w.q_len),
+      tp.c_str(), w.sequences(), w.sequences() == 1 ? "" : "s",
+      static_cast<long long>(w.kv_lens.front()), static_cast<long long>(w.kv_lens.back()),
+      w.page_size, static_cast<long long>(w.q_len),
       static_cast<long long>(shared_prompt_len(r.problem)), w.prefix_pages(),
       w.prefix_pages() == 1 ? "" : "s");
   std::fprintf(out, "# %-52s %-19s %-9s %-19s %-22s %8s\n", "", "candidate vs fp32", "",

@@ -57,7 +57,8 @@ void print_gradient_lane_rows(std::FILE* out, const RunReport& r) {
       lanes.push_back(l.lane);
   }
   if (lanes.empty()) return;
-  std::string head = "# " + padded("weight gradients over DP x CP", 46) + " " + padded("canonical", 10);
+  std::string head =
+      "# " + padded("weight gradients over DP x CP", 46) + " " + padded("canonical", 10);
   for (const TpLane lane : lanes) head += " " + padded(to_string(lane), 26);
   std::fprintf(out,
                "# the weight gradients' reduce-scatter over DP x CP: the largest mean |Δ| over the "
@@ -85,7 +86,8 @@ void print_gradient_lane_rows(std::FILE* out, const RunReport& r) {
         mean = std::max(mean, l.vs_reference.mean_abs);
         if (most == nullptr || share(l.vs_canonical) > share(*most)) most = &l.vs_canonical;
       }
-      const std::string bits = most == nullptr || most->bitwise_equal() ? "= canon" : differing(*most);
+      const std::string bits =
+          most == nullptr || most->bitwise_equal() ? "= canon" : differing(*most);
       std::snprintf(cell, sizeof cell, " %-9.3e %-16s", mean, bits.c_str());
       row += cell;
     }
@@ -114,21 +116,22 @@ void print_tp_lane_rows(std::FILE* out, const RunReport& r) {
       print_lane_row(out, c.name, c.layer.out.mean_abs, c.layer.tp_lanes, "out");
     const std::vector<TpLaneDrift>& first = r.cases.front().layer.tp_lanes;
     if (std::any_of(first.begin(), first.end(), [](const auto& l) { return l.tensor == "dx"; })) {
-      std::fprintf(out,
-                   "# dX, the column-parallel backward's sum: mean |Δ| vs the reference's dX (canonical: "
-                   "the FP32 dX's), the share\n# of bits that differ from the canonical dX written "
-                   "in the same dtype\n");
+      std::fprintf(
+          out,
+          "# dX, the column-parallel backward's sum: mean |Δ| vs the reference's dX (canonical: "
+          "the FP32 dX's), the share\n# of bits that differ from the canonical dX written "
+          "in the same dtype\n");
       for (const CaseResult& c : r.cases)
         print_lane_row(out, c.name, dx_mean(c), c.layer.tp_lanes, "dx");
     }
   }
   if (trainer) print_gradient_lane_rows(out, r);
   if (rollout) {
-    std::fprintf(out, "%s\n",
-                 trimmed("# " + padded("rollout case (decoded tokens)", 46) + " " +
-                         padded("canonical", 10) +
-                         lanes_head(r.paged_cases.front().layer_tp_lanes, 26))
-                     .c_str());
+    std::fprintf(
+        out, "%s\n",
+        trimmed("# " + padded("rollout case (decoded tokens)", 46) + " " + padded("canonical", 10) +
+                lanes_head(r.paged_cases.front().layer_tp_lanes, 26))
+            .c_str());
     for (const PagedCaseResult& c : r.paged_cases) {
       if (c.layer) print_lane_row(out, c.name, c.layer->mean_abs, c.layer_tp_lanes, "out");
     }
@@ -142,11 +145,12 @@ void print_tp_lane_pairs(std::FILE* out, const RunReport& r) {
       pairs.push_back(&p);
   }
   if (pairs.empty()) return;
-  std::fprintf(out,
-               "#\n# trainer vs rollout through the stacks' TP sums: each trainer lane against each "
-               "rollout lane at the %llu decoded tokens\n# (Δ = train - rollout; ρ = exp Δ; KL(rollout "
-               "‖ train))\n",
-               static_cast<unsigned long long>(pairs.front()->tokens));
+  std::fprintf(
+      out,
+      "#\n# trainer vs rollout through the stacks' TP sums: each trainer lane against each "
+      "rollout lane at the %llu decoded tokens\n# (Δ = train - rollout; ρ = exp Δ; KL(rollout "
+      "‖ train))\n",
+      static_cast<unsigned long long>(pairs.front()->tokens));
   std::fprintf(out, "# %-40s %-12s %-44s %-8s %-9s %-9s %-8s %-8s %s\n", "trainer", "tp sum",
                "rollout", "tp sum", "layer", "|Δ| max", "ρ min", "ρ max", "exact KL");
   for (const RolloutPair* p : pairs) {

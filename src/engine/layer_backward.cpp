@@ -61,7 +61,8 @@ struct DxGrads {
   std::array<Shard, 2> dx;
   std::vector<Shard> tp_lanes;  // kTrainerTpLanes' order
 };
-std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
+std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid,
+                                        const std::vector<LogicalRank>& hosted,
                                         const std::vector<HeadGrads>& grads, Transport& transport,
                                         InputStore& store) {
   const Problem& p = grid.problem;
@@ -151,7 +152,8 @@ std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid, const std::vector<
 // A weight buffer's lane planes (after its candidate and reference, each `plane` floats).
 std::vector<const float*> lane_rows(const FloatBuffer& buf, std::int64_t plane) {
   std::vector<const float*> rows;
-  for (std::size_t k = 0; k < kGradientLanes.size(); ++k) rows.push_back(buf.data() + (2 + k) * plane);
+  for (std::size_t k = 0; k < kGradientLanes.size(); ++k)
+    rows.push_back(buf.data() + (2 + k) * plane);
   return rows;
 }
 
@@ -270,7 +272,8 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
           if (hosted[i].id != owner.id) continue;
           const std::int64_t row = grads_of.dx[0].shape.local_row(tokens.begin);
           for (int w = 0; w < 2; ++w) rows[w] = grads_of.dx[w].at(b, 0, row);
-          for (std::size_t k = 0; k < lanes.size(); ++k) lanes[k] = grads_of.tp_lanes[k].at(b, 0, row);
+          for (std::size_t k = 0; k < lanes.size(); ++k)
+            lanes[k] = grads_of.tp_lanes[k].at(b, 0, row);
         }
         add_piece(g, GlobalPiece{b, 0, tokens, process_of(owner.id, world)}, here, rows[0],
                   rows[1]);

@@ -4,13 +4,12 @@
 // reference alike.
 #pragma once
 
-#include "cpdrift/tp_lanes.h"
-
 #include <string>
 #include <vector>
 
 #include "comm/collectives.h"
 #include "comm/global_tensor.h"
+#include "cpdrift/tp_lanes.h"
 #include "engine/backward.h"
 #include "engine/token_chain.h"
 

@@ -1,11 +1,11 @@
 // The layer's phases (--scope layer): o_proj of the case's attention output and of the reference,
 // compared and published.
+#include "cpdrift/bf16.h"
 #include "engine/case_run.h"
 #include "engine/case_runner.h"
 #include "engine/layer_backward.h"
 #include "engine/o_proj.h"
 #include "engine/tensor_layout.h"
-#include "cpdrift/bf16.h"
 
 namespace cpd {
 namespace phase_run {
@@ -42,7 +42,8 @@ void o_proj(CaseRun& r) {
                                      hidden, HeadKind::token, bf16, false));
   // The TP-reduction lanes: already in the model's dtype (their collective's wire type).
   for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
-    TpLaneComparisons& lane = part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], "out", {}, {}});
+    TpLaneComparisons& lane =
+        part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], "out", {}, {}});
     std::vector<const Shard*> rows;
     for (LayerOutputs& o : r.layer) {
       lane.vs_reference.add(o.rank.cp_rank, o.tp_lanes[k], o.reference);

@@ -15,8 +15,8 @@ using namespace phase_memory_util;
 // The layer's o_proj, a chunk of tokens a step (layer_chain): per hosted rank the plane it folds
 // into and sends on and the one it receives (the owner also the one it copies out; a continuing
 // rank under rank_sums its own sum too), [2 + TP][B][rows][hidden] each; the chunk's group rows
-// and the CPU tile's transposed copy of them; the owners' layer outputs and TP-reduction lanes. o_proj's columns of the
-// ranks' head groups stay in the input store for the run (the memos).
+// and the CPU tile's transposed copy of them; the owners' layer outputs and TP-reduction lanes.
+// o_proj's columns of the ranks' head groups stay in the input store for the run (the memos).
 void o_proj(CaseMemory& m) {
   const Problem& p = m.problem();
   const TpChain chain = layer_chain(m.grid());
@@ -34,7 +34,8 @@ void o_proj(CaseMemory& m) {
       std::uint64_t tokens = 0;
       for (const Range& t : r->tokens) tokens += u64(t.size());
       // The canonical output and the reference's, and the trainer's TP-reduction lanes'.
-      if (r->tp_rank == 0) outputs += (2 + kTrainerTpLanes.size()) * batch * tokens * hidden * kFloat;
+      if (r->tp_rank == 0)
+        outputs += (2 + kTrainerTpLanes.size()) * batch * tokens * hidden * kFloat;
       for (std::int64_t h = r->q_heads.begin; h < r->q_heads.end; ++h)
         m.memos(proc).o_proj_groups.insert(h / p.dims.group_size());
     }

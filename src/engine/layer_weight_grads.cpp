@@ -39,9 +39,8 @@ namespace {
 // `n` consecutive elements of a weight gradient through gradient lane `lane`: each CP rank's
 // partial of element j at own[c · stride + j] (the chain's planes 2 + c), the buffer's element
 // index of the first `first` of `count` (this TP rank's weight, its own buffer).
-void reduce_gradient_lanes(const CaseGrid& grid, TpLane lane, const float* own,
-                           std::int64_t stride, std::int64_t n, std::int64_t first,
-                           std::int64_t count, float* out) {
+void reduce_gradient_lanes(const CaseGrid& grid, TpLane lane, const float* own, std::int64_t stride,
+                           std::int64_t n, std::int64_t first, std::int64_t count, float* out) {
   const int cp = grid.spec.cp;
   float partials[8];
   for (std::int64_t j = 0; j < n; ++j) {
@@ -163,8 +162,8 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
             const std::int64_t own_plane = piece.size() * width;
             for (std::size_t k = 0; k < kGradientLanes.size(); ++k) {
               float* lane = wb.data() + ((2 + k) * d + o % d) * hidden;
-              reduce_gradient_lanes(grid, kGradientLanes[k], own, own_plane, hidden,
-                                    o * hidden, chain.outputs * hidden, lane);
+              reduce_gradient_lanes(grid, kGradientLanes[k], own, own_plane, hidden, o * hidden,
+                                    chain.outputs * hidden, lane);
               if (bias) {
                 reduce_gradient_lanes(grid, kGradientLanes[k], own + hidden, own_plane, 1, o,
                                       chain.outputs, &bb[(2 + k) * d + o % d]);
@@ -216,8 +215,8 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
               job.ld_sum = columns;
               job.outputs = static_cast<int>(piece.size());
               job.inputs = d;
-              job.sum = (w == 2 ? own : plane + w * piece.size() * columns) +
-                        (h - r.q_heads.begin) * d;
+              job.sum =
+                  (w == 2 ? own : plane + w * piece.size() * columns) + (h - r.q_heads.begin) * d;
               job.continues = w == 2 ? own_continues : !first;
               jobs.push_back(std::move(job));
             }

@@ -66,12 +66,14 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
                                            weights.o_proj_group(g), width, nullptr});
       }
       // A rank that starts the plane folds its own partial there already; the others again.
-      if (which == 0 && continues) folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
+      if (which == 0 && continues)
+        folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
       folds.push_back(std::move(fold));
     }
   }
   store.backend().project_folded(folds, width, hidden);
-  if (!continues) std::memcpy(lane, z.data(), static_cast<std::size_t>(batch * plane) * sizeof(float));
+  if (!continues)
+    std::memcpy(lane, z.data(), static_cast<std::size_t>(batch * plane) * sizeof(float));
   if (apart) {
     for (std::int64_t e = 0; e < n; ++e) z[static_cast<std::size_t>(e)] += own[e];
   }
@@ -97,7 +99,8 @@ void reduce_tp_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer
         const std::int64_t base = ((first + row) * batch + b) * hidden;
         for (int col = 0; col < hidden; ++col) {
           const std::int64_t e = b * plane + row * hidden + col;
-          for (int t = 0; t < tp; ++t) partials[t] = z[static_cast<std::size_t>((2 + t) * batch * plane + e)];
+          for (int t = 0; t < tp; ++t)
+            partials[t] = z[static_cast<std::size_t>((2 + t) * batch * plane + e)];
           dst[col] = tp_lane_sum(kTrainerTpLanes[k], partials, tp, base + col, buffer);
         }
       }

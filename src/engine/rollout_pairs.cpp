@@ -192,16 +192,16 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
       rows);
   if (!ctx.collectives.root()) return rows;
   // Megatron's buffer: the CP rank's tokens, [S_cp][B][hidden] (sequence-major).
-  TpCollective tp{grid.spec.tp, {kTrainerTpLanes.begin(), kTrainerTpLanes.end()},
-                  [&](int b, std::int64_t i) {
-                    const std::int64_t pos = w.queries(b).begin + i;
-                    for (const std::vector<Range>& shard : rows.cp_shards) {
-                      const ShardShape s{p.batch, Range{0, 1}, shard, 1};
-                      if (s.local_row(pos) >= 0)
-                        return CollectiveRow{s.local_row(pos) * p.batch + b, s.rows() * p.batch};
-                    }
-                    return CollectiveRow{};
-                  }};
+  TpCollective tp{
+      grid.spec.tp, {kTrainerTpLanes.begin(), kTrainerTpLanes.end()}, [&](int b, std::int64_t i) {
+        const std::int64_t pos = w.queries(b).begin + i;
+        for (const std::vector<Range>& shard : rows.cp_shards) {
+          const ShardShape s{p.batch, Range{0, 1}, shard, 1};
+          if (s.local_row(pos) >= 0)
+            return CollectiveRow{s.local_row(pos) * p.batch + b, s.rows() * p.batch};
+        }
+        return CollectiveRow{};
+      }};
   add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs, tp_lanes ? &tp : nullptr, rows);
   return rows;
 }

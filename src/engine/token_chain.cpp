@@ -103,9 +103,9 @@ void run_token_chain(const CaseGrid& grid, const TokenChain& chain, Transport& t
         }
         // This CP rank's own partial: its plane, continued after the rank's earlier stage.
         float* own = chain.planes > 2 ? plane.data() + (2 + r.cp_rank) * size : nullptr;
-        const bool own_continues = std::any_of(stages.begin(), stages.begin() + k, [&](const auto& s) {
-          return s.cp_rank == r.cp_rank;
-        });
+        const bool own_continues =
+            std::any_of(stages.begin(), stages.begin() + k,
+                        [&](const auto& s) { return s.cp_rank == r.cp_rank; });
         if (k > 0 && chain.rank_sums) {
           FloatBuffer sums(static_cast<std::size_t>(2 * size));
           fold(i, stages[k], piece, sums.data(), true, own, own_continues);

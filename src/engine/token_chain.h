@@ -50,8 +50,8 @@ int token_chain_holder(const CaseGrid& grid);
 /// blocks into `plane` ([2][piece rows][inputs]); `first`: the chain's first stage, whose first
 /// block is stored. With planes > 2 also the candidate's alone into `own` (its CP rank's
 /// partial, [piece rows][inputs]), continued when the rank had a stage before (`own_continues`).
-using TokenFold = std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool,
-                                     float*, bool)>;
+using TokenFold =
+    std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool, float*, bool)>;
 /// `finish(i, piece, plane)`: the holder, hosted rank i, with a finished piece.
 using TokenFinish = std::function<void(std::size_t, const Range&, const FloatBuffer&)>;
 

@@ -14,6 +14,26 @@ std::string topology_counterpart(const DumpFile& dump, const CaseInfo& c) {
   return case_name(cp1_counterpart(c.spec), dump.problem().problem);
 }
 
+// The layer's reduction lanes (numerics.md §12): each lane's tensor against the reference's, with
+// the lane's digest; `add` as report_figures' (name, candidate in the case, reference, digest,
+// tokens, BF16 candidate).
+template <class Add>
+void add_lane_figures(const DumpFile& dump, const std::string& base, const Add& add) {
+  for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::megatron_grad_fp32,
+                            TpLane::megatron_grad_bf16}) {
+    const std::string name = to_string(lane), prefix = "layer.tp_lanes." + name + ".";
+    add(prefix + "out", "layer/tp_lanes/" + name, base + "layer/reference/out", true, std::nullopt,
+        false);
+    for (const std::string g :
+         {"dx", "q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias", "v_bias"}) {
+      const std::string at = "layer_backward/tp_lanes/" + name + "/" + g;
+      const TensorInfo* t = dump.find(base + at);
+      add(prefix + g, at, base + "layer_backward/reference/" + g, true, std::nullopt,
+          t != nullptr && t->bf16);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) {
@@ -98,20 +118,7 @@ std::vector<FigureSpec> report_figures(const DumpFile& dump, const CaseInfo& c) 
     add("layer.backward.gradients." + g, "layer_backward/candidate/" + g,
         base + "layer_backward/reference/" + g, true);
   }
-  // The reduction lanes (numerics.md §12): each lane's tensor against the reference's, with the
-  // lane's digest.
-  for (const TpLane lane : {TpLane::megatron_ar, TpLane::megatron_sp, TpLane::megatron_grad_fp32,
-                            TpLane::megatron_grad_bf16}) {
-    const std::string name = to_string(lane), prefix = "layer.tp_lanes." + name + ".";
-    add(prefix + "out", "layer/tp_lanes/" + name, base + "layer/reference/out", true);
-    for (const std::string g :
-         {"dx", "q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias", "v_bias"}) {
-      const std::string at = "layer_backward/tp_lanes/" + name + "/" + g;
-      const TensorInfo* t = dump.find(base + at);
-      add(prefix + g, at, base + "layer_backward/reference/" + g, true, std::nullopt,
-          t != nullptr && t->bf16);
-    }
-  }
+  add_lane_figures(dump, base, add);
   // The logprobs' active tokens: every sequence's but its first.
   add("dlogp.drift", "candidate/logp", base + "reference/logp", true,
       std::vector<Range>{Range{1, p.seq_len}});

@@ -132,7 +132,7 @@ struct PagedCaseResult : PagedCaseFacts {
   OutLseStats fp32;       // the FP32 lane vs the FP32 reference: split and merge alone
   DiffStats dlogp;        // target-token logprobs of the candidate vs the reference cast alike
   RlMetrics dlogp_rl;     // the same tokens in the RL frameworks' figures
-  std::optional<DiffStats> layer;  // --scope layer: the layer's output, the same two
+  std::optional<DiffStats> layer;           // --scope layer: the layer's output, the same two
   std::vector<TpLaneDrift> layer_tp_lanes;  // --scope layer: kRolloutTpLanes' order
   std::vector<Invariance> invariances;
   double seconds = 0.0;

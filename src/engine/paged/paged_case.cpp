@@ -84,11 +84,11 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
   // The rollout's TP collective (vLLM's flattened tokens, sequence-major): a decode step's
   // buffer holds one token of each sequence, a prefill call all of the call's tokens.
   const bool decode = spec.mode == PagedMode::decode;
-  const TpCollective tp{spec.tp, {kRolloutTpLanes.begin(), kRolloutTpLanes.end()},
-                        [&](int b, std::int64_t i) {
-                          return decode ? CollectiveRow{b, w.sequences()}
-                                        : CollectiveRow{b * w.q_len + i, w.sequences() * w.q_len};
-                        }};
+  const TpCollective tp{
+      spec.tp, {kRolloutTpLanes.begin(), kRolloutTpLanes.end()}, [&](int b, std::int64_t i) {
+        return decode ? CollectiveRow{b, w.sequences()}
+                      : CollectiveRow{b * w.q_len + i, w.sequences() * w.q_len};
+      }};
   DecodedRows cand = gather_rollout_rows(ctx, w, o.name, auto_split, o.plans, owners,
                                          local ? &candidate : nullptr, o.vocab_size, &tp);
   const DecodedRows ref =
