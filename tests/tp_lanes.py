@@ -15,6 +15,8 @@ Qwen3-shaped checkpoint NumPy writes (8 query heads, 4 KV heads: TP up to 4).
   roundings (below); the oracle with every head read against the next head's o_proj columns is
   outside it (the control).
 - The rollout's lanes per paged case: its canonical output at TP = 1, other bits at TP 2 and 4.
+- --no-reduction-lanes: the same canonical bits (every digest of the report), no lane anywhere;
+  refused without --scope layer (status 2, one line, nothing written).
 - Trainer vs rollout: each trainer lane against each rollout lane, never "aligned"; at TP = 1 on
   both sides their figures are the canonical pair's; with the same TP = 2 on both sides and
   aligned KV blocks, bitwise (the same partials, one addition); at TP = 4 vLLM's tree and
@@ -31,7 +33,7 @@ import tempfile
 import numpy as np
 
 from layer_weights import write_safetensors
-from model_fixtures import finish, job_parser, launch
+from model_fixtures import finish, job_parser, launch, refusal_failure
 
 try:
     import h5py
@@ -209,6 +211,42 @@ def main():
                  and base[(p["trainer"], p["rollout"])]["aligned"]]
         check(fours and all(not p["layer_out"]["bitwise_equal"] for p in fours),
               "TP = 4 on both sides, aligned blocks: vLLM's tree against Megatron's ring drifts")
+
+        # --no-reduction-lanes: the canonical bits alone.
+        off = os.path.join(tmp, "off.json")
+        flags_off = [f for f in flags if f not in ("--dump", dump)] + ["--no-reduction-lanes"]
+        flags_off[flags_off.index("--output") + 1] = off
+        r = subprocess.run(launch(args) + flags_off, capture_output=True, text=True, timeout=600)
+        if r.returncode == 0 and os.path.exists(off):
+            with open(off) as f:
+                quiet = json.load(f)
+
+            def digests(x, path=""):
+                if isinstance(x, dict):
+                    return {k: v for key, val in x.items()
+                            for k, v in (digests(val, path + "/" + key).items() if key != "digest"
+                                         else [(path, val)])}
+                if isinstance(x, list):
+                    return {k: v for i, val in enumerate(x)
+                            for k, v in digests(val, f"{path}[{i}]").items()}
+                return {}
+            lanes_off, lanes_on = digests(quiet["cases"]), digests(report["cases"])
+            check(lanes_off and all(lanes_on.get(k) == v for k, v in lanes_off.items()),
+                  f"--no-reduction-lanes: the same {len(lanes_off)} canonical digests")
+            check(all(not c["layer"]["tp_lanes"] and c["layer"]["reduction_lanes"] is False
+                      for c in quiet["cases"])
+                  and all(p["trainer_tp_reduction"] == "canonical"
+                          for p in quiet["trainer_vs_rollout"]["pairs"])
+                  and all(not c["paged"]["drift"]["layer_tp_lanes"] for c in quiet["paged_cases"]),
+                  "--no-reduction-lanes: no lane in the cases, the paged cases or the pairs")
+        else:
+            check(False, f"--no-reduction-lanes: exit {r.returncode}: {r.stderr[-1500:]}")
+        bad = os.path.join(tmp, "bad.json")
+        flags_bad = ["--seq-len", "64", "--no-reduction-lanes", "--output", bad]
+        failure = refusal_failure(subprocess.run(launch(args) + flags_bad, capture_output=True,
+                                                 text=True, timeout=120),
+                                  flags_bad, "--no-reduction-lanes applies to the layer", bad)
+        check(failure is None, "--no-reduction-lanes without --scope layer: refused")
     return finish(failures, "TP-reduction lanes")
 
 

@@ -117,6 +117,7 @@ void add_case_flags(FlagReader& r, RunRequest& q) {
     q.problem.layer = v == "layer";
   });
   r.name("--o-proj-order", q.problem.o_proj_order, "o_proj order", kOProjOrderNames);
+  r.toggle("--no-reduction-lanes", [&] { q.problem.reduction_lanes = false; });
   r.toggle("--include-backward", [&] { q.include_backward = true; });
   r.toggle("--include-lane-backward", [&] { q.include_lane_backward = true; });
   r.toggle("--include-dlogp", [&] { q.include_dlogp = true; });
@@ -206,6 +207,8 @@ void check_layer(const RunOptions& o) {
   if (!q.problem.layer) {
     if (q.problem.o_proj_order != OProjOrder::canonical)
       bad("--o-proj-order applies to the layer: add --scope layer");
+    if (!q.problem.reduction_lanes)
+      bad("--no-reduction-lanes applies to the layer: add --scope layer");
     if (!o.weights.empty() || o.layer >= 0)
       bad(std::string(o.weights.empty() ? "--layer" : "--weights") +
           " applies to the layer: add --scope layer");

@@ -102,6 +102,9 @@ Execution and output
                                the layer's sums across ranks (o_proj and dX over head groups,
                                the weight gradients over token blocks): one fold through the
                                ranks (default), or each rank's sum apart then added (a control)
+  --no-reduction-lanes         skip the layer's production reduction lanes (Megatron's and
+                               vLLM's sums over TP, the gradients' over DP x CP; numerics.md
+                               section 12) and their time and memory
   --include-backward           also the FP32 backward (dq, dk, dv; with --scope layer dX and
                                every weight's gradient too) vs the CP=1 reference
   --include-lane-backward      also the te_p2p lane's backward (Transformer Engine's ring: each

@@ -124,6 +124,9 @@ struct Problem {
   bool layer = false;
   std::shared_ptr<const LayerWeights> weights;
   OProjOrder o_proj_order = OProjOrder::canonical;
+  /// The layer's reduction lanes (numerics.md §12: the stacks' sums over TP and over DP × CP);
+  /// --no-reduction-lanes turns them off, and their time and memory with them.
+  bool reduction_lanes = true;
 };
 
 /// The shared prompt: with two or more sequences, their first max(⌊shortest/4⌋, min(16,

@@ -74,7 +74,7 @@ std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid,
     const ShardShape shape{p.batch, Range{0, 1}, hosted[i].tokens, hidden};
     DxGrads& g = dx[i];
     g.dx = {Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{})};
-    for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k)
+    for (std::size_t k = 0; k < (p.reduction_lanes ? kTrainerTpLanes.size() : 0); ++k)
       g.tp_lanes.emplace_back(shape, Uninitialized{});
   }
   const int features = (gs + 2) * d;
@@ -97,7 +97,7 @@ std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid,
           own.resize(static_cast<std::size_t>(n));
           mark_unwritten(own);
         }
-        float* lane = z.data() + (2 + r.tp_rank) * p.batch * plane;  // this rank's partial
+        float* lane = p.reduction_lanes ? z.data() + (2 + r.tp_rank) * p.batch * plane : nullptr;
         std::vector<std::vector<float>> xs;
         std::vector<FoldedProjectionJob> folds;
         for (int w = 0; w < 2; ++w) {
@@ -122,13 +122,13 @@ std::map<std::size_t, DxGrads> dx_grads(const CaseGrid& grid,
             }
             // A rank that starts the plane folds its own partial there already; the others
             // again, from zero.
-            if (w == 0 && continues)
+            if (lane != nullptr && w == 0 && continues)
               folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
             folds.push_back(std::move(fold));
           }
         }
         store.backend().project_folded(folds, features, hidden);
-        if (!continues)
+        if (lane != nullptr && !continues)
           std::memcpy(lane, z.data(), static_cast<std::size_t>(p.batch * plane) * sizeof(float));
         if (apart) {
           for (std::int64_t e = 0; e < n; ++e) z[static_cast<std::size_t>(e)] += own[e];
@@ -185,7 +185,8 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
       LayerGradient& g = add_gradient(
           out, std::string(names[t]) + (is_bias ? "_bias" : "_proj"),
           is_bias ? "[heads, head_dim, 1]" : "[heads, head_dim, hidden]", 1, heads, d, width);
-      g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
+      if (grid.problem.reduction_lanes)
+        g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
       for (std::int64_t h = 0; h < heads; ++h) {
         const LogicalRank& owner = head_owner(grid, h, kv, holder);
         const float* rows[2] = {nullptr, nullptr};
@@ -199,7 +200,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
                        : qkv)[static_cast<std::size_t>(i)][static_cast<std::size_t>(slot)];
           rows[0] = buf.data();
           rows[1] = buf.data() + d * width;
-          g.tp_lanes.push_back(lane_rows(buf, d * width));
+          if (!g.lanes.empty()) g.tp_lanes.push_back(lane_rows(buf, d * width));
           g.storage.push_back(std::move(buf));
         }
         add_piece(g, GlobalPiece{0, h, Range{0, d}, process_of(owner.id, world)}, here, rows[0],
@@ -211,7 +212,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
     LayerGradient& g =
         add_gradient(out, "o_proj", "[heads, hidden, head_dim] (o_proj's columns of each head)", 1,
                      dims.num_q_heads, hidden, d);
-    g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
+    if (grid.problem.reduction_lanes) g.lanes.assign(kGradientLanes.begin(), kGradientLanes.end());
     for (std::int64_t h = 0; h < dims.num_q_heads; ++h) {
       const LogicalRank& owner = head_owner(grid, h, false, holder);
       const float* rows[2] = {nullptr, nullptr};
@@ -221,7 +222,7 @@ void publish_weights(const CaseGrid& grid, const std::vector<LogicalRank>& hoste
             o_proj[static_cast<std::size_t>(i)][static_cast<std::size_t>(h - owner.q_heads.begin)];
         rows[0] = buf.data();
         rows[1] = buf.data() + std::int64_t{hidden} * d;
-        g.tp_lanes.push_back(lane_rows(buf, std::int64_t{hidden} * d));
+        if (!g.lanes.empty()) g.tp_lanes.push_back(lane_rows(buf, std::int64_t{hidden} * d));
         g.storage.push_back(std::move(buf));
       }
       add_piece(g, GlobalPiece{0, h, Range{0, hidden}, process_of(owner.id, world)}, here, rows[0],
@@ -256,7 +257,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
   std::vector<LayerGradient> out;
   {
     LayerGradient& g = add_gradient(out, "dx", "[B, 1, S, hidden]", p.batch, 1, p.seq_len, hidden);
-    g.lanes.assign(kTrainerTpLanes.begin(), kTrainerTpLanes.end());
+    if (p.reduction_lanes) g.lanes.assign(kTrainerTpLanes.begin(), kTrainerTpLanes.end());
     std::vector<std::pair<Range, int>> ranges;  // every token range and its CP rank, by position
     for (int c = 0; c < grid.spec.cp; ++c) {
       for (const Range& t : grid.at(0, c).tokens) ranges.emplace_back(t, c);
@@ -267,7 +268,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
       for (const auto& [tokens, c] : ranges) {
         const LogicalRank& owner = grid.at(0, c);
         const float* rows[2] = {nullptr, nullptr};
-        std::vector<const float*> lanes(kTrainerTpLanes.size(), nullptr);
+        std::vector<const float*> lanes(g.lanes.size(), nullptr);
         for (auto& [i, grads_of] : dx) {
           if (hosted[i].id != owner.id) continue;
           const std::int64_t row = grads_of.dx[0].shape.local_row(tokens.begin);
@@ -277,7 +278,7 @@ std::vector<LayerGradient> run_layer_backward(const CaseGrid& grid,
         }
         add_piece(g, GlobalPiece{b, 0, tokens, process_of(owner.id, world)}, here, rows[0],
                   rows[1]);
-        if (rows[0] != nullptr) g.tp_lanes.push_back(std::move(lanes));
+        if (rows[0] != nullptr && !lanes.empty()) g.tp_lanes.push_back(std::move(lanes));
       }
     }
     for (auto& [i, grads_of] : dx) {

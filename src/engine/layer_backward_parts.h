@@ -35,12 +35,15 @@ std::vector<float> fold_norm_partials(const CaseGrid& grid, const std::vector<Lo
                                       const Collectives& collectives);
 
 /// The planes of a weight gradient's buffers on the holder: candidate, reference, then each of
-/// kGradientLanes' (the DP × CP reduce-scatter of the CP ranks' partials, numerics.md §12).
-inline constexpr int kWeightPlanes = 2 + static_cast<int>(kGradientLanes.size());
+/// kGradientLanes' (the DP × CP reduce-scatter of the CP ranks' partials, numerics.md §12) unless
+/// --no-reduction-lanes.
+inline int weight_planes(const CaseGrid& grid) {
+  return 2 + (grid.problem.reduction_lanes ? static_cast<int>(kGradientLanes.size()) : 0);
+}
 
 /// q/k/v_proj's gradients and their biases through each TP rank's token chain, on the holder per
 /// hosted rank and head slot (its query heads, then its KV heads' k, then v): the weight
-/// [kWeightPlanes][D][hidden] and the bias [kWeightPlanes][D] (a model with one). Collective.
+/// [weight_planes][D][hidden] and the bias [weight_planes][D] (a model with one). Collective.
 struct QkvGrads {
   std::vector<std::vector<FloatBuffer>> weight, bias;
 };
@@ -49,7 +52,7 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
                           InputStore& store);
 
 /// o_proj's gradient through each TP rank's token chain, on the holder per hosted rank and query
-/// head: its columns [kWeightPlanes][hidden][D]. Collective.
+/// head: its columns [weight_planes][hidden][D]. Collective.
 std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
     const CaseGrid& grid, const std::vector<LogicalRank>& hosted,
     const std::vector<LayerBackwardInputs>& inputs, Transport& transport, InputStore& store);

@@ -41,7 +41,7 @@ void o_proj(CaseRun& r) {
   part.tensors.push_back(case_tensor(r.grid, r.ctx.transport, base + "reference/out", reference,
                                      hidden, HeadKind::token, bf16, false));
   // The TP-reduction lanes: already in the model's dtype (their collective's wire type).
-  for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
+  for (std::size_t k = 0; k < (r.ctx.problem.reduction_lanes ? kTrainerTpLanes.size() : 0); ++k) {
     TpLaneComparisons& lane =
         part.tp_lanes.emplace_back(TpLaneComparisons{kTrainerTpLanes[k], "out", {}, {}});
     std::vector<const Shard*> rows;

@@ -73,12 +73,12 @@ void layer_backward(CaseMemory& m) {
       chains += std::max(pre, batch * tokens * std::max(u64(qkv.inputs), hidden) * kFloat) +
                 2 * mine * u64(qkv.planes) * u64(qkv.piece_rows) * u64(qkv.inputs) * kFloat;
       if (r->cp_rank == holder)  // candidate, reference and the gradient lanes
-        weights += u64(layer_backward_parts::kWeightPlanes) *
+        weights += u64(layer_backward_parts::weight_planes(grid)) *
                    (u64(qkv.outputs) * u64(qkv.inputs) + u64(o.outputs) * u64(o.inputs)) * kFloat;
       std::uint64_t chunk = 0;
       for (const Range& c : chain_chunks(layer_chain(grid), *r))
         chunk = std::max(chunk, u64(c.size()));
-      const std::uint64_t owned = 2 + kTrainerTpLanes.size();  // dX, its reference, its lanes
+      const std::uint64_t owned = 2 + (p.reduction_lanes ? kTrainerTpLanes.size() : 0);  // + lanes
       dx += (r->tp_rank == 0 ? owned * batch * tokens * hidden * kFloat : 0) +
             (r->tp_rank == 0 ? 3 : 2) * u64(layer_chain(grid).planes) * batch * chunk * hidden *
                 kFloat +

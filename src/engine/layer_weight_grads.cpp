@@ -16,7 +16,7 @@ TokenChain layer_chain_of(const CaseGrid& grid, std::int64_t outputs, std::int64
   const std::int64_t pieces = stages == 1 ? 1 : kPiecesPerStage * stages;
   const std::int64_t rows = ((outputs + pieces - 1) / pieces + 15) / 16 * 16;
   return TokenChain{outputs, inputs, rows, grid.problem.o_proj_order == OProjOrder::rank_sums,
-                    2 + grid.spec.cp};
+                    grid.problem.reduction_lanes ? 2 + grid.spec.cp : 2};
 }
 
 }  // namespace
@@ -115,7 +115,7 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
           std::vector<TokenSumJob> jobs;
           for (std::int64_t o = piece.begin; o < piece.end;) {
             const std::int64_t slot = o / d, end = std::min(piece.end, (slot + 1) * d);
-            for (int w = 0; w < 3; ++w) {  // candidate, reference, the candidate's own partial
+            for (int w = 0; w < (own != nullptr ? 3 : 2); ++w) {  // and the candidate's own partial
               const int of = w == 2 ? 0 : w;
               const Shard* dp = slot < qh         ? grads[i].q[of]
                                 : slot < qh + kvh ? grads[i].k[of]
@@ -148,8 +148,9 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
           for (std::int64_t o = piece.begin; o < piece.end; ++o) {
             const auto slot = static_cast<std::size_t>(o / d);
             FloatBuffer &wb = qkv[i][slot], &bb = qkv_bias[i][slot];
-            if (wb.empty()) wb.resize(static_cast<std::size_t>(kWeightPlanes * d * hidden));
-            if (bias && bb.empty()) bb.resize(static_cast<std::size_t>(kWeightPlanes * d));
+            const int planes = weight_planes(grid);
+            if (wb.empty()) wb.resize(static_cast<std::size_t>(planes * d * hidden));
+            if (bias && bb.empty()) bb.resize(static_cast<std::size_t>(planes * d));
             for (int w = 0; w < 2; ++w) {
               const float* row = plane.data() + (w * piece.size() + o - piece.begin) * width;
               std::memcpy(wb.data() + (w * d + o % d) * hidden, row,
@@ -160,7 +161,7 @@ QkvGrads qkv_weight_grads(const CaseGrid& grid, const std::vector<LogicalRank>& 
             // each its own buffer of the reduce-scatter.
             const float* own = plane.data() + (2 * piece.size() + o - piece.begin) * width;
             const std::int64_t own_plane = piece.size() * width;
-            for (std::size_t k = 0; k < kGradientLanes.size(); ++k) {
+            for (int k = 0; k < planes - 2; ++k) {
               float* lane = wb.data() + ((2 + k) * d + o % d) * hidden;
               reduce_gradient_lanes(grid, kGradientLanes[k], own, own_plane, hidden, o * hidden,
                                     chain.outputs * hidden, lane);
@@ -197,7 +198,7 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
             float* own, bool own_continues) {
           const LogicalRank& r = hosted[i];
           std::vector<TokenSumJob> jobs;
-          for (int w = 0; w < 3; ++w) {  // candidate, reference, the candidate's own partial
+          for (int w = 0; w < (own != nullptr ? 3 : 2); ++w) {  // and the candidate's own partial
             for (std::int64_t h = r.q_heads.begin; h < r.q_heads.end; ++h) {
               const Shard& a = *inputs[i].attention[w == 2 ? 0 : w];
               // x: the attention rows of head h; dy: the output gradient's rows, at the piece.
@@ -227,7 +228,7 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
           if (o_proj[i].empty()) o_proj[i].resize(static_cast<std::size_t>(qh));
           for (std::int64_t lh = 0; lh < qh; ++lh) {
             FloatBuffer& hb = o_proj[i][static_cast<std::size_t>(lh)];
-            if (hb.empty()) hb.resize(static_cast<std::size_t>(kWeightPlanes * hidden * d));
+            if (hb.empty()) hb.resize(static_cast<std::size_t>(weight_planes(grid) * hidden * d));
             for (int w = 0; w < 2; ++w) {
               for (std::int64_t o = piece.begin; o < piece.end; ++o) {
                 std::memcpy(hb.data() + (w * hidden + o) * d,
@@ -236,7 +237,7 @@ std::vector<std::vector<FloatBuffer>> o_proj_weight_grads(
               }
             }
             // The gradient lanes: this TP rank's o_proj weight [hidden][columns] one buffer.
-            for (std::int64_t o = piece.begin; o < piece.end; ++o) {
+            for (std::int64_t o = piece.begin; o < piece.end && chain.planes > 2; ++o) {
               const float* own =
                   plane.data() + (2 * piece.size() + o - piece.begin) * columns + lh * d;
               for (std::size_t k = 0; k < kGradientLanes.size(); ++k) {

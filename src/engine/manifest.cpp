@@ -309,7 +309,7 @@ int dlogp_steps(const CaseGrid& grid, int vocab) {
 
 TpChain layer_chain(const CaseGrid& grid) {
   return TpChain{MessageKind::layer_partial, grid.problem.dims.hidden_size, kLayerChunkRows,
-                 2 + grid.spec.tp};
+                 grid.problem.reduction_lanes ? 2 + grid.spec.tp : 2};
 }
 
 Range vocab_shard(int vocab, int tp, int tp_rank) {

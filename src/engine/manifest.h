@@ -167,7 +167,7 @@ int dlogp_steps(const CaseGrid& grid, int vocab);
 
 /// o_proj's chain (the layer): chunks of kLayerChunkRows tokens, a plane [2 + TP][B][rows][hidden]:
 /// the canonical fold of the candidate and of the reference, then each TP rank's own partial of
-/// the candidate (the TP-reduction lanes' inputs, numerics.md §12).
+/// the candidate (the TP-reduction lanes' inputs, numerics.md §12; [2] without the lanes).
 inline constexpr std::int64_t kLayerChunkRows = 256;
 TpChain layer_chain(const CaseGrid& grid);
 

@@ -52,7 +52,8 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
     own.resize(static_cast<std::size_t>(n));
     mark_unwritten(own);
   }
-  float* lane = z.data() + (2 + r.tp_rank) * batch * plane;  // this rank's partial
+  const bool lanes = grid.problem.reduction_lanes;
+  float* lane = lanes ? z.data() + (2 + r.tp_rank) * batch * plane : nullptr;  // its partial
   const LayerWeights& weights = *store.problem().weights;
   const Range groups{r.q_heads.begin / dims.group_size(), r.q_heads.end / dims.group_size()};
   std::vector<std::vector<float>> rows;  // kept while the jobs read them
@@ -66,13 +67,13 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
                                            weights.o_proj_group(g), width, nullptr});
       }
       // A rank that starts the plane folds its own partial there already; the others again.
-      if (which == 0 && continues)
+      if (lanes && which == 0 && continues)
         folds.push_back(FoldedProjectionJob{fold.heads, lane + b * plane});
       folds.push_back(std::move(fold));
     }
   }
   store.backend().project_folded(folds, width, hidden);
-  if (!continues)
+  if (lanes && !continues)
     std::memcpy(lane, z.data(), static_cast<std::size_t>(batch * plane) * sizeof(float));
   if (apart) {
     for (std::int64_t e = 0; e < n; ++e) z[static_cast<std::size_t>(e)] += own[e];
@@ -84,6 +85,7 @@ FloatBuffer fold_own_groups(const CaseGrid& grid, const LogicalRank& r, const Ra
 
 void reduce_tp_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer& z,
                      std::vector<Shard>& lanes) {
+  if (lanes.empty()) return;  // --no-reduction-lanes
   const Problem& p = grid.problem;
   const int tp = grid.spec.tp, batch = p.batch, hidden = p.dims.hidden_size;
   const std::int64_t rows = chunk.size(), plane = rows * hidden;
@@ -124,7 +126,7 @@ std::vector<LayerOutputs> run_o_proj(const CaseGrid& grid,
     owned[i] = result.size();
     result.push_back(
         LayerOutputs{r, Shard(shape, Uninitialized{}), Shard(shape, Uninitialized{}), {}});
-    for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k)
+    for (std::size_t k = 0; k < (p.reduction_lanes ? kTrainerTpLanes.size() : 0); ++k)
       result.back().tp_lanes.emplace_back(shape, Uninitialized{});
   }
   run_tp_chain(

@@ -202,7 +202,8 @@ DecodedRows gather_trainer_rows(const RunContext& ctx, const CaseGrid& grid,
         }
         return CollectiveRow{};
       }};
-  add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs, tp_lanes ? &tp : nullptr, rows);
+  add_logits(ctx.problem, w, ctx.decoded->vocab_size, ctx.inputs,
+             tp_lanes && p.reduction_lanes ? &tp : nullptr, rows);
   return rows;
 }
 
@@ -227,7 +228,8 @@ DecodedRows gather_rollout_rows(const RunContext& ctx, const PagedWorkload& w,
         return s;
       },
       rows);
-  if (ctx.collectives.root()) add_logits(ctx.problem, w, vocab, ctx.inputs, tp, rows);
+  if (ctx.collectives.root())
+    add_logits(ctx.problem, w, vocab, ctx.inputs, ctx.problem.reduction_lanes ? tp : nullptr, rows);
   return rows;
 }
 

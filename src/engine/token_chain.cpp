@@ -111,7 +111,11 @@ void run_token_chain(const CaseGrid& grid, const TokenChain& chain, Transport& t
           fold(i, stages[k], piece, sums.data(), true, own, own_continues);
           for (std::size_t e = 0; e < sums.size(); ++e) plane[e] += sums[e];
         } else {
-          fold(i, stages[k], piece, plane.data(), k == 0, own, own_continues);
+          // The first stage's candidate sum is its CP rank's partial so far: copied, not folded
+          // again.
+          fold(i, stages[k], piece, plane.data(), k == 0, k == 0 ? nullptr : own, own_continues);
+          if (k == 0 && own != nullptr)
+            std::copy_n(plane.data(), static_cast<std::size_t>(size), own);
         }
         if (k + 1 == stages.size()) {
           finish(i, piece, plane);

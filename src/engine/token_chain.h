@@ -49,7 +49,8 @@ int token_chain_holder(const CaseGrid& grid);
 /// `fold(i, stage, piece, plane, first, own, own_continues)`: hosted rank i folds its stage's
 /// blocks into `plane` ([2][piece rows][inputs]); `first`: the chain's first stage, whose first
 /// block is stored. With planes > 2 also the candidate's alone into `own` (its CP rank's
-/// partial, [piece rows][inputs]), continued when the rank had a stage before (`own_continues`).
+/// partial, [piece rows][inputs]), continued when the rank had a stage before (`own_continues`);
+/// null when the chain copies it (the first stage's).
 using TokenFold =
     std::function<void(std::size_t, const TokenStage&, const Range&, float*, bool, float*, bool)>;
 /// `finish(i, piece, plane)`: the holder, hosted rank i, with a finished piece.

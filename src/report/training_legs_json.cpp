@@ -242,6 +242,7 @@ Value layer_case_json(const RunReport& r, const CaseResult& c) {
                 {"candidate", p.dtype == DType::bf16 ? "bf16_cp_output" : "fp32_cp_output"},
                 {"hidden_size", p.dims.hidden_size},
                 {"out", stats_json(c.layer.out)},
+                {"reduction_lanes", p.reduction_lanes},
                 {"tp_lanes", tp_lanes_json(c.layer.tp_lanes)},
                 {"backward", layer_backward_json(c)}};
 }

@@ -101,7 +101,10 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     const std::vector<float>& cl = o.held.keep(cand.layer);
     const std::vector<float>& rl = o.held.keep(ref.layer);
     o.layer.emplace().add(0, cl.data(), rl.data(), cl.size());
-    for (const TpLane lane : kRolloutTpLanes) {
+    for (const TpLane lane :
+         ctx.problem.reduction_lanes
+             ? std::vector<TpLane>(kRolloutTpLanes.begin(), kRolloutTpLanes.end())
+             : std::vector<TpLane>{}) {
       TpLaneComparisons& c = o.layer_tp_lanes.emplace_back(TpLaneComparisons{lane, "out", {}, {}});
       const std::vector<float>* rows = &o.held.keep(std::vector<float>{});  // none off rank 0
       for (const DecodedRows::TpLaneRows& l : cand.tp_lanes) {
