@@ -101,17 +101,15 @@ void run_paged_case(const RunContext& ctx, const PagedOptions& options, const Pa
     const std::vector<float>& cl = o.held.keep(cand.layer);
     const std::vector<float>& rl = o.held.keep(ref.layer);
     o.layer.emplace().add(0, cl.data(), rl.data(), cl.size());
-    for (const TpLane lane :
-         ctx.problem.reduction_lanes
-             ? std::vector<TpLane>(kRolloutTpLanes.begin(), kRolloutTpLanes.end())
-             : std::vector<TpLane>{}) {
-      TpLaneComparisons& c = o.layer_tp_lanes.emplace_back(TpLaneComparisons{lane, "out", {}, {}});
-      const std::vector<float>* rows = &o.held.keep(std::vector<float>{});  // none off rank 0
-      for (const DecodedRows::TpLaneRows& l : cand.tp_lanes) {
-        if (l.lane == lane) rows = &l.layer;
-      }
-      c.vs_reference.add(0, rows->data(), rl.data(), rows->size());
-      c.vs_canonical.add(0, rows->data(), cl.data(), rows->size());
+    // The candidate's layer output through the rollout's TP lanes, on rank 0 (every process
+    // makes the same comparisons; the rows are kept here: `cand` moves on).
+    for (std::size_t k = 0; k < (ctx.problem.reduction_lanes ? kRolloutTpLanes.size() : 0); ++k) {
+      TpLaneComparisons& lane =
+          o.layer_tp_lanes.emplace_back(TpLaneComparisons{kRolloutTpLanes[k], "out", {}, {}});
+      const std::vector<float>& rows =
+          o.held.keep(k < cand.tp_lanes.size() ? cand.tp_lanes[k].layer : std::vector<float>{});
+      lane.vs_reference.add(0, rows.data(), rl.data(), rows.size());
+      lane.vs_canonical.add(0, rows.data(), cl.data(), rows.size());
     }
   }
   for (std::size_t k = 0; k < c.size(); ++k) {  // rank 0: [B][q_len]
