@@ -98,6 +98,10 @@ inline constexpr std::int64_t kNcclSimpleChunkBytes = (4 << 20) / 8 * 4;
 /// vLLM's custom all-reduce is used below this many bytes (CustomAllreduce's max_size).
 inline constexpr std::int64_t kVllmCustomAllreduceMaxBytes = 8192 * 1024;
 
+/// The most ranks a lane sums (the arrays of partials its callers hold; --scope layer refuses
+/// more with the lanes on).
+inline constexpr int kMaxLaneRanks = 256;
+
 /// The collective's buffer, as one rank holds it: its element count and wire type.
 struct TpBuffer {
   std::int64_t count = 0;
@@ -128,7 +132,7 @@ CPD_HD float tp_lane_sum(TpLane lane, const float* partials, int ranks, std::int
                          TpBuffer buf) {
   if (lane == TpLane::megatron_grad_fp32) buf.wire = WireType::fp32;  // the lane's own wire
   if (lane == TpLane::megatron_grad_bf16) buf.wire = WireType::bf16;
-  float written[8] = {};  // TP and CP ≤ 8: what cpdrift runs the layer at
+  float written[kMaxLaneRanks];
   for (int r = 0; r < ranks; ++r) written[r] = to_wire(partials[r], buf.wire);
   if (ranks == 1) return written[0];
   const std::int64_t bytes = buf.count * buf.elem_bytes();
@@ -141,7 +145,8 @@ CPD_HD float tp_lane_sum(TpLane lane, const float* partials, int ranks, std::int
       return ring_chunk_sum(written, ranks, static_cast<int>(part < ranks ? part : ranks - 1),
                             buf.wire);
     case TpLane::vllm_ar:
-      if (bytes < kVllmCustomAllreduceMaxBytes && bytes % 16 == 0) {
+      // CustomAllreduce._SUPPORTED_WORLD_SIZES: 2, 4, 6, 8; other sizes disable it.
+      if (ranks % 2 == 0 && ranks <= 8 && bytes < kVllmCustomAllreduceMaxBytes && bytes % 16 == 0) {
         if (vllm_custom_allreduce_stages(ranks, bytes) == 1)
           return vllm_one_stage_sum(written, ranks, buf.wire);
         const int owner = vllm_two_stage_owner(i, buf.count, ranks, 16 / buf.elem_bytes());

@@ -6,6 +6,7 @@
 
 #include "cli/flags.h"
 #include "core/models.h"
+#include "cpdrift/tp_lanes.h"
 #include "inputs/model_config.h"
 
 namespace cpd {
@@ -219,6 +220,13 @@ void check_layer(const RunOptions& o) {
                           : "--weights PATH needs --layer N (which layer of the checkpoint)");
   if (q.problem.distribution != InputDistribution::gaussian)
     bad("--scope layer: q, k and v are the layer's projections; drop --input-distribution");
+  for (const std::vector<int>* sizes : {&q.tp_sizes, &q.rollout_tp_sizes}) {
+    for (const int tp : *sizes) {
+      if (q.problem.reduction_lanes && tp > kMaxLaneRanks)
+        bad("--scope layer: TP " + std::to_string(tp) + ": the reduction lanes sum at most " +
+            std::to_string(kMaxLaneRanks) + " ranks; add --no-reduction-lanes");
+    }
+  }
   for (const int cp : q.cp_sizes) {
     if (cp > 8)
       bad("--scope layer: --cp-world-sizes " + std::to_string(cp) +

@@ -42,7 +42,7 @@ namespace {
 void reduce_gradient_lanes(const CaseGrid& grid, TpLane lane, const float* own, std::int64_t stride,
                            std::int64_t n, std::int64_t first, std::int64_t count, float* out) {
   const int cp = grid.spec.cp;
-  float partials[8];
+  float partials[kMaxLaneRanks];
   for (std::int64_t j = 0; j < n; ++j) {
     for (int c = 0; c < cp; ++c) partials[c] = own[c * stride + j];
     out[j] = tp_lane_sum(lane, partials, cp, first + j, TpBuffer{count, WireType::fp32});

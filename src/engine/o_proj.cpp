@@ -92,7 +92,7 @@ void reduce_tp_lanes(const CaseGrid& grid, const Range& chunk, const FloatBuffer
   const std::int64_t first = lanes.front().shape.local_row(chunk.begin);
   const TpBuffer buffer{lanes.front().shape.rows() * batch * hidden,
                         p.dtype == DType::bf16 ? WireType::bf16 : WireType::fp32};
-  float partials[8];
+  float partials[kMaxLaneRanks];
   for (std::size_t k = 0; k < kTrainerTpLanes.size(); ++k) {
     Shard& s = lanes[k];
     for (int b = 0; b < batch; ++b) {

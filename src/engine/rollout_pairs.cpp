@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <functional>
 
-#include "cpdrift/bf16.h"
 #include "cpdrift/logprob_math.h"
 #include "engine/protocol.h"
 #include "engine/run_context.h"
@@ -63,34 +62,13 @@ std::vector<std::int64_t> starts_through(const std::vector<Range>& blocks, std::
   return s;
 }
 
-// Rank 0, --scope layer: the layer's output of every decoded token of `rows` (rows.layer), each
+// Rank 0, --scope layer: the layer's output of every decoded token of `rows` (rows.layer), every
 // head group's o_proj partial folded in ascending group order by the projection tile (the bits
-// of the TP chain, engine/o_proj.cpp), written in the run's dtype.
+// of the TP chain, engine/o_proj.cpp): the one-rank sum of tp_lane_layer, written in the run's
+// dtype.
 void add_layer(const Problem& p, const PagedWorkload& w, InputStore& store, DecodedRows& rows) {
-  const ModelDims& d = p.dims;
-  const int hidden = d.hidden_size, dim = d.head_dim, gs = d.group_size(), width = gs * dim;
-  const std::int64_t q = w.q_len;
-  rows.layer.resize(static_cast<std::size_t>(p.batch * q * hidden));
-  std::vector<std::vector<float>> group_rows;  // [b][g]: [q_len][G], the group's heads side by side
-  std::vector<FoldedProjectionJob> folds;
-  for (int b = 0; b < p.batch; ++b) {
-    folds.push_back(FoldedProjectionJob{{}, rows.layer.data() + b * q * hidden, false});
-    for (int g = 0; g < d.num_kv_heads; ++g) {
-      std::vector<float>& x = group_rows.emplace_back(static_cast<std::size_t>(q * width));
-      for (int j = 0; j < gs; ++j) {
-        const float* head = rows.out.data() +
-                            ((static_cast<std::size_t>(b) * d.num_q_heads + g * gs + j) * q) * dim;
-        for (std::int64_t i = 0; i < q; ++i)
-          std::copy_n(head + i * dim, dim, x.begin() + (i * gs + j) * dim);
-      }
-      folds.back().heads.push_back(
-          ProjectionJob{x.data(), q, store.problem().weights->o_proj_group(g), width, nullptr});
-    }
-  }
-  store.backend().project_folded(folds, width, hidden);
-  if (p.dtype == DType::bf16) {
-    for (float& x : rows.layer) x = round_bf16(x);
-  }
+  const TpCollective one{1, {}, [](int, std::int64_t) { return CollectiveRow{}; }};
+  rows.layer = tp_lane_layer(p, store, rows.out, w.q_len, one, TpLane::megatron_ar);
 }
 
 // Rank 0: the target token's logprob of every decoded token from its logits ([B][q_len][V]).

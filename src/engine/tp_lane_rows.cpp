@@ -36,7 +36,7 @@ std::vector<float> tp_lane_layer(const Problem& p, InputStore& store, const std:
   store.backend().project_folded(folds, width, hidden);
   const WireType wire = p.dtype == DType::bf16 ? WireType::bf16 : WireType::fp32;
   std::vector<float> layer(static_cast<std::size_t>(p.batch * plane));
-  float by_rank[8];
+  float by_rank[kMaxLaneRanks];
   for (int b = 0; b < p.batch; ++b) {
     for (std::int64_t i = 0; i < q; ++i) {
       const CollectiveRow at = tp.row_of(b, i);

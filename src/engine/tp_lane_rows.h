@@ -29,7 +29,8 @@ struct TpCollective {
 
 /// The layer's output of the decoded tokens under `lane`, [B][q][hidden]: each TP rank's head
 /// groups folded in ascending order (its GEMM, the projection tile's bits), then the lane's sum of
-/// the ranks' partials, element by element. `out`: the attention rows, [B][Hq][q][D].
+/// the ranks' partials, element by element. `out`: the attention rows, [B][Hq][q][D]. One rank:
+/// the canonical layer output (every lane writes its one partial in the dtype).
 std::vector<float> tp_lane_layer(const Problem& p, InputStore& store, const std::vector<float>& out,
                                  std::int64_t q, const TpCollective& tp, TpLane lane);
 
